@@ -1,0 +1,112 @@
+"""The one job environment every job, rank and restart gets, built from the config alone.
+
+The persistent-cache key hashes the cache path string (through the XLA autotune dir in the
+compile options), XLA_FLAGS and every JAX option that changes the lowering. So the prewarm
+job and the training job must see byte-identical values: this module is the only place that
+produces them, and `resolve_paths` fixes the path strings once, before any job starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+
+# Variables that belong to the job environment; inherited values are dropped so that a
+# stray `export XLA_FLAGS=...` in the submitting shell cannot split prewarm from run.
+OWNED_PREFIXES = ("JAX_", "JAXWARM_")
+OWNED_NAMES = ("XLA_FLAGS",)
+
+PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
+
+
+def canonical_path(path: str | Path, base: Path | None = None) -> str:
+    """Absolute, symlink-free path string: the form every job must see for the cache dir.
+
+    Works for paths that do not exist yet (realpath resolves the existing prefix).
+    """
+    path = Path(path).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    return os.path.realpath(path)
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def resolve_paths(config: Config, base: Path | None = None) -> Config:
+    """Return the config with out_dir and cache.dir as canonical absolute strings.
+
+    Done once by the launcher; the result is pinned into the run dir so that a job started
+    from another working directory, node or restart never re-resolves them differently.
+    """
+    cache_dir = config.cache.dir if is_remote(config.cache.dir) else \
+        canonical_path(config.cache.dir, base)
+    return dataclasses.replace(
+        config,
+        run=dataclasses.replace(config.run, out_dir=canonical_path(config.run.out_dir, base)),
+        cache=dataclasses.replace(config.cache, dir=cache_dir),
+    )
+
+
+def jax_options(config: Config) -> dict[str, Any]:
+    """JAX config options (jax_* names) the job runs with: the cache settings plus the user's.
+
+    The in-job hook applies the same dict through jax.config.update, so a trainer started
+    without the launcher still gets the config's cache settings.
+    """
+    cache = config.cache
+    options: dict[str, Any] = {
+        "jax_compilation_cache_dir": cache.dir,
+        "jax_persistent_cache_min_compile_time_secs": cache.min_compile_time_secs,
+        "jax_persistent_cache_min_entry_size_bytes": cache.min_entry_size_bytes,
+        "jax_persistent_cache_enable_xla_caches": cache.xla_caches,
+        "jax_compilation_cache_max_size": cache.max_size,
+    }
+    options.update(config.jax)
+    return options
+
+
+def xla_flags(config: Config) -> str:
+    flags = list(config.xla_flags)
+    if config.topology.platform == "cpu":
+        flags.append(f"--xla_force_host_platform_device_count="
+                     f"{config.topology.devices_per_process}")
+    return " ".join(flags)
+
+
+def env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def job_environment(config: Config, config_path: str | Path) -> dict[str, str]:
+    """The variables a job of this run exports, for every task and every restart.
+
+    `config` must already be path-resolved (see `resolve_paths`) and `config_path` is the
+    pinned copy that jobs read. Pure: same inputs, same dict, in a stable order.
+    """
+    env = {f"JAX_{name[len('jax_'):].upper()}": env_value(value)
+           for name, value in jax_options(config).items()}
+    env["JAX_PLATFORMS"] = PLATFORM_NAMES[config.topology.platform]
+    env["XLA_FLAGS"] = xla_flags(config)
+    env["JAXWARM_CONFIG"] = str(config_path)
+    env["JAXWARM_RUN_DIR"] = str(config.run_dir)
+    env.update(config.env)
+    return env
+
+
+def owned(name: str) -> bool:
+    return name in OWNED_NAMES or name.startswith(OWNED_PREFIXES)
+
+
+def merge_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dict[str, str]:
+    """The inherited environment without the variables the job owns, plus the job's own."""
+    merged = {k: v for k, v in inherited.items() if not owned(k)}
+    merged.update(job_env)
+    return merged

@@ -1,0 +1,52 @@
+"""What each job of a run executes: the prewarm job and the training entrypoint.
+
+A job is an argv plus the job environment; runners (local, SLURM) only decide where and
+how many times it runs. The prewarm job is started by module path, so the launcher never
+imports prewarm code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config import Config, ConfigError
+from launcher.environment import job_environment
+
+PREWARM_MODULE = "prewarm.job"
+CONFIG_PLACEHOLDER = "{config}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
+    """The training entrypoint as an argv; `{config}` in its args becomes the pinned config."""
+    entry = config.entrypoint
+    args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
+    if entry.function is not None:
+        return [sys.executable, "-m", "launcher.call", entry.function, *args]
+    command = list(entry.command or [])
+    search = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
+    found = shutil.which(command[0], path=search)
+    if found is None:
+        raise ConfigError(f"{config.source}: entrypoint.command: {command[0]!r} was not found "
+                          f"on PATH")
+    return [found, *command[1:], *args]
+
+
+def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
+    return JobSpec("prewarm", [sys.executable, "-m", PREWARM_MODULE],
+                   job_environment(config, config_path))
+
+
+def train_job(config: Config, config_path: str | Path) -> JobSpec:
+    return JobSpec("train", entrypoint_argv(config, config_path),
+                   job_environment(config, config_path))

@@ -1,0 +1,166 @@
+"""The local runner: a job as nodes x processes_per_node processes on this machine.
+
+Each process gets the job environment plus its place in `jax.distributed` (coordinator on
+127.0.0.1, a free port), exactly what a SLURM task gets from the job script. The processes
+run in their own session so that a terminal's Ctrl-C reaches them once, through the runner,
+which forwards INT/TERM/USR1/USR2 to every process and stops the rest when one fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from launcher.config import TopologyConfig
+from launcher.distributed import process_variables
+from launcher.environment import merge_environment
+from launcher.jobs import JobSpec
+from launcher.rundir import log_path
+
+log = logging.getLogger(__name__)
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_GRACE_S = 30.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class JobResult:
+    name: str
+    returncode: int
+    failed_process: int | None = None
+    log_tail: str = ""
+    signal_received: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to TERM the child if the runner itself dies (e.g. SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _echo(stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
+    """Copy process 0's output to its log and, prefixed, to the runner's stderr."""
+    for line in iter(stream.readline, b""):
+        sink.write(line)
+        sink.flush()
+        sys.stderr.write(prefix + line.decode(errors="replace"))
+    stream.close()
+
+
+class LocalJob:
+    """The processes of one job; `run()` blocks until all exit."""
+
+    def __init__(self, job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True):
+        self.job = job
+        self.topology = topology
+        self.run_dir = run_dir
+        self.echo = echo
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.signal_received: int | None = None
+
+    def start(self) -> None:
+        coordinator = f"127.0.0.1:{free_port()}"
+        count = self.topology.num_processes
+        base = merge_environment(dict(os.environ), self.job.env)
+        for index in range(count):
+            env = dict(base)
+            if count > 1:
+                env.update(process_variables(coordinator, count, index))
+            path = log_path(self.run_dir, self.job.name, index)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sink = path.open("wb")
+            echo = self.echo and index == 0
+            proc = subprocess.Popen(
+                self.job.argv, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if echo else sink, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent)
+            if echo:
+                threading.Thread(target=_echo, args=(proc.stdout, sink, f"[{self.job.name} p0] "),
+                                 daemon=True).start()
+            else:
+                sink.close()
+            self.procs.append(proc)
+        log.info("%s: started %d process(es), logs in %s", self.job.name, count,
+                 log_path(self.run_dir, self.job.name, 0).parent)
+
+    def forward(self, signum: int, _frame: object = None) -> None:
+        self.signal_received = signum
+        log.warning("%s: forwarding %s to %d process(es)", self.job.name,
+                    signal.Signals(signum).name, len(self.procs))
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def _stop_rest(self) -> None:
+        self._send(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        self._send(signal.SIGKILL)
+
+    def wait(self) -> JobResult:
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                if self.signal_received is None:
+                    self._stop_rest()
+                for proc in self.procs:
+                    proc.wait()
+                path = log_path(self.run_dir, self.job.name, failed)
+                return JobResult(self.job.name, codes[failed] or 1, failed,
+                                 f"{path}:\n{tail(path)}", self.signal_received)
+            if all(c == 0 for c in codes):
+                return JobResult(self.job.name, 0, signal_received=self.signal_received)
+            time.sleep(0.1)
+
+    def run(self) -> JobResult:
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, self.forward) for s in FORWARDED_SIGNALS}
+        try:
+            self.start()
+            return self.wait()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def run_job(job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True) -> JobResult:
+    return LocalJob(job, topology, run_dir, echo=echo).run()

@@ -1,0 +1,66 @@
+"""The prewarm manifest: which functions a prewarm job put in the cache, under which key.
+
+It lives in the cache dir (`jaxwarm-manifest.json`) so it travels with the entries. Many
+prewarm jobs may finish at once on a shared file system, so every update is a
+read-modify-write under a file lock, published with an atomic rename: a reader never sees
+a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+MANIFEST_NAME = "jaxwarm-manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    function: str
+    key: str
+    run: str
+    config: str
+    compile_s: float
+    lower_s: float
+    written: bool
+    jax_version: str
+    process_count: int
+    created: float = field(default_factory=time.time)
+    components: dict[str, str] = field(default_factory=dict)
+
+
+def manifest_path(cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / MANIFEST_NAME
+
+
+def read_manifest(cache_dir: str | Path) -> dict[str, ManifestEntry]:
+    """Entries by cache key; empty when there is no manifest yet."""
+    path = manifest_path(cache_dir)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return {key: ManifestEntry(**entry) for key, entry in data.get("entries", {}).items()}
+
+
+def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
+    path = manifest_path(cache_dir)
+    with FileLock(str(path) + ".lock", timeout=60):
+        current = read_manifest(cache_dir)
+        current.update({entry.key: entry for entry in entries})
+        data: dict[str, Any] = {"version": MANIFEST_VERSION,
+                                "entries": {k: asdict(v) for k, v in current.items()}}
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    return path
+

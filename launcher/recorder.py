@@ -1,0 +1,226 @@
+"""Records what the persistent cache did during a job's init, and writes the init report.
+
+Two sources, both public: `jax.monitoring` events (lookups, hits, durations) and the log
+lines JAX always emits at DEBUG (function name and key of each hit or miss, and the hash of
+each key component). The log records are caught by a filter on JAX's own loggers that lets
+through only what would have been shown anyway, so recording adds no output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
+EVENT_HIT = "/jax/compilation_cache/cache_hits"
+EVENT_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+EVENT_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+EVENT_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+COMPILER_LOGGER = "jax._src.compiler"
+CACHE_KEY_LOGGER = "jax._src.cache_key"
+_HIT_OR_MISS = re.compile(r"^(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS)"
+                          r" for '(?P<name>[^']+)' with key '(?P<key>[^']+)'")
+_COMPONENT = re.compile(r"^get_cache_key hash of serialized (?P<component>.+): (?P<hash>[0-9a-f]+)$")
+
+
+@dataclass
+class FunctionRecord:
+    """One compile request: a cache lookup (hit or miss) or a compile with the cache off."""
+
+    name: str
+    key: str | None
+    hit: bool
+    seconds: float = 0.0
+    components: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class InitReport:
+    job: str
+    restart_count: int
+    process_index: int
+    process_count: int
+    cache_dir: str
+    init_budget_s: float
+    lookups: int = 0
+    hits: int = 0
+    backend_compile_s: float = 0.0
+    retrieval_s: float = 0.0
+    compile_time_saved_s: float = 0.0
+    time_to_first_step_s: float | None = None
+    functions: list[FunctionRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def misses(self) -> int:
+        return self.lookups - self.hits
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["misses"] = self.misses
+        data["over_budget"] = (self.time_to_first_step_s is not None
+                               and self.time_to_first_step_s > self.init_budget_s)
+        return data
+
+
+def restart_count() -> int:
+    """Which attempt of the job this is: 0, then 1, 2, ... after each SLURM requeue."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started, so init time includes the Python imports."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def report_path(run_dir: Path, job: str, restart: int, process: int) -> Path:
+    return Path(run_dir) / "reports" / f"{job}-r{restart}-p{process}.json"
+
+
+class _CaptureFilter(logging.Filter):
+    """Hands every record of a JAX logger to the recorder, then lets through only those the
+    logger would have passed at its previous level."""
+
+    def __init__(self, recorder: InitRecorder, passing_level: int):
+        super().__init__()
+        self.recorder = recorder
+        self.passing_level = passing_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.recorder.on_log(record.getMessage())
+        return record.levelno >= self.passing_level
+
+
+class InitRecorder:
+    """Collects cache events for one process and writes its init report as JSON."""
+
+    def __init__(self, report: InitReport, path: Path, recompile_warn_s: float = 1.0,
+                 start_time: float | None = None):
+        self.report = report
+        # Only compiles at least this long count as a wasteful double compile: small helpers
+        # (e.g. allgathers) legitimately compile once per input shape.
+        self.recompile_warn_s = recompile_warn_s
+        self.path = path
+        self.start_time = process_start_time() if start_time is None else start_time
+        self._lock = threading.Lock()
+        self._components: dict[str, str] = {}
+        self._pending: FunctionRecord | None = None
+        self._warned: set[str] = set()
+        self._filters: list[tuple[logging.Logger, logging.Filter, int]] = []
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def install(self) -> InitRecorder:
+        import jax.monitoring as monitoring
+        monitoring.register_event_listener(self.on_event)
+        monitoring.register_event_duration_secs_listener(self.on_duration)
+        for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER):
+            logger = logging.getLogger(name)
+            previous = logger.level
+            capture = _CaptureFilter(self, logger.getEffectiveLevel())
+            logger.addFilter(capture)
+            logger.setLevel(logging.DEBUG)
+            self._filters.append((logger, capture, previous))
+        return self
+
+    def uninstall(self) -> None:
+        import jax.monitoring as monitoring
+        monitoring.unregister_event_listener(self.on_event)
+        monitoring.unregister_event_duration_listener(self.on_duration)
+        for logger, capture, previous in self._filters:
+            logger.removeFilter(capture)
+            logger.setLevel(previous)
+        self._filters.clear()
+
+    # -- callbacks from JAX -----------------------------------------------------------------
+
+    def on_event(self, event: str, **kwargs: Any) -> None:
+        with self._lock:
+            if event == EVENT_LOOKUP:
+                self.report.lookups += 1
+            elif event == EVENT_HIT:
+                self.report.hits += 1
+
+    def on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        with self._lock:
+            if event == EVENT_RETRIEVAL:
+                self.report.retrieval_s += duration
+            elif event == EVENT_SAVED:
+                self.report.compile_time_saved_s += duration
+            elif event == EVENT_BACKEND_COMPILE:
+                self._finish_function(str(kwargs.get("fun_name", "?")), duration)
+
+    def on_log(self, message: str) -> None:
+        with self._lock:
+            if match := _COMPONENT.match(message):
+                self._components[match["component"]] = match["hash"]
+            elif match := _HIT_OR_MISS.match(message):
+                self._pending = FunctionRecord(
+                    name=match["name"], key=match["key"],
+                    hit=match.group(1).startswith("Persistent"),
+                    components=self._components)
+                self._components = {}
+
+    def _finish_function(self, fun_name: str, duration: float) -> None:
+        # JAX's backend-compile duration wraps the whole lookup: the retrieval on a hit,
+        # the compile on a miss. Without a pending lookup the cache was not consulted.
+        record = self._pending or FunctionRecord(name=f"jit_{fun_name}", key=None, hit=False)
+        self._pending = None
+        record.seconds = duration
+        if not record.hit:
+            self.report.backend_compile_s += duration
+        self._check_recompile(record)
+        self.report.functions.append(record)
+
+    def _check_recompile(self, record: FunctionRecord) -> None:
+        """Warn once when one function is compiled again under another key: the
+        double-compile pattern (AOT from a dummy batch, then again at step 0)."""
+        if record.key is None or record.name in self._warned or \
+                record.seconds < self.recompile_warn_s:
+            return
+        for earlier in self.report.functions:
+            if earlier.name == record.name and earlier.key not in (None, record.key) and \
+                    earlier.seconds >= self.recompile_warn_s:
+                differing = [c for c, h in record.components.items()
+                             if earlier.components.get(c) != h]
+                message = (f"'{record.name}' was compiled twice in this process with different "
+                           f"cache keys; differing key components: "
+                           f"{', '.join(differing) or 'unknown'}")
+                self.report.warnings.append(message)
+                self._warned.add(record.name)
+                log.warning("%s", message)
+                return
+
+    # -- milestones ---------------------------------------------------------------------------
+
+    def mark_first_step(self) -> None:
+        """Call once the first train step has finished (after block_until_ready)."""
+        if self.report.time_to_first_step_s is None:
+            self.report.time_to_first_step_s = time.time() - self.start_time
+            self.write()
+
+    def write(self) -> Path:
+        with self._lock:
+            data = self.report.to_json()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, self.path)
+        return self.path

@@ -1,0 +1,1 @@
+"""Prewarm jobs, step factories, cache-key prediction and the reference workload."""

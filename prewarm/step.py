@@ -1,0 +1,88 @@
+"""The step-factory protocol: the one code path that gives prewarm and trainer the same program.
+
+A step factory is any `module:function` named in `step.factory` with the signature
+
+    factory(config: launcher.config.Config, mesh: jax.sharding.Mesh) -> StepBundle
+
+It builds the jitted train step and *abstract* inputs for it: `jax.ShapeDtypeStruct`s that
+carry the exact `NamedSharding` the real arrays will have. The persistent-cache key depends
+on those shardings (an unsharded dummy batch lowers to a different program), so the prewarm
+job compiles from the bundle's abstract inputs and the trainer feeds arrays that match them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from launcher.config import Config, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepBundle:
+    """What a step factory returns.
+
+    train_step: jitted `(state, batch) -> (state, metrics)`.
+    state, batch: pytrees of ShapeDtypeStruct with the run's NamedSharding.
+    init_state: optional jitted `(seed: uint32 scalar) -> state`, its out_shardings set,
+        so the trainer can materialize the state and the prewarm job can compile it too.
+    """
+
+    train_step: Callable[..., Any]
+    state: Any
+    batch: Any
+    init_state: Callable[..., Any] | None = None
+
+    def compile_targets(self) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+        """(name, jitted function, abstract args) for each function the run will compile."""
+        targets = [("train_step", self.train_step, (self.state, self.batch))]
+        if self.init_state is not None:
+            targets.append(("init_state", self.init_state, (seed_spec(),)))
+        return targets
+
+
+def seed_spec() -> jax.ShapeDtypeStruct:
+    """The abstract seed init_state takes: a uint32 scalar, never a weak-typed Python int."""
+    return jax.ShapeDtypeStruct((), np.uint32)
+
+
+def build_mesh(config: Config) -> Mesh:
+    """The mesh of the config, over all global devices in jax's order."""
+    names = tuple(config.mesh.axes)
+    shape = tuple(config.mesh.axes.values())
+    if config.mesh.axis_types == "explicit":
+        return jax.make_mesh(shape, names)
+    devices = np.asarray(jax.devices()).reshape(shape)
+    return Mesh(devices, names)
+
+
+def load_factory(spec: str, source: str = "<config>") -> Callable[[Config, Mesh], StepBundle]:
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{source}: step.factory: cannot import module {module_name!r}: "
+                          f"{exc}") from None
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise ConfigError(f"{source}: step.factory: module {module_name!r} has no function "
+                          f"{function_name!r}")
+    return factory
+
+
+def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBundle]:
+    """Mesh and step bundle for a config: what both the prewarm job and the trainer call."""
+    mesh = mesh if mesh is not None else build_mesh(config)
+    bundle = load_factory(config.step.factory, config.source)(config, mesh)
+    if not isinstance(bundle, StepBundle):
+        raise TypeError(f"step factory {config.step.factory} returned "
+                        f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
+    return mesh, bundle

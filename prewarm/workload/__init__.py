@@ -1,0 +1,1 @@
+"""The reference workload: a Llama-style chunkwise train step and a jsp-train-style trainer."""

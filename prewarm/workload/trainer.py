@@ -1,0 +1,125 @@
+"""`jaxwarm-train [CONFIG] [KEY.SUB=VALUE ...]`: the reference `jsp-train`-style trainer.
+
+The shape every trainer wrapped by jaxwarm should have: join `jax.distributed`, call the
+cache hook before the first compile, build mesh and step through the step factory (the same
+code path as the prewarm job), feed arrays whose shardings equal the abstract inputs, and on
+SIGTERM/SIGUSR1 checkpoint and exit so that a requeue resumes. Without CONFIG it reads the
+pinned config the launcher names in JAXWARM_CONFIG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from launcher.config import Config, ConfigError, load_config
+from launcher.distributed import initialize
+from launcher.hook import config_from_env, enable_cache
+from launcher.environment import resolve_paths
+from prewarm.step import build_step
+from prewarm.workload import checkpoint
+from prewarm.workload.data import make_global_batch
+
+log = logging.getLogger("jaxwarm.train")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Set by a signal handler; acted on between steps, where a checkpoint is consistent."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        """True on every process once any process got a signal, so all stop at one step."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        local = np.array([self.signum is not None], dtype=np.int32)
+        if jax.process_count() == 1:
+            return bool(local[0])
+        return bool(multihost_utils.process_allgather(local).any())
+
+
+def parse_args(argv: list[str] | None) -> Config:
+    parser = argparse.ArgumentParser(prog="jaxwarm-train", description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", help="YAML config (default: $JAXWARM_CONFIG)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE")
+    args = parser.parse_args(argv)
+    if args.config is None:
+        return config_from_env()
+    return resolve_paths(load_config(args.config, args.overrides))
+
+
+def append_metrics(path: Path, record: dict) -> None:
+    with path.open("a") as sink:
+        sink.write(json.dumps(record) + "\n")
+
+
+def train(config: Config) -> int:
+    import jax
+
+    initialize()
+    recorder = enable_cache(config)
+    stop = StopRequest()
+    mesh, bundle = build_step(config)
+    root = config.run_dir / "checkpoints"
+    restored = checkpoint.restore(root, bundle.state, config)
+    if restored is None:
+        state, start = bundle.init_state(np.uint32(config.train.seed)), 0
+    else:
+        state, start = restored
+    metrics_path = config.run_dir / "metrics.jsonl"
+    is_writer = jax.process_index() == 0
+    for step in range(start, config.train.steps):
+        batch = make_global_batch(config, mesh, step)
+        state, metrics = bundle.train_step(state, batch)
+        done = step + 1
+        if step == start:
+            jax.block_until_ready(state)
+            recorder.mark_first_step()
+            log.info("first step done %.2f s after process start",
+                     recorder.report.time_to_first_step_s)
+        if is_writer and (done % config.train.log_every == 0 or done == config.train.steps):
+            loss = float(metrics["loss"])
+            append_metrics(metrics_path, {"step": done, "loss": loss,
+                                          "restart": recorder.report.restart_count})
+            log.info("step %d loss %.6f", done, loss)
+        if stop.agreed():
+            checkpoint.save(root, state, done, config)
+            log.warning("got %s: checkpointed at step %d, exiting so the job can be requeued",
+                        signal.Signals(stop.signum).name if stop.signum else "a stop request",
+                        done)
+            return 0
+        if config.train.checkpoint_every and done % config.train.checkpoint_every == 0:
+            checkpoint.save(root, state, done, config)
+    if checkpoint.latest_step(root) != config.train.steps:
+        checkpoint.save(root, state, config.train.steps, config)
+    log.info("training done: %d steps", config.train.steps)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = parse_args(argv)
+        return train(config)
+    except (ConfigError, checkpoint.ConfigChanged) as exc:
+        log.error("jaxwarm-train: error: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

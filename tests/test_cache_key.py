@@ -1,0 +1,432 @@
+"""Tests for prewarm.cache_key: predictions must equal the key JAX itself uses.
+
+JAX fixes the device count at import, so every real-JAX check runs in a fresh subprocess
+that prints one `RESULT <json>` line. Each subprocess compiles with the persistent cache
+on and reads JAX's own key from the compiler's DEBUG log line, and JAX's own
+per-component hashes from `jax._src.cache_key`'s DEBUG log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prewarm.cache_key import (
+    COMPONENTS,
+    KeyPrediction,
+    UnsupportedJaxVersion,
+    explain_difference,
+    likely_causes,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+PRELUDE = r'''
+import json, logging, os, time
+import numpy as np
+import jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from prewarm.cache_key import predict_key
+
+jax.config.update("jax_compilation_cache_dir", os.environ["TEST_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class Capture(logging.Handler):
+    """JAX's own cache lookups ("miss"/"hit", key) and per-component hashes."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.events, self.components = [], []
+
+    def emit(self, record):
+        if record.msg.startswith("PERSISTENT COMPILATION CACHE MISS"):
+            self.events.append(("miss", record.args[1]))
+        elif record.msg.startswith("Persistent compilation cache hit"):
+            self.events.append(("hit", record.args[1]))
+        elif record.msg.startswith("get_cache_key hash of serialized"):
+            name, digest = record.args
+            if name == "computation":
+                self.components.append({})
+            self.components[-1][name] = digest
+
+
+CAPTURE = Capture()
+for _name in ("jax._src.compiler", "jax._src.cache_key"):
+    logging.getLogger(_name).setLevel(logging.DEBUG)
+    logging.getLogger(_name).addHandler(CAPTURE)
+
+
+def jax_lookup(run):
+    """Run `run()` and return the one cache lookup JAX made during it."""
+    n_events, n_components = len(CAPTURE.events), len(CAPTURE.components)
+    run()
+    assert len(CAPTURE.events) == n_events + 1, CAPTURE.events[n_events:]
+    assert len(CAPTURE.components) == n_components + 1
+    kind, key = CAPTURE.events[-1]
+    return {"kind": kind, "key": key, "components": CAPTURE.components[-1]}
+
+
+def check(lowered):
+    """Predict, then compile; both JAX's lookup and the prediction, as plain dicts."""
+    prediction = predict_key(lowered).to_json()
+    return {"pred": prediction, "jax": jax_lookup(lowered.compile)}
+
+
+def emit(obj):
+    print("RESULT " + json.dumps(obj), flush=True)
+
+
+def mlp(params, x):
+    for w, b in params:
+        x = jnp.tanh(x @ w + b)
+    return x.sum()
+
+
+def mlp_sds(layers, width, batch, x_sharding=None):
+    params = [(jax.ShapeDtypeStruct((width, width), jnp.float32),
+               jax.ShapeDtypeStruct((width,), jnp.float32)) for _ in range(layers)]
+    return params, jax.ShapeDtypeStruct((batch, width), jnp.float32, sharding=x_sharding)
+'''
+
+
+def run_jax(code: str, devices: int, cache_dir: Path, timeout: float = 60,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run PRELUDE + code in a fresh CPU-only python with `devices` host devices."""
+    full_env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "PYTHONPATH": str(REPO),
+        "TEST_CACHE_DIR": str(cache_dir),
+        **(env or {}),
+    }
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + code], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return _result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _result(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert returncode == 0 and lines, f"rc={returncode}\n{stdout}\n{stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def assert_matches_jax(case: dict[str, Any], kind: str = "miss") -> None:
+    assert case["jax"]["kind"] == kind
+    assert case["pred"]["key"] == case["jax"]["key"]
+    assert case["pred"]["components"] == case["jax"]["components"]
+
+
+# -- one device: AOT writer (A) and a fresh process (B) that runs with real arrays ----------
+
+WRITER = r'''
+emit(check(jax.jit(mlp).lower(*mlp_sds(layers=3, width=32, batch=8))))
+'''
+
+RUNNER = r'''
+params = [(jnp.ones((32, 32), jnp.float32), jnp.zeros((32,), jnp.float32)) for _ in range(3)]
+x = jnp.ones((8, 32), jnp.float32)
+step = jax.jit(mlp)
+prediction = predict_key(step.lower(params, x)).to_json()
+emit({"pred": prediction, "jax": jax_lookup(lambda: step(params, x).block_until_ready())})
+'''
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cache_dir = tmp_path_factory.mktemp("cache1")
+    writer = run_jax(WRITER, devices=1, cache_dir=cache_dir)
+    runner = run_jax(RUNNER, devices=1, cache_dir=cache_dir)
+    return {"writer": writer, "runner": runner}
+
+
+def test_mlp_one_device_matches_jax(one_device: dict[str, Any]) -> None:
+    assert_matches_jax(one_device["writer"])
+    assert one_device["writer"]["pred"]["module_name"] == "jit_mlp"
+
+
+def test_prediction_is_the_key_a_fresh_process_hits(one_device: dict[str, Any]) -> None:
+    predicted_by_writer = one_device["writer"]["pred"]["key"]
+    runner = one_device["runner"]
+    assert runner["pred"]["key"] == predicted_by_writer
+    assert runner["jax"]["kind"] == "hit"
+    assert runner["jax"]["key"] == predicted_by_writer
+
+
+# -- eight host devices: shardings, donation, explicit in_shardings, cost -------------------
+
+MESH8 = r'''
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+rows = NamedSharding(mesh, P("data", None))
+cases = {}
+
+def named(x, w):
+    return jnp.tanh(x @ w).sum()
+
+x_sds = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=rows)
+w_sds = jax.ShapeDtypeStruct((32, 16), jnp.float32,
+                             sharding=NamedSharding(mesh, P(None, "model")))
+small = jax.jit(named).lower(x_sds, w_sds)
+cases["named_sharding"] = check(small)
+
+def donated(x, y):
+    return x + y
+
+cases["donate"] = check(jax.jit(donated, donate_argnums=0).lower(x_sds, x_sds))
+
+def explicit(x, w):
+    return x @ w
+
+plain = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32))
+cases["in_shardings"] = check(
+    jax.jit(explicit, in_shardings=(rows, NamedSharding(mesh, P()))).lower(*plain))
+
+def transformer(params, x):
+    for wq, wk, wv, wo, w1, w2 in params:
+        h = (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6)
+        q, k, v = (jnp.einsum("btd,dhk->bthk", h, w) for w in (wq, wk, wv))
+        att = jax.nn.softmax(jnp.einsum("bthk,bshk->bhts", q, k) / 4.0, axis=-1)
+        x = x + jnp.einsum("bhts,bshk,hkd->btd", att, v, wo)
+        x = x + jax.nn.gelu(x @ w1) @ w2
+    return (x ** 2).mean()
+
+def transformer_sds(layers, d=64, heads=4, t=32, b=8):
+    def sds(*shape, spec=P()):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+    attn = (sds(d, heads, d // heads, spec=P(None, "model")),) * 3
+    layer = (*attn, sds(heads, d // heads, d, spec=P("model")),
+             sds(d, 4 * d, spec=P(None, "model")), sds(4 * d, d, spec=P("model")))
+    return [layer] * layers, sds(b, t, d, spec=P("data"))
+
+big = jax.jit(transformer).lower(*transformer_sds(layers=8))
+cases["transformer"] = check(big)
+
+def cost_ms(lowered, repeats=20):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        predict_key(lowered)
+        times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[len(times) // 2]
+
+emit({"cases": cases, "small_ms": cost_ms(small), "big_ms": cost_ms(big),
+      "big_lines": len(big.as_text().splitlines())})
+'''
+
+
+@pytest.fixture(scope="module")
+def mesh8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_jax(MESH8, devices=8, cache_dir=tmp_path_factory.mktemp("cache8"))
+
+
+@pytest.mark.parametrize("case", ["named_sharding", "donate", "in_shardings", "transformer"])
+def test_mesh8_matches_jax(mesh8: dict[str, Any], case: str) -> None:
+    assert_matches_jax(mesh8["cases"][case])
+
+
+def test_prediction_cost(mesh8: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print(f"\npredict_key median cost, 8 devices: small program {mesh8['small_ms']:.2f} ms,"
+              f" 8-layer transformer ({mesh8['big_lines']} lines of StableHLO)"
+              f" {mesh8['big_ms']:.2f} ms")
+    assert mesh8["small_ms"] < 1000 and mesh8["big_ms"] < 1000
+
+
+# -- two processes x two devices with jax.distributed ---------------------------------------
+
+DISTRIBUTED = r'''
+jax.distributed.initialize(f"127.0.0.1:{os.environ['TEST_PORT']}", num_processes=2,
+                           process_id=int(os.environ["TEST_PROCESS_ID"]))
+mesh = Mesh(np.array(jax.devices()), ("data",))
+
+def dist(x):
+    return (x * 2).sum(axis=0)
+
+x_sds = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+result = check(jax.jit(dist).lower(x_sds))
+result["process_index"] = jax.process_index()
+result["global_devices"] = jax.device_count()
+emit(result)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    cache_dir = tmp_path_factory.mktemp("cache_dist")
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PRELUDE + DISTRIBUTED], cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+                 "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                 "TEST_CACHE_DIR": str(cache_dir), "TEST_PORT": port,
+                 "TEST_PROCESS_ID": str(pid)})
+        for pid in range(2)
+    ]
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=90)
+            results.append(_result(proc.returncode, stdout, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return results
+
+
+def test_distributed_each_process_predicts_its_own_key(
+        distributed: list[dict[str, Any]]) -> None:
+    assert [r["process_index"] for r in distributed] == [0, 1]
+    assert all(r["global_devices"] == 4 for r in distributed)
+    for result in distributed:
+        assert_matches_jax(result)
+
+
+def test_distributed_keys_differ_between_processes_on_cpu(
+        distributed: list[dict[str, Any]]) -> None:
+    """On CPU each process hashes its local topology: only process 0's key is shared."""
+    first, second = (KeyPrediction.from_json(r["pred"]) for r in distributed)
+    assert explain_difference(first, second) == ["accelerator_config"]
+
+
+# -- cache dir through a symlink ------------------------------------------------------------
+
+SYMLINK = r'''
+def fresh_lowering():
+    """Drop JAX's in-memory caches, which would otherwise skip the persistent lookup."""
+    jax.clear_caches()
+    return jax.jit(mlp).lower(*mlp_sds(layers=2, width=16, batch=4))
+
+results = {"link": check(fresh_lowering())}
+jax.config.update("jax_compilation_cache_dir", os.environ["TEST_REAL_DIR"])
+results["real"] = check(fresh_lowering())
+jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+results["real_none"] = check(fresh_lowering())
+jax.config.update("jax_compilation_cache_dir", os.environ["TEST_CACHE_DIR"])
+results["link_none"] = check(fresh_lowering())
+emit(results)
+'''
+
+
+def test_symlinked_cache_dir_changes_compile_options(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    results = run_jax(SYMLINK, devices=1, cache_dir=link, env={"TEST_REAL_DIR": str(real)})
+    for name in ("link", "real", "real_none", "link_none"):
+        assert results[name]["pred"]["key"] == results[name]["jax"]["key"], name
+    pred = {name: KeyPrediction.from_json(r["pred"]) for name, r in results.items()}
+    assert explain_difference(pred["link"], pred["real"]) == ["compile_options"]
+    assert pred["real_none"].key == pred["link_none"].key
+    assert explain_difference(pred["link"], pred["link_none"]) == ["compile_options"]
+
+
+# -- version guard (in this process: no compile needed) -------------------------------------
+
+@pytest.fixture()
+def tiny_lowering() -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((2,), jnp.float32))
+
+
+def test_unknown_jax_version_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                        tiny_lowering: Any) -> None:
+    import jax
+
+    from prewarm.cache_key import predict_key
+
+    monkeypatch.delenv("JAXWARM_ALLOW_UNTESTED_JAX", raising=False)
+    monkeypatch.setattr(jax, "__version__", "9.9.9")
+    with pytest.raises(UnsupportedJaxVersion) as info:
+        predict_key(tiny_lowering)
+    message = str(info.value)
+    assert "tested on jax 0.10.2; this is jax 9.9.9" in message
+    assert "Pin jax==0.10.2" in message and "JAXWARM_ALLOW_UNTESTED_JAX=1" in message
+    assert "\n" not in message
+
+
+def test_escape_hatch_tries_anyway(monkeypatch: pytest.MonkeyPatch, tiny_lowering: Any) -> None:
+    import jax
+
+    from prewarm.cache_key import predict_key
+
+    monkeypatch.setenv("JAXWARM_ALLOW_UNTESTED_JAX", "1")
+    monkeypatch.setattr(jax, "__version__", "9.9.9")
+    assert predict_key(tiny_lowering).module_name == "jit__lambda"
+
+
+def test_moved_internal_api_is_reported(monkeypatch: pytest.MonkeyPatch,
+                                        tiny_lowering: Any) -> None:
+    from jax._src.interpreters import pxla
+
+    from prewarm.cache_key import predict_key
+
+    monkeypatch.delattr(pxla, "get_prop_to_input_output")
+    with pytest.raises(UnsupportedJaxVersion, match="internal API it uses moved"):
+        predict_key(tiny_lowering)
+
+
+# -- pure parts ------------------------------------------------------------------------------
+
+def _prediction(key: str, **changed: str) -> KeyPrediction:
+    components = {name: f"hash-of-{name}" for name in COMPONENTS}
+    components.update(changed)
+    return KeyPrediction(key=key, module_name="jit_f", components=components)
+
+
+def test_components_in_jax_order() -> None:
+    assert COMPONENTS == ("computation", "jax_lib version", "backend version", "XLA flags",
+                          "compile_options", "accelerator_config", "compression",
+                          "custom_hook")
+
+
+def test_explain_difference_names_differing_components_in_order() -> None:
+    expected = _prediction("jit_f-aaa")
+    actual = _prediction("jit_f-bbb", compression="x", computation="y")
+    assert explain_difference(expected, actual) == ["computation", "compression"]
+
+
+def test_explain_difference_equal_keys() -> None:
+    assert explain_difference(_prediction("jit_f-a"), _prediction("jit_f-a")) == []
+
+
+def test_explain_difference_unknown_components_last() -> None:
+    expected = _prediction("jit_f-a")
+    actual = KeyPrediction("jit_f-b", "jit_f", {**expected.components, "new thing": "z"})
+    assert explain_difference(expected, actual) == ["new thing"]
+
+
+def test_json_round_trip() -> None:
+    prediction = _prediction("jit_f-abc")
+    data = json.loads(json.dumps(prediction.to_json()))
+    assert KeyPrediction.from_json(data) == prediction
+
+
+def test_likely_causes() -> None:
+    for name in COMPONENTS:
+        assert likely_causes(name) and "unknown" not in likely_causes(name)
+    assert "symlink" in likely_causes("compile_options")
+    assert "sys.argv" in likely_causes("XLA flags")
+    assert "16 host devices" in likely_causes("accelerator_config")
+    assert "zstandard" in likely_causes("compression")
+    assert "unknown" in likely_causes("no such component")

@@ -1,0 +1,109 @@
+"""Every class of config error: one line naming the file and the key, exit 2, nothing run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.config import ConfigError, apply_override, load_config, parse_config
+from tests.conftest import DEMO, run_cli
+
+
+def demo_raw() -> dict:
+    return yaml.safe_load(DEMO.read_text())
+
+
+def write(tmp_path: Path, raw: dict | str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def mutate(raw: dict, dotted: str, value) -> dict:
+    apply_override(raw, f"{dotted}={yaml.safe_dump(value, default_flow_style=True).strip()}",
+                   "test")
+    return raw
+
+
+CASES = {
+    "yaml syntax": ("run:\n  name: demo\n  out_dir: [unclosed\nstep: {}\n",
+                    ["bad.yaml:", "YAML syntax error"]),
+    "unknown key": (mutate(demo_raw(), "cache.min_compile_time", 1),
+                    ["unknown key 'cache.min_compile_time'",
+                     "did you mean 'cache.min_compile_time_secs'"]),
+    "wrong type": (mutate(demo_raw(), "topology.nodes", "two"),
+                   ["topology.nodes: expected an integer, got string 'two'"]),
+    "missing required": ({k: v for k, v in demo_raw().items() if k != "step"},
+                         ["missing required key 'step'"]),
+    "missing nested": (mutate(demo_raw(), "step", {"args": {}}),
+                       ["missing required key 'step.factory'"]),
+    "mesh size": (mutate(demo_raw(), "mesh.axes", {"data": 3, "fsdp": 4}),
+                  ["mesh.axes: data=3 x fsdp=4 is 12 devices, but topology has 8"]),
+    "managed env": (mutate(demo_raw(), "env", {"XLA_FLAGS": "--xla_foo"}),
+                    ["env.XLA_FLAGS: jaxwarm sets this variable itself"]),
+    "command as string": (mutate(demo_raw(), "entrypoint.command", "jaxwarm-train --x"),
+                          ["entrypoint.command: expected a list of arguments"]),
+    "bad factory": (mutate(demo_raw(), "step.factory", "no_colon_here"),
+                    ["step.factory: expected 'module:function'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: str) -> None:
+    raw, expected = CASES[case]
+    path = write(tmp_path, raw)
+    out = tmp_path / "runs"
+    result = run_cli("launch", str(path), "--local", f"run.out_dir={out}",
+                     f"cache.dir={tmp_path / 'cache'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"jaxwarm: error: {path}"), lines[0]
+    for fragment in expected:
+        assert fragment in lines[0]
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_bad_override_names_the_key(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", "train.stepz=3")
+    assert result.returncode == 2
+    assert "unknown key 'train.stepz' (did you mean 'train.steps'?)" in result.stderr
+
+
+def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", "entrypoint.command=[no-such-trainer]")
+    assert result.returncode == 2
+    assert "entrypoint.command: 'no-such-trainer' was not found on PATH" in result.stderr
+    assert not (tmp_path / "runs" / "demo" / "logs").exists()
+
+
+def test_missing_config_file() -> None:
+    result = run_cli("launch", "nope.yaml", "--local")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "jaxwarm: error: nope.yaml: cannot read config: " \
+                                    "No such file or directory"
+
+
+def test_overrides_are_read_as_yaml() -> None:
+    config = load_config(DEMO, ["train.steps=3", "mesh.axes={data: 8, fsdp: 1}",
+                                "jax.jax_default_matmul_precision=highest"])
+    assert config.train.steps == 3
+    assert list(config.mesh.axes.items()) == [("data", 8), ("fsdp", 1)]
+    assert config.jax == {"jax_default_matmul_precision": "highest"}
+
+
+def test_both_configs_validate() -> None:
+    demo = load_config(DEMO)
+    assert demo.topology.num_devices == 8 and demo.init_budget_s == 1800
+    big = load_config(DEMO.parent / "llama3-8b-64gpu.yaml")
+    assert big.topology.num_devices == 64 and big.topology.platform == "gpu"
+
+
+def test_entrypoint_needs_exactly_one_form() -> None:
+    raw = demo_raw()
+    raw["entrypoint"] = {"command": ["a"], "function": "m:f"}
+    with pytest.raises(ConfigError, match="exactly one of"):
+        parse_config(raw, "x.yaml")

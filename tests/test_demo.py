@@ -1,0 +1,69 @@
+"""The demo end to end, as real processes: prewarm then train is a HIT on process 0;
+on a clean cache without prewarm, a MISS. Read from the report files a user would read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import DEMO, run_cli
+
+
+def report(run_dir: Path, job: str, process: int, restart: int = 0) -> dict:
+    return json.loads((run_dir / "reports" / f"{job}-r{restart}-p{process}.json").read_text())
+
+
+def function(report: dict, name: str) -> dict:
+    matches = [fn for fn in report["functions"] if fn["name"] == name]
+    assert matches, f"{name} not in {[fn['name'] for fn in report['functions']]}"
+    return matches[-1]
+
+
+def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", "train.steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+
+    prewarm = report(run_dir, "prewarm", 0)
+    assert not function(prewarm, "jit_train_step")["hit"]
+    train = report(run_dir, "init", 0)
+    step = function(train, "jit_train_step")
+    assert step["hit"], train
+    assert step["key"] == function(prewarm, "jit_train_step")["key"]
+    assert train["hits"] >= 1 and train["time_to_first_step_s"] > 0
+    assert train["misses"] == train["lookups"] - train["hits"]
+    # On CPU the other process's key includes its own devices: it always compiles.
+    assert not function(report(run_dir, "init", 1), "jit_train_step")["hit"]
+
+    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
+    assert step["key"] in manifest["entries"]
+    assert (tmp_path / "cache" / f"{step['key']}-cache").is_file()
+    assert "jit_train_step: HIT on process 0" in result.stdout
+
+    table = run_cli("report", str(run_dir))
+    assert table.returncode == 0
+    assert "jit_train_step" in table.stdout and "HIT" in table.stdout
+    listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
+    assert [(r["job"], r["process_index"]) for r in listed] == \
+        [("prewarm", 0), ("prewarm", 1), ("init", 0), ("init", 1)]
+
+
+def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", "train.steps=1",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    assert not (run_dir / "reports" / "prewarm-r0-p0.json").exists()
+    train = report(run_dir, "init", 0)
+    assert not function(train, "jit_train_step")["hit"]
+    assert train["hits"] == 0 and train["backend_compile_s"] > 0
+
+
+def test_failing_entrypoint_fails_the_launch_with_its_log_tail(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     "entrypoint={function: 'json:no_such_function'}")
+    assert result.returncode == 1
+    assert "train failed: process" in result.stderr
+    assert "AttributeError" in result.stderr

@@ -1,0 +1,77 @@
+"""The job environment: one canonical cache path string for every job, however it is named."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launcher.config import load_config
+from launcher.environment import job_environment, merge_environment
+from launcher.jobs import prewarm_job, train_job
+from launcher.rundir import pin_config
+from tests.conftest import DEMO
+
+
+def pinned_env(tmp_path: Path, cache: str, cwd: Path) -> dict[str, str]:
+    config = load_config(DEMO, [f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}"])
+    config, pinned = pin_config(config, base=cwd)
+    return job_environment(config, pinned)
+
+
+def test_prewarm_and_train_get_the_same_environment(tmp_path: Path) -> None:
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                                   f"cache.dir={tmp_path / 'c'}"]))
+    assert prewarm_job(config, pinned).env == train_job(config, pinned).env
+    env = prewarm_job(config, pinned).env
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "c")
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.5"
+    assert env["JAXWARM_CONFIG"] == str(pinned)
+
+
+def test_symlinked_and_relative_cache_dirs_give_one_canonical_string(tmp_path: Path) -> None:
+    real = tmp_path / "real-cache"
+    real.mkdir()
+    link = tmp_path / "link-cache"
+    link.symlink_to(real)
+    work = tmp_path / "work"
+    work.mkdir()
+    direct = pinned_env(tmp_path, str(real), work)["JAX_COMPILATION_CACHE_DIR"]
+    through_link = pinned_env(tmp_path, str(link), work)["JAX_COMPILATION_CACHE_DIR"]
+    relative = pinned_env(tmp_path, "../link-cache", work)["JAX_COMPILATION_CACHE_DIR"]
+    dotted = pinned_env(tmp_path, f"{tmp_path}/./work/../real-cache/", work)[
+        "JAX_COMPILATION_CACHE_DIR"]
+    assert direct == through_link == relative == dotted == os.path.realpath(real)
+
+
+def test_pinned_config_round_trips_to_the_same_environment(tmp_path: Path) -> None:
+    """A job reading the pinned file (another cwd, node or restart) builds the same env."""
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                                   "cache.dir=relative-cache"]), base=tmp_path)
+    again = load_config(pinned)
+    assert job_environment(again, pinned) == job_environment(config, pinned)
+
+
+def test_inherited_jax_variables_are_replaced(tmp_path: Path) -> None:
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                                   f"cache.dir={tmp_path / 'c'}"]))
+    inherited = {"PATH": "/bin", "XLA_FLAGS": "--xla_stray", "JAX_ENABLE_X64": "1",
+                 "JAXWARM_CONFIG": "/elsewhere"}
+    merged = merge_environment(inherited, job_environment(config, pinned))
+    assert merged["PATH"] == "/bin"
+    assert "JAX_ENABLE_X64" not in merged
+    assert merged["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert merged["JAXWARM_CONFIG"] == str(pinned)
+
+
+def test_user_flags_and_options_reach_the_environment(tmp_path: Path) -> None:
+    config, pinned = pin_config(load_config(
+        DEMO, [f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",
+               "xla_flags=[--xla_cpu_enable_fast_math=false]",
+               "jax.jax_default_matmul_precision=highest", "env={MY_VAR: 1}"]))
+    env = job_environment(config, pinned)
+    assert env["XLA_FLAGS"] == ("--xla_cpu_enable_fast_math=false "
+                                "--xla_force_host_platform_device_count=4")
+    assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+    assert env["MY_VAR"] == "1"

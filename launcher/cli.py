@@ -15,13 +15,14 @@ from pathlib import Path
 
 from launcher import local
 from launcher.config import Config, ConfigError, load_config
-from launcher.jobs import JobSpec, prewarm_job, train_job
+from launcher.jobs import JobSpec, prewarm_job, train_job, verify_job, verify_result_path
 from launcher.manifest import read_manifest
-from launcher.report import format_table, load_reports, summarize
+from launcher.report import format_table, format_verdicts, load_reports, summarize
 from launcher.rundir import pin_config
 
 log = logging.getLogger("jaxwarm")
 
+EXIT_COLD = 1
 EXIT_ERROR = 2
 
 
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--no-prewarm", action="store_true", help="skip the prewarm job")
     prewarm = commands.add_parser("prewarm", help="compile the step into the cache only")
     _add_job_arguments(prewarm)
+    verify = commands.add_parser(
+        "verify", help="will the run hit? lower and predict keys, no compile "
+                       "(exit 0 warm, 1 cold, 2 error)")
+    _add_job_arguments(verify)
     report = commands.add_parser("report", help="show a run's init reports")
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     report.add_argument("--json", action="store_true", help="print one JSON list")
@@ -74,6 +79,18 @@ def exit_code(result: local.JobResult) -> int:
     return 0 if result.ok else 1
 
 
+def run_verify(config: Config, pinned: Path) -> int:
+    """Run the verify job on the run's layout; print process 0's verdicts; 0 warm, 1 cold."""
+    shutil.rmtree(config.run_dir / "verify", ignore_errors=True)
+    result = run_local_job(verify_job(config, pinned), config)
+    if not result.ok:
+        return EXIT_ERROR
+    verdicts = json.loads(verify_result_path(config.run_dir, 0).read_text())["functions"]
+    for line in format_verdicts(verdicts):
+        print(line)
+    return 0 if all(v["warm"] for v in verdicts) else EXIT_COLD
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     backend = choose_backend(args.backend)
@@ -81,11 +98,19 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         raise ConfigError("SLURM submission is not available in this version of jaxwarm yet; "
                           "run with --local")
     config, pinned = pin_config(config)
-    prewarm = prewarm_job(config, pinned)
-    jobs = [prewarm] if args.command == "prewarm" else \
-        ([] if args.no_prewarm else [prewarm]) + [train_job(config, pinned)]
+    train = train_job(config, pinned) if args.command == "launch" else None
     log.info("run dir %s, cache %s", config.run_dir, config.cache.dir)
-    for job in jobs:
+    if args.command == "verify":
+        return run_verify(config, pinned)
+    prewarm = args.command == "prewarm" or not args.no_prewarm
+    if args.command == "launch" and prewarm:
+        verdict = run_verify(config, pinned)
+        if verdict == 0:
+            log.info("verify: every function is WARM; skipping the prewarm job")
+            prewarm = False
+        elif verdict == EXIT_ERROR:
+            log.warning("verify failed (see above); prewarming anyway")
+    for job in ([prewarm_job(config, pinned)] if prewarm else []) + ([train] if train else []):
         result = run_local_job(job, config)
         if not result.ok or result.signal_received is not None:
             return exit_code(result)

@@ -17,6 +17,7 @@ from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
 
 PREWARM_MODULE = "prewarm.job"
+VERIFY_MODULE = "prewarm.verify"
 CONFIG_PLACEHOLDER = "{config}"
 
 
@@ -45,6 +46,16 @@ def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
     return JobSpec("prewarm", [sys.executable, "-m", PREWARM_MODULE],
                    job_environment(config, config_path))
+
+
+def verify_job(config: Config, config_path: str | Path) -> JobSpec:
+    return JobSpec("verify", [sys.executable, "-m", VERIFY_MODULE],
+                   job_environment(config, config_path))
+
+
+def verify_result_path(run_dir: Path, process: int) -> Path:
+    """Where each process of a verify job writes its verdicts (JSON)."""
+    return Path(run_dir) / "verify" / f"p{process}.json"
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.keydiff import explain
+
 log = logging.getLogger(__name__)
 
 EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
@@ -198,11 +200,11 @@ class InitRecorder:
         for earlier in self.report.functions:
             if earlier.name == record.name and earlier.key not in (None, record.key) and \
                     earlier.seconds >= self.recompile_warn_s:
-                differing = [c for c, h in record.components.items()
-                             if earlier.components.get(c) != h]
-                message = (f"'{record.name}' was compiled twice in this process with different "
-                           f"cache keys; differing key components: "
-                           f"{', '.join(differing) or 'unknown'}")
+                reasons = explain(earlier.components, record.components) or \
+                    ["the key components were not recorded"]
+                message = (f"'{record.name}' was compiled twice in this process under "
+                           f"different cache keys (e.g. an AOT compile from a dummy input, "
+                           f"then the real call): " + "; ".join(reasons))
                 self.report.warnings.append(message)
                 self._warned.add(record.name)
                 log.warning("%s", message)

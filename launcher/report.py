@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 _REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
-_JOB_ORDER = {"prewarm": 0, "init": 1}
+_JOB_ORDER = {"verify": 0, "prewarm": 1, "init": 2}
 
 
 def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -108,4 +108,14 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[s
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
+    return lines
+
+
+def format_verdicts(verdicts: list[dict[str, Any]]) -> list[str]:
+    """verify's answer per function: WARM or COLD, the key, the cost, and why when cold."""
+    lines = []
+    for v in verdicts:
+        lines.append(f"{'WARM' if v['warm'] else 'COLD'}  {v['function']}  {v['key']}  "
+                     f"(lowering {v['lower_s']:.2f} s + key {1e3 * v['predict_s']:.1f} ms)")
+        lines.extend(f"      why: {line}" for line in v["explanation"])
     return lines

@@ -19,8 +19,8 @@ miss can be explained by naming the component that differs.
 Not mirrored: with auto-PGLE or `jax_compilation_cache_expect_pgle`, JAX may switch to the
 "PGLE-optimized" key after finding it in the cache; predicting that needs a cache read.
 
-The pure parts (`COMPONENTS`, `KeyPrediction`, `explain_difference`, `likely_causes`) do not
-import jax, so a CLI can print explanations without paying for a jax import.
+Importing this module does not import jax. What a differing component means lives in
+`launcher.keydiff`, which the launcher also uses on keys recorded at run time.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from launcher.keydiff import differing_components
+
 if TYPE_CHECKING:
     import jax
 
@@ -40,55 +42,6 @@ log = logging.getLogger(__name__)
 
 TESTED_JAX_VERSIONS: tuple[str, ...] = ("0.10.2",)
 ALLOW_UNTESTED_ENV = "JAXWARM_ALLOW_UNTESTED_JAX"
-
-COMPONENTS: tuple[str, ...] = (
-    "computation",
-    "jax_lib version",
-    "backend version",
-    "XLA flags",
-    "compile_options",
-    "accelerator_config",
-    "compression",
-    "custom_hook",
-)
-
-_LIKELY_CAUSES: dict[str, str] = {
-    "computation": (
-        "the traced program differs: an input's sharding (or a missing sharding on a dummy "
-        "batch), donation, a static argument, a weak-typed Python scalar instead of a typed "
-        "array, jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
-        "mesh shape/axis names/axis types (jax.make_mesh defaults to Explicit, Mesh(...) to "
-        "Auto) or device order. Moving code to another file or line does not matter (debug "
-        "info is stripped) unless jax_compilation_cache_include_metadata_in_key is on"
-    ),
-    "jax_lib version": "the jaxlib version differs (jax and jaxlib are released in lockstep)",
-    "backend version": (
-        "the backend platform or its version string differs (e.g. cpu vs gpu, or another "
-        "CUDA/TPU runtime version)"
-    ),
-    "XLA flags": (
-        "XLA_FLAGS (or LIBTPU_INIT_ARGS) or an --xla_* flag in sys.argv differs; dump flags "
-        "and --xla_force_host_platform_device_count are excluded from the key"
-    ),
-    "compile_options": (
-        "in/out shardings, the device assignment, jit/compile compiler_options or "
-        "jax_use_shardy_partitioner differ, or the cache dir path string differs (the XLA "
-        "autotune cache dir is stored in compile options: a symlink or relative path "
-        "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "
-        "makes the path irrelevant), or the persistent cache was off in one process"
-    ),
-    "accelerator_config": (
-        "device count or kind/topology differs (e.g. 16 host devices vs 8 with the same "
-        "8-device mesh); on CPU each process hashes its own local topology, so processes "
-        "other than 0 of a multi-process run get their own keys"
-    ),
-    "compression": "zstandard importable in one process and not the other",
-    "custom_hook": (
-        "jax._src.cache_key.custom_hook was replaced in one process and returns a "
-        "different string there"
-    ),
-}
-
 
 class UnsupportedJaxVersion(RuntimeError):
     """The installed jax is not one whose internals this module was checked against."""
@@ -114,23 +67,10 @@ class KeyPrediction:
 
 
 def explain_difference(expected: KeyPrediction, actual: KeyPrediction) -> list[str]:
-    """Names of the components whose hashes differ, in JAX's order; empty if the keys match.
-
-    Names unknown to `COMPONENTS` (a prediction from another jax version) come last, sorted.
-    """
+    """Names of the components that differ, in JAX's order; empty if the keys match."""
     if expected.key == actual.key:
         return []
-    names = set(expected.components) | set(actual.components)
-    ordered = [c for c in COMPONENTS if c in names]
-    ordered += sorted(names - set(COMPONENTS))
-    return [c for c in ordered
-            if expected.components.get(c) != actual.components.get(c)]
-
-
-def likely_causes(component: str) -> str:
-    """Plain-words likely causes of a difference in one key component."""
-    return _LIKELY_CAUSES.get(
-        component, f"unknown cache-key component {component!r} (another jax version?)")
+    return differing_components(expected.components, actual.components)
 
 
 def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:

@@ -17,6 +17,8 @@ from launcher.distributed import initialize
 from launcher.hook import config_from_env, enable_cache
 from launcher.manifest import ManifestEntry, record_entries
 from launcher.recorder import FunctionRecord, InitRecorder
+from prewarm.cache_key import UnsupportedJaxVersion, predict_key
+from prewarm.specs import warn_risky_inputs
 from prewarm.step import build_step
 
 log = logging.getLogger("jaxwarm.prewarm")
@@ -29,15 +31,30 @@ class Compiled:
     record: FunctionRecord
 
 
+def predicted_key(lowered: object) -> str | None:
+    """The adapter's key, to cross-check against JAX's; None where the adapter cannot run."""
+    try:
+        return predict_key(lowered).key
+    except UnsupportedJaxVersion as exc:
+        log.warning("%s; prewarming without the key cross-check", exc)
+        return None
+
+
 def compile_targets(recorder: InitRecorder, targets: list) -> list[Compiled]:
     """Lower and compile each target; the recorder saw its cache key and outcome."""
     compiled = []
     for name, function, args in targets:
+        warn_risky_inputs(args, name)
         start = time.perf_counter()
         lowered = function.lower(*args)
         lower_s = time.perf_counter() - start
+        predicted = predicted_key(lowered)
         lowered.compile()
-        compiled.append(Compiled(name, lower_s, recorder.report.functions[-1]))
+        record = recorder.report.functions[-1]
+        if predicted is not None and record.key is not None and predicted != record.key:
+            log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
+                        "cannot be trusted on this setup", name, predicted, record.key)
+        compiled.append(Compiled(name, lower_s, record))
     return compiled
 
 

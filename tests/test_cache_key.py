@@ -18,13 +18,8 @@ from typing import Any
 
 import pytest
 
-from prewarm.cache_key import (
-    COMPONENTS,
-    KeyPrediction,
-    UnsupportedJaxVersion,
-    explain_difference,
-    likely_causes,
-)
+from launcher.keydiff import COMPONENTS, explain, likely_causes
+from prewarm.cache_key import KeyPrediction, UnsupportedJaxVersion, explain_difference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -430,3 +425,9 @@ def test_likely_causes() -> None:
     assert "16 host devices" in likely_causes("accelerator_config")
     assert "zstandard" in likely_causes("compression")
     assert "unknown" in likely_causes("no such component")
+
+
+def test_explain_names_component_and_cause() -> None:
+    base = {name: "h" for name in COMPONENTS}
+    lines = explain(base, {**base, "XLA flags": "other"})
+    assert lines == [f"XLA flags differs: {likely_causes('XLA flags')}"]

@@ -1,0 +1,112 @@
+"""`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
+
+Each process of the run's layout builds the step through the same factory, lowers it, and
+predicts the persistent-cache key (`prewarm.cache_key`); a function is WARM when the cache
+dir holds an entry under that key. A COLD function that the manifest knows under another
+key is explained by the key components that differ. Process 0's verdict is the run's: on
+GPU every rank shares its key, and on CPU only process 0 can ever hit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.distributed import initialize
+from launcher.hook import config_from_env, enable_cache
+from launcher.jobs import verify_result_path
+from launcher.keydiff import differing_components, explain
+from launcher.manifest import ManifestEntry, read_manifest
+from prewarm.cache_key import predict_key
+from prewarm.specs import warn_risky_inputs
+from prewarm.step import build_step
+
+log = logging.getLogger("jaxwarm.verify")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    function: str
+    key: str
+    warm: bool
+    lower_s: float
+    predict_s: float
+    explanation: list[str] = field(default_factory=list)
+    components: dict[str, str] = field(default_factory=dict)
+
+
+def entry_path(cache_dir: str | Path, key: str) -> Path:
+    """Where JAX's file cache keeps the executable of a key."""
+    return Path(cache_dir) / f"{key}-cache"
+
+
+def explain_cold(function: str, components: dict[str, str],
+                 manifest: dict[str, ManifestEntry]) -> list[str]:
+    """Why a key is not in the cache, against the closest manifest entry of the function."""
+    candidates = [e for e in manifest.values() if e.function == function and e.components]
+    if not candidates:
+        return [f"no prewarm of {function} is recorded in the manifest: run `jaxwarm prewarm`"]
+    closest = min(candidates,
+                  key=lambda e: (len(differing_components(e.components, components)),
+                                 -e.created))
+    lines = explain(closest.components, components)
+    if not lines:
+        return [f"the manifest lists {closest.key} but its cache entry is gone "
+                f"(pruned or deleted): run `jaxwarm prewarm` again"]
+    return [f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0], *lines[1:]]
+
+
+def judge(lowered: Any, cache_dir: str,
+          manifest: dict[str, ManifestEntry], lower_s: float) -> Verdict:
+    start = time.perf_counter()
+    prediction = predict_key(lowered)
+    predict_s = time.perf_counter() - start
+    warm = entry_path(cache_dir, prediction.key).is_file()
+    explanation = [] if warm else explain_cold(prediction.module_name, prediction.components,
+                                               manifest)
+    return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
+                   lower_s=lower_s, predict_s=predict_s, explanation=explanation,
+                   components=prediction.components)
+
+
+def verify_targets(targets: list, cache_dir: str,
+                   manifest: dict[str, ManifestEntry]) -> list[Verdict]:
+    verdicts = []
+    for name, function, args in targets:
+        warn_risky_inputs(args, name)
+        start = time.perf_counter()
+        lowered = function.lower(*args)
+        verdicts.append(judge(lowered, cache_dir, manifest,
+                              time.perf_counter() - start))
+    return verdicts
+
+
+def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"process_index": process, "functions": [asdict(v) for v in verdicts]}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import jax
+
+    config = config_from_env()
+    initialize()
+    recorder = enable_cache(config, job="verify")
+    _, bundle = build_step(config)
+    verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
+                              read_manifest(config.cache.dir))
+    recorder.write()
+    write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
+                 jax.process_index())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,7 @@ from launcher.config import Config, ConfigError, load_config
 from launcher.jobs import JobSpec, prewarm_job, train_job, verify_job, verify_result_path
 from launcher.manifest import read_manifest
 from launcher.report import format_table, format_verdicts, load_reports, summarize
-from launcher.rundir import pin_config
+from launcher.rundir import PINNED_CONFIG, pin_config
 
 log = logging.getLogger("jaxwarm")
 
@@ -127,8 +127,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     reports = load_reports(args.run_dir)
     if args.json:
         print(json.dumps(reports, indent=1))
-    else:
-        print(format_table(reports))
+        return 0
+    print(format_table(reports))
+    pinned = args.run_dir / PINNED_CONFIG
+    if pinned.is_file():
+        for line in summarize(reports, read_manifest(load_config(pinned).cache.dir)):
+            print(line)
     return 0
 
 

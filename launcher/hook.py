@@ -32,11 +32,14 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     return resolve_paths(load_config(path))
 
 
-def enable_cache(config: Config | str | Path | None = None, *, job: str = "init") -> InitRecorder:
+def enable_cache(config: Config | str | Path | None = None, *, job: str = "init",
+                 recompile_warn_s: float = 1.0) -> InitRecorder:
     """Turn the persistent cache on with the config's settings and start the init report.
 
     Returns the recorder: call `mark_first_step()` on it after the first step finished.
-    The report is also written at exit, with every compile the process made.
+    The report is also written at exit, with every compile the process made. A function
+    compiled twice under different keys is warned about when both compiles took at least
+    `recompile_warn_s` (small helpers legitimately compile once per input shape).
     """
     import jax
 
@@ -60,7 +63,7 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = "init"
         process_count=jax.process_count(), cache_dir=config.cache.dir,
         init_budget_s=config.init_budget_s)
     path = report_path(config.run_dir, job, restart, jax.process_index())
-    recorder = InitRecorder(report, path).install()
+    recorder = InitRecorder(report, path, recompile_warn_s).install()
     atexit.register(recorder.write)
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              config.cache.dir, jax.process_index(), jax.process_count(), restart)

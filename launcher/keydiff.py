@@ -8,6 +8,11 @@ components whose hashes differ and what usually changes them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.manifest import ManifestEntry
+
 COMPONENTS: tuple[str, ...] = (
     "computation",
     "jax_lib version",
@@ -78,3 +83,20 @@ def explain(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
     """One line per differing component: its name and its likely causes."""
     return [f"{component} differs: {likely_causes(component)}"
             for component in differing_components(expected, actual)]
+
+
+def explain_miss(function: str, components: dict[str, str],
+                 manifest: dict[str, ManifestEntry]) -> list[str]:
+    """Why a function's key is not in the cache: the components that differ from the closest
+    manifest entry of the same function name (fewest differences, then newest)."""
+    candidates = [e for e in manifest.values() if e.function == function and e.components]
+    if not candidates:
+        return [f"no prewarm of {function} is recorded in the manifest: run `jaxwarm prewarm`"]
+    closest = min(candidates,
+                  key=lambda e: (len(differing_components(e.components, components)),
+                                 -e.created))
+    lines = explain(closest.components, components)
+    if not lines:
+        return [f"the manifest lists {closest.key} but its cache entry is gone "
+                f"(pruned or deleted): run `jaxwarm prewarm` again"]
+    return [f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0], *lines[1:]]

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from launcher.keydiff import explain_miss
+
 _REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
 _JOB_ORDER = {"verify": 0, "prewarm": 1, "init": 2}
 
@@ -79,7 +81,7 @@ def format_table(reports: list[dict[str, Any]]) -> str:
 
 def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[str]:
     """Headline lines for the functions the prewarm manifest knows: did the latest training
-    attempt hit them on process 0, and how much compile time did that save."""
+    attempt hit them on process 0, how much compile time did that save, and why a miss."""
     train = [r for r in reports if r["job"] == "init"]
     if not train:
         return []
@@ -103,6 +105,8 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[s
             else:
                 lines.append(f"{fn['name']}: MISS on process 0 (restart {latest}), "
                              f"compiled in {fn['seconds']:.2f} s")
+                lines.extend(f"  why: {line}"
+                             for line in explain_miss(fn["name"], fn["components"], manifest))
     others = [r for r in attempt if r["process_index"] != 0]
     if others and not any(r["hits"] for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

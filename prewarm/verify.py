@@ -20,7 +20,7 @@ from typing import Any
 from launcher.distributed import initialize
 from launcher.hook import config_from_env, enable_cache
 from launcher.jobs import verify_result_path
-from launcher.keydiff import differing_components, explain
+from launcher.keydiff import explain_miss
 from launcher.manifest import ManifestEntry, read_manifest
 from prewarm.cache_key import predict_key
 from prewarm.specs import warn_risky_inputs
@@ -45,29 +45,13 @@ def entry_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}-cache"
 
 
-def explain_cold(function: str, components: dict[str, str],
-                 manifest: dict[str, ManifestEntry]) -> list[str]:
-    """Why a key is not in the cache, against the closest manifest entry of the function."""
-    candidates = [e for e in manifest.values() if e.function == function and e.components]
-    if not candidates:
-        return [f"no prewarm of {function} is recorded in the manifest: run `jaxwarm prewarm`"]
-    closest = min(candidates,
-                  key=lambda e: (len(differing_components(e.components, components)),
-                                 -e.created))
-    lines = explain(closest.components, components)
-    if not lines:
-        return [f"the manifest lists {closest.key} but its cache entry is gone "
-                f"(pruned or deleted): run `jaxwarm prewarm` again"]
-    return [f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0], *lines[1:]]
-
-
 def judge(lowered: Any, cache_dir: str,
           manifest: dict[str, ManifestEntry], lower_s: float) -> Verdict:
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
     warm = entry_path(cache_dir, prediction.key).is_file()
-    explanation = [] if warm else explain_cold(prediction.module_name, prediction.components,
+    explanation = [] if warm else explain_miss(prediction.module_name, prediction.components,
                                                manifest)
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
                    lower_s=lower_s, predict_s=predict_s, explanation=explanation,

@@ -4,6 +4,7 @@ on a clean cache without prewarm, a MISS. Read from the report files a user woul
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tests.conftest import DEMO, run_cli
@@ -46,7 +47,38 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert "jit_train_step" in table.stdout and "HIT" in table.stdout
     listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
     assert [(r["job"], r["process_index"]) for r in listed] == \
-        [("prewarm", 0), ("prewarm", 1), ("init", 0), ("init", 1)]
+        [("verify", 0), ("verify", 1), ("prewarm", 0), ("prewarm", 1), ("init", 0), ("init", 1)]
+    assert "COLD  jit_train_step" in result.stdout
+
+
+def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> None:
+    args = (str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}")
+    assert run_cli("prewarm", *args).returncode == 0
+    warm = run_cli("verify", *args)
+    assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
+    prewarm_key = function(report(tmp_path / "runs" / "demo", "prewarm", 0),
+                           "jit_train_step")["key"]
+    assert f"WARM  jit_train_step  {prewarm_key}" in warm.stdout
+    verify = report(tmp_path / "runs" / "demo", "verify", 0)
+    assert verify["lookups"] == 0 and verify["backend_compile_s"] == 0, verify
+
+    cold = run_cli("verify", *args, "xla_flags=[--xla_cpu_enable_fast_math=true]")
+    assert cold.returncode == 1
+    assert "COLD  jit_train_step" in cold.stdout
+    assert "XLA flags differs" in cold.stdout
+
+    missed = run_cli("launch", *args, "--no-prewarm", "train.steps=1",
+                     "xla_flags=[--xla_cpu_enable_fast_math=true]")
+    assert missed.returncode == 0, missed.stderr[-3000:]
+    assert "jit_train_step: MISS on process 0" in missed.stdout
+    assert "why: prewarmed as" in missed.stdout and "XLA flags differs" in missed.stdout
+    shutil.rmtree(tmp_path / "runs" / "demo" / "checkpoints")
+
+    relaunch = run_cli("launch", *args, "train.steps=1")
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    assert "every function is WARM; skipping the prewarm job" in relaunch.stderr
+    assert "jit_train_step: HIT on process 0" in relaunch.stdout
 
 
 def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:

@@ -1,0 +1,289 @@
+"""One side of a cache-key matrix case, in a fresh process.
+
+    python tests/keycase.py ROLE VARIATION CACHE_DIR OUT_JSON [extra argv...]
+
+ROLE `prewarm`: lower `train_step` from ShapeDtypeStructs, predict its key, compile it with
+the persistent cache on under an `InitRecorder`, and record a manifest entry with the key and
+components JAX itself logged. ROLE `run`: lower the run's way (from the real arrays), call
+`prewarm.verify.judge`, then call the function on real arrays under an `InitRecorder`. Each
+writes what it predicted and what JAX did to OUT_JSON.
+
+`VARIATIONS` is the table of (prewarm side, run side). Settings JAX reads at import or from
+the process (device count, XLA_FLAGS, sys.argv, JAX_* variables) are part of a `Side` too:
+the test starts the process with `side_env(side)` and `side.argv` (`command`), and this
+script checks it got them. Importing this module does not import jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FAST_MATH = "--xla_cpu_enable_fast_math=true"
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one process (prewarm or run) builds, lowers and calls the step."""
+
+    devices: int = 8                      # fake host devices (the mesh always uses the first 8)
+    xla_flags: tuple[str, ...] = ()       # added to XLA_FLAGS
+    argv: tuple[str, ...] = ()            # extra sys.argv entries (JAX hashes --xla_* ones)
+    env: tuple[tuple[str, str], ...] = ()  # extra JAX_* environment variables
+    mesh: tuple[int, int] = (8, 1)        # ("data", "model") shape
+    make_mesh: bool = False               # jax.make_mesh (Explicit axes) instead of Mesh (Auto)
+    jit_shardings: bool = False           # jit(in_shardings=...) instead of argument shardings
+    unsharded: tuple[str, ...] = ()       # prewarm only: SDS of these inputs carry no sharding
+    donate: bool = False                  # donate_argnums=(0,)
+    lr: float = 0.1                       # static argument
+    int8_positions: bool = False          # the batch has int8 "pos"; the step returns pos + n
+    precision: str | None = None          # jax_default_matmul_precision
+    name: str = "train_step"              # the Python function's name (-> module name)
+    python_int_n: bool = False            # run only: n as a Python int (weak type), not np.int32
+    symlink: bool = False                 # reach the cache dir through a symlink
+
+
+BASE = Side()
+NO_XLA_CACHES = (("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none"),)
+
+
+def _case(prewarm: dict | None = None, run: dict | None = None,
+          both: dict | None = None) -> tuple[Side, Side]:
+    shared = replace(BASE, **(both or {}))
+    return replace(shared, **(prewarm or {})), replace(shared, **(run or {}))
+
+
+VARIATIONS: dict[str, tuple[Side, Side]] = {
+    "baseline": _case(),
+    "unsharded_dummy_batch": _case(prewarm={"unsharded": ("batch",)}),
+    "jit_in_shardings_vs_arg_shardings": _case(
+        prewarm={"jit_shardings": True, "unsharded": ("params", "batch")}),
+    "jit_in_shardings_both": _case(
+        both={"jit_shardings": True}, prewarm={"unsharded": ("params", "batch")}),
+    "donate_argnums": _case(run={"donate": True}),
+    "static_arg": _case(run={"lr": 0.2}),
+    "xla_flags_env": _case(run={"xla_flags": (FAST_MATH,)}),
+    "xla_dump_to": _case(run={"xla_flags": ("--xla_dump_to={workdir}/xla-dump",)}),
+    "xla_flag_in_argv": _case(run={"argv": (FAST_MATH,)}),
+    "matmul_precision": _case(run={"precision": "highest"}),
+    "renamed_function": _case(run={"name": "train_step_v2"}),
+    "python_int_n": _case(run={"python_int_n": True}),
+    "python_int_n_meets_int8": _case(both={"int8_positions": True},
+                                     run={"python_int_n": True}),
+    "mesh_shape": _case(prewarm={"mesh": (8, 1)}, run={"mesh": (4, 2)}),
+    "make_mesh_vs_mesh": _case(prewarm={"make_mesh": True}),
+    "device_count": _case(run={"devices": 16}),
+    "cache_dir_symlink": _case(run={"symlink": True}),
+    "symlink_no_xla_caches": _case(both={"env": NO_XLA_CACHES}, run={"symlink": True}),
+}
+
+
+def xla_flags(side: Side, workdir: Path) -> list[str]:
+    return [f"--xla_force_host_platform_device_count={side.devices}",
+            *(flag.format(workdir=workdir) for flag in side.xla_flags)]
+
+
+def side_env(side: Side, workdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a process of this side must start with (JAX reads it at import)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", None)
+    env["XLA_FLAGS"] = " ".join(xla_flags(side, workdir))
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(dict(side.env))
+    return env
+
+
+def sides(variation: str) -> dict[str, Side]:
+    prewarm, run = VARIATIONS[variation]
+    return {"prewarm": prewarm, "run": run}
+
+
+def command(role: str, variation: str, cache_dir: Path, out: Path) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), role, variation, str(cache_dir),
+            str(out), *sides(variation)[role].argv]
+
+
+def link_path(cache_dir: str) -> str:
+    return str(Path(cache_dir).parent / (Path(cache_dir).name + "-link"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the process.
+
+def _check_process(side: Side, workdir: Path) -> None:
+    """Refuse to run when the test did not start this process the way `side` says."""
+    import jax
+
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    problems = [f"{flag} not in XLA_FLAGS" for flag in xla_flags(side, workdir)
+                if flag not in flags]
+    if len(jax.devices()) != side.devices:
+        problems.append(f"{len(jax.devices())} devices, expected {side.devices}")
+    if tuple(sys.argv[5:]) != side.argv:
+        problems.append(f"extra argv {sys.argv[5:]}, expected {list(side.argv)}")
+    problems += [f"{k}={os.environ.get(k)!r}, expected {v!r}"
+                 for k, v in side.env if os.environ.get(k) != v]
+    if problems:
+        raise SystemExit("keycase: process not set up as its side says: " + "; ".join(problems))
+
+
+def _train_step(params, batch, n, lr):
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(p):
+        h = jnp.tanh(batch["x"] @ p["w1"])
+        return jnp.mean((h @ p["w2"] - batch["y"]) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    scale = lr / (1 + n)
+    new_params = jax.tree.map(lambda w, g: w - scale * g, params, grads)
+    if "pos" in batch:  # int8 + weak int -> int8; int8 + int32 -> int32
+        return new_params, loss, batch["pos"] + n
+    return new_params, loss
+
+
+def _shapes(side: Side) -> dict[str, dict[str, tuple[tuple[int, ...], str]]]:
+    batch = {"x": ((16, 16), "float32"), "y": ((16, 4), "float32")}
+    if side.int8_positions:
+        batch["pos"] = ((16,), "int8")
+    return {"params": {"w1": ((16, 32), "float32"), "w2": ((32, 4), "float32")},
+            "batch": batch}
+
+
+def _build(side: Side):
+    """(jitted step, {input: tree of NamedSharding}) built the side's way."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    axes = ("data", "model")
+    if side.make_mesh:
+        mesh = jax.make_mesh(side.mesh, axes, devices=jax.devices()[:8])
+    else:
+        mesh = Mesh(np.array(jax.devices()[:8]).reshape(side.mesh), axes)
+    specs = {"params": P(), "batch": P("data")}
+    shardings = {name: {leaf: NamedSharding(mesh, specs[name]) for leaf in leaves}
+                 for name, leaves in _shapes(side).items()}
+
+    def step(params, batch, n, lr):
+        return _train_step(params, batch, n, lr)
+
+    step.__name__ = step.__qualname__ = side.name
+    kwargs = {"static_argnums": (3,)}
+    if side.donate:
+        kwargs["donate_argnums"] = (0,)
+    if side.jit_shardings:
+        kwargs["in_shardings"] = (shardings["params"], shardings["batch"],
+                                  NamedSharding(mesh, P()))
+    return jax.jit(step, **kwargs), shardings
+
+
+def _recorder(cache_dir: str, out: Path, role: str):
+    from launcher.recorder import InitRecorder, InitReport
+
+    report = InitReport(job=role, restart_count=0, process_index=0, process_count=1,
+                        cache_dir=cache_dir, init_budget_s=60.0)
+    return InitRecorder(report, out.with_name(out.stem + "-report.json")).install()
+
+
+def _observed(recorder, function: str) -> dict:
+    records = [r for r in recorder.report.functions if r.name == function]
+    names = [r.name for r in recorder.report.functions]
+    assert len(records) == 1, f"expected one compile of {function}, recorded {names}"
+    return {**asdict(records[0]), "all_functions": names}
+
+
+def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
+    import jax
+    import numpy as np
+    from launcher.manifest import ManifestEntry, record_entries
+    from prewarm.cache_key import predict_key
+
+    recorder = _recorder(cache_dir, out, "prewarm")
+    step, shardings = _build(side)
+    sds = {name: {leaf: jax.ShapeDtypeStruct(
+                      shape, dtype,
+                      sharding=None if name in side.unsharded else shardings[name][leaf])
+                  for leaf, (shape, dtype) in leaves.items()}
+           for name, leaves in _shapes(side).items()}
+    start = time.perf_counter()
+    lowered = step.lower(sds["params"], sds["batch"], jax.ShapeDtypeStruct((), np.int32),
+                         side.lr)
+    lower_s = time.perf_counter() - start
+    prediction = predict_key(lowered)
+    start = time.perf_counter()
+    lowered.compile()
+    compile_s = time.perf_counter() - start
+    observed = _observed(recorder, prediction.module_name)
+    record_entries(cache_dir, [ManifestEntry(
+        function=prediction.module_name, key=observed["key"], run="keycase-prewarm",
+        config=variation, compile_s=compile_s, lower_s=lower_s, written=True,
+        jax_version=jax.__version__, process_count=jax.process_count(),
+        components=observed["components"])])
+    return {"prediction": prediction.to_json(), "observed": observed}
+
+
+def _run(side: Side, cache_dir: str, out: Path) -> dict:
+    import jax
+    import numpy as np
+    from launcher.manifest import read_manifest
+    from prewarm.verify import judge
+
+    recorder = _recorder(cache_dir, out, "run")
+    step, shardings = _build(side)
+    rng = np.random.default_rng(0)
+    arrays = {name: {leaf: jax.device_put(
+                         (10 * rng.standard_normal(shape)).astype(dtype),
+                         shardings[name][leaf])
+                     for leaf, (shape, dtype) in leaves.items()}
+              for name, leaves in _shapes(side).items()}
+    n = 3 if side.python_int_n else np.int32(3)
+    lowered = step.lower(arrays["params"], arrays["batch"], n, side.lr)
+
+    report = recorder.report
+    before = (report.lookups, len(report.functions), report.backend_compile_s)
+    verdict = judge(lowered, cache_dir, read_manifest(cache_dir), 0.0)
+    during_judge = {"lookups": report.lookups - before[0],
+                    "compiles": len(report.functions) - before[1],
+                    "backend_compile_s": report.backend_compile_s - before[2]}
+
+    loss = step(arrays["params"], arrays["batch"], n, side.lr)[1]
+    jax.block_until_ready(loss)
+    return {"verdict": asdict(verdict), "during_judge": during_judge,
+            "observed": _observed(recorder, verdict.function),
+            "hits": report.hits, "lookups": report.lookups}
+
+
+def main(argv: list[str]) -> int:
+    role, variation, cache_dir, out = argv[1], argv[2], argv[3], Path(argv[4])
+    side = sides(variation)[role]
+    _check_process(side, Path(cache_dir).parent)
+    import jax
+
+    if side.symlink:
+        link = Path(link_path(cache_dir))
+        if not link.exists():
+            link.symlink_to(Path(cache_dir).resolve(), target_is_directory=True)
+        cache_dir = str(link)
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if side.precision is not None:
+        jax.config.update("jax_default_matmul_precision", side.precision)
+    result = (_prewarm(side, cache_dir, out, variation) if role == "prewarm"
+              else _run(side, cache_dir, out))
+    out.write_text(json.dumps({"role": role, "variation": variation, "cache_dir": cache_dir,
+                               **result}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main(sys.argv))

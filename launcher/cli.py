@@ -10,15 +10,18 @@ import argparse
 import json
 import logging
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from launcher import local
+from launcher import local, slurm
 from launcher.config import Config, ConfigError, load_config
 from launcher.jobs import JobSpec, prewarm_job, train_job, verify_job, verify_result_path
 from launcher.manifest import read_manifest
-from launcher.report import format_table, format_verdicts, load_reports, summarize
+from launcher.report import (attempt_summaries, format_table, format_verdicts, load_reports,
+                             summarize)
 from launcher.rundir import PINNED_CONFIG, pin_config
+from launcher.sbatch import render
 
 log = logging.getLogger("jaxwarm")
 
@@ -44,15 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser("launch", help="prewarm the cache, then run the training job")
     _add_job_arguments(launch)
     launch.add_argument("--no-prewarm", action="store_true", help="skip the prewarm job")
-    prewarm = commands.add_parser("prewarm", help="compile the step into the cache only")
+    launch.add_argument("--wait", action="store_true",
+                        help="SLURM: follow the jobs and print the init report at the end")
+    prewarm = commands.add_parser(
+        "prewarm", help="compile the step into the cache only (several configs: one job each)")
     _add_job_arguments(prewarm)
+    prewarm.add_argument("--wait", action="store_true", help="SLURM: follow the jobs")
     verify = commands.add_parser(
         "verify", help="will the run hit? lower and predict keys, no compile "
                        "(exit 0 warm, 1 cold, 2 error)")
     _add_job_arguments(verify)
+    render = commands.add_parser("render", help="print the sbatch script of a job")
+    render.add_argument("config", help="YAML config file")
+    render.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE")
+    render.add_argument("--job", choices=("prewarm", "train"), required=True)
     report = commands.add_parser("report", help="show a run's init reports")
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     report.add_argument("--json", action="store_true", help="print one JSON list")
+    status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
+    status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     return parser
 
 
@@ -60,6 +73,21 @@ def choose_backend(requested: str | None) -> str:
     if requested is not None:
         return requested
     return "slurm" if shutil.which("sbatch") else "local"
+
+
+def print_report(config: Config) -> None:
+    reports = load_reports(config.run_dir)
+    print(format_table(reports))
+    for line in summarize(reports, read_manifest(config.cache.dir)):
+        print(line)
+
+
+def print_verdicts(config: Config) -> int:
+    """Process 0's verify result: WARM/COLD lines; 0 when every function is warm, else 1."""
+    verdicts = json.loads(verify_result_path(config.run_dir, 0).read_text())["functions"]
+    for line in format_verdicts(verdicts):
+        print(line)
+    return 0 if all(v["warm"] for v in verdicts) else EXIT_COLD
 
 
 def run_local_job(job: JobSpec, config: Config) -> local.JobResult:
@@ -79,44 +107,106 @@ def exit_code(result: local.JobResult) -> int:
     return 0 if result.ok else 1
 
 
-def run_verify(config: Config, pinned: Path) -> int:
-    """Run the verify job on the run's layout; print process 0's verdicts; 0 warm, 1 cold."""
+def local_verify(config: Config, pinned: Path) -> int:
     shutil.rmtree(config.run_dir / "verify", ignore_errors=True)
-    result = run_local_job(verify_job(config, pinned), config)
-    if not result.ok:
+    if not run_local_job(verify_job(config, pinned), config).ok:
         return EXIT_ERROR
-    verdicts = json.loads(verify_result_path(config.run_dir, 0).read_text())["functions"]
-    for line in format_verdicts(verdicts):
-        print(line)
-    return 0 if all(v["warm"] for v in verdicts) else EXIT_COLD
+    return print_verdicts(config)
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
-    backend = choose_backend(args.backend)
-    if backend == "slurm":
-        raise ConfigError("SLURM submission is not available in this version of jaxwarm yet; "
-                          "run with --local")
-    config, pinned = pin_config(config)
-    train = train_job(config, pinned) if args.command == "launch" else None
-    log.info("run dir %s, cache %s", config.run_dir, config.cache.dir)
+def run_local(args: argparse.Namespace, config: Config, pinned: Path) -> int:
     if args.command == "verify":
-        return run_verify(config, pinned)
+        return local_verify(config, pinned)
     prewarm = args.command == "prewarm" or not args.no_prewarm
     if args.command == "launch" and prewarm:
-        verdict = run_verify(config, pinned)
+        verdict = local_verify(config, pinned)
         if verdict == 0:
             log.info("verify: every function is WARM; skipping the prewarm job")
             prewarm = False
         elif verdict == EXIT_ERROR:
             log.warning("verify failed (see above); prewarming anyway")
-    for job in ([prewarm_job(config, pinned)] if prewarm else []) + ([train] if train else []):
+    jobs = [prewarm_job(config, pinned)] if prewarm else []
+    if args.command == "launch":
+        jobs.append(train_job(config, pinned))
+    for job in jobs:
         result = run_local_job(job, config)
         if not result.ok or result.signal_received is not None:
             return exit_code(result)
-    reports = load_reports(config.run_dir)
-    print(format_table(reports))
-    for line in summarize(reports, read_manifest(config.cache.dir)):
+    print_report(config)
+    return 0
+
+
+def run_slurm(args: argparse.Namespace, config: Config, pinned: Path) -> int:
+    if args.command == "verify":
+        shutil.rmtree(config.run_dir / "verify", ignore_errors=True)
+        jobs = [verify_job(config, pinned)]
+    else:
+        jobs = [] if args.command == "launch" and args.no_prewarm else [prewarm_job(config, pinned)]
+        if args.command == "launch":
+            jobs.append(train_job(config, pinned))
+    submitted = slurm.submit_jobs(config, jobs)
+    for job in submitted:
+        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")
+    if args.command != "verify" and not args.wait:
+        print(f"follow with: jaxwarm status {config.run_dir}   "
+              f"or: tail -f {submitted[-1].log_path()}")
+        return 0
+    states = slurm.follow(submitted)
+    reason = slurm.why_cancelled(submitted, states)
+    if reason is not None:
+        log.error("%s", reason)
+        return EXIT_ERROR if args.command == "verify" else 1
+    if args.command == "verify":
+        return print_verdicts(config)
+    print_report(config)
+    return 0
+
+
+def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Config files and KEY=VALUE overrides, in any order after the first config."""
+    configs = [args.config] + [item for item in args.overrides if "=" not in item]
+    overrides = [item for item in args.overrides if "=" in item]
+    if len(configs) > 1 and args.command != "prewarm":
+        raise ConfigError(f"{configs[1]}: '{args.command}' takes one config "
+                          f"(only 'prewarm' takes several); overrides look like KEY.SUB=VALUE")
+    return configs, overrides
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    paths, overrides = split_positionals(args)
+    # Every config is checked before any job of any of them starts.
+    configs = [load_config(path, overrides) for path in paths]
+    backend = choose_backend(args.backend)
+    worst = 0
+    for config in configs:
+        config, pinned = pin_config(config)
+        log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
+                 config.cache.dir, backend)
+        code = (run_slurm if backend == "slurm" else run_local)(args, config, pinned)
+        worst = max(worst, code)
+        if code and args.command != "prewarm":
+            break
+    return worst
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    config, pinned = pin_config(load_config(args.config, args.overrides))
+    job = prewarm_job(config, pinned) if args.job == "prewarm" else train_job(config, pinned)
+    log_dir = config.run_dir / "slurm" / job.name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(render(config, job.name, job.argv, job.env, log_dir), end="")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    jobs = slurm.read_jobs(args.run_dir)
+    if not jobs:
+        raise ConfigError(f"{args.run_dir}: no SLURM jobs recorded for this run dir")
+    for job in jobs:
+        state = slurm.job_state(job.job_id)
+        print(f"{job.name:<8} job {job.job_id:<8} {state.state:<11} restarts {state.restarts}"
+              f"  reason {state.reason}  log {job.log_path()}")
+    for line in attempt_summaries(load_reports(args.run_dir)):
         print(line)
     return 0
 
@@ -148,14 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="jaxwarm: %(message)s")
     try:
-        if args.command == "report":
-            return cmd_report(args)
-        return cmd_jobs(args)
+        commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render}
+        return commands.get(args.command, cmd_jobs)(args)
     except ConfigError as exc:
         print(f"jaxwarm: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except subprocess.CalledProcessError as exc:
+        print(f"jaxwarm: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

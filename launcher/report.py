@@ -123,3 +123,15 @@ def format_verdicts(verdicts: list[dict[str, Any]]) -> list[str]:
                      f"(lowering {v['lower_s']:.2f} s + key {1e3 * v['predict_s']:.1f} ms)")
         lines.extend(f"      why: {line}" for line in v["explanation"])
     return lines
+
+
+def attempt_summaries(reports: list[dict[str, Any]]) -> list[str]:
+    """One line per attempt of the training job (restart 0, 1, ...), from process 0."""
+    lines = []
+    for r in reports:
+        if r["job"] == "init" and r["process_index"] == 0:
+            lines.append(f"attempt r{r['restart_count']}: {r['hits']} hit(s) of {r['lookups']} "
+                         f"lookup(s) on process 0, compile {r['backend_compile_s']:.2f} s, "
+                         f"first step {_seconds(r['time_to_first_step_s'])} s "
+                         f"of a {r['init_budget_s']:.0f} s budget {_status(r)}")
+    return lines

@@ -10,8 +10,9 @@ writes what it predicted and what JAX did to OUT_JSON.
 
 `VARIATIONS` is the table of (prewarm side, run side). Settings JAX reads at import or from
 the process (device count, XLA_FLAGS, sys.argv, JAX_* variables) are part of a `Side` too:
-the test starts the process with `side_env(side)` and `side.argv` (`command`), and this
-script checks it got them. Importing this module does not import jax.
+the test starts the process with `side_env(side, workdir)` and `side.argv` (`command`),
+and this script checks it got them (workdir is CACHE_DIR's parent). Importing this module
+does not import jax.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Side:
     env: tuple[tuple[str, str], ...] = ()  # extra JAX_* environment variables
     mesh: tuple[int, int] = (8, 1)        # ("data", "model") shape
     make_mesh: bool = False               # jax.make_mesh (Explicit axes) instead of Mesh (Auto)
-    jit_shardings: bool = False           # jit(in_shardings=...) instead of argument shardings
+    jit_shardings: str = ""               # jit(in_shardings=...): "all" (n replicated) or
+                                          # "arrays" (n None); "": argument shardings
     unsharded: tuple[str, ...] = ()       # prewarm only: SDS of these inputs carry no sharding
     donate: bool = False                  # donate_argnums=(0,)
     lr: float = 0.1                       # static argument
@@ -62,9 +64,11 @@ VARIATIONS: dict[str, tuple[Side, Side]] = {
     "baseline": _case(),
     "unsharded_dummy_batch": _case(prewarm={"unsharded": ("batch",)}),
     "jit_in_shardings_vs_arg_shardings": _case(
-        prewarm={"jit_shardings": True, "unsharded": ("params", "batch")}),
+        prewarm={"jit_shardings": "all", "unsharded": ("params", "batch")}),
+    "jit_in_shardings_same_as_args": _case(
+        prewarm={"jit_shardings": "arrays", "unsharded": ("params", "batch")}),
     "jit_in_shardings_both": _case(
-        both={"jit_shardings": True}, prewarm={"unsharded": ("params", "batch")}),
+        both={"jit_shardings": "all"}, prewarm={"unsharded": ("params", "batch")}),
     "donate_argnums": _case(run={"donate": True}),
     "static_arg": _case(run={"lr": 0.2}),
     "xla_flags_env": _case(run={"xla_flags": (FAST_MATH,)}),
@@ -181,7 +185,8 @@ def _build(side: Side):
         kwargs["donate_argnums"] = (0,)
     if side.jit_shardings:
         kwargs["in_shardings"] = (shardings["params"], shardings["batch"],
-                                  NamedSharding(mesh, P()))
+                                  NamedSharding(mesh, P()) if side.jit_shardings == "all"
+                                  else None)
     return jax.jit(step, **kwargs), shardings
 
 

@@ -1,0 +1,97 @@
+"""Pure SLURM rendering: sbatch directives, the environment setup lines, the sbatch templates.
+
+Both ways onto SLURM (submitit, and plain `sbatch` of a rendered template) take their
+directives and environment lines from here, so a task sees the same environment either way.
+The environment is exported by the job script itself, so every requeue re-exports it, and
+every value passes through `shlex.quote`: nothing from a config can inject shell.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import string
+from pathlib import Path
+
+from launcher.config import Config, SlurmConfig, TopologyConfig
+from launcher.environment import OWNED_NAMES, OWNED_PREFIXES
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
+# Timeout/preemption warning that SLURM sends the job (submitit's choice too).
+WARNING_SIGNAL = "USR2"
+
+
+def time_minutes(slurm_time: str) -> int:
+    """`[D-]HH:MM:SS` (or MM, MM:SS, HH:MM:SS) as whole minutes, rounded up."""
+    days, _, clock = slurm_time.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    elif len(parts) == 2:
+        seconds = parts[0] * 60 + parts[1]
+    else:
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return int(days or 0) * 24 * 60 + math.ceil(seconds / 60)
+
+
+def setup_lines(env: dict[str, str]) -> list[str]:
+    """Shell lines that drop inherited jaxwarm-owned variables, then export the job's."""
+    prefixes = "|".join(f"{p}.*" for p in OWNED_PREFIXES)
+    owned = "|".join(OWNED_NAMES)
+    lines = [f"for _v in $(compgen -e | grep -E '^({prefixes}|{owned})$'); "
+             f"do unset \"$_v\"; done"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    return lines
+
+
+def directives(config: Config, job: str) -> dict[str, str | None]:
+    """sbatch options as name -> value (None for a bare flag), in a stable order."""
+    slurm: SlurmConfig = config.slurm
+    topo: TopologyConfig = config.topology
+    options: dict[str, str | None] = {
+        "job-name": f"jaxwarm-{config.run.name}-{job}",
+        "nodes": str(topo.nodes),
+        "ntasks-per-node": str(topo.processes_per_node),
+        "cpus-per-task": str(slurm.cpus_per_task),
+        "time": str(time_minutes(slurm.time)),
+    }
+    for name in ("partition", "account", "qos", "constraint", "mem"):
+        value = getattr(slurm, name)
+        if value is not None:
+            options[name] = value
+    if slurm.gpus_per_node is not None:
+        options["gpus-per-node"] = str(slurm.gpus_per_node)
+    if job == "train":
+        options["signal"] = f"{WARNING_SIGNAL}@{slurm.signal_lead_s}"
+        options["requeue"] = None
+    for name, value in slurm.extra.items():
+        options[name.replace("_", "-")] = value or None
+    return options
+
+
+def directive_lines(options: dict[str, str | None]) -> list[str]:
+    return [f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={shlex.quote(value)}"
+            for name, value in options.items()]
+
+
+def render(config: Config, job: str, argv: list[str], env: dict[str, str],
+           log_dir: Path) -> str:
+    """The sbatch script of a job from `slurm_templates/<job>.sbatch`, with the same log
+    layout as submitit's (`<log_dir>/<job id>_<task>_log.out`)."""
+    template = string.Template((TEMPLATES / f"{job}.sbatch").read_text())
+    options = directives(config, job)
+    if "signal" in options:
+        # The template's batch shell traps the warning itself and forwards it.
+        options["signal"] = f"B:{options['signal']}"
+    options["output"] = f"{log_dir}/%j_0_log.out"
+    options["open-mode"] = "append"
+    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", "--output",
+            f"{log_dir}/%j_%t_log.out", *argv]
+    return template.substitute(
+        DIRECTIVES="\n".join(directive_lines(options)),
+        SETUP="\n".join(setup_lines(env)),
+        SRUN=shlex.join(srun),
+        FORWARD_SIGNAL=config.slurm.signal,
+        WARNING_SIGNAL=WARNING_SIGNAL,
+        MAX_REQUEUES=str(config.slurm.max_requeues),
+    )

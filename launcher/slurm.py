@@ -1,0 +1,148 @@
+"""The SLURM runner: a run's jobs submitted through submitit, chained and followed.
+
+Each job is one submitit job of nodes x processes_per_node tasks, each task running the
+job's argv through `launcher.task.TaskCommand`. The job environment is in the job script's
+setup lines (`launcher.sbatch.setup_lines`), so requeues re-export it. The training job
+depends on the prewarm job (`afterok`, killed if the dependency fails). Submissions are
+recorded in `<run dir>/slurm/jobs.json` so `jaxwarm status` can find them later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from launcher.config import Config
+from launcher.jobs import JobSpec
+from launcher.sbatch import directives, setup_lines
+from launcher.task import TaskCommand
+
+log = logging.getLogger(__name__)
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                      "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+REGISTRY = "jobs.json"
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    name: str
+    job_id: str
+    log_dir: str
+    submitted: float
+
+    def log_path(self, task: int = 0) -> Path:
+        return Path(self.log_dir) / f"{self.job_id}_{task}_log.out"
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    restarts: int
+    reason: str
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+
+def executor_parameters(config: Config, job: str, after: str | None) -> dict[str, object]:
+    """submitit's `additional_parameters`: the shared sbatch directives, underscored."""
+    options = directives(config, job)
+    if after is not None:
+        options["dependency"] = f"afterok:{after}"
+        options["kill-on-invalid-dep"] = "yes"
+    return {name.replace("-", "_"): True if value is None else value
+            for name, value in options.items()}
+
+
+def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
+    """Submit the jobs in order, each depending on the previous one."""
+    import submitit
+
+    submitted: list[SubmittedJob] = []
+    for job in jobs:
+        folder = config.run_dir / "slurm" / job.name
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        after = submitted[-1].job_id if submitted else None
+        executor.update_parameters(
+            setup=setup_lines(job.env), signal_delay_s=config.slurm.signal_lead_s,
+            additional_parameters=executor_parameters(config, job.name, after))
+        requeues = config.slurm.max_requeues if job.name == "train" else 0
+        handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
+        submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
+        log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,
+                 submitted[-1].log_path())
+    record_jobs(config.run_dir, submitted)
+    return submitted
+
+
+def record_jobs(run_dir: Path, jobs: list[SubmittedJob]) -> None:
+    path = Path(run_dir) / "slurm" / REGISTRY
+    known = read_jobs(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(j) for j in known + jobs], indent=1) + "\n")
+
+
+def read_jobs(run_dir: Path) -> list[SubmittedJob]:
+    path = Path(run_dir) / "slurm" / REGISTRY
+    if not path.exists():
+        return []
+    return [SubmittedJob(**item) for item in json.loads(path.read_text())]
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """`scontrol show job -o` output as a dict (values never contain spaces there)."""
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
+def job_state(job_id: str) -> JobState:
+    """State, restart count and reason; from scontrol while SLURM remembers the job, else sacct."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                           text=True)
+    if shown.returncode == 0 and shown.stdout.strip():
+        fields = parse_scontrol(shown.stdout.strip().splitlines()[0])
+        return JobState(fields.get("JobState", "UNKNOWN"), int(fields.get("Restarts", 0)),
+                        fields.get("Reason", "None"))
+    accounted = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+                               capture_output=True, text=True)
+    states = accounted.stdout.split()
+    return JobState(states[-1].split()[0] if states else "UNKNOWN", 0, "None")
+
+
+def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, JobState]:
+    """Poll until every job is done, logging each state change; returns the final states."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    seen: dict[str, JobState] = {}
+    while True:
+        for job in jobs:
+            state = job_state(job.job_id)
+            if seen.get(job.name) != state:
+                log.info("%s job %s: %s (restarts %d, reason %s)", job.name, job.job_id,
+                         state.state, state.restarts, state.reason)
+                seen[job.name] = state
+        if all(state.done for state in seen.values()):
+            return seen
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"jobs still running after {timeout_s:.0f} s: "
+                               + ", ".join(f"{j.name} {j.job_id}" for j in jobs))
+        time.sleep(POLL_S)
+
+
+def why_cancelled(jobs: list[SubmittedJob], states: dict[str, JobState]) -> str | None:
+    """When a job did not complete, name the first job that failed and where its log is."""
+    for job in jobs:
+        state = states[job.name]
+        if state.state != "COMPLETED":
+            return (f"{job.name} job {job.job_id} ended {state.state}"
+                    + (f" ({state.reason})" if state.reason != "None" else "")
+                    + f"; its log: {job.log_path()}"
+                    + "".join(f"; so {later.name} job {later.job_id} was cancelled"
+                              for later in jobs[jobs.index(job) + 1:]
+                              if states[later.name].state == "CANCELLED"))
+    return None

@@ -1,0 +1,72 @@
+"""What runs in every SLURM task of a submitit job: the job's argv as a child process.
+
+SLURM's warning signal (USR2, `signal_lead_s` ahead of the time limit, or on preemption)
+reaches every process of the step. The child ignores it (an ignored signal stays ignored
+across exec), so a trainer that only knows SIGTERM is not killed by it; this wrapper forwards
+the config's signal instead, on every rank, and once the trainer has checkpointed and exited,
+rank 0 requeues the job, at most `max_requeues` times. A SIGTERM (scancel, `scontrol
+requeue` from outside, the hard time limit) is forwarded the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+WARNING = signal.SIGUSR2
+
+
+class TaskFailed(RuntimeError):
+    """The wrapped command exited non-zero without having been asked to stop."""
+
+
+def _ignore_warning() -> None:
+    signal.signal(WARNING, signal.SIG_IGN)
+
+
+@dataclass
+class TaskCommand:
+    argv: list[str]
+    forward_signal: str = "USR1"
+    max_requeues: int = 0
+
+    def __call__(self) -> int:
+        self._child = subprocess.Popen(self.argv, preexec_fn=_ignore_warning)
+        self._stopping: int | None = None
+        signal.signal(WARNING, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        # poll(), not wait(): wait() holds a lock a signal handler could need.
+        while self._child.poll() is None:
+            time.sleep(0.2)
+        code = self._child.returncode
+        if self._stopping == WARNING and int(os.environ.get("SLURM_PROCID", "0")) == 0:
+            self._requeue()
+        if code != 0 and self._stopping is None:
+            raise TaskFailed(f"{self.argv[0]} exited with status {code}")
+        return code
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        forwarded = getattr(signal, f"SIG{self.forward_signal}") if signum == WARNING \
+            else signal.SIGTERM
+        log.warning("jaxwarm: got %s, forwarding %s to %s", signal.Signals(signum).name,
+                    forwarded.name, self.argv[0])
+        self._stopping = signum
+        if self._child.poll() is None:
+            self._child.send_signal(forwarded)
+
+    def _requeue(self) -> None:
+        job_id = os.environ["SLURM_JOB_ID"]
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if restarts >= self.max_requeues:
+            log.warning("jaxwarm: not requeueing job %s: it already restarted %d time(s), "
+                        "max_requeues=%d", job_id, restarts, self.max_requeues)
+            return
+        log.warning("jaxwarm: requeueing job %s (restart %d of at most %d)", job_id,
+                    restarts + 1, self.max_requeues)
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)

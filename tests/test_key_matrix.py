@@ -1,0 +1,135 @@
+"""The cache-key matrix: a prewarm process and a run process that differ in one way.
+
+For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step
+with the persistent cache on and records a manifest entry with the key and components JAX
+itself logged; a fresh RUN process, with the variation applied, asks `prewarm.verify.judge`
+(prediction only) and then really calls the step under an `InitRecorder`. Asserted per
+variation: the predicted key (and each component) is the key JAX used; WARM/COLD is JAX's
+hit/miss; judging neither looked up the cache nor compiled; a miss is explained by exactly
+the components measured below, which are named in the explanation.
+
+Expectations are what jax/jaxlib 0.10.2 on CPU does. Where that differs from the table in
+the shared notes (jax-cache-facts.md), the entry says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from launcher.keydiff import differing_components
+from launcher.manifest import read_manifest
+from tests.keycase import REPO, VARIATIONS, command, side_env, sides
+
+C, O, F, A = "computation", "compile_options", "XLA flags", "accelerator_config"
+
+
+class Expect(NamedTuple):
+    hit: bool
+    differing: frozenset[str] = frozenset()
+
+
+EXPECTED: dict[str, Expect] = {
+    "baseline": Expect(True),
+    # Prewarm from an unsharded dummy batch, run with sharded arrays (no in_shardings).
+    "unsharded_dummy_batch": Expect(False, frozenset({C, O})),
+    # Notes: computation + compile_options. Measured: computation only. The whole difference
+    # is the scalar `n`: in_shardings gives it a replicated NamedSharding while the run's
+    # NumPy scalar is uncommitted (unspecified); see the next case.
+    "jit_in_shardings_vs_arg_shardings": Expect(False, frozenset({C})),
+    # Explicit in_shardings equal to the arguments' own (n: None) lower to the same program:
+    # explicit vs argument shardings is not a miss by itself.
+    "jit_in_shardings_same_as_args": Expect(True),
+    "jit_in_shardings_both": Expect(True),
+    "donate_argnums": Expect(False, frozenset({C})),
+    "static_arg": Expect(False, frozenset({C})),
+    # Notes: XLA flags. Measured: also compile_options: XLA parses XLA_FLAGS into the
+    # DebugOptions inside the compile options (debug_options.xla_cpu_enable_fast_math is
+    # True there). A flag only in sys.argv is hashed by JAX but never parsed by XLA (the
+    # option stays False): a miss with no effect on the executable.
+    "xla_flags_env": Expect(False, frozenset({F, O})),
+    "xla_dump_to": Expect(True),
+    "xla_flag_in_argv": Expect(False, frozenset({F})),
+    "matmul_precision": Expect(False, frozenset({C})),
+    # The module name differs, so verify finds no prewarm of that name; the components are
+    # compared against the one manifest entry explicitly.
+    "renamed_function": Expect(False, frozenset({C})),
+    # Notes: miss (computation). Measured: HIT. A weak-typed Python int lowers to the same
+    # i32 argument as an int32 spec; it changes the program only where weak typing changes
+    # a dtype, e.g. when it meets an int8 array (next case). In this step it only meets
+    # Python floats (lr / (1 + n) is weak float32 either way) and float32 arrays.
+    "python_int_n": Expect(True),
+    "python_int_n_meets_int8": Expect(False, frozenset({C})),
+    "mesh_shape": Expect(False, frozenset({C})),
+    # Notes: computation. Measured: computation + compile_options: with Explicit axes the
+    # output shardings are concrete (from the types) instead of unspecified, so
+    # executable_build_options.allow_spmd_sharding_propagation_to_output is False.
+    "make_mesh_vs_mesh": Expect(False, frozenset({C, O})),
+    "device_count": Expect(False, frozenset({A})),
+    "cache_dir_symlink": Expect(False, frozenset({O})),
+    "symlink_no_xla_caches": Expect(True),
+}
+
+
+def run_side(role: str, variation: str, workdir: Path, cache: Path) -> dict[str, Any]:
+    """Run one side of a case in a fresh process; its JSON result."""
+    out = workdir / f"{role}.json"
+    proc = subprocess.run(command(role, variation, cache, out),
+                          env=side_env(sides(variation)[role], workdir), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(f"keycase {role} {variation} exited {proc.returncode}:\n"
+                             f"{(proc.stdout + proc.stderr)[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def test_every_variation_has_an_expectation() -> None:
+    assert set(EXPECTED) == set(VARIATIONS)
+    assert len(VARIATIONS) >= 14
+
+
+@pytest.mark.parametrize("variation", list(VARIATIONS))
+def test_key_matrix(variation: str, tmp_path: Path) -> None:
+    expect = EXPECTED[variation]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    pre = run_side("prewarm", variation, tmp_path, cache)
+    assert pre["prediction"]["key"] == pre["observed"]["key"]
+    assert pre["prediction"]["components"] == pre["observed"]["components"]
+    assert not pre["observed"]["hit"], "the prewarm's cache was not empty"
+    entry = read_manifest(cache)[pre["observed"]["key"]]
+    assert (cache / f"{entry.key}-cache").is_file()
+
+    run = run_side("run", variation, tmp_path, cache)
+    verdict, observed = run["verdict"], run["observed"]
+    # Judging lowered and predicted only: no cache lookup, no backend compile.
+    assert run["during_judge"] == {"lookups": 0, "compiles": 0, "backend_compile_s": 0.0}
+    # 1. The prediction is the key (and every component hash) JAX used at run time.
+    assert verdict["key"] == observed["key"]
+    assert verdict["components"] == observed["components"]
+    # 2. WARM/COLD is JAX's hit/miss, and both are what this variation does.
+    assert (verdict["warm"], observed["hit"]) == (expect.hit, expect.hit)
+    assert (run["lookups"], run["hits"]) == (1, int(expect.hit))
+
+    # 3. Misses are explained by the components that differ from the manifest's entry.
+    differing = differing_components(entry.components, verdict["components"])
+    assert set(differing) == expect.differing
+    explanation = "\n".join(verdict["explanation"])
+    if expect.hit:
+        assert verdict["key"] == entry.key and not verdict["explanation"]
+    elif verdict["function"] != entry.function:
+        # Renamed: the key's module-name prefix differs, the manifest has no such function.
+        assert variation == "renamed_function"
+        assert verdict["key"].split("-")[0] != entry.key.split("-")[0]
+        assert verdict["explanation"] == [
+            f"no prewarm of {verdict['function']} is recorded in the manifest: "
+            f"run `jaxwarm prewarm`"]
+    else:
+        assert entry.key in verdict["explanation"][0]
+        for component in differing:
+            assert f"{component} differs" in explanation, explanation

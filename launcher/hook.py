@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from launcher.config import Config, load_config
-from launcher.environment import is_remote, jax_options, resolve_paths
+from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.recorder import InitRecorder, InitReport, report_path, restart_count
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = "init"
     report = InitReport(
         job=job, restart_count=restart, process_index=jax.process_index(),
         process_count=jax.process_count(), cache_dir=config.cache.dir,
-        init_budget_s=config.init_budget_s)
+        init_budget_s=config.init_budget_s,
+        environment={k: v for k, v in sorted(os.environ.items()) if owned(k)})
     path = report_path(config.run_dir, job, restart, jax.process_index())
     recorder = InitRecorder(report, path, recompile_warn_s).install()
     atexit.register(recorder.write)

@@ -27,8 +27,8 @@ COMPONENTS: tuple[str, ...] = (
 _LIKELY_CAUSES: dict[str, str] = {
     "computation": (
         "the traced program differs: an input's sharding (or a missing sharding on a dummy "
-        "batch), donation, a static argument, a weak-typed Python scalar instead of a typed "
-        "array, jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
+        "batch), donation, a static argument, a weak-typed Python scalar where weak typing "
+        "changes a dtype (e.g. an int8 input plus a Python int), jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
         "mesh shape/axis names/axis types (jax.make_mesh defaults to Explicit, Mesh(...) to "
         "Auto) or device order. Moving code to another file or line does not matter (debug "
         "info is stripped) unless jax_compilation_cache_include_metadata_in_key is on"
@@ -43,8 +43,10 @@ _LIKELY_CAUSES: dict[str, str] = {
         "and --xla_force_host_platform_device_count are excluded from the key"
     ),
     "compile_options": (
-        "in/out shardings, the device assignment, jit/compile compiler_options or "
-        "jax_use_shardy_partitioner differ, or the cache dir path string differs (the XLA "
+        "in/out shardings, the device assignment, jit/compile compiler_options, "
+        "jax_use_shardy_partitioner, XLA_FLAGS (XLA reads them into the compile options' debug "
+        "options) or Explicit mesh axes (jax.make_mesh makes output shardings concrete) "
+        "differ, or the cache dir path string differs (the XLA "
         "autotune cache dir is stored in compile options: a symlink or relative path "
         "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "
         "makes the path irrelevant), or the persistent cache was off in one process"
@@ -91,7 +93,11 @@ def explain_miss(function: str, components: dict[str, str],
     manifest entry of the same function name (fewest differences, then newest)."""
     candidates = [e for e in manifest.values() if e.function == function and e.components]
     if not candidates:
-        return [f"no prewarm of {function} is recorded in the manifest: run `jaxwarm prewarm`"]
+        others = sorted({e.function for e in manifest.values()})
+        known = (f"; the manifest has {', '.join(others)} (was the function renamed? its name "
+                 f"is part of the program)") if others else ""
+        return [f"no prewarm of {function} is recorded in the manifest{known}: "
+                f"run `jaxwarm prewarm`"]
     closest = min(candidates,
                   key=lambda e: (len(differing_components(e.components, components)),
                                  -e.created))

@@ -60,6 +60,8 @@ class InitReport:
     retrieval_s: float = 0.0
     compile_time_saved_s: float = 0.0
     time_to_first_step_s: float | None = None
+    # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
+    environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 

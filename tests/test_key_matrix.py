@@ -127,8 +127,9 @@ def test_key_matrix(variation: str, tmp_path: Path) -> None:
         assert variation == "renamed_function"
         assert verdict["key"].split("-")[0] != entry.key.split("-")[0]
         assert verdict["explanation"] == [
-            f"no prewarm of {verdict['function']} is recorded in the manifest: "
-            f"run `jaxwarm prewarm`"]
+            f"no prewarm of {verdict['function']} is recorded in the manifest; the manifest "
+            f"has {entry.function} (was the function renamed? its name is part of the "
+            f"program): run `jaxwarm prewarm`"]
     else:
         assert entry.key in verdict["explanation"][0]
         for component in differing:

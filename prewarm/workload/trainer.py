@@ -68,12 +68,11 @@ def append_metrics(path: Path, record: dict) -> None:
         sink.write(json.dumps(record) + "\n")
 
 
-def train(config: Config) -> int:
+def train(config: Config, stop: StopRequest) -> int:
     import jax
 
     initialize()
     recorder = enable_cache(config)
-    stop = StopRequest()
     mesh, bundle = build_step(config)
     root = config.run_dir / "checkpoints"
     restored = checkpoint.restore(root, bundle.state, config)
@@ -112,10 +111,12 @@ def train(config: Config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First thing: a stop signal that arrives during start-up must not kill the process.
+    stop = StopRequest()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         config = parse_args(argv)
-        return train(config)
+        return train(config, stop)
     except (ConfigError, checkpoint.ConfigChanged) as exc:
         log.error("jaxwarm-train: error: %s", exc)
         return 2

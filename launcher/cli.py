@@ -16,7 +16,8 @@ from pathlib import Path
 
 from launcher import local, slurm
 from launcher.config import Config, ConfigError, load_config
-from launcher.jobs import JobSpec, prewarm_job, train_job, verify_job, verify_result_path
+from launcher.jobs import (JobSpec, check_modules, prewarm_job, train_job, verify_job,
+                           verify_result_path)
 from launcher.manifest import read_manifest
 from launcher.report import (attempt_summaries, format_table, format_verdicts, load_reports,
                              summarize)
@@ -117,6 +118,8 @@ def local_verify(config: Config, pinned: Path) -> int:
 def run_local(args: argparse.Namespace, config: Config, pinned: Path) -> int:
     if args.command == "verify":
         return local_verify(config, pinned)
+    # Built first: a missing entrypoint is reported before any job starts.
+    train = train_job(config, pinned) if args.command == "launch" else None
     prewarm = args.command == "prewarm" or not args.no_prewarm
     if args.command == "launch" and prewarm:
         verdict = local_verify(config, pinned)
@@ -126,9 +129,7 @@ def run_local(args: argparse.Namespace, config: Config, pinned: Path) -> int:
         elif verdict == EXIT_ERROR:
             log.warning("verify failed (see above); prewarming anyway")
     jobs = [prewarm_job(config, pinned)] if prewarm else []
-    if args.command == "launch":
-        jobs.append(train_job(config, pinned))
-    for job in jobs:
+    for job in jobs + ([train] if train else []):
         result = run_local_job(job, config)
         if not result.ok or result.signal_received is not None:
             return exit_code(result)
@@ -176,6 +177,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     paths, overrides = split_positionals(args)
     # Every config is checked before any job of any of them starts.
     configs = [load_config(path, overrides) for path in paths]
+    for config in configs:
+        check_modules(config)
     backend = choose_backend(args.backend)
     worst = 0
     for config in configs:

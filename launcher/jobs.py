@@ -7,6 +7,7 @@ imports prewarm code.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -26,6 +27,24 @@ class JobSpec:
     name: str
     argv: list[str]
     env: dict[str, str]
+
+
+def check_modules(config: Config) -> None:
+    """Fail before submitting when the step factory's or entrypoint's module does not exist.
+
+    Only locates the modules (no import: that would import the user's jax code here)."""
+    specs = [("step.factory", config.step.factory)]
+    if config.entrypoint.function is not None:
+        specs.append(("entrypoint.function", config.entrypoint.function))
+    for key, spec in specs:
+        module = spec.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
+                              f"(is it installed in {sys.executable}?)")
 
 
 def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:

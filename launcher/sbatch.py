@@ -8,7 +8,6 @@ every value passes through `shlex.quote`: nothing from a config can inject shell
 
 from __future__ import annotations
 
-import math
 import shlex
 import string
 from pathlib import Path
@@ -19,19 +18,6 @@ from launcher.environment import OWNED_NAMES, OWNED_PREFIXES
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"
-
-
-def time_minutes(slurm_time: str) -> int:
-    """`[D-]HH:MM:SS` (or MM, MM:SS, HH:MM:SS) as whole minutes, rounded up."""
-    days, _, clock = slurm_time.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return int(days or 0) * 24 * 60 + math.ceil(seconds / 60)
 
 
 def setup_lines(env: dict[str, str]) -> list[str]:
@@ -53,7 +39,7 @@ def directives(config: Config, job: str) -> dict[str, str | None]:
         "nodes": str(topo.nodes),
         "ntasks-per-node": str(topo.processes_per_node),
         "cpus-per-task": str(slurm.cpus_per_task),
-        "time": str(time_minutes(slurm.time)),
+        "time": slurm.time,
     }
     for name in ("partition", "account", "qos", "constraint", "mem"):
         value = getattr(slurm, name)

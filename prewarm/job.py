@@ -13,13 +13,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from launcher.distributed import initialize
-from launcher.hook import config_from_env, enable_cache
+from launcher.hook import config_from_env
 from launcher.manifest import ManifestEntry, record_entries
 from launcher.recorder import FunctionRecord, InitRecorder
 from prewarm.cache_key import UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import build_step
+from prewarm.step import start_job
 
 log = logging.getLogger("jaxwarm.prewarm")
 
@@ -76,9 +75,7 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    initialize()
-    recorder = enable_cache(config, job="prewarm")
-    mesh, bundle = build_step(config)
+    recorder, mesh, bundle = start_job(config, "prewarm")
     log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
              dict(mesh.shape))

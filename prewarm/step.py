@@ -22,6 +22,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from launcher.config import Config, ConfigError
+from launcher.distributed import initialize
+from launcher.hook import enable_cache
+from launcher.recorder import InitRecorder
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +89,13 @@ def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBund
         raise TypeError(f"step factory {config.step.factory} returned "
                         f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
     return mesh, bundle
+
+
+def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:
+    """How every job of a run starts, in the order that matters: join jax.distributed, turn
+    the cache on and start the init report (before the first compile), build mesh and step.
+    Prewarm, verify and the trainer all start here, so they lower the same program."""
+    initialize()
+    recorder = enable_cache(config, job=job)
+    mesh, bundle = build_step(config)
+    return recorder, mesh, bundle

@@ -17,14 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.distributed import initialize
-from launcher.hook import config_from_env, enable_cache
+from launcher.hook import config_from_env
 from launcher.jobs import verify_result_path
 from launcher.keydiff import explain_miss
 from launcher.manifest import ManifestEntry, read_manifest
 from prewarm.cache_key import predict_key
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import build_step
+from prewarm.step import start_job
 
 log = logging.getLogger("jaxwarm.verify")
 
@@ -81,9 +80,7 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    initialize()
-    recorder = enable_cache(config, job="verify")
-    _, bundle = build_step(config)
+    recorder, _, bundle = start_job(config, "verify")
     verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
                               read_manifest(config.cache.dir))
     recorder.write()

@@ -107,3 +107,11 @@ def test_entrypoint_needs_exactly_one_form() -> None:
     raw["entrypoint"] = {"command": ["a"], "function": "m:f"}
     with pytest.raises(ConfigError, match="exactly one of"):
         parse_config(raw, "x.yaml")
+
+
+def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", "step.factory=my_modle:make_step")
+    assert result.returncode == 2
+    assert "step.factory: module 'my_modle' was not found" in result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -13,24 +13,14 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from slurm_cluster import (
-        CLUSTER_SCRIPT,
-        ensure_cluster,
-        job_field,
-        sacct_state,
-        sbatch,
-        wait_job,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.slurm_cluster import (  # type: ignore[no-redef]
-        CLUSTER_SCRIPT,
-        ensure_cluster,
-        job_field,
-        sacct_state,
-        sbatch,
-        wait_job,
-    )
+from tests.slurm_cluster import (
+    CLUSTER_SCRIPT,
+    ensure_cluster,
+    job_field,
+    sacct_state,
+    sbatch,
+    wait_job,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from launcher.config import Config, ConfigError, load_config
-from launcher.distributed import initialize
-from launcher.hook import config_from_env, enable_cache
+from launcher.hook import config_from_env
 from launcher.environment import resolve_paths
-from prewarm.step import build_step
+from prewarm.step import start_job
 from prewarm.workload import checkpoint
 from prewarm.workload.data import make_global_batch
 
@@ -71,9 +70,7 @@ def append_metrics(path: Path, record: dict) -> None:
 def train(config: Config, stop: StopRequest) -> int:
     import jax
 
-    initialize()
-    recorder = enable_cache(config)
-    mesh, bundle = build_step(config)
+    recorder, mesh, bundle = start_job(config, "init")
     root = config.run_dir / "checkpoints"
     restored = checkpoint.restore(root, bundle.state, config)
     if restored is None:

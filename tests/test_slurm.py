@@ -1,0 +1,157 @@
+"""jaxwarm on a real SLURM cluster (4 slurmd on this machine, started by
+scripts/slurm-dev-cluster): prewarm -> train HIT, requeue on the time-limit warning and from
+outside with the same environment, a failing prewarm cancelling training, and the rendered
+sbatch templates giving tasks the same environment as the submitit path."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.slurm import job_state, read_jobs
+from tests.conftest import DEMO, run_cli
+from tests.slurm_cluster import ensure_cluster, sbatch, wait_job
+
+pytestmark = pytest.mark.slurm
+
+# Ignored when comparing task environments: per job, per step, or set by the shell itself.
+VOLATILE_PREFIXES = ("SLURM_", "SUBMITIT_", "SRUN_", "SLURMD_")
+VOLATILE = {"_", "SHLVL", "OLDPWD", "PWD", "ENVIRONMENT", "TMPDIR", "SBATCH_OPEN_MODE"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    ensure_cluster()
+
+
+def args_for(tmp_path: Path, *extra: str) -> list[str]:
+    return [str(DEMO), "--slurm", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", *extra]
+
+
+def report(run_dir: Path, restart: int, job: str = "init") -> dict:
+    return json.loads((run_dir / "reports" / f"{job}-r{restart}-p0.json").read_text())
+
+
+def step_hit(report: dict) -> bool:
+    return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(1)
+
+
+def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
+    result = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
+                                         "topology.processes_per_node=1", "train.steps=2"))
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    jobs = read_jobs(run_dir)
+    assert [j.name for j in jobs] == ["prewarm", "train"]
+    assert f"train: SLURM job {jobs[1].job_id}" in result.stdout
+    assert all(job_state(j.job_id).state == "COMPLETED" for j in jobs)
+    assert step_hit(report(run_dir, 0))
+    assert report(run_dir, 0)["environment"] == report(run_dir, 0, "prewarm")["environment"]
+    assert "jit_train_step: HIT on process 0" in result.stdout
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0 and "COMPLETED" in status.stdout
+    assert "attempt r0: 2 hit(s)" in status.stdout
+
+
+def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
+    # The warning is due 60 s after start; SLURM checks limits every ~30 s, so it comes 30-60 s
+    # in. One requeue allowed: the restart resumes, gets the warning again, checkpoints, ends.
+    result = run_cli("launch", *args_for(tmp_path, "slurm.time=00:02:30", "slurm.signal_lead_s=90",
+                                         "slurm.max_requeues=1", "train.steps=1000000",
+                                         "train.log_every=20"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    train = read_jobs(run_dir)[-1]
+    assert wait_job(train.job_id, timeout=420) == "COMPLETED"
+    first, restart = report(run_dir, 0), report(run_dir, 1)
+    assert step_hit(first) and step_hit(restart)
+    assert restart["restart_count"] == 1 and restart["environment"] == first["environment"]
+    log = train.log_path().read_text()
+    assert "got SIGUSR2, forwarding SIGUSR1" in log and "requeueing job" in log
+    assert "resumed from checkpoint at step" in log
+    assert "not requeueing job" in log
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {m["restart"] for m in metrics} == {0, 1}
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
+    assert checkpoints
+
+
+def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
+        tmp_path: Path) -> None:
+    result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=1000000",
+                                         "train.log_every=20"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    job_id = read_jobs(run_dir)[-1].job_id
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180,
+             "the first training steps")
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    restart_report = run_dir / "reports" / "init-r1-p0.json"
+    wait_for(lambda: restart_report.exists(), 240, "the restart's init report")
+    subprocess.run(["scancel", job_id], check=True)
+    first, restart = report(run_dir, 0), report(run_dir, 1)
+    assert restart["environment"] == first["environment"]
+    assert restart["cache_dir"] == first["cache_dir"]
+    assert step_hit(restart)
+
+
+def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:
+    # n_heads=5 does not divide d_model=64: the step factory fails inside the prewarm job.
+    result = run_cli("launch", *args_for(tmp_path, "--wait", "step.args.n_heads=5"))
+    assert result.returncode == 1
+    jobs = read_jobs(tmp_path / "runs" / "demo")
+    assert f"prewarm job {jobs[0].job_id} ended FAILED" in result.stderr
+    assert f"so train job {jobs[1].job_id} was cancelled" in result.stderr
+    assert job_state(jobs[1].job_id).state == "CANCELLED"
+    assert "step.args.n_heads" in jobs[0].log_path().read_text()
+
+
+def task_environment(log: Path) -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in log.read_text().splitlines() if "=" in line]
+    env = {k: v for k, v in pairs if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)}
+    return {k: v for k, v in env.items()
+            if not k.startswith(VOLATILE_PREFIXES) and k not in VOLATILE}
+
+
+def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path: Path) -> None:
+    args = args_for(tmp_path, "train.steps=2")
+    run_dir = tmp_path / "runs" / "demo"
+
+    def submit_rendered(job: str, *extra: str, overrides: tuple[str, ...] = ()) -> str:
+        rendered = run_cli("render", *args, *overrides, "--job", job)
+        assert rendered.returncode == 0, rendered.stderr
+        script = tmp_path / f"{job}.sbatch"
+        script.write_text(rendered.stdout)
+        return sbatch(*extra, str(script))
+
+    prewarm = submit_rendered("prewarm")
+    train = submit_rendered("train", f"--dependency=afterok:{prewarm}")
+    assert wait_job(train, timeout=240) == "COMPLETED"
+    assert step_hit(report(run_dir, 0))
+
+    # The same entrypoint (`env`) through the submitit path and the rendered template.
+    dump = ("entrypoint.command=[env]",)
+    via_submitit = run_cli("launch", *args, *dump, "--no-prewarm", "--wait")
+    assert via_submitit.returncode == 0, via_submitit.stderr[-2000:]
+    rendered_job = submit_rendered("train", overrides=dump)
+    assert wait_job(rendered_job, timeout=120) == "COMPLETED"
+    log_dir = run_dir / "slurm" / "train"
+    submitit_env = task_environment(log_dir / f"{read_jobs(run_dir)[-1].job_id}_1_log.out")
+    template_env = task_environment(log_dir / f"{rendered_job}_1_log.out")
+    assert submitit_env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache")
+    assert submitit_env == template_env

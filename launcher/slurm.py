@@ -72,6 +72,7 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
         after = submitted[-1].job_id if submitted else None
         executor.update_parameters(
             setup=setup_lines(job.env), signal_delay_s=config.slurm.signal_lead_s,
+            stderr_to_stdout=True,
             additional_parameters=executor_parameters(config, job.name, after))
         requeues = config.slurm.max_requeues if job.name == "train" else 0
         handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))

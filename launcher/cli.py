@@ -163,6 +163,23 @@ def run_slurm(args: argparse.Namespace, config: Config, pinned: Path) -> int:
     return 0
 
 
+def prewarm_many_on_slurm(args: argparse.Namespace, pinned: list[tuple[Config, Path]]) -> int:
+    groups = slurm.submit_prewarm_array(
+        [(config, prewarm_job(config, path)) for config, path in pinned])
+    jobs = [job for group in groups for job in group]
+    for job in jobs:
+        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")
+    if not args.wait:
+        return 0
+    states = slurm.follow(jobs)
+    failed = [f"{job.job_id} {states[job.job_id].state}" for job in jobs
+              if states[job.job_id].state != "COMPLETED"]
+    if failed:
+        log.error("prewarm jobs did not complete: %s", ", ".join(failed))
+        return 1
+    return 0
+
+
 def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """Config files and KEY=VALUE overrides, in any order after the first config."""
     configs = [args.config] + [item for item in args.overrides if "=" not in item]
@@ -180,6 +197,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     for config in configs:
         check_modules(config)
     backend = choose_backend(args.backend)
+    if backend == "slurm" and args.command == "prewarm" and len(configs) > 1:
+        return prewarm_many_on_slurm(args, [pin_config(config) for config in configs])
     worst = 0
     for config in configs:
         config, pinned = pin_config(config)

@@ -86,6 +86,7 @@ class LocalJob:
         self.run_dir = run_dir
         self.echo = echo
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.echoes: list[threading.Thread] = []
         self.signal_received: int | None = None
 
     def start(self) -> None:
@@ -105,8 +106,10 @@ class LocalJob:
                 stdout=subprocess.PIPE if echo else sink, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent)
             if echo:
-                threading.Thread(target=_echo, args=(proc.stdout, sink, f"[{self.job.name} p0] "),
-                                 daemon=True).start()
+                thread = threading.Thread(target=_echo, daemon=True,
+                                          args=(proc.stdout, sink, f"[{self.job.name} p0] "))
+                thread.start()
+                self.echoes.append(thread)
             else:
                 sink.close()
             self.procs.append(proc)
@@ -135,6 +138,12 @@ class LocalJob:
         self._send(signal.SIGKILL)
 
     def wait(self) -> JobResult:
+        result = self._wait_processes()
+        for thread in self.echoes:  # the last lines of process 0 reach the terminal too
+            thread.join(timeout=10)
+        return result
+
+    def _wait_processes(self) -> JobResult:
         while True:
             codes = [p.poll() for p in self.procs]
             failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)

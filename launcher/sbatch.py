@@ -20,14 +20,34 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
 WARNING_SIGNAL = "USR2"
 
 
-def setup_lines(env: dict[str, str]) -> list[str]:
-    """Shell lines that drop inherited jaxwarm-owned variables, then export the job's."""
+def _unset_owned() -> str:
     prefixes = "|".join(f"{p}.*" for p in OWNED_PREFIXES)
     owned = "|".join(OWNED_NAMES)
-    lines = [f"for _v in $(compgen -e | grep -E '^({prefixes}|{owned})$'); "
-             f"do unset \"$_v\"; done"]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
-    return lines
+    return f"for _v in $(compgen -e | grep -E '^({prefixes}|{owned})$'); do unset \"$_v\"; done"
+
+
+def _exports(env: dict[str, str]) -> list[str]:
+    return [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+
+
+def setup_lines(env: dict[str, str]) -> list[str]:
+    """Shell lines that drop inherited jaxwarm-owned variables, then export the job's."""
+    return [_unset_owned(), *_exports(env)]
+
+
+def array_setup_lines(envs: list[dict[str, str]]) -> list[str]:
+    """Setup lines for a job array whose task i runs with envs[i] (one config per task)."""
+    lines = [_unset_owned(), 'case "$SLURM_ARRAY_TASK_ID" in']
+    for index, env in enumerate(envs):
+        lines += [f"  {index})", *(f"    {line}" for line in _exports(env)), "    ;;"]
+    return lines + ["esac"]
+
+
+def array_layout(config: Config) -> tuple[tuple[str, str | None], ...]:
+    """What configs must share to be prewarmed as tasks of one job array."""
+    options = directives(config, "prewarm")
+    options.pop("job-name")
+    return tuple(options.items())
 
 
 def directives(config: Config, job: str) -> dict[str, str | None]:

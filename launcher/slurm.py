@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launcher.config import Config
 from launcher.jobs import JobSpec
-from launcher.sbatch import directives, setup_lines
+from launcher.sbatch import array_layout, array_setup_lines, directives, setup_lines
 from launcher.task import TaskCommand
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,41 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
     return submitted
 
 
+def run_command(command: TaskCommand) -> int:
+    """One task of a job array (submitit's map_array calls a function with each item)."""
+    return command()
+
+
+def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[list[SubmittedJob]]:
+    """Prewarm several configs: one job array per group of configs with the same sbatch
+    layout (nodes, tasks, time, partition...), one array task per config."""
+    import submitit
+
+    groups: dict[tuple, list[tuple[Config, JobSpec]]] = {}
+    for config, job in pinned:
+        groups.setdefault(array_layout(config), []).append((config, job))
+    submitted: list[list[SubmittedJob]] = []
+    for members in groups.values():
+        if len(members) == 1:
+            submitted.append(submit_jobs(members[0][0], [members[0][1]]))
+            continue
+        first = members[0][0]
+        folder = first.run_dir / "slurm" / "prewarm-array"
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        options = executor_parameters(first, "prewarm", None)
+        options["job_name"] = f"jaxwarm-prewarm-array-{len(members)}"
+        executor.update_parameters(setup=array_setup_lines([job.env for _, job in members]),
+                                   stderr_to_stdout=True, additional_parameters=options)
+        handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
+        for (config, _), handle in zip(members, handles):
+            job = SubmittedJob("prewarm", str(handle.job_id), str(folder), time.time())
+            record_jobs(config.run_dir, [job])
+            log.info("submitted prewarm of %s as array task %s (logs: %s)", config.source,
+                     handle.job_id, job.log_path())
+            submitted.append([job])
+    return submitted
+
+
 def record_jobs(run_dir: Path, jobs: list[SubmittedJob]) -> None:
     path = Path(run_dir) / "slurm" / REGISTRY
     known = read_jobs(run_dir)
@@ -117,16 +152,16 @@ def job_state(job_id: str) -> JobState:
 
 
 def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, JobState]:
-    """Poll until every job is done, logging each state change; returns the final states."""
+    """Poll until every job is done, logging each state change; final states by job id."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     seen: dict[str, JobState] = {}
     while True:
         for job in jobs:
             state = job_state(job.job_id)
-            if seen.get(job.name) != state:
+            if seen.get(job.job_id) != state:
                 log.info("%s job %s: %s (restarts %d, reason %s)", job.name, job.job_id,
                          state.state, state.restarts, state.reason)
-                seen[job.name] = state
+                seen[job.job_id] = state
         if all(state.done for state in seen.values()):
             return seen
         if deadline is not None and time.monotonic() > deadline:
@@ -138,12 +173,12 @@ def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str
 def why_cancelled(jobs: list[SubmittedJob], states: dict[str, JobState]) -> str | None:
     """When a job did not complete, name the first job that failed and where its log is."""
     for job in jobs:
-        state = states[job.name]
+        state = states[job.job_id]
         if state.state != "COMPLETED":
             return (f"{job.name} job {job.job_id} ended {state.state}"
                     + (f" ({state.reason})" if state.reason != "None" else "")
                     + f"; its log: {job.log_path()}"
                     + "".join(f"; so {later.name} job {later.job_id} was cancelled"
                               for later in jobs[jobs.index(job) + 1:]
-                              if states[later.name].state == "CANCELLED"))
+                              if states[later.job_id].state == "CANCELLED"))
     return None

@@ -109,6 +109,8 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     assert restart["environment"] == first["environment"]
     assert restart["cache_dir"] == first["cache_dir"]
     assert step_hit(restart)
+    log = read_jobs(run_dir)[-1].log_path().read_text()
+    assert "got SIGTERM: checkpointed at step" in log and "resumed from checkpoint at step" in log
 
 
 def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:
@@ -160,3 +162,20 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
     template_env = task_environment(log_dir / f"{rendered_job}_1_log.out")
     assert submitit_env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache")
     assert submitit_env == template_env
+
+
+def test_several_configs_prewarm_as_one_job_array(tmp_path: Path) -> None:
+    second = tmp_path / "second.yaml"
+    second.write_text(DEMO.read_text().replace("name: demo", "name: second")
+                      .replace("n_layers: 2", "n_layers: 1"))
+    result = run_cli("prewarm", str(DEMO), str(second), "--slurm", "--wait",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first_job = read_jobs(tmp_path / "runs" / "demo")[0].job_id
+    second_job = read_jobs(tmp_path / "runs" / "second")[0].job_id
+    assert first_job.split("_")[0] == second_job.split("_")[0]  # one array, two tasks
+    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
+    assert {e["run"] for e in manifest["entries"].values()} == {"demo", "second"}
+    for run in ("demo", "second"):
+        assert report(tmp_path / "runs" / run, 0, "prewarm")["environment"][
+            "JAXWARM_CONFIG"] == str(tmp_path / "runs" / run / "config.yaml")

@@ -35,6 +35,11 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.install()
+
+    def install(self) -> None:
+        """(Re)install the handlers: jax.distributed.initialize() puts JAX's own preemption
+        notifier on SIGTERM, so this runs again once the process has joined."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
@@ -71,6 +76,7 @@ def train(config: Config, stop: StopRequest) -> int:
     import jax
 
     recorder, mesh, bundle = start_job(config, "init")
+    stop.install()
     root = config.run_dir / "checkpoints"
     restored = checkpoint.restore(root, bundle.state, config)
     if restored is None:

@@ -76,11 +76,16 @@ def choose_backend(requested: str | None) -> str:
     return "slurm" if shutil.which("sbatch") else "local"
 
 
-def print_report(config: Config) -> None:
-    reports = load_reports(config.run_dir)
+def print_report(run_dir: Path, cache_dir: str) -> None:
+    reports = load_reports(run_dir)
     print(format_table(reports))
-    for line in summarize(reports, read_manifest(config.cache.dir)):
+    for line in summarize(reports, read_manifest(cache_dir)):
         print(line)
+
+
+def print_submitted(jobs: list[slurm.SubmittedJob]) -> None:
+    for job in jobs:
+        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")
 
 
 def print_verdicts(config: Config) -> int:
@@ -109,7 +114,6 @@ def exit_code(result: local.JobResult) -> int:
 
 
 def local_verify(config: Config, pinned: Path) -> int:
-    shutil.rmtree(config.run_dir / "verify", ignore_errors=True)
     if not run_local_job(verify_job(config, pinned), config).ok:
         return EXIT_ERROR
     return print_verdicts(config)
@@ -133,21 +137,19 @@ def run_local(args: argparse.Namespace, config: Config, pinned: Path) -> int:
         result = run_local_job(job, config)
         if not result.ok or result.signal_received is not None:
             return exit_code(result)
-    print_report(config)
+    print_report(config.run_dir, config.cache.dir)
     return 0
 
 
 def run_slurm(args: argparse.Namespace, config: Config, pinned: Path) -> int:
     if args.command == "verify":
-        shutil.rmtree(config.run_dir / "verify", ignore_errors=True)
         jobs = [verify_job(config, pinned)]
     else:
         jobs = [] if args.command == "launch" and args.no_prewarm else [prewarm_job(config, pinned)]
         if args.command == "launch":
             jobs.append(train_job(config, pinned))
     submitted = slurm.submit_jobs(config, jobs)
-    for job in submitted:
-        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")
+    print_submitted(submitted)
     if args.command != "verify" and not args.wait:
         print(f"follow with: jaxwarm status {config.run_dir}   "
               f"or: tail -f {submitted[-1].log_path()}")
@@ -159,16 +161,14 @@ def run_slurm(args: argparse.Namespace, config: Config, pinned: Path) -> int:
         return EXIT_ERROR if args.command == "verify" else 1
     if args.command == "verify":
         return print_verdicts(config)
-    print_report(config)
+    print_report(config.run_dir, config.cache.dir)
     return 0
 
 
 def prewarm_many_on_slurm(args: argparse.Namespace, pinned: list[tuple[Config, Path]]) -> int:
-    groups = slurm.submit_prewarm_array(
+    jobs = slurm.submit_prewarm_array(
         [(config, prewarm_job(config, path)) for config, path in pinned])
-    jobs = [job for group in groups for job in group]
-    for job in jobs:
-        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")
+    print_submitted(jobs)
     if not args.wait:
         return 0
     states = slurm.follow(jobs)
@@ -236,15 +236,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run dir (expected <out_dir>/<run name>)")
-    reports = load_reports(args.run_dir)
     if args.json:
-        print(json.dumps(reports, indent=1))
+        print(json.dumps(load_reports(args.run_dir), indent=1))
         return 0
-    print(format_table(reports))
     pinned = args.run_dir / PINNED_CONFIG
-    if pinned.is_file():
-        for line in summarize(reports, read_manifest(load_config(pinned).cache.dir)):
-            print(line)
+    if not pinned.is_file():
+        raise ConfigError(f"{args.run_dir}: no {PINNED_CONFIG}: not a run dir made by jaxwarm")
+    print_report(args.run_dir, load_config(pinned).cache.dir)
     return 0
 
 

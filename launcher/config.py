@@ -135,6 +135,9 @@ _MODULE_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _JAX_OPTION = re.compile(r"^jax_[a-z0-9_]+$")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9_-]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Variables the job environment owns: a user value would make prewarm and run disagree.
 _MANAGED_ENV = re.compile(r"^(JAX_.*|XLA_FLAGS|JAXWARM_.*)$")
 
@@ -336,10 +339,34 @@ def _validate(config: Config) -> None:
     if config.init_budget_s <= 0:
         raise ConfigError(f"{src}: init_budget_s: expected a positive number of seconds, "
                           f"got {config.init_budget_s}")
+    _check_script_safe(config)
     for name in config.env:
         if _MANAGED_ENV.match(name):
             raise ConfigError(f"{src}: env.{name}: jaxwarm sets this variable itself, the same "
                               f"for every job; use the cache, jax or xla_flags section instead")
+
+
+def _check_script_safe(config: Config) -> None:
+    """What ends up in a job script: env names are exported unquoted, and a newline in an
+    #SBATCH value would start a new (executed) script line. Values are shell-quoted."""
+    src = config.source
+    for name in config.env:
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"{src}: env.{name}: expected a variable name of letters, digits "
+                              f"and '_' (not starting with a digit)")
+    for name in config.slurm.extra:
+        if not _SBATCH_OPTION.match(name):
+            raise ConfigError(f"{src}: slurm.extra.{name}: expected an sbatch option name "
+                              f"like 'exclusive' or 'gres'")
+    fields = {"run.name": config.run.name,
+              **{f"slurm.{f.name}": getattr(config.slurm, f.name)
+                 for f in dataclasses.fields(config.slurm)
+                 if isinstance(getattr(config.slurm, f.name), str)},
+              **{f"slurm.extra.{k}": v for k, v in config.slurm.extra.items()}}
+    for key, value in fields.items():
+        if _CONTROL.search(value):
+            raise ConfigError(f"{src}: {key}: expected a single line without control "
+                              f"characters, got {value!r}")
 
 
 def _join(prefix: str, name: str) -> str:

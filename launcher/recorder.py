@@ -115,19 +115,17 @@ class _CaptureFilter(logging.Filter):
 class InitRecorder:
     """Collects cache events for one process and writes its init report as JSON."""
 
-    def __init__(self, report: InitReport, path: Path, recompile_warn_s: float = 1.0,
-                 start_time: float | None = None):
+    def __init__(self, report: InitReport, path: Path, recompile_warn_s: float = 1.0):
         self.report = report
         # Only compiles at least this long count as a wasteful double compile: small helpers
         # (e.g. allgathers) legitimately compile once per input shape.
         self.recompile_warn_s = recompile_warn_s
         self.path = path
-        self.start_time = process_start_time() if start_time is None else start_time
+        self.start_time = process_start_time()
         self._lock = threading.Lock()
         self._components: dict[str, str] = {}
         self._pending: FunctionRecord | None = None
         self._warned: set[str] = set()
-        self._filters: list[tuple[logging.Logger, logging.Filter, int]] = []
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -137,21 +135,10 @@ class InitRecorder:
         monitoring.register_event_duration_secs_listener(self.on_duration)
         for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER):
             logger = logging.getLogger(name)
-            previous = logger.level
-            capture = _CaptureFilter(self, logger.getEffectiveLevel())
-            logger.addFilter(capture)
+            logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
             logger.setLevel(logging.DEBUG)
-            self._filters.append((logger, capture, previous))
         return self
 
-    def uninstall(self) -> None:
-        import jax.monitoring as monitoring
-        monitoring.unregister_event_listener(self.on_event)
-        monitoring.unregister_event_duration_listener(self.on_duration)
-        for logger, capture, previous in self._filters:
-            logger.removeFilter(capture)
-            logger.setLevel(previous)
-        self._filters.clear()
 
     # -- callbacks from JAX -----------------------------------------------------------------
 

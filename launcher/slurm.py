@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.config import Config
 from launcher.jobs import JobSpec
@@ -61,19 +62,26 @@ def executor_parameters(config: Config, job: str, after: str | None) -> dict[str
             for name, value in options.items()}
 
 
-def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
-    """Submit the jobs in order, each depending on the previous one."""
+def make_executor(config: Config, folder: Path, setup: list[str],
+                  options: dict[str, object]) -> Any:
+    """A submitit executor whose job script exports `setup` and logs one file per task.
+    Requeues are jaxwarm's (launcher.task), so submitit's own timeout requeue is off."""
     import submitit
 
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    executor.update_parameters(setup=setup, signal_delay_s=config.slurm.signal_lead_s,
+                               stderr_to_stdout=True, additional_parameters=options)
+    return executor
+
+
+def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
+    """Submit the jobs in order, each depending on the previous one."""
     submitted: list[SubmittedJob] = []
     for job in jobs:
         folder = config.run_dir / "slurm" / job.name
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         after = submitted[-1].job_id if submitted else None
-        executor.update_parameters(
-            setup=setup_lines(job.env), signal_delay_s=config.slurm.signal_lead_s,
-            stderr_to_stdout=True,
-            additional_parameters=executor_parameters(config, job.name, after))
+        executor = make_executor(config, folder, setup_lines(job.env),
+                                 executor_parameters(config, job.name, after))
         requeues = config.slurm.max_requeues if job.name == "train" else 0
         handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
@@ -88,33 +96,30 @@ def run_command(command: TaskCommand) -> int:
     return command()
 
 
-def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[list[SubmittedJob]]:
+def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[SubmittedJob]:
     """Prewarm several configs: one job array per group of configs with the same sbatch
     layout (nodes, tasks, time, partition...), one array task per config."""
-    import submitit
-
     groups: dict[tuple, list[tuple[Config, JobSpec]]] = {}
     for config, job in pinned:
         groups.setdefault(array_layout(config), []).append((config, job))
-    submitted: list[list[SubmittedJob]] = []
+    submitted: list[SubmittedJob] = []
     for members in groups.values():
         if len(members) == 1:
-            submitted.append(submit_jobs(members[0][0], [members[0][1]]))
+            submitted += submit_jobs(members[0][0], [members[0][1]])
             continue
         first = members[0][0]
         folder = first.run_dir / "slurm" / "prewarm-array"
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         options = executor_parameters(first, "prewarm", None)
         options["job_name"] = f"jaxwarm-prewarm-array-{len(members)}"
-        executor.update_parameters(setup=array_setup_lines([job.env for _, job in members]),
-                                   stderr_to_stdout=True, additional_parameters=options)
+        executor = make_executor(first, folder,
+                                 array_setup_lines([job.env for _, job in members]), options)
         handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
         for (config, _), handle in zip(members, handles):
             job = SubmittedJob("prewarm", str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])
             log.info("submitted prewarm of %s as array task %s (logs: %s)", config.source,
                      handle.job_id, job.log_path())
-            submitted.append([job])
+            submitted.append(job)
     return submitted
 
 

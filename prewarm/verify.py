@@ -80,10 +80,9 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    recorder, _, bundle = start_job(config, "verify")
+    _, _, bundle = start_job(config, "verify")  # its init report is written at exit
     verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
                               read_manifest(config.cache.dir))
-    recorder.write()
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
                  jax.process_index())
     return 0

@@ -45,6 +45,12 @@ CASES = {
                     ["env.XLA_FLAGS: jaxwarm sets this variable itself"]),
     "command as string": (mutate(demo_raw(), "entrypoint.command", "jaxwarm-train --x"),
                           ["entrypoint.command: expected a list of arguments"]),
+    "env name": (mutate(demo_raw(), "env", {"A;touch x": "1"}),
+                 ["env.A;touch x: expected a variable name"]),
+    "newline in sbatch value": (mutate(demo_raw(), "slurm.partition", "gpu\nrm -rf ~"),
+                                ["slurm.partition: expected a single line"]),
+    "sbatch option name": (mutate(demo_raw(), "slurm.extra", {"--gres": "gpu:8"}),
+                           ["slurm.extra.--gres: expected an sbatch option name"]),
     "bad factory": (mutate(demo_raw(), "step.factory", "no_colon_here"),
                     ["step.factory: expected 'module:function'"]),
 }

@@ -151,8 +151,11 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
     assert wait_job(train, timeout=240) == "COMPLETED"
     assert step_hit(report(run_dir, 0))
 
-    # The same entrypoint (`env`) through the submitit path and the rendered template.
-    dump = ("entrypoint.command=[env]",)
+    # The same entrypoint (`env`) through the submitit path and the rendered template, with a
+    # value full of shell metacharacters that must arrive literally and run nothing.
+    pwned = tmp_path / "pwned"
+    nasty = f"$(touch {pwned}); `touch {pwned}` \"'; touch {pwned}"
+    dump = ("entrypoint.command=[env]", f"env={{NASTY: {json.dumps(nasty)}}}")
     via_submitit = run_cli("launch", *args, *dump, "--no-prewarm", "--wait")
     assert via_submitit.returncode == 0, via_submitit.stderr[-2000:]
     rendered_job = submit_rendered("train", overrides=dump)
@@ -162,6 +165,7 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
     template_env = task_environment(log_dir / f"{rendered_job}_1_log.out")
     assert submitit_env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache")
     assert submitit_env == template_env
+    assert submitit_env["NASTY"] == nasty and not pwned.exists()
 
 
 def test_several_configs_prewarm_as_one_job_array(tmp_path: Path) -> None:

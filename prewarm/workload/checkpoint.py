@@ -68,7 +68,8 @@ def save(root: Path, state: Any, step: int, config: Config) -> Path:
         meta = {"step": step, "config": pinned_config(config)}
         (directory / "meta.json.tmp").write_text(json.dumps(meta, indent=1))
         (directory / "meta.json.tmp").rename(directory / "meta.json")
-        for old in sorted(d for d in root.glob("step_*") if d != directory)[:-(KEEP - 1) or None]:
+        older = sorted(d for d in root.glob("step_*") if d != directory)
+        for old in older[:max(0, len(older) - (KEEP - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     multihost_utils.sync_global_devices(f"checkpoint-{step}-committed")
     log.info("checkpoint saved at step %d: %s", step, directory)

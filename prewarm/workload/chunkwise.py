@@ -21,6 +21,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from launcher.config import Config
+from prewarm.specs import sharded_specs
 from prewarm.step import StepBundle, seed_spec
 from prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, param_specs
 
@@ -90,8 +91,8 @@ def _decayed(params: Params) -> Any:
 def batch_spec(config: Config, mesh: Mesh) -> jax.ShapeDtypeStruct:
     """The abstract global batch: int32 (global_batch, seq_len + 1), rows over data_axes."""
     args = ModelArgs.from_config(config, dict(mesh.shape))
-    return jax.ShapeDtypeStruct((args.global_batch, args.seq_len + 1), jnp.int32,
-                                sharding=NamedSharding(mesh, P(args.data_axes, None)))
+    return sharded_specs(jax.ShapeDtypeStruct((args.global_batch, args.seq_len + 1), jnp.int32),
+                         mesh, P(args.data_axes, None))
 
 
 def state_shardings(shapes: State, args: ModelArgs, mesh: Mesh) -> State:

@@ -99,7 +99,8 @@ def train(config: Config, stop: StopRequest) -> int:
             append_metrics(metrics_path, {"step": done, "loss": loss,
                                           "restart": recorder.report.restart_count})
             log.info("step %d loss %.6f", done, loss)
-        if stop.agreed():
+        # Agreeing is a cross-process sync: do it on the log cadence, not on every step.
+        if done % config.train.log_every == 0 and stop.agreed():
             checkpoint.save(root, state, done, config)
             log.warning("got %s: checkpointed at step %d, exiting so the job can be requeued",
                         signal.Signals(stop.signum).name if stop.signum else "a stop request",

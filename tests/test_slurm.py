@@ -94,7 +94,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
 def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
         tmp_path: Path) -> None:
     result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=1000000",
-                                         "train.log_every=20"))
+                                         "train.log_every=5"))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     job_id = read_jobs(run_dir)[-1].job_id

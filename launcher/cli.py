@@ -14,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher import local, slurm
+from launcher import cache_commands, local, slurm
+from launcher.bundle import BundleError
 from launcher.config import Config, ConfigError, load_config
 from launcher.jobs import (JobSpec, check_modules, prewarm_job, train_job, verify_job,
                            verify_result_path)
-from launcher.manifest import read_manifest
+from launcher.environment import is_remote
+from launcher.integrity import check_and_quarantine
+from launcher.manifest import latest_for_run, read_manifest
+from launcher.store import ensure_atime_files
 from launcher.report import (attempt_summaries, format_table, format_verdicts, load_reports,
                              summarize)
 from launcher.rundir import PINNED_CONFIG, pin_config
@@ -34,6 +38,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config file")
     parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE",
                         help="override config values (VALUE is read as YAML)")
+    parser.add_argument("--no-check-cache", action="store_true",
+                        help="skip checking the cache entries this run expects to load")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--local", dest="backend", action="store_const", const="local",
                        help="run on this machine (default when sbatch is not available)")
@@ -67,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print one JSON list")
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
+    cache_commands.add_parser(commands)
     return parser
 
 
@@ -190,6 +197,24 @@ def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return configs, overrides
 
 
+def prepare_cache(config: Config, check: bool) -> None:
+    """Before any job: size-capped caches get the atime files JAX's eviction needs, and the
+    entries this run's prewarm recorded are checked (a corrupt one is quarantined, so the
+    job compiles and rewrites it instead of crashing or missing forever)."""
+    if is_remote(config.cache.dir):
+        return
+    if config.cache.max_size != -1:
+        ensure_atime_files(config.cache.dir)
+    if not check:
+        return
+    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir), config.run.name)]
+    checks, seconds = check_and_quarantine(config.cache.dir, keys)
+    bad = [c for c in checks if not c.ok]
+    log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d quarantined "
+             "(--no-check-cache skips this)", len(checks), "y" if len(checks) == 1 else "ies",
+             config.run.name, 1e3 * seconds, len(bad))
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     paths, overrides = split_positionals(args)
     # Every config is checked before any job of any of them starts.
@@ -198,12 +223,16 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         check_modules(config)
     backend = choose_backend(args.backend)
     if backend == "slurm" and args.command == "prewarm" and len(configs) > 1:
-        return prewarm_many_on_slurm(args, [pin_config(config) for config in configs])
+        pinned_configs = [pin_config(config) for config in configs]
+        for config, _ in pinned_configs:
+            prepare_cache(config, not args.no_check_cache)
+        return prewarm_many_on_slurm(args, pinned_configs)
     worst = 0
     for config in configs:
         config, pinned = pin_config(config)
         log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                  config.cache.dir, backend)
+        prepare_cache(config, not args.no_check_cache)
         code = (run_slurm if backend == "slurm" else run_local)(args, config, pinned)
         worst = max(worst, code)
         if code and args.command != "prewarm":
@@ -258,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="jaxwarm: %(message)s")
     try:
-        commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render}
+        commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
+                    "cache": cache_commands.run}
         return commands.get(args.command, cmd_jobs)(args)
-    except ConfigError as exc:
+    except (ConfigError, BundleError) as exc:
         print(f"jaxwarm: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -38,6 +38,8 @@ class CacheConfig:
     # JAX's jax_persistent_cache_enable_xla_caches: "none", "all" or a comma list.
     xla_caches: str = "xla_gpu_per_fusion_autotune_cache_dir"
     max_size: int = -1
+    # A group that shares the dir on purpose: then another member may own it (see security).
+    trusted_group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,17 @@ def jax_options(config: Config) -> dict[str, Any]:
     """JAX config options (jax_* names) the job runs with: the cache settings plus the user's.
 
     The in-job hook applies the same dict through jax.config.update, so a trainer started
-    without the launcher still gets the config's cache settings.
+    without the launcher still gets the config's cache settings. XLA's own sub-caches (the
+    GPU autotune results) write with plain file I/O, so for a remote dir (gs://, s3://)
+    they are turned off; only JAX's entries, written through etils/fsspec, go there.
     """
     cache = config.cache
     options: dict[str, Any] = {
         "jax_compilation_cache_dir": cache.dir,
         "jax_persistent_cache_min_compile_time_secs": cache.min_compile_time_secs,
         "jax_persistent_cache_min_entry_size_bytes": cache.min_entry_size_bytes,
-        "jax_persistent_cache_enable_xla_caches": cache.xla_caches,
+        "jax_persistent_cache_enable_xla_caches":
+            "none" if is_remote(cache.dir) else cache.xla_caches,
         "jax_compilation_cache_max_size": cache.max_size,
     }
     options.update(config.jax)

@@ -17,6 +17,8 @@ from pathlib import Path
 from launcher.config import Config, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.recorder import InitRecorder, InitReport, report_path, restart_count
+from launcher.security import check_cache_dir, prepare_cache_dir
+from launcher.store import append_usage, written_since
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,23 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
         raise RuntimeError("no config: pass one to enable_cache() or start the job through "
                            "jaxwarm (which sets JAXWARM_CONFIG)")
     return resolve_paths(load_config(path))
+
+
+def usage_record(config: Config, report: InitReport, since: float) -> dict:
+    """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
+    or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
+    functions = []
+    for record in report.functions:
+        if record.key is None:
+            continue
+        item = {"name": record.name, "key": record.key, "hit": record.hit,
+                "seconds": round(record.seconds, 3)}
+        written = None if record.hit else written_since(config.cache.dir, record.key, since)
+        if written:
+            item["sha256"], item["size"] = written
+        functions.append(item)
+    return {"run": config.run.name, "run_dir": str(config.run_dir), "config": config.source,
+            "job": report.job, "restart": report.restart_count, "functions": functions}
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = "init",
@@ -54,8 +73,12 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = "init"
         if current != value:
             jax.config.update(name, value)
 
-    if jax.process_index() == 0 and not is_remote(config.cache.dir):
-        Path(config.cache.dir).mkdir(parents=True, exist_ok=True)
+    if not is_remote(config.cache.dir):
+        # Every rank refuses an unsafe dir: each one would load native code from it.
+        if jax.process_index() == 0:
+            prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
+        else:
+            check_cache_dir(Path(config.cache.dir), config.cache, config.source)
 
     restart = restart_count()
     report = InitReport(
@@ -66,6 +89,10 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = "init"
     path = report_path(config.run_dir, job, restart, jax.process_index())
     recorder = InitRecorder(report, path, recompile_warn_s).install()
     atexit.register(recorder.write)
+    if jax.process_index() == 0 and not is_remote(config.cache.dir):
+        recorder.after_first_step.append(
+            lambda done: append_usage(config.cache.dir, usage_record(config, done,
+                                                                     recorder.start_time)))
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              config.cache.dir, jax.process_index(), jax.process_count(), restart)
     return recorder

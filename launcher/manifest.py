@@ -34,6 +34,9 @@ class ManifestEntry:
     process_count: int
     created: float = field(default_factory=time.time)
     components: dict[str, str] = field(default_factory=dict)
+    # Of the entry file as this prewarm wrote it: what `jaxwarm cache verify` checks against.
+    sha256: str | None = None
+    size: int | None = None
 
 
 def manifest_path(cache_dir: str | Path) -> Path:
@@ -64,3 +67,14 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
         os.replace(tmp, path)
     return path
 
+
+
+def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[ManifestEntry]:
+    """The newest entry per function that run `run`'s prewarms recorded: what its next job
+    expects to load (older keys of the same function are from an earlier step or setup)."""
+    latest: dict[str, ManifestEntry] = {}
+    for entry in manifest.values():
+        if entry.run == run and (entry.function not in latest
+                                 or entry.created > latest[entry.function].created):
+            latest[entry.function] = entry
+    return sorted(latest.values(), key=lambda e: e.function)

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from launcher.keydiff import explain
 
@@ -126,6 +126,8 @@ class InitRecorder:
         self._components: dict[str, str] = {}
         self._pending: FunctionRecord | None = None
         self._warned: set[str] = set()
+        # Called with the report once the first step is done (e.g. the cache's usage log).
+        self.after_first_step: list[Callable[[InitReport], None]] = []
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -206,6 +208,11 @@ class InitRecorder:
         if self.report.time_to_first_step_s is None:
             self.report.time_to_first_step_s = time.time() - self.start_time
             self.write()
+            for callback in self.after_first_step:
+                try:
+                    callback(self.report)
+                except OSError as exc:  # bookkeeping must never stop training
+                    log.warning("after the first step: %s", exc)
 
     def write(self) -> Path:
         with self._lock:

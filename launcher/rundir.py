@@ -14,20 +14,21 @@ import yaml
 
 from launcher.config import Config
 from launcher.environment import is_remote, resolve_paths
+from launcher.security import prepare_cache_dir
 
 PINNED_CONFIG = "config.yaml"
 
 
 def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
-    """Resolve paths once, create the run and cache dirs, and write the pinned config.
+    """Resolve paths once, check and create the run and cache dirs, write the pinned config.
 
     The cache dir is created before its path is made canonical, so a symlink that points
     to it is resolved now and never differs between jobs.
     """
     if not is_remote(config.cache.dir):
-        cache = Path(config.cache.dir)
-        (cache if cache.is_absolute() else (base or Path.cwd()) / cache).mkdir(
-            parents=True, exist_ok=True)
+        cache = Path(config.cache.dir).expanduser()
+        prepare_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
+                          config.cache, config.source)
     config = resolve_paths(config, base)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     path = config.run_dir / PINNED_CONFIG

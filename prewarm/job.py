@@ -3,7 +3,13 @@
 It builds the step through the same factory, mesh and environment as the trainer, from
 abstract inputs only (no parameters materialized, no data read, no step executed), and
 `lower().compile()`s each function so that process 0 writes the cache entries. What it
-compiled, under which key and how long it took goes into the manifest in the cache dir.
+compiled, under which key, how long it took and the entry's checksum go into the manifest
+in the cache dir.
+
+JAX writes an entry without a lock or an atomic rename when the cache has no size cap, so
+two prewarms of the same step (a job array over similar configs) could interleave their
+writes of one file. Process 0 therefore compiles each function under a per-key lock: the
+second prewarm waits, then loads what the first wrote. Different steps run in parallel.
 """
 
 from __future__ import annotations
@@ -11,11 +17,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
+from filelock import FileLock
+
+from launcher.environment import is_remote
 from launcher.hook import config_from_env
 from launcher.manifest import ManifestEntry, record_entries
 from launcher.recorder import FunctionRecord, InitRecorder
+from launcher.store import written_since
 from prewarm.cache_key import UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import start_job
@@ -39,7 +51,20 @@ def predicted_key(lowered: object) -> str | None:
         return None
 
 
-def compile_targets(recorder: InitRecorder, targets: list) -> list[Compiled]:
+WRITER_LOCKS = "jaxwarm-locks"
+
+
+def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> FileLock | nullcontext:
+    """Held by process 0 while it compiles (and JAX writes) one key; nothing elsewhere."""
+    if not is_writer or key is None or is_remote(cache_dir):
+        return nullcontext()
+    folder = Path(cache_dir) / WRITER_LOCKS
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return FileLock(str(folder / f"{key}.lock"))
+
+
+def compile_targets(recorder: InitRecorder, targets: list, cache_dir: str,
+                    is_writer: bool) -> list[Compiled]:
     """Lower and compile each target; the recorder saw its cache key and outcome."""
     compiled = []
     for name, function, args in targets:
@@ -48,7 +73,8 @@ def compile_targets(recorder: InitRecorder, targets: list) -> list[Compiled]:
         lowered = function.lower(*args)
         lower_s = time.perf_counter() - start
         predicted = predicted_key(lowered)
-        lowered.compile()
+        with writer_lock(cache_dir, predicted, is_writer):
+            lowered.compile()
         record = recorder.report.functions[-1]
         if predicted is not None and record.key is not None and predicted != record.key:
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
@@ -79,22 +105,31 @@ def main() -> int:
     log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
              dict(mesh.shape))
-    compiled = compile_targets(recorder, bundle.compile_targets())
+    compiled = compile_targets(recorder, bundle.compile_targets(), config.cache.dir,
+                               jax.process_index() == 0)
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
     if jax.process_index() == 0:
-        written = [
-            ManifestEntry(function=item.record.name, key=item.record.key, run=config.run.name,
-                          config=config.source, compile_s=item.record.seconds,
-                          lower_s=item.lower_s,
-                          written=item.record.seconds >= config.cache.min_compile_time_secs,
-                          jax_version=jax.__version__, process_count=jax.process_count(),
-                          components=item.record.components)
-            # A hit's seconds are a load, not a compile: keep the entry that wrote it.
-            for item in compiled if item.record.key is not None and not item.record.hit]
-        path = record_entries(config.cache.dir, written)
-        log.info("manifest: %s", path)
+        written = []
+        # A hit's seconds are a load, not a compile: keep the entry that wrote it.
+        for item in compiled:
+            if item.record.key is None or item.record.hit:
+                continue
+            checksum = written_since(config.cache.dir, item.record.key, recorder.start_time) \
+                if not is_remote(config.cache.dir) else None
+            written.append(ManifestEntry(
+                function=item.record.name, key=item.record.key, run=config.run.name,
+                config=config.source, compile_s=item.record.seconds, lower_s=item.lower_s,
+                written=item.record.seconds >= config.cache.min_compile_time_secs,
+                jax_version=jax.__version__, process_count=jax.process_count(),
+                components=item.record.components,
+                sha256=checksum[0] if checksum else None,
+                size=checksum[1] if checksum else None))
+        if is_remote(config.cache.dir):
+            log.info("no manifest for a remote cache dir (it needs a local file lock)")
+        else:
+            log.info("manifest: %s", record_entries(config.cache.dir, written))
     return 0
 
 

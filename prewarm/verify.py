@@ -21,6 +21,7 @@ from launcher.hook import config_from_env
 from launcher.jobs import verify_result_path
 from launcher.keydiff import explain_miss
 from launcher.manifest import ManifestEntry, read_manifest
+from launcher.store import entry_path
 from prewarm.cache_key import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import start_job
@@ -37,11 +38,6 @@ class Verdict:
     predict_s: float
     explanation: list[str] = field(default_factory=list)
     components: dict[str, str] = field(default_factory=dict)
-
-
-def entry_path(cache_dir: str | Path, key: str) -> Path:
-    """Where JAX's file cache keeps the executable of a key."""
-    return Path(cache_dir) / f"{key}-cache"
 
 
 def judge(lowered: Any, cache_dir: str,

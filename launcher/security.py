@@ -1,0 +1,83 @@
+"""Who may write the cache dir: every rank loads its entries and runs them as native code.
+
+So a cache dir anyone else can write is a way to run code as the user on every node. jaxwarm
+refuses a dir (or a parent, unless it has the sticky bit like /tmp) that is writable by
+everyone, and a dir owned by another user, unless the config names the group that shares it
+(`cache.trusted_group`): then the dir must belong to that group and nobody outside it may
+write. New dirs are created 0700 (0770 plus setgid for a trusted group, so new files inherit
+the group).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+from pathlib import Path
+
+from launcher.config import CacheConfig, ConfigError
+
+PRIVATE_MODE = 0o700
+SHARED_MODE = 0o2770
+
+
+def trusted_gid(cache: CacheConfig, source: str) -> int | None:
+    if cache.trusted_group is None:
+        return None
+    try:
+        return grp.getgrnam(cache.trusted_group).gr_gid
+    except KeyError:
+        raise ConfigError(f"{source}: cache.trusted_group: no group named "
+                          f"{cache.trusted_group!r} on this machine") from None
+
+
+def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
+    """Why a cache dir with this stat is unsafe for user `uid`; None when it is safe. Pure."""
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IWOTH:
+        return f"is writable by every user (mode {mode:04o})"
+    if info.st_uid == uid:
+        return None
+    if gid is None:
+        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
+                f"cache.trusted_group to share a group directory on purpose")
+    if info.st_gid != gid:
+        return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the trusted "
+                f"group (gid {gid})")
+    return None
+
+
+def parent_problem(info: os.stat_result) -> str | None:
+    """A parent anyone may write (and without the sticky bit) lets them swap the dir."""
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        return f"is writable by every user without the sticky bit (mode {mode:04o})"
+    return None
+
+
+def check_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:
+    """Refuse an unsafe existing cache dir or parent with one line naming file and key."""
+    gid = trusted_gid(cache, source)
+    path = Path(os.path.abspath(path))
+    for parent in reversed(path.parents):
+        problem = parent_problem(parent.stat()) if parent.exists() else None
+        if problem:
+            raise ConfigError(f"{source}: cache.dir: parent {parent} {problem}: anyone could "
+                              f"replace the cache that every rank executes")
+    if path.exists():
+        problem = dir_problem(path.stat(), os.geteuid(), gid)
+        if problem:
+            raise ConfigError(f"{source}: cache.dir: {path} {problem}; refusing to run code "
+                              f"from it")
+
+
+def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:
+    """Check the dir, then create it (and missing parents) with a safe mode."""
+    check_cache_dir(path, cache, source)
+    if path.exists():
+        return
+    gid = trusted_gid(cache, source)
+    path.mkdir(mode=PRIVATE_MODE if gid is None else SHARED_MODE, parents=True, exist_ok=True)
+    if gid is not None:
+        os.chown(path, -1, gid)
+        os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask

@@ -1,0 +1,292 @@
+"""The cache store end to end: concurrent writers, restarts, corruption, unsafe dirs,
+bundles and pruning, with real jaxwarm jobs and real JAX processes on real files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from launcher.integrity import ZSTD_MAGIC, entry_problem
+from launcher.manifest import read_manifest
+from launcher.store import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from tests.conftest import DEMO, run_cli
+from tests.jaxproc import jax_env
+
+# One process x 2 devices and a one-layer step: each job takes seconds, so the tests can
+# run many of them. min_compile_time 0 so that JAX writes every compile.
+TINY = ("topology.processes_per_node=1", "topology.devices_per_process=2",
+        "mesh.axes={data: 1, fsdp: 2}", "step.args.n_layers=1", "cache.min_compile_time_secs=0",
+        "train.steps=2", "train.checkpoint_every=0")
+
+
+def config_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> list[str]:
+    """CONFIG and overrides: what `jaxwarm cache` commands take."""
+    return [str(DEMO), f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}",
+            f"run.name={run}", *extra]
+
+
+def job_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> list[str]:
+    return [*config_args(tmp_path, cache, *extra, run=run), "--local"]
+
+
+def init_report(tmp_path: Path, run: str = "demo", job: str = "init") -> dict:
+    return json.loads((tmp_path / "runs" / run / "reports" / f"{job}-r0-p0.json").read_text())
+
+
+def step_record(report: dict) -> dict:
+    return [f for f in report["functions"] if f["name"] == "jit_train_step"][-1]
+
+
+def assert_ok(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def corrupt(path: Path, how: str) -> None:
+    """Damage an entry the ways disks and interrupted writes do."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "zeroed":
+        path.write_bytes(bytes(len(data)))
+    elif how == "flipped":
+        # One bit inside the executable, recompressed: the stream stays valid, so only the
+        # recorded checksum can tell (JAX would load it and may die of SIGILL).
+        if data.startswith(ZSTD_MAGIC):
+            import zstandard
+            payload = bytearray(zstandard.ZstdDecompressor().decompress(data))
+            payload[len(payload) // 2] ^= 1
+            path.write_bytes(zstandard.ZstdCompressor().compress(bytes(payload)))
+        else:
+            payload = bytearray(zlib.decompress(data))
+            payload[len(payload) // 2] ^= 1
+            path.write_bytes(zlib.compress(bytes(payload)))
+
+
+def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    # Four prewarm the same step, four each a different one (d_ff differs), all at once.
+    variants = ["step.args.d_ff=128"] * 4 + [f"step.args.d_ff={64 + 16 * i}" for i in range(4)]
+    stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                read_manifest(cache)  # raises on a torn manifest
+                seen["manifest_reads"] += 1
+            except ValueError as exc:
+                errors.append(str(exc))
+            listed = run_cli("cache", "ls", str(cache))
+            if listed.returncode != 0:
+                errors.append(listed.stderr)
+            seen["ls"] += 1
+
+    cache.mkdir(mode=0o700)
+    reading = threading.Thread(target=reader, daemon=True)
+    reading.start()
+    writers = [subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "prewarm",
+         *job_args(tmp_path, cache, *TINY, variant, run=f"w{i}")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i, variant in enumerate(variants)]
+    outputs = [w.communicate(timeout=600)[0] for w in writers]
+    stop.set()
+    reading.join(timeout=120)
+    assert all(w.returncode == 0 for w in writers), outputs
+    assert not errors and seen["manifest_reads"] > 0 and seen["ls"] > 0
+
+    reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(8)]
+    keys = {step_record(r)["key"] for r in reports}
+    assert len(keys) == 5  # one shared step, four different ones
+    # The same-step writers took turns: one compiled and wrote, three loaded its entry.
+    shared = [step_record(r) for r in reports[:4]]
+    assert sorted(f["hit"] for f in shared) == [False, True, True, True]
+    manifest = read_manifest(cache)
+    for report in reports:
+        for function in report["functions"]:
+            assert (cache / f"{function['key']}{CACHE_SUFFIX}").is_file()
+            if not function["hit"]:
+                assert manifest[function["key"]].sha256
+    checked = run_cli("cache", "verify", str(cache))
+    assert_ok(checked)
+    assert "0 quarantined" in checked.stdout
+    assert all(entry_problem(e.path, manifest[e.key].sha256) is None for e in scan(cache))
+
+
+def test_five_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    hits = []
+    for attempt in range(6):
+        # Each relaunch resumes from the last checkpoint and trains two more steps.
+        result = run_cli("launch", *job_args(tmp_path, cache, "--no-prewarm",
+                                             f"train.steps={2 * (attempt + 1)}",
+                                             "train.checkpoint_every=2",
+                                             "topology.processes_per_node=2",
+                                             "topology.devices_per_process=2",
+                                             "mesh.axes={data: 2, fsdp: 2}",
+                                             "step.args.n_layers=1",
+                                             "cache.min_compile_time_secs=0"))
+        assert_ok(result)
+        hits.append(step_record(init_report(tmp_path))["hit"])
+        assert_ok(run_cli("cache", "verify", str(cache)))
+    assert hits == [False, True, True, True, True, True]
+    assert not (cache / QUARANTINE_DIR).exists()
+
+
+def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
+        tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *TINY)))
+    key = step_record(init_report(tmp_path, job="prewarm"))["key"]
+    entry = cache / f"{key}{CACHE_SUFFIX}"
+    for how in ("truncated", "zeroed", "flipped"):
+        corrupt(entry, how)
+        found = run_cli("cache", "verify", str(cache))
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert f"QUARANTINED {key}" in found.stdout
+        assert not entry.exists()
+        run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm",
+                                          run=f"after-{how}"))
+        assert_ok(run)
+        assert not step_record(init_report(tmp_path, f"after-{how}"))["hit"]
+        assert entry.is_file()  # rewritten by the run that recompiled
+        assert_ok(run_cli("cache", "verify", str(cache)))
+    assert len(list((cache / QUARANTINE_DIR).glob(f"{key}-cache.*[0-9]"))) >= 1
+    # Without `cache verify`, the launch's own check catches it before the job starts.
+    corrupt(entry, "flipped")
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY))
+    assert_ok(run)
+    assert f"quarantined {key}" in run.stderr
+    assert "cache check:" in run.stderr
+
+
+def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    refused = run_cli("launch", *job_args(tmp_path, shared, *TINY))
+    assert refused.returncode == 2
+    line, = refused.stderr.strip().splitlines()
+    assert "cache.dir" in line and "writable by every user" in line and str(DEMO) in line
+    assert not (tmp_path / "runs" / "demo" / "reports").exists()
+    if os.geteuid() != 0:
+        foreign = Path("/usr")  # owned by root, not by this user
+    else:
+        foreign = tmp_path / "foreign"
+        foreign.mkdir(mode=0o770)
+        os.chown(foreign, 65534, 0)
+    refused = run_cli("launch", *job_args(tmp_path, foreign, *TINY))
+    assert refused.returncode == 2
+    assert "not by you" in refused.stderr and "cache.trusted_group" in refused.stderr
+    if os.geteuid() == 0:
+        # Shared on purpose: another member owns it, the config trusts its group.
+        trusted = run_cli("render", *config_args(tmp_path, foreign, *TINY,
+                                                 "cache.trusted_group=root"), "--job", "train")
+        assert_ok(trusted)
+    new = tmp_path / "new-cache"
+    assert_ok(run_cli("render", *config_args(tmp_path, new, *TINY), "--job", "train"))
+    assert new.stat().st_mode & 0o777 == 0o700
+
+
+def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
+    portable = ("cache.xla_caches=none",)
+    source, target = tmp_path / "source-cache", tmp_path / "target-cache"
+    assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, *portable)))
+    bundle = tmp_path / "demo-bundle.tar"
+    exported = run_cli("cache", "export", *config_args(tmp_path, source, *TINY, *portable),
+                       "-o", str(bundle))
+    assert_ok(exported)
+    assert "exported 2 entries" in exported.stdout and "portable" in exported.stdout
+    elsewhere = config_args(tmp_path, target, *TINY, *portable, run="elsewhere")
+    imported = run_cli("cache", "import", str(bundle), *elsewhere)
+    assert_ok(imported)
+    assert "imported 2 entries" in imported.stdout
+    run = run_cli("launch", *elsewhere, "--local", "--no-prewarm")
+    assert_ok(run)
+    assert step_record(init_report(tmp_path, "elsewhere"))["hit"]
+    # The imported entries keep their checksums: `cache verify` checks them.
+    checked = run_cli("cache", "verify", str(target))
+    assert_ok(checked)
+    assert "against a recorded checksum" in checked.stdout
+
+    # A bundle whose keys hold its cache path cannot hit anywhere else: refused.
+    pinned_to_path = tmp_path / "path-bound.tar"
+    assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, run="bound")))
+    assert_ok(run_cli("cache", "export", *config_args(tmp_path, source, *TINY, run="bound"),
+                      "-o", str(pinned_to_path)))
+    third = config_args(tmp_path, tmp_path / "third", *TINY)
+    refused = run_cli("cache", "import", str(pinned_to_path), *third)
+    assert refused.returncode == 2 and "include the cache path" in refused.stderr
+
+    # Another jax version: refused, and nothing is added.
+    other_version = tmp_path / "other-jax.tar"
+    with tarfile.open(bundle) as tar, tarfile.open(other_version, "w") as out:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()
+            if member.name == "jaxwarm-bundle.json":
+                meta = json.loads(data)
+                meta["jax_version"] = "0.0.1"
+                data = json.dumps(meta).encode()
+                member.size = len(data)
+            out.addfile(member, io.BytesIO(data))
+    empty = tmp_path / "empty-cache"
+    refused = run_cli("cache", "import", str(other_version),
+                      *config_args(tmp_path, empty, *TINY, *portable))
+    assert refused.returncode == 2 and "jax 0.0.1" in refused.stderr
+    assert not list(empty.glob(f"*{CACHE_SUFFIX}"))
+
+
+WRITER = """
+import sys
+import jax, jax.numpy as jnp
+for i in range(int(sys.argv[1])):
+    jax.jit(lambda x: jnp.tanh(x @ x.T) * (i + 1)).lower(jnp.ones((i + 8, 32))).compile()
+print("wrote", sys.argv[1])
+"""
+
+
+def writer_env(cache: Path, max_size: int) -> dict[str, str]:
+    return {**jax_env(1), "JAX_COMPILATION_CACHE_DIR": str(cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(max_size)}
+
+
+def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    # Entries from an uncapped writer have no atime files: a capped JAX writer would crash
+    # on them, unless the launcher adds them first (it does before every job).
+    subprocess.run([sys.executable, "-c", WRITER, "4"], env=writer_env(cache, -1), check=True,
+                   capture_output=True, timeout=300)
+    assert not list(cache.glob(f"*{ATIME_SUFFIX}"))
+    cap = 256 * 1024
+    capped = (*TINY, f"cache.max_size={cap}")
+    assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *capped)))
+    assert len(list(cache.glob(f"*{ATIME_SUFFIX}"))) == len(list(cache.glob(f"*{CACHE_SUFFIX}")))
+
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, "40"], env=writer_env(cache, cap),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    prunes = 0
+    while writer.poll() is None:
+        pruned = run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned")
+        assert_ok(pruned)
+        prunes += 1
+        time.sleep(0.2)
+    output = writer.communicate()[0]
+    assert writer.returncode == 0, output[-3000:]
+    assert prunes >= 2
+    entries = {p.name[:-len(CACHE_SUFFIX)] for p in cache.glob(f"*{CACHE_SUFFIX}")}
+    atimes = {p.name[:-len(ATIME_SUFFIX)] for p in cache.glob(f"*{ATIME_SUFFIX}")}
+    assert entries == atimes  # nothing half-deleted
+    assert all(entry_problem(e.path, None) is None for e in scan(cache))  # nothing torn
+    assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
+    assert sum(e.size for e in scan(cache)) <= 64 * 1024

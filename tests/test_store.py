@@ -1,0 +1,125 @@
+"""The cache store's pure parts: prune policy, usage history, dir safety, bundle refusals,
+size/age parsing, and the environment rules for size caps and remote dirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from launcher.bundle import BundleMeta, installed_versions, refusal
+from launcher.cache_commands import parse_age, parse_size
+from launcher.config import load_config
+from launcher.environment import job_environment, jax_options
+from launcher.jobs import prewarm_job, train_job, verify_job
+from launcher.rundir import pin_config
+from launcher.security import dir_problem, parent_problem
+from launcher.store import Entry, choose_victims, key_histories
+from tests.conftest import DEMO
+
+
+def entry(key: str, size: int, last_used: float) -> Entry:
+    return Entry(key=key, path=Path(f"/c/{key}-cache"), size=size, created=0.0,
+                 last_used=last_used)
+
+
+def test_prune_removes_least_recently_used_until_it_fits_and_spares_pinned() -> None:
+    entries = [entry("jit_a-1", 100, 10), entry("jit_b-2", 100, 20), entry("jit_c-3", 100, 30),
+               entry("jit_d-4", 100, 40)]
+    victims = choose_victims(entries, max_bytes=200, older_than_s=None, pinned={"jit_a-1"},
+                             now=50)
+    assert [v.key for v in victims] == ["jit_b-2", "jit_c-3"]
+    by_age = choose_victims(entries, max_bytes=None, older_than_s=25, pinned=set(), now=50)
+    assert [v.key for v in by_age] == ["jit_a-1", "jit_b-2"]
+    assert choose_victims(entries, max_bytes=1000, older_than_s=None, pinned=set(), now=50) == []
+
+
+def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() -> None:
+    records = [
+        {"time": 1, "run": "r", "job": "prewarm", "restart": 0,
+         "functions": [{"key": "jit_f-1", "hit": False, "sha256": "aa"}]},
+        {"time": 2, "run": "r", "job": "init", "restart": 0,
+         "functions": [{"key": "jit_f-1", "hit": True}]},
+        {"time": 3, "event": "quarantined", "key": "jit_f-1"},
+    ]
+    history = key_histories(records)["jit_f-1"]
+    assert (history.hits, history.misses, history.last_used) == (1, 1, 2)
+    assert history.used_by == ["r (prewarm r0)", "r (init r0)"]
+    assert history.sha256 is None and history.removed
+    rewritten = key_histories(records + [{"time": 4, "run": "r", "job": "init", "restart": 1,
+                                          "functions": [{"key": "jit_f-1", "hit": False,
+                                                         "sha256": "bb"}]}])["jit_f-1"]
+    assert rewritten.sha256 == "bb" and rewritten.written_by == "r (init r1)"
+
+
+def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, gid, 0, 0, 0, 0))
+
+
+def test_dir_safety_rules() -> None:
+    assert dir_problem(stat_result(0o700, 1000, 1000), 1000, None) is None
+    assert "writable by every user" in dir_problem(stat_result(0o777, 1000, 1000), 1000, None)
+    assert "not by you" in dir_problem(stat_result(0o700, 1001, 1001), 1000, None)
+    # Shared on purpose: another member's dir is fine if it belongs to the trusted group...
+    assert dir_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
+    # ...but not another group's, and never a world-writable one.
+    assert "trusted group" in dir_problem(stat_result(0o2770, 1001, 501), 1000, 500)
+    assert dir_problem(stat_result(0o2777, 1001, 500), 1000, 500) is not None
+    assert parent_problem(stat_result(0o1777, 0, 0)) is None  # /tmp: sticky bit
+    assert parent_problem(stat_result(0o777, 0, 0)) is not None
+
+
+def meta(**changes: object) -> BundleMeta:
+    jax_version, jaxlib_version = installed_versions()
+    base = BundleMeta(version=1, jax_version=jax_version, jaxlib_version=jaxlib_version,
+                      platform="cpu", cache_dir="/a/cache", xla_caches="none", created=0.0,
+                      entries={})
+    return dataclasses.replace(base, **changes)
+
+
+def test_bundle_refusals_name_what_would_make_every_entry_miss(tmp_path: Path) -> None:
+    config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
+    assert refusal(meta(), config) is None
+    assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)
+    assert "platform gpu" in refusal(meta(platform="gpu"), config)
+    bound = meta(xla_caches="xla_gpu_per_fusion_autotune_cache_dir")
+    assert "include the cache path /a/cache" in refusal(bound, config)
+    assert refusal(bound, dataclasses.replace(
+        config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
+    with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
+    assert "puts the cache path in every key" in refusal(meta(), with_autotune)
+
+
+@pytest.mark.parametrize(("text", "size"), [("123", 123), ("64K", 65536), ("1.5M", 1572864),
+                                           ("2GiB", 2 << 30), ("10GB", 10 << 30)])
+def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("30m", 1800), ("12h", 43200),
+                                              ("7d", 604800), ("2w", 1209600)])
+def test_ages(text: str, seconds: float) -> None:
+    assert parse_age(text) == seconds
+
+
+def test_every_job_gets_the_same_size_cap(tmp_path: Path) -> None:
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                                   f"cache.dir={tmp_path / 'c'}",
+                                                   "cache.max_size=1000000"]))
+    caps = {job(config, pinned).env["JAX_COMPILATION_CACHE_MAX_SIZE"]
+            for job in (prewarm_job, verify_job, train_job)}
+    assert caps == {"1000000"}
+
+
+def test_remote_cache_dirs_turn_the_xla_sub_caches_off(tmp_path: Path) -> None:
+    config = load_config(DEMO, [f"run.out_dir={tmp_path}", "cache.dir=gs://bucket/jax-cache"])
+    assert jax_options(config)["jax_persistent_cache_enable_xla_caches"] == "none"
+    env = job_environment(config, tmp_path / "config.yaml")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == "gs://bucket/jax-cache"
+    assert env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
+    local = load_config(DEMO, [f"cache.dir={tmp_path}"])
+    assert jax_options(local)["jax_persistent_cache_enable_xla_caches"] == \
+        "xla_gpu_per_fusion_autotune_cache_dir"

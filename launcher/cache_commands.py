@@ -44,11 +44,12 @@ def parse_age(text: str) -> float:
 
 
 def human_size(size: float) -> str:
+    unit = "B"
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            break
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def human_age(seconds: float) -> str:

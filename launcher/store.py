@@ -26,6 +26,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from launcher.environment import is_remote
+
 log = logging.getLogger(__name__)
 
 CACHE_SUFFIX = "-cache"
@@ -60,6 +62,15 @@ def function_of(key: str) -> str:
 def entry_path(cache_dir: str | Path, key: str) -> Path:
     """Where JAX's file cache keeps the executable of a key."""
     return Path(cache_dir) / f"{key}{CACHE_SUFFIX}"
+
+
+def entry_exists(cache_dir: str, key: str) -> bool:
+    """Local dirs through the file system; remote ones (gs://, s3://) through etils.epath,
+    the library JAX itself reads and writes them with."""
+    if not is_remote(cache_dir):
+        return entry_path(cache_dir, key).is_file()
+    from etils import epath
+    return (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists()
 
 
 def atime_path(cache_dir: str | Path, key: str) -> Path:

@@ -21,7 +21,7 @@ from launcher.hook import config_from_env
 from launcher.jobs import verify_result_path
 from launcher.keydiff import explain_miss
 from launcher.manifest import ManifestEntry, read_manifest
-from launcher.store import entry_path
+from launcher.store import entry_exists
 from prewarm.cache_key import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import start_job
@@ -45,7 +45,7 @@ def judge(lowered: Any, cache_dir: str,
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
-    warm = entry_path(cache_dir, prediction.key).is_file()
+    warm = entry_exists(cache_dir, prediction.key)
     explanation = [] if warm else explain_miss(prediction.module_name, prediction.components,
                                                manifest)
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,

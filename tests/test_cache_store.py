@@ -120,6 +120,11 @@ def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Pa
     assert_ok(checked)
     assert "0 quarantined" in checked.stdout
     assert all(entry_problem(e.path, manifest[e.key].sha256) is None for e in scan(cache))
+    # The contended entry loads in a real run.
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, variants[0], "--no-prewarm",
+                                      run="w0"))
+    assert_ok(run)
+    assert step_record(init_report(tmp_path, "w0"))["hit"]
 
 
 def test_five_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:

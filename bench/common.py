@@ -1,0 +1,162 @@
+"""What every benchmark shares: fresh processes, the benchmark's config, medians, tables.
+
+Every figure is taken in a fresh process, because what a job pays includes the Python and
+JAX start-up and JAX keeps compiled programs in memory (a second compile in one process
+measures nothing). Each figure is the median over repetitions, and each repetition starts
+from its own empty directories, so a cold run is really cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from launcher.config import Config, load_config
+from launcher.environment import merge_environment
+from launcher.jobs import JobSpec
+from launcher.rundir import pin_config
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "configs" / "demo.yaml"
+# The demo's mesh (data=2 x fsdp=4) on 1 process x 8 fake CPU devices: on CPU only process 0
+# can hit the cache, so one process is the whole job and nothing waits on a coordinator.
+LAYOUT = "1 process x 8 CPU devices"
+LAYOUT_OVERRIDES = ("topology.processes_per_node=1", "topology.devices_per_process=8")
+PROCESS_TIMEOUT_S = 900.0
+
+
+class BenchError(RuntimeError):
+    """A benchmark process failed, or measured something other than what it should."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A process run to completion: wall time from spawn to exit, its own CPU time (user +
+    system; less sensitive than wall time to other work on the machine) and peak RSS."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target of the issue, next to what was measured."""
+
+    measurement: str
+    target: str
+    measured: str
+    met: bool
+
+
+def run_process(argv: Sequence[str], env: dict[str, str],
+                timeout: float = PROCESS_TIMEOUT_S) -> Finished:
+    """Run `argv` in REPO and wait for it with os.wait4, which returns this child's own
+    resource usage: RUSAGE_CHILDREN would be the maximum over every child ever waited for."""
+    with tempfile.TemporaryFile() as sink:
+        start = time.perf_counter()
+        proc = subprocess.Popen(list(argv), env=env, cwd=REPO, stdin=subprocess.DEVNULL,
+                                stdout=sink, stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall_s = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        timer.cancel()
+        if proc.returncode != 0:
+            sink.seek(0)
+            raise BenchError(f"{' '.join(argv)} exited with status {proc.returncode}:\n"
+                             f"{sink.read().decode(errors='replace')[-3000:]}")
+    # ru_maxrss is in KiB on Linux
+    return Finished(wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
+def run_spec(job: JobSpec) -> Finished:
+    """A job's argv with the environment the local runner gives it."""
+    return run_process(job.argv, merge_environment(dict(os.environ), job.env))
+
+
+def bench_config(work: Path, name: str, overrides: Iterable[str] = ()) -> tuple[Config, Path]:
+    """The demo config on the benchmark layout, its run dir and (unless overridden) its
+    cache under `work`, pinned like `jaxwarm launch` pins it (absolute paths, config.yaml in
+    the run dir, the cache dir created)."""
+    config = load_config(DEMO, [*LAYOUT_OVERRIDES, f"run.name={name}", f"run.out_dir={work}",
+                                f"cache.dir={work / 'cache'}", *overrides])
+    return pin_config(config)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read {path}: {exc}") from None
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the repetitions (all samples have the same keys)."""
+    return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
+
+
+def per_layer(rows: list[dict[str, float]], key: str) -> float:
+    """How `key` grows with layers: the least-squares slope over the measured sizes."""
+    return statistics.linear_regression([row["layers"] for row in rows],
+                                         [row[key] for row in rows]).slope
+
+
+def verdict(met: bool) -> str:
+    return "PASS" if met else "MISS"
+
+
+def table(title: str, header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table, padded so it also reads in a terminal; the title above it."""
+    cells = [[str(cell) for cell in header], *([str(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |"
+
+    rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
+    return "\n".join([title, "", line(cells[0]), rule, *(line(row) for row in cells[1:])])
+
+
+def checks_table(checks: list[Check]) -> str:
+    return table("Targets", ["measurement", "target", "measured", "result"],
+                 [[c.measurement, c.target, c.measured, verdict(c.met)] for c in checks])
+
+
+def checks_json(checks: list[Check]) -> list[dict[str, Any]]:
+    return [asdict(check) for check in checks]
+
+
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), "unknown")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on. Versions come from the installed metadata: this
+    process stays free of JAX, like the `jaxwarm` command whose children it times."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "memory_gb": round(memory / 2**30, 1), "python": platform.python_version(),
+            "jax": version("jax"), "jaxlib": version("jaxlib"),
+            "platform": platform.platform(), "layout": LAYOUT}

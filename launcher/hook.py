@@ -34,7 +34,17 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     return resolve_paths(load_config(path))
 
 
-def usage_record(config: Config, report: InitReport, since: float) -> dict:
+def note_written_entries(cache_dir: str, report: InitReport, since: float) -> None:
+    """Checksum each entry this process wrote, once, onto its record (the usage log and
+    the prewarm manifest both take it from there)."""
+    for record in report.functions:
+        if record.key is not None and not record.hit:
+            written = written_since(cache_dir, record.key, since)
+            if written:
+                record.sha256, record.size = written
+
+
+def usage_record(config: Config, report: InitReport) -> dict:
     """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
     or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
     functions = []
@@ -43,9 +53,8 @@ def usage_record(config: Config, report: InitReport, since: float) -> dict:
             continue
         item = {"name": record.name, "key": record.key, "hit": record.hit,
                 "seconds": round(record.seconds, 3)}
-        written = None if record.hit else written_since(config.cache.dir, record.key, since)
-        if written:
-            item["sha256"], item["size"] = written
+        if record.sha256:
+            item["sha256"], item["size"] = record.sha256, record.size
         functions.append(item)
     return {"run": config.run.name, "run_dir": str(config.run_dir), "config": config.source,
             "job": report.job, "restart": report.restart_count, "functions": functions}
@@ -90,9 +99,9 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = "init"
     recorder = InitRecorder(report, path, recompile_warn_s).install()
     atexit.register(recorder.write)
     if jax.process_index() == 0 and not is_remote(config.cache.dir):
-        recorder.after_first_step.append(
-            lambda done: append_usage(config.cache.dir, usage_record(config, done,
-                                                                     recorder.start_time)))
+        recorder.after_first_step += [
+            lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
+            lambda done: append_usage(config.cache.dir, usage_record(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              config.cache.dir, jax.process_index(), jax.process_count(), restart)
     return recorder

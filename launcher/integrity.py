@@ -10,6 +10,7 @@ job's usage record) its sha256 must match (catches what still decodes). Bad entr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from launcher.manifest import read_manifest
 from launcher.store import (QUARANTINE_DIR, append_usage, entry_path, jax_lock, key_histories,
-                            read_usage, remove_entry, scan, sha256_file)
+                            read_usage, remove_entry, scan)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
         return f"does not decompress ({type(exc).__name__}: {exc})"
     if len(payload) <= TIME_BYTES:
         return f"decompresses to {len(payload)} bytes: no executable after the header"
-    if expected_sha256 is not None and sha256_file(path) != expected_sha256:
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
         return "sha256 differs from the one recorded when it was written"
     return None
 

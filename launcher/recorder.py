@@ -44,6 +44,9 @@ class FunctionRecord:
     hit: bool
     seconds: float = 0.0
     components: dict[str, str] = field(default_factory=dict)
+    # Of the entry this process wrote (process 0, local cache): what `cache verify` checks.
+    sha256: str | None = None
+    size: int | None = None
 
 
 @dataclass

@@ -27,7 +27,6 @@ from launcher.environment import is_remote
 from launcher.hook import config_from_env
 from launcher.manifest import ManifestEntry, record_entries
 from launcher.recorder import FunctionRecord, InitRecorder
-from launcher.store import written_since
 from prewarm.cache_key import UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import start_job
@@ -111,21 +110,17 @@ def main() -> int:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
     if jax.process_index() == 0:
-        written = []
-        # A hit's seconds are a load, not a compile: keep the entry that wrote it.
-        for item in compiled:
-            if item.record.key is None or item.record.hit:
-                continue
-            checksum = written_since(config.cache.dir, item.record.key, recorder.start_time) \
-                if not is_remote(config.cache.dir) else None
-            written.append(ManifestEntry(
-                function=item.record.name, key=item.record.key, run=config.run.name,
-                config=config.source, compile_s=item.record.seconds, lower_s=item.lower_s,
-                written=item.record.seconds >= config.cache.min_compile_time_secs,
-                jax_version=jax.__version__, process_count=jax.process_count(),
-                components=item.record.components,
-                sha256=checksum[0] if checksum else None,
-                size=checksum[1] if checksum else None))
+        written = [
+            ManifestEntry(function=item.record.name, key=item.record.key, run=config.run.name,
+                          config=config.source, compile_s=item.record.seconds,
+                          lower_s=item.lower_s,
+                          written=item.record.seconds >= config.cache.min_compile_time_secs,
+                          jax_version=jax.__version__, process_count=jax.process_count(),
+                          components=item.record.components,
+                          # Checksummed by the hook after the first step (local cache only).
+                          sha256=item.record.sha256, size=item.record.size)
+            # A hit's seconds are a load, not a compile: keep the entry that wrote it.
+            for item in compiled if item.record.key is not None and not item.record.hit]
         if is_remote(config.cache.dir):
             log.info("no manifest for a remote cache dir (it needs a local file lock)")
         else:

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from launcher.config import Config, load_config
 from launcher.environment import merge_environment
-from launcher.jobs import JobSpec
-from launcher.rundir import pin_config
+from launcher.submit.jobs import JobSpec
+from launcher.submit.prepare import pin_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"

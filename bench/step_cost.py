@@ -3,7 +3,7 @@
 One repetition at one size (`step.args.n_layers`) runs five fresh processes on 1 process x
 8 CPU devices (the demo's data=2 x fsdp=4 mesh; on CPU only process 0 can hit, so one
 process is the whole job). The first four are jobs exactly as `jaxwarm launch --local`
-starts them (argv and environment from `launcher.jobs`):
+starts them (argv and environment from `launcher.submit.jobs`):
 
 1. the trainer (`jaxwarm-train`, the demo's 8 steps) on an empty cache: the step's backend
    compile and the time to first step, from its init report;
@@ -30,9 +30,9 @@ from bench.common import (BenchError, Check, Finished, bench_config, per_layer,
                           read_json, run_process, run_spec, table, verdict)
 from launcher.config import Config
 from launcher.environment import job_environment, merge_environment
-from launcher.jobs import JobSpec, prewarm_job, train_job, verify_job, verify_result_path
-from launcher.recorder import report_path
-from launcher.store import entry_path
+from launcher.rundir import TRAIN, report_path, verify_result_path
+from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from launcher.store.entries import entry_path
 
 STEP = "jit_train_step"
 OVERRIDES = ("cache.min_compile_time_secs=0", "train.checkpoint_every=0")
@@ -84,7 +84,7 @@ def function_record(records: list[dict[str, Any]], name_key: str, warm_key: str,
 
 def init_report(config: Config, warm: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The training job's init report and the step's record in it."""
-    path = report_path(config.run_dir, "init", 0, 0)
+    path = report_path(config.run_dir, TRAIN, 0, 0)
     report = read_json(path)
     return report, function_record(report["functions"], "name", "hit", warm, path)
 

@@ -11,16 +11,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from launcher.keydiff import explain_miss
+from launcher.rundir import JOBS, TRAIN, reports_dir
+from prewarm.jaxkey.components import explain_miss
 
 _REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
-_JOB_ORDER = {"verify": 0, "prewarm": 1, "init": 2}
+_JOB_ORDER = {job: order for order, job in enumerate(JOBS)}
 
 
 def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every report of a run, in job, restart, process order."""
     found = []
-    for path in (Path(run_dir) / "reports").glob("*.json"):
+    for path in reports_dir(run_dir).glob("*.json"):
         match = _REPORT_NAME.match(path.name)
         if match:
             found.append((_JOB_ORDER.get(match["job"], 9), int(match["restart"]),
@@ -82,7 +83,7 @@ def format_table(reports: list[dict[str, Any]]) -> str:
 def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[str]:
     """Headline lines for the functions the prewarm manifest knows: did the latest training
     attempt hit them on process 0, how much compile time did that save, and why a miss."""
-    train = [r for r in reports if r["job"] == "init"]
+    train = [r for r in reports if r["job"] == TRAIN]
     if not train:
         return []
     latest = max(r["restart_count"] for r in train)
@@ -129,7 +130,7 @@ def attempt_summaries(reports: list[dict[str, Any]]) -> list[str]:
     """One line per attempt of the training job (restart 0, 1, ...), from process 0."""
     lines = []
     for r in reports:
-        if r["job"] == "init" and r["process_index"] == 0:
+        if r["job"] == TRAIN and r["process_index"] == 0:
             lines.append(f"attempt r{r['restart_count']}: {r['hits']} hit(s) of {r['lookups']} "
                          f"lookup(s) on process 0, compile {r['backend_compile_s']:.2f} s, "
                          f"first step {_seconds(r['time_to_first_step_s'])} s "

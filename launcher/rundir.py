@@ -1,43 +1,53 @@
-"""The run directory: the pinned config every job reads, and where logs and reports go.
+"""The run directory's layout: the one module that knows where a run's files go.
 
-Layout of `<out_dir>/<run name>/`: config.yaml (resolved paths, overrides applied),
-logs/<job>-p<process>.log, reports/<job>-r<restart>-p<process>.json, checkpoints/,
-metrics.jsonl.
+`<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
+logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
+reports), verify/p<process>.json (verify verdicts), slurm/<job>/ (submitit's job folders) with
+slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's).
+Pure paths: both the submit side and the code inside a job import it.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import yaml
-
-from launcher.config import Config
-from launcher.environment import is_remote, resolve_paths
-from launcher.security import prepare_cache_dir
-
+PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
+JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"
 
 
-def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
-    """Resolve paths once, check and create the run and cache dirs, write the pinned config.
-
-    The cache dir is created before its path is made canonical, so a symlink that points
-    to it is resolved now and never differs between jobs.
-    """
-    if not is_remote(config.cache.dir):
-        cache = Path(config.cache.dir).expanduser()
-        prepare_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
-                          config.cache, config.source)
-    config = resolve_paths(config, base)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    path = config.run_dir / PINNED_CONFIG
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(f"# Pinned by jaxwarm from {config.source}; every job of this run reads it.\n"
-                   + yaml.safe_dump(config.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
-    return config, path
+def pinned_config(run_dir: str | Path) -> Path:
+    return Path(run_dir) / PINNED_CONFIG
 
 
-def log_path(run_dir: Path, job: str, process: int) -> Path:
+def log_path(run_dir: str | Path, job: str, process: int) -> Path:
     return Path(run_dir) / "logs" / f"{job}-p{process}.log"
+
+
+def reports_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "reports"
+
+
+def report_path(run_dir: str | Path, job: str, restart: int, process: int) -> Path:
+    return reports_dir(run_dir) / f"{job}-r{restart}-p{process}.json"
+
+
+def verify_result_path(run_dir: str | Path, process: int) -> Path:
+    return Path(run_dir) / "verify" / f"p{process}.json"
+
+
+def slurm_dir(run_dir: str | Path, job: str) -> Path:
+    """submitit's folder for one job (or `prewarm-array`): its job scripts and task logs."""
+    return Path(run_dir) / "slurm" / job
+
+
+def submitted_jobs_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "slurm" / "jobs.json"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "metrics.jsonl"

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.specs")
 
 _PYTHON_SCALARS = (bool, int, float, complex)
 

@@ -22,11 +22,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from launcher.config import Config, ConfigError
-from launcher.distributed import initialize
-from launcher.hook import enable_cache
-from launcher.recorder import InitRecorder
+from launcher.injob.distributed import initialize
+from launcher.injob.hook import enable_cache
+from launcher.injob.recorder import InitRecorder
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.step")
 
 
 @dataclass(frozen=True)

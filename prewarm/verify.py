@@ -1,7 +1,7 @@
 """`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory, lowers it, and
-predicts the persistent-cache key (`prewarm.cache_key`); a function is WARM when the cache
+predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the cache
 dir holds an entry under that key. A COLD function that the manifest knows under another
 key is explained by the key components that differ. Process 0's verdict is the run's: on
 GPU every rank shares its key, and on CPU only process 0 can ever hit.
@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.hook import config_from_env
-from launcher.jobs import verify_result_path
-from launcher.keydiff import explain_miss
-from launcher.manifest import ManifestEntry, read_manifest
-from launcher.store import entry_exists
-from prewarm.cache_key import predict_key
+from launcher.files import atomic_write
+from launcher.injob.hook import config_from_env
+from launcher.rundir import VERIFY, verify_result_path
+from prewarm.jaxkey.components import explain_miss
+from launcher.store.manifest import ManifestEntry, read_manifest
+from launcher.store.entries import entry_exists
+from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import start_job
 
@@ -68,7 +69,7 @@ def verify_targets(targets: list, cache_dir: str,
 def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"process_index": process, "functions": [asdict(v) for v in verdicts]}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def main() -> int:
@@ -76,7 +77,7 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    _, _, bundle = start_job(config, "verify")  # its init report is written at exit
+    _, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
     verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
                               read_manifest(config.cache.dir))
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,

@@ -191,7 +191,7 @@ def _build(side: Side):
 
 
 def _recorder(cache_dir: str, out: Path, role: str):
-    from launcher.recorder import InitRecorder, InitReport
+    from launcher.injob.recorder import InitRecorder, InitReport
 
     report = InitReport(job=role, restart_count=0, process_index=0, process_count=1,
                         cache_dir=cache_dir, init_budget_s=60.0)
@@ -208,8 +208,8 @@ def _observed(recorder, function: str) -> dict:
 def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
     import jax
     import numpy as np
-    from launcher.manifest import ManifestEntry, record_entries
-    from prewarm.cache_key import predict_key
+    from launcher.store.manifest import ManifestEntry, record_entries
+    from prewarm.jaxkey.predict import predict_key
 
     recorder = _recorder(cache_dir, out, "prewarm")
     step, shardings = _build(side)
@@ -238,7 +238,7 @@ def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
 def _run(side: Side, cache_dir: str, out: Path) -> dict:
     import jax
     import numpy as np
-    from launcher.manifest import read_manifest
+    from launcher.store.manifest import read_manifest
     from prewarm.verify import judge
 
     recorder = _recorder(cache_dir, out, "run")

@@ -28,14 +28,14 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
 
     prewarm = report(run_dir, "prewarm", 0)
     assert not function(prewarm, "jit_train_step")["hit"]
-    train = report(run_dir, "init", 0)
+    train = report(run_dir, "train", 0)
     step = function(train, "jit_train_step")
     assert step["hit"], train
     assert step["key"] == function(prewarm, "jit_train_step")["key"]
     assert train["hits"] >= 1 and train["time_to_first_step_s"] > 0
     assert train["misses"] == train["lookups"] - train["hits"]
     # On CPU the other process's key includes its own devices: it always compiles.
-    assert not function(report(run_dir, "init", 1), "jit_train_step")["hit"]
+    assert not function(report(run_dir, "train", 1), "jit_train_step")["hit"]
 
     manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
     assert step["key"] in manifest["entries"]
@@ -47,8 +47,8 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert "jit_train_step" in table.stdout and "HIT" in table.stdout
     listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
     assert [(r["job"], r["process_index"]) for r in listed] == \
-        [("verify", 0), ("verify", 1), ("prewarm", 0), ("prewarm", 1), ("init", 0), ("init", 1)]
-    assert "COLD  jit_train_step" in result.stdout
+        [("prewarm", 0), ("prewarm", 1), ("train", 0), ("train", 1)]
+    assert "COLD  train_step" in result.stderr
 
 
 def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> N
 
     relaunch = run_cli("launch", *args, "train.steps=1")
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]
-    assert "every function is WARM; skipping the prewarm job" in relaunch.stderr
+    assert "every function is WARM: nothing to compile" in relaunch.stderr
     assert "jit_train_step: HIT on process 0" in relaunch.stdout
 
 
@@ -87,7 +87,7 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     assert not (run_dir / "reports" / "prewarm-r0-p0.json").exists()
-    train = report(run_dir, "init", 0)
+    train = report(run_dir, "train", 0)
     assert not function(train, "jit_train_step")["hit"]
     assert train["hits"] == 0 and train["backend_compile_s"] > 0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from launcher.config import load_config
 from launcher.environment import job_environment, merge_environment
-from launcher.jobs import prewarm_job, train_job
-from launcher.rundir import pin_config
+from launcher.submit.jobs import prewarm_job, train_job
+from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO
 
 

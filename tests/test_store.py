@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.bundle import BundleMeta, installed_versions, refusal
-from launcher.cache_commands import parse_age, parse_size
+from launcher.store.bundle import BundleMeta, installed_versions, refusal
+from launcher.store.commands import parse_age, parse_size
 from launcher.config import load_config
 from launcher.environment import job_environment, jax_options
-from launcher.jobs import prewarm_job, train_job, verify_job
-from launcher.rundir import pin_config
-from launcher.security import dir_problem, parent_problem
-from launcher.store import Entry, choose_victims, key_histories
+from launcher.submit.jobs import prewarm_job, train_job, verify_job
+from launcher.submit.prepare import pin_config
+from launcher.store.security import dir_problem, parent_problem
+from launcher.store.entries import Entry
+from launcher.store.prune import choose_victims
+from launcher.store.usage import key_histories
 from tests.conftest import DEMO
 
 
@@ -41,18 +43,18 @@ def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() ->
     records = [
         {"time": 1, "run": "r", "job": "prewarm", "restart": 0,
          "functions": [{"key": "jit_f-1", "hit": False, "sha256": "aa"}]},
-        {"time": 2, "run": "r", "job": "init", "restart": 0,
+        {"time": 2, "run": "r", "job": "train", "restart": 0,
          "functions": [{"key": "jit_f-1", "hit": True}]},
         {"time": 3, "event": "quarantined", "key": "jit_f-1"},
     ]
     history = key_histories(records)["jit_f-1"]
     assert (history.hits, history.misses, history.last_used) == (1, 1, 2)
-    assert history.used_by == ["r (prewarm r0)", "r (init r0)"]
+    assert history.used_by == ["r (prewarm r0)", "r (train r0)"]
     assert history.sha256 is None and history.removed
-    rewritten = key_histories(records + [{"time": 4, "run": "r", "job": "init", "restart": 1,
+    rewritten = key_histories(records + [{"time": 4, "run": "r", "job": "train", "restart": 1,
                                           "functions": [{"key": "jit_f-1", "hit": False,
                                                          "sha256": "bb"}]}])["jit_f-1"]
-    assert rewritten.sha256 == "bb" and rewritten.written_by == "r (init r1)"
+    assert rewritten.sha256 == "bb" and rewritten.written_by == "r (train r1)"
 
 
 def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:

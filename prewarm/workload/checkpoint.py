@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 
 from launcher.config import Config
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.checkpoint")
 
 KEEP = 2
 

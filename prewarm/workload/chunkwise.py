@@ -25,7 +25,7 @@ from prewarm.specs import sharded_specs
 from prewarm.step import StepBundle, seed_spec
 from prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, param_specs
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.workload")
 
 State = dict[str, Any]
 

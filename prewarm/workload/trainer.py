@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from launcher.config import Config, ConfigError, load_config
-from launcher.hook import config_from_env
+from launcher.injob.hook import config_from_env
+from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
 from launcher.environment import resolve_paths
 from prewarm.step import start_job
 from prewarm.workload import checkpoint
@@ -75,15 +76,15 @@ def append_metrics(path: Path, record: dict) -> None:
 def train(config: Config, stop: StopRequest) -> int:
     import jax
 
-    recorder, mesh, bundle = start_job(config, "init")
+    recorder, mesh, bundle = start_job(config, TRAIN)
     stop.install()
-    root = config.run_dir / "checkpoints"
+    root = checkpoints_dir(config.run_dir)
     restored = checkpoint.restore(root, bundle.state, config)
     if restored is None:
         state, start = bundle.init_state(np.uint32(config.train.seed)), 0
     else:
         state, start = restored
-    metrics_path = config.run_dir / "metrics.jsonl"
+    metrics_file = metrics_path(config.run_dir)
     is_writer = jax.process_index() == 0
     for step in range(start, config.train.steps):
         batch = make_global_batch(config, mesh, step)
@@ -96,7 +97,7 @@ def train(config: Config, stop: StopRequest) -> int:
                      recorder.report.time_to_first_step_s)
         if is_writer and (done % config.train.log_every == 0 or done == config.train.steps):
             loss = float(metrics["loss"])
-            append_metrics(metrics_path, {"step": done, "loss": loss,
+            append_metrics(metrics_file, {"step": done, "loss": loss,
                                           "restart": recorder.report.restart_count})
             log.info("step %d loss %.6f", done, loss)
         # Agreeing is a cross-process sync: do it on the log cadence, not on every step.

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import shlex
 import string
+from importlib import resources
 from pathlib import Path
 
 from launcher.config import Config, SlurmConfig, TopologyConfig
 from launcher.environment import OWNED_NAMES, OWNED_PREFIXES
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"
 
@@ -84,7 +84,8 @@ def render(config: Config, job: str, argv: list[str], env: dict[str, str],
            log_dir: Path) -> str:
     """The sbatch script of a job from `slurm_templates/<job>.sbatch`, with the same log
     layout as submitit's (`<log_dir>/<job id>_<task>_log.out`)."""
-    template = string.Template((TEMPLATES / f"{job}.sbatch").read_text())
+    template = string.Template(
+        resources.files("slurm_templates").joinpath(f"{job}.sbatch").read_text())
     options = directives(config, job)
     if "signal" in options:
         # The template's batch shell traps the warning itself and forwards it.

@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.task")
 
 WARNING = signal.SIGUSR2
 

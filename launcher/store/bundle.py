@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.integrity import entry_problem
-from launcher.manifest import ManifestEntry, read_manifest, record_entries
-from launcher.store import (CACHE_SUFFIX, atime_path, entry_path, jax_lock, scan,
-                            sha256_file)
+from launcher.files import atomic_path
+from launcher.store.integrity import entry_problem
+from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
+from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, jax_lock, scan,
+                                    sha256_file)
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
@@ -73,15 +74,13 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
                       jaxlib_version=jaxlib_version, platform=config.topology.platform,
                       cache_dir=cache_dir, xla_caches=config.cache.xla_caches,
                       created=time.time(), entries=entries)
-    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
-    with tarfile.open(tmp, "w") as tar:
+    with atomic_path(output) as tmp, tarfile.open(tmp, "w") as tar:
         data = json.dumps(asdict(meta), indent=1).encode()
         info = tarfile.TarInfo(BUNDLE_META)
         info.size, info.mtime = len(data), int(meta.created)
         tar.addfile(info, io.BytesIO(data))
         for key in keys:
             tar.add(entry_path(cache_dir, key), arcname=f"{ENTRIES}/{key}{CACHE_SUFFIX}")
-    os.replace(tmp, output)
     return meta
 
 

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from launcher.keydiff import differing_components
-from launcher.manifest import read_manifest
+from prewarm.jaxkey.components import differing_components
+from launcher.store.manifest import read_manifest
 from tests.keycase import REPO, VARIATIONS, command, side_env, sides
 
 C, O, F, A = "computation", "compile_options", "XLA flags", "accelerator_config"

@@ -2,7 +2,7 @@
 
 JAX's persistent-cache key is a sha256 over eight components, in this order. jaxwarm records
 the hash of each component alone (from JAX's own DEBUG log lines at run time, or from
-`prewarm.cache_key.predict_key` ahead of it), so a miss can be explained by naming the
+`prewarm.jaxkey.predict.predict_key` ahead of it), so a miss can be explained by naming the
 components whose hashes differ and what usually changes them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.manifest import ManifestEntry
+    from launcher.store.manifest import ManifestEntry
 
 COMPONENTS: tuple[str, ...] = (
     "computation",

@@ -20,7 +20,7 @@ Not mirrored: with auto-PGLE or `jax_compilation_cache_expect_pgle`, JAX may swi
 "PGLE-optimized" key after finding it in the cache; predicting that needs a cache read.
 
 Importing this module does not import jax. What a differing component means lives in
-`launcher.keydiff`, which the launcher also uses on keys recorded at run time.
+`prewarm.jaxkey.components`, which the launcher also uses on keys recorded at run time.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from launcher.keydiff import differing_components
+from prewarm.jaxkey.components import differing_components
 
 if TYPE_CHECKING:
     import jax
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.jaxkey")
 
 TESTED_JAX_VERSIONS: tuple[str, ...] = ("0.10.2",)
 ALLOW_UNTESTED_ENV = "JAXWARM_ALLOW_UNTESTED_JAX"

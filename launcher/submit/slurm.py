@@ -1,8 +1,8 @@
 """The SLURM runner: a run's jobs submitted through submitit, chained and followed.
 
 Each job is one submitit job of nodes x processes_per_node tasks, each task running the
-job's argv through `launcher.task.TaskCommand`. The job environment is in the job script's
-setup lines (`launcher.sbatch.setup_lines`), so requeues re-export it. The training job
+job's argv through `launcher.injob.task.TaskCommand`. The job environment is in the job script's
+setup lines (`launcher.submit.sbatch.setup_lines`), so requeues re-export it. The training job
 depends on the prewarm job (`afterok`, killed if the dependency fails). Submissions are
 recorded in `<run dir>/slurm/jobs.json` so `jaxwarm status` can find them later.
 """
@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.jobs import JobSpec
-from launcher.sbatch import array_layout, array_setup_lines, directives, setup_lines
-from launcher.task import TaskCommand
+from launcher.files import atomic_write
+from launcher.flow import Outcome
+from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
+from launcher.submit.jobs import JobSpec
+from launcher.submit.sbatch import array_layout, array_setup_lines, directives, setup_lines
+from launcher.injob.task import TaskCommand
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.slurm")
 
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                      "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
-REGISTRY = "jobs.json"
-POLL_S = 2.0
+# The longest wait between two sacct calls while following jobs.
+WATCH_MAX_DELAY_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,11 @@ class SubmittedJob:
 
 @dataclass(frozen=True)
 class JobState:
+    """What `jaxwarm status` shows of one job."""
+
     state: str
     restarts: int
     reason: str
-
-    @property
-    def done(self) -> bool:
-        return self.state in TERMINAL
 
 
 def executor_parameters(config: Config, job: str, after: str | None) -> dict[str, object]:
@@ -65,7 +64,7 @@ def executor_parameters(config: Config, job: str, after: str | None) -> dict[str
 def make_executor(config: Config, folder: Path, setup: list[str],
                   options: dict[str, object]) -> Any:
     """A submitit executor whose job script exports `setup` and logs one file per task.
-    Requeues are jaxwarm's (launcher.task), so submitit's own timeout requeue is off."""
+    Requeues are jaxwarm's (launcher.injob.task), so submitit's own timeout requeue is off."""
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
@@ -78,11 +77,11 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
     """Submit the jobs in order, each depending on the previous one."""
     submitted: list[SubmittedJob] = []
     for job in jobs:
-        folder = config.run_dir / "slurm" / job.name
+        folder = slurm_dir(config.run_dir, job.name)
         after = submitted[-1].job_id if submitted else None
         executor = make_executor(config, folder, setup_lines(job.env),
                                  executor_parameters(config, job.name, after))
-        requeues = config.slurm.max_requeues if job.name == "train" else 0
+        requeues = config.slurm.max_requeues if job.name == TRAIN else 0
         handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,
@@ -108,14 +107,14 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
             submitted += submit_jobs(members[0][0], [members[0][1]])
             continue
         first = members[0][0]
-        folder = first.run_dir / "slurm" / "prewarm-array"
-        options = executor_parameters(first, "prewarm", None)
+        folder = slurm_dir(first.run_dir, f"{PREWARM}-array")
+        options = executor_parameters(first, PREWARM, None)
         options["job_name"] = f"jaxwarm-prewarm-array-{len(members)}"
         executor = make_executor(first, folder,
                                  array_setup_lines([job.env for _, job in members]), options)
         handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
         for (config, _), handle in zip(members, handles):
-            job = SubmittedJob("prewarm", str(handle.job_id), str(folder), time.time())
+            job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])
             log.info("submitted prewarm of %s as array task %s (logs: %s)", config.source,
                      handle.job_id, job.log_path())
@@ -124,14 +123,14 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
 
 
 def record_jobs(run_dir: Path, jobs: list[SubmittedJob]) -> None:
-    path = Path(run_dir) / "slurm" / REGISTRY
+    path = submitted_jobs_path(run_dir)
     known = read_jobs(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([asdict(j) for j in known + jobs], indent=1) + "\n")
+    atomic_write(path, json.dumps([asdict(j) for j in known + jobs], indent=1) + "\n")
 
 
 def read_jobs(run_dir: Path) -> list[SubmittedJob]:
-    path = Path(run_dir) / "slurm" / REGISTRY
+    path = submitted_jobs_path(run_dir)
     if not path.exists():
         return []
     return [SubmittedJob(**item) for item in json.loads(path.read_text())]
@@ -156,34 +155,68 @@ def job_state(job_id: str) -> JobState:
     return JobState(states[-1].split()[0] if states else "UNKNOWN", 0, "None")
 
 
-def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, JobState]:
-    """Poll until every job is done, logging each state change; final states by job id."""
+def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:
+    """submitit's sacct watcher: one `sacct -j A -j B ...` call for every job being followed,
+    at 2, 4, 8 ... s after the last submission, then at most every `delay_s`."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    return SlurmInfoWatcher(delay_s=int(delay_s))
+
+
+def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, str]:
+    """Wait until every job is done, logging each state change; final states by job id."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    seen: dict[str, JobState] = {}
+    sacct = watcher()
+    seen: dict[str, str] = {}
     while True:
         for job in jobs:
-            state = job_state(job.job_id)
+            state = sacct.get_state(job.job_id).split()[0]
             if seen.get(job.job_id) != state:
-                log.info("%s job %s: %s (restarts %d, reason %s)", job.name, job.job_id,
-                         state.state, state.restarts, state.reason)
+                log.info("%s job %s: %s", job.name, job.job_id, state)
                 seen[job.job_id] = state
-        if all(state.done for state in seen.values()):
+        if all(sacct.is_done(job.job_id, mode="cache") for job in jobs):
             return seen
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"jobs still running after {timeout_s:.0f} s: "
                                + ", ".join(f"{j.name} {j.job_id}" for j in jobs))
-        time.sleep(POLL_S)
+        time.sleep(1.0)
 
 
-def why_cancelled(jobs: list[SubmittedJob], states: dict[str, JobState]) -> str | None:
+def why_cancelled(jobs: list[SubmittedJob], states: dict[str, str]) -> str | None:
     """When a job did not complete, name the first job that failed and where its log is."""
     for job in jobs:
         state = states[job.job_id]
-        if state.state != "COMPLETED":
-            return (f"{job.name} job {job.job_id} ended {state.state}"
-                    + (f" ({state.reason})" if state.reason != "None" else "")
+        if state != "COMPLETED":
+            return (f"{job.name} job {job.job_id} ended {state}"
                     + f"; its log: {job.log_path()}"
                     + "".join(f"; so {later.name} job {later.job_id} was cancelled"
                               for later in jobs[jobs.index(job) + 1:]
-                              if states[later.job_id].state == "CANCELLED"))
+                              if states[later.job_id] == "CANCELLED"))
     return None
+
+
+class SlurmBackend:
+    """Submits a run's jobs as one afterok chain; follows them through sacct."""
+
+    name = "SLURM"
+    runs_in_foreground = False
+
+    def submit(self, config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
+        submitted = submit_jobs(config, jobs)
+        print_submitted(submitted)
+        return submitted
+
+    def follow(self, submitted: list[SubmittedJob]) -> list[Outcome]:
+        states = follow(submitted)
+        reason = why_cancelled(submitted, states)
+        return [Outcome(job.name, states[job.job_id] == "COMPLETED", reason or "")
+                for job in submitted]
+
+    def hints(self, config: Config, submitted: list[SubmittedJob]) -> list[str]:
+        return [f"follow with: jaxwarm status {config.run_dir}   "
+                f"or: tail -f {submitted[-1].log_path()}"]
+
+
+def print_submitted(jobs: list[SubmittedJob]) -> None:
+    for job in jobs:
+        print(f"{job.name}: SLURM job {job.job_id}, log {job.log_path()}")

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from launcher.config import TopologyConfig
-from launcher.distributed import process_variables
+from launcher.config import Config, TopologyConfig
+from launcher.flow import Outcome
+from launcher.injob.distributed import process_variables
 from launcher.environment import merge_environment
-from launcher.jobs import JobSpec
+from launcher.submit.jobs import JobSpec
 from launcher.rundir import log_path
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.local")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOP_GRACE_S = 30.0
@@ -173,3 +174,37 @@ class LocalJob:
 
 def run_job(job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True) -> JobResult:
     return LocalJob(job, topology, run_dir, echo=echo).run()
+
+
+def outcome(result: JobResult) -> Outcome:
+    if result.signal_received is not None:
+        return Outcome(result.name, False,
+                       f"{result.name} stopped after a forwarded signal; relaunch the same "
+                       f"command to resume from its last checkpoint",
+                       128 + result.signal_received)
+    if not result.ok:
+        return Outcome(result.name, False,
+                       f"{result.name} failed: process {result.failed_process} exited with "
+                       f"{result.returncode}; last lines of its log {result.log_tail}")
+    return Outcome(result.name, True)
+
+
+class LocalBackend:
+    """Runs a run's jobs here, one after the other, until one does not complete."""
+
+    name = "this machine"
+    runs_in_foreground = True
+
+    def submit(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
+        results: list[JobResult] = []
+        for job in jobs:
+            results.append(run_job(job, config.topology, config.run_dir))
+            if not results[-1].ok or results[-1].signal_received is not None:
+                break
+        return results
+
+    def follow(self, results: list[JobResult]) -> list[Outcome]:
+        return [outcome(result) for result in results]
+
+    def hints(self, config: Config, results: list[JobResult]) -> list[str]:
+        return []

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
+from launcher.rundir import PREWARM, TRAIN, VERIFY
 
 PREWARM_MODULE = "prewarm.job"
 VERIFY_MODULE = "prewarm.verify"
@@ -52,7 +53,7 @@ def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
     entry = config.entrypoint
     args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
     if entry.function is not None:
-        return [sys.executable, "-m", "launcher.call", entry.function, *args]
+        return [sys.executable, "-m", "launcher.injob.call", entry.function, *args]
     command = list(entry.command or [])
     search = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
     found = shutil.which(command[0], path=search)
@@ -63,20 +64,15 @@ def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
 
 
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
-    return JobSpec("prewarm", [sys.executable, "-m", PREWARM_MODULE],
+    return JobSpec(PREWARM, [sys.executable, "-m", PREWARM_MODULE],
                    job_environment(config, config_path))
 
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:
-    return JobSpec("verify", [sys.executable, "-m", VERIFY_MODULE],
+    return JobSpec(VERIFY, [sys.executable, "-m", VERIFY_MODULE],
                    job_environment(config, config_path))
 
 
-def verify_result_path(run_dir: Path, process: int) -> Path:
-    """Where each process of a verify job writes its verdicts (JSON)."""
-    return Path(run_dir) / "verify" / f"p{process}.json"
-
-
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
-    return JobSpec("train", entrypoint_argv(config, config_path),
+    return JobSpec(TRAIN, entrypoint_argv(config, config_path),
                    job_environment(config, config_path))

@@ -9,13 +9,12 @@ a half-written file.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from launcher.files import atomic_write, locked
 
 MANIFEST_NAME = "jaxwarm-manifest.json"
 MANIFEST_VERSION = 1
@@ -57,16 +56,13 @@ def read_manifest(cache_dir: str | Path) -> dict[str, ManifestEntry]:
 
 def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
     path = manifest_path(cache_dir)
-    with FileLock(str(path) + ".lock", timeout=60):
+    with locked(str(path) + ".lock", "manifest"):
         current = read_manifest(cache_dir)
         current.update({entry.key: entry for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
     return path
-
 
 
 def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[ManifestEntry]:

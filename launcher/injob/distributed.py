@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.distributed")
 
 COORDINATOR = "JAXWARM_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAXWARM_NUM_PROCESSES"

@@ -1,4 +1,4 @@
-"""`python -m launcher.call module:function [ARGS...]`: run a function entrypoint.
+"""`python -m launcher.injob.call module:function [ARGS...]`: run a function entrypoint.
 
 The function is called like a console script's main: no arguments, sys.argv set to
 [spec, *ARGS]; its return value is the exit status.
@@ -12,7 +12,7 @@ import sys
 
 def main() -> int:
     if len(sys.argv) < 2 or ":" not in sys.argv[1]:
-        print("usage: python -m launcher.call module:function [ARGS...]", file=sys.stderr)
+        print("usage: python -m launcher.injob.call module:function [ARGS...]", file=sys.stderr)
         return 2
     spec = sys.argv[1]
     module_name, _, function_name = spec.partition(":")

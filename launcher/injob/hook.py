@@ -16,11 +16,13 @@ from pathlib import Path
 
 from launcher.config import Config, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
-from launcher.recorder import InitRecorder, InitReport, report_path, restart_count
-from launcher.security import check_cache_dir, prepare_cache_dir
-from launcher.store import append_usage, written_since
+from launcher.injob.recorder import InitRecorder, InitReport, restart_count
+from launcher.rundir import TRAIN, report_path
+from launcher.store.security import check_cache_dir, prepare_cache_dir
+from launcher.store.entries import written_since
+from launcher.store.usage import append_usage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.hook")
 
 
 def config_from_env(config: Config | str | Path | None = None) -> Config:
@@ -60,7 +62,7 @@ def usage_record(config: Config, report: InitReport) -> dict:
             "job": report.job, "restart": report.restart_count, "functions": functions}
 
 
-def enable_cache(config: Config | str | Path | None = None, *, job: str = "init",
+def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
                  recompile_warn_s: float = 1.0) -> InitRecorder:
     """Turn the persistent cache on with the config's settings and start the init report.
 

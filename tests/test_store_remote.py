@@ -56,7 +56,7 @@ def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
     result = run_cli("launch", *args)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     reports = tmp_path / "runs" / "demo" / "reports"
-    train = json.loads((reports / "init-r0-p0.json").read_text())
+    train = json.loads((reports / "train-r0-p0.json").read_text())
     step = [f for f in train["functions"] if f["name"] == "jit_train_step"][-1]
     assert step["hit"], train["functions"]
     assert train["environment"]["JAX_COMPILATION_CACHE_DIR"] == f"s3://{BUCKET}/cache"

@@ -43,7 +43,7 @@ def test_double_compile_is_flagged_with_the_differing_component(tmp_path: Path) 
     run_jax(DOUBLE_COMPILE, devices=8, args=(
         str(DEMO), f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'cache'}",
         "cache.min_compile_time_secs=0"))
-    report = json.loads((tmp_path / "demo" / "reports" / "init-r0-p0.json").read_text())
+    report = json.loads((tmp_path / "demo" / "reports" / "train-r0-p0.json").read_text())
     steps = [fn for fn in report["functions"] if fn["name"] == "jit_train_step"]
     assert len(steps) == 2 and steps[0]["key"] != steps[1]["key"]
     assert len(report["warnings"]) == 1

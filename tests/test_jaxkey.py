@@ -1,4 +1,4 @@
-"""Tests for prewarm.cache_key: predictions must equal the key JAX itself uses.
+"""Tests for prewarm.jaxkey.predict: predictions must equal the key JAX itself uses.
 
 JAX fixes the device count at import, so every real-JAX check runs in a fresh subprocess
 that prints one `RESULT <json>` line. Each subprocess compiles with the persistent cache
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from launcher.keydiff import COMPONENTS, explain, likely_causes
-from prewarm.cache_key import KeyPrediction, UnsupportedJaxVersion, explain_difference
+from prewarm.jaxkey.components import COMPONENTS, explain, likely_causes
+from prewarm.jaxkey.predict import KeyPrediction, UnsupportedJaxVersion, explain_difference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ import json, logging, os, time
 import numpy as np
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from prewarm.cache_key import predict_key
+from prewarm.jaxkey.predict import predict_key
 
 jax.config.update("jax_compilation_cache_dir", os.environ["TEST_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -348,7 +348,7 @@ def test_unknown_jax_version_is_refused(monkeypatch: pytest.MonkeyPatch,
                                         tiny_lowering: Any) -> None:
     import jax
 
-    from prewarm.cache_key import predict_key
+    from prewarm.jaxkey.predict import predict_key
 
     monkeypatch.delenv("JAXWARM_ALLOW_UNTESTED_JAX", raising=False)
     monkeypatch.setattr(jax, "__version__", "9.9.9")
@@ -363,7 +363,7 @@ def test_unknown_jax_version_is_refused(monkeypatch: pytest.MonkeyPatch,
 def test_escape_hatch_tries_anyway(monkeypatch: pytest.MonkeyPatch, tiny_lowering: Any) -> None:
     import jax
 
-    from prewarm.cache_key import predict_key
+    from prewarm.jaxkey.predict import predict_key
 
     monkeypatch.setenv("JAXWARM_ALLOW_UNTESTED_JAX", "1")
     monkeypatch.setattr(jax, "__version__", "9.9.9")
@@ -374,7 +374,7 @@ def test_moved_internal_api_is_reported(monkeypatch: pytest.MonkeyPatch,
                                         tiny_lowering: Any) -> None:
     from jax._src.interpreters import pxla
 
-    from prewarm.cache_key import predict_key
+    from prewarm.jaxkey.predict import predict_key
 
     monkeypatch.delattr(pxla, "get_prop_to_input_output")
     with pytest.raises(UnsupportedJaxVersion, match="internal API it uses moved"):

@@ -18,11 +18,11 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.manifest import read_manifest
-from launcher.store import (QUARANTINE_DIR, append_usage, entry_path, jax_lock, key_histories,
-                            read_usage, remove_entry, scan)
+from launcher.store.manifest import read_manifest
+from launcher.store.entries import QUARANTINE_DIR, entry_path, jax_lock, remove_entry, scan
+from launcher.store.usage import append_usage, key_histories, read_usage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.store")
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # JAX prefixes the serialized executable with its compile time as a 4-byte integer.

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.keydiff import explain
+from launcher.files import atomic_write
+from prewarm.jaxkey.components import explain
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("jaxwarm.recorder")
 
 EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
 EVENT_HIT = "/jax/compilation_cache/cache_hits"
@@ -95,10 +96,6 @@ def process_start_time() -> float:
         return boot + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
-
-
-def report_path(run_dir: Path, job: str, restart: int, process: int) -> Path:
-    return Path(run_dir) / "reports" / f"{job}-r{restart}-p{process}.json"
 
 
 class _CaptureFilter(logging.Filter):
@@ -221,7 +218,4 @@ class InitRecorder:
         with self._lock:
             data = self.report.to_json()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, self.path)
-        return self.path
+        return atomic_write(self.path, json.dumps(data, indent=1) + "\n")

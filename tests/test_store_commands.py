@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.integrity import ZSTD_MAGIC, entry_problem
-from launcher.manifest import read_manifest
-from launcher.store import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from launcher.store.integrity import ZSTD_MAGIC, entry_problem
+from launcher.store.manifest import read_manifest
+from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
 from tests.conftest import DEMO, run_cli
 from tests.jaxproc import jax_env
 
@@ -39,7 +39,7 @@ def job_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> lis
     return [*config_args(tmp_path, cache, *extra, run=run), "--local"]
 
 
-def init_report(tmp_path: Path, run: str = "demo", job: str = "init") -> dict:
+def init_report(tmp_path: Path, run: str = "demo", job: str = "train") -> dict:
     return json.loads((tmp_path / "runs" / run / "reports" / f"{job}-r0-p0.json").read_text())
 
 

@@ -1,0 +1,114 @@
+"""The two file primitives every other module uses: an atomic write and a bounded lock.
+
+Run dirs and cache dirs live on shared file systems that many jobs read while others write,
+and jobs get killed at any moment. So a file is either absent, or the old one, or the whole
+new one (`atomic_write`), and no lock is ever waited on forever: a holder that does not let
+go within the timeout is named in a one-line `LockTimeout` (`locked`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+log = logging.getLogger("jaxwarm.files")
+
+# Metadata locks (manifest, usage log, JAX's own .lockfile) are held for milliseconds to a
+# directory scan; a minute without progress means a stuck holder, not a slow one.
+LOCK_TIMEOUT_S = 60.0
+HOLDER_SUFFIX = ".holder"
+
+
+class LockTimeout(RuntimeError):
+    """A lock was not released within its timeout; the message names the holder."""
+
+
+@contextmanager
+def atomic_path(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+    """A temp path next to `path` to write to; renamed over `path` when the block succeeds,
+    removed when it fails, so `path` is the old file or the whole new one, never torn.
+    For writers that need a file name (tarfile); `atomic_write` is the short form."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with tmp.open("rb+") as written:  # on disk before it becomes visible
+            os.fsync(written.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644) -> Path:
+    """Write `data` to `path` so readers see the old file or the new one, never a torn one
+    (a full disk or a kill leaves the old file and no temp file behind)."""
+    with atomic_path(path, mode) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    return Path(path)
+
+
+def _holder_path(lock_path: Path) -> Path:
+    return lock_path.with_name(lock_path.name + HOLDER_SUFFIX)
+
+
+def describe_holder(lock_path: str | Path) -> str:
+    """Who holds a lock, as recorded by `locked` (JAX's own lock records nobody)."""
+    try:
+        info = json.loads(_holder_path(Path(lock_path)).read_text())
+        since = time.strftime("%H:%M:%S", time.localtime(info["since"]))
+        return f"pid {info['pid']} on {info['host']} ({info['command']}, since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that did not record itself (JAX, or an older jaxwarm)"
+
+
+@contextmanager
+def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the file lock at `lock_path` (filelock: flock, released when the holder dies).
+
+    Waits at most `timeout_s`, logging once who it waits for, then raises LockTimeout naming
+    the holder. The holder is recorded next to the lock while it is held.
+    """
+    lock_path = Path(lock_path)
+    lock = FileLock(str(lock_path), timeout=0)
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except Timeout:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"{lock_path}: waited {timeout_s:g} s for the {what} lock, held by "
+                    f"{describe_holder(lock_path)}; if that process is stuck, stop it") from None
+            if not announced and time.monotonic() > deadline - timeout_s + 2:
+                log.info("waiting for the %s lock %s, held by %s", what, lock_path,
+                         describe_holder(lock_path))
+                announced = True
+            time.sleep(0.05)
+    holder = _holder_path(lock_path)
+    try:
+        try:
+            holder.write_text(json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])}))
+        except OSError:
+            pass  # a read-only holder note must not stop the work the lock protects
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()

@@ -1,0 +1,97 @@
+"""The one launch flow, for every backend: checks -> cache check -> prewarm -> train -> report.
+
+The prewarm job verifies before it compiles (`prewarm.job`): a function whose entry is
+already in the cache is not compiled again, so a warm relaunch pays one short job (imports,
+lowering) on either backend, and `launch --slurm` keeps its one prewarm -> train chain.
+A backend only submits the jobs, follows them and tells how each ended (`Outcome`); the
+local one runs them here, the SLURM one through submitit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from launcher.config import Config
+from launcher.report import format_table, format_verdicts, load_reports, summarize
+from launcher.rundir import PREWARM, VERIFY, verify_result_path
+from launcher.store.manifest import read_manifest
+from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+
+log = logging.getLogger("jaxwarm.flow")
+
+EXIT_COLD = 1
+EXIT_ERROR = 2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one job ended, as the backend tells it."""
+
+    job: str
+    ok: bool
+    # One line for the user when the job did not complete (which process/job, its log).
+    detail: str = ""
+    # What `jaxwarm` exits with when this is the first job that did not complete.
+    exit_code: int = 1
+
+
+class Backend(Protocol):
+    name: str
+    # True when submit() already ran the jobs to their end (local), False when it only
+    # queued them (SLURM): then the flow follows them only when asked to wait.
+    runs_in_foreground: bool
+
+    def submit(self, config: Config, jobs: list[JobSpec]) -> list[Any]: ...
+
+    def follow(self, handles: list[Any]) -> list[Outcome]: ...
+
+    def hints(self, config: Config, handles: list[Any]) -> list[str]: ...
+
+
+def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> list[JobSpec]:
+    """The jobs of a command, in order; each starts only when the one before completed.
+    Every job is built before any starts, so a missing entrypoint stops the launch first."""
+    if command == VERIFY:
+        return [verify_job(config, pinned)]
+    jobs = [prewarm_job(config, pinned)] if prewarm or command == PREWARM else []
+    if command == "launch":
+        jobs.append(train_job(config, pinned))
+    return jobs
+
+
+def run(command: str, config: Config, pinned: Path, backend: Backend, *,
+        prewarm: bool = True, wait: bool = False) -> int:
+    jobs = plan(command, config, pinned, prewarm)
+    handles = backend.submit(config, jobs)
+    if not (backend.runs_in_foreground or wait or command == VERIFY):
+        for line in backend.hints(config, handles):
+            print(line)
+        return 0
+    outcomes = backend.follow(handles)
+    failed = next((outcome for outcome in outcomes if not outcome.ok), None)
+    if failed is not None:
+        log.error("%s", failed.detail)
+        return EXIT_ERROR if command == VERIFY and failed.exit_code == 1 else failed.exit_code
+    if command == VERIFY:
+        return print_verdicts(config)
+    print_report(config.run_dir, config.cache.dir)
+    return 0
+
+
+def print_report(run_dir: Path, cache_dir: str) -> None:
+    reports = load_reports(run_dir)
+    print(format_table(reports))
+    for line in summarize(reports, read_manifest(cache_dir)):
+        print(line)
+
+
+def print_verdicts(config: Config) -> int:
+    """Process 0's verify result: WARM/COLD lines; 0 when every function is warm, else 1."""
+    verdicts = json.loads(verify_result_path(config.run_dir, 0).read_text())["functions"]
+    for line in format_verdicts(verdicts):
+        print(line)
+    return 0 if all(v["warm"] for v in verdicts) else EXIT_COLD

@@ -1,0 +1,157 @@
+"""Entries of a JAX cache dir: where they are, what is there, and removing one safely.
+
+JAX keeps one file per executable, `<key>-cache`, where the key is `<module name>-<sha256>`.
+With `cache.max_size` set it also keeps `<key>-atime` (8-byte little-endian ns of the last
+use) and serializes every read, write and eviction on `<dir>/.lockfile` (a `filelock`). Every
+removal here follows that protocol: under the same lock, the `-cache` file and its `-atime`
+file go together, so a concurrent JAX process never finds one without the other.
+
+jaxwarm adds, next to the entries: the prewarm manifest (`launcher.store.manifest`), the
+usage log (`launcher.store.usage`), and `jaxwarm-quarantine/` for bad entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.environment import is_remote
+from launcher.files import locked
+from launcher.store.usage import KeyHistory, key_histories, read_usage
+
+log = logging.getLogger("jaxwarm.store")
+
+CACHE_SUFFIX = "-cache"
+ATIME_SUFFIX = "-atime"
+JAX_LOCK = ".lockfile"
+QUARANTINE_DIR = "jaxwarm-quarantine"
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    path: Path
+    size: int
+    created: float
+    # Last use known to JAX (its atime file, when the cache has a size cap) or to jaxwarm's
+    # usage log; the creation time when neither knows better.
+    last_used: float
+
+    @property
+    def function(self) -> str:
+        return function_of(self.key)
+
+
+def function_of(key: str) -> str:
+    """`jit_train_step-<sha256>` -> `jit_train_step`."""
+    return key.rsplit("-", 1)[0]
+
+
+def entry_path(cache_dir: str | Path, key: str) -> Path:
+    """Where JAX's file cache keeps the executable of a key."""
+    return Path(cache_dir) / f"{key}{CACHE_SUFFIX}"
+
+
+def entry_exists(cache_dir: str, key: str) -> bool:
+    """Local dirs through the file system; remote ones (gs://, s3://) through etils.epath,
+    the library JAX itself reads and writes them with."""
+    if not is_remote(cache_dir):
+        return entry_path(cache_dir, key).is_file()
+    from etils import epath
+    return (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists()
+
+
+def atime_path(cache_dir: str | Path, key: str) -> Path:
+    return Path(cache_dir) / f"{key}{ATIME_SUFFIX}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def written_since(cache_dir: str | Path, key: str, since: float) -> tuple[str, int] | None:
+    """(sha256, size) of the entry when it was written at or after `since`, else None: an
+    older file under the key is one this process failed to load, not one it wrote."""
+    path = entry_path(cache_dir, key)
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    if stat.st_mtime < since:
+        return None
+    return sha256_file(path), stat.st_size
+
+
+@contextmanager
+def jax_lock(cache_dir: str | Path) -> Iterator[None]:
+    """JAX's own cache lock: held, no JAX process with a size cap reads, writes or evicts."""
+    with locked(Path(cache_dir) / JAX_LOCK, "JAX cache"):
+        yield
+
+
+
+def read_atime(cache_dir: str | Path, key: str) -> float | None:
+    try:
+        return int.from_bytes(atime_path(cache_dir, key).read_bytes(), "little") / 1e9
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
+    """Every entry in the dir, oldest use first. Tolerates entries vanishing mid-scan."""
+    histories = histories if histories is not None else key_histories(read_usage(cache_dir))
+    entries = []
+    for path in Path(cache_dir).glob(f"*{CACHE_SUFFIX}"):
+        key = path.name[:-len(CACHE_SUFFIX)]
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        history = histories.get(key)
+        uses = [t for t in (read_atime(cache_dir, key), history and history.last_used) if t]
+        entries.append(Entry(key=key, path=path, size=stat.st_size, created=stat.st_mtime,
+                             last_used=max([stat.st_mtime, *uses])))
+    return sorted(entries, key=lambda e: (e.last_used, e.key))
+
+
+def remove_entry(cache_dir: str | Path, key: str, destination: Path | None = None) -> bool:
+    """Remove (or move to `destination`) one entry and its atime file. Caller holds jax_lock.
+
+    Returns False when the entry was already gone (another pruner, or JAX's own eviction).
+    """
+    path = entry_path(cache_dir, key)
+    try:
+        if destination is None:
+            path.unlink()
+        else:
+            path.rename(destination)
+    except FileNotFoundError:
+        return False
+    atime_path(cache_dir, key).unlink(missing_ok=True)
+    return True
+
+
+def ensure_atime_files(cache_dir: str | Path) -> int:
+    """Give every entry an atime file. JAX with a size cap crashes its write (FileNotFoundError
+    while evicting) on an entry without one, e.g. one written by an uncapped writer or
+    imported from a bundle. Returns how many were added."""
+    added = 0
+    with jax_lock(cache_dir):
+        for entry in scan(cache_dir, histories={}):
+            atime = atime_path(cache_dir, entry.key)
+            if not atime.exists():
+                atime.write_bytes(int(entry.last_used * 1e9).to_bytes(8, "little"))
+                added += 1
+    if added:
+        log.info("%s: added JAX atime files for %d entr%s written without a size cap",
+                 cache_dir, added, "y" if added == 1 else "ies")
+    return added

@@ -47,7 +47,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "forwarding SIGTERM" in stderr and "checkpointed at step" in stderr
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
+    checkpoints = sorted((run_dir / "checkpoints").glob("*/meta/metadata"))
     assert len(checkpoints) == 1
     stopped_at = json.loads(checkpoints[0].read_text())["step"]
     assert 3 <= stopped_at < STEPS

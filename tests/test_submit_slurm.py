@@ -67,6 +67,20 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: 2 hit(s)" in status.stdout
 
+    # A relaunch on the warm cache keeps its prewarm -> train chain; the prewarm job verifies,
+    # finds every function WARM, and ends without compiling them.
+    again = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
+                                        "topology.processes_per_node=1", "train.steps=2",
+                                        "run.name=warm"))
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    warm_dir = tmp_path / "runs" / "warm"
+    prewarm_job, _ = read_jobs(warm_dir)
+    assert "every function is WARM: nothing to compile" in prewarm_job.log_path().read_text()
+    prewarmed = report(warm_dir, 0, "prewarm")["functions"]
+    assert not [fn for fn in prewarmed if fn["name"] in ("jit_train_step", "jit_init_state")]
+    assert step_hit(report(warm_dir, 0))
+    assert "jit_train_step: HIT on process 0" in again.stdout
+
 
 def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
     # The warning is due 60 s after start; SLURM checks limits every ~30 s, so it comes 30-60 s
@@ -87,7 +101,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
     assert "not requeueing job" in log
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {m["restart"] for m in metrics} == {0, 1}
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
+    checkpoints = sorted((run_dir / "checkpoints").glob("*/meta/metadata"))
     assert checkpoints
 
 

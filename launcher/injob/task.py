@@ -6,6 +6,12 @@ across exec), so a trainer that only knows SIGTERM is not killed by it; this wra
 the config's signal instead, on every rank, and once the trainer has checkpointed and exited,
 rank 0 requeues the job, at most `max_requeues` times. A SIGTERM (scancel, `scontrol
 requeue` from outside, the hard time limit) is forwarded the same way.
+
+Why not submitit's own requeue: submitit handles the warning by calling `checkpoint()` on the
+pickled Python callable, in rank 0 only, and requeues. jaxwarm's trainer is an argv child
+(`jsp-train`), not a callable, and every rank's child must hear the signal to agree on a
+checkpoint step, so the forwarding has to live here; submitit still submits the job, runs
+this wrapper in each task and follows the job (its timeout requeue is turned off).
 """
 
 from __future__ import annotations

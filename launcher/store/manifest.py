@@ -36,6 +36,11 @@ class ManifestEntry:
     # Of the entry file as this prewarm wrote it: what `jaxwarm cache verify` checks against.
     sha256: str | None = None
     size: int | None = None
+    # The bundle's target name, its abstract signature (tells functions of one name apart),
+    # and whether its first execution is the run's first step (not an init function).
+    target: str | None = None
+    signature: str | None = None
+    is_step: bool = True
 
 
 def manifest_path(cache_dir: str | Path) -> Path:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.injob.guard import CHANGE_PREFIX
 from launcher.rundir import JOBS, TRAIN, reports_dir
 from launcher.store.manifest import ManifestEntry
 from prewarm.jaxkey.components import explain_miss
@@ -151,12 +152,12 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
     latest = max(r["restart_count"] for r in train)
     attempt = [r for r in train if r["restart_count"] == latest]
     targets = Targets.of(manifest)
-    lines = []
+    lines, settings = [], []
     for report in attempt:
         if report["process_index"] != 0:
             continue
-        lines.extend(f"{line}" for line in report.get("warnings", [])
-                     if line.startswith("the trainer set "))
+        settings += [line for line in report.get("warnings", [])
+                     if line.startswith(CHANGE_PREFIX)]
         for fn in report["functions"]:
             if fn["key"] is None or fn not in targets:
                 continue
@@ -178,7 +179,7 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    return lines
+    return lines + settings
 
 
 def missing_train_report(reports: list[dict[str, Any]]) -> list[str]:

@@ -28,11 +28,12 @@ _CONSEQUENCE = {
     "jax_compilation_cache_max_size": "every writer of one cache must use the same size cap",
 }
 WATCHED = tuple(_CONSEQUENCE)
+CHANGE_PREFIX = "the trainer set "
 
 
 def change_line(name: str, ours: Any, theirs: Any, enforce: bool, looked_up: bool) -> str:
     """The one line a changed setting becomes, in the job log and the init report."""
-    line = (f"the trainer set {name} to {theirs!r} after jaxwarm set {ours!r}; "
+    line = (f"{CHANGE_PREFIX}{name} to {theirs!r} after jaxwarm set {ours!r}; "
             f"{_CONSEQUENCE[name].format(ours=repr(ours))}")
     if enforce:
         return (line + f"; cache.enforce is on: jaxwarm set it back to {ours!r} before the "

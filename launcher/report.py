@@ -141,6 +141,13 @@ def format_table(reports: list[dict[str, Any]], targets: Targets = Targets(froze
     return "\n".join(lines)
 
 
+def moved_cache_dir(report: dict[str, Any]) -> bool:
+    """Whether the process ended up on another cache dir than the one jaxwarm gave it (a
+    trainer's own, followed under `cache.enforce: false`): then that is why it missed."""
+    given = report["environment"].get("JAX_COMPILATION_CACHE_DIR", report["cache_dir"])
+    return report["cache_dir"] != given
+
+
 def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
               run: str) -> list[str]:
     """Headline lines: what the latest training attempt did with the prewarmed targets on
@@ -171,6 +178,9 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
             else:
                 lines.append(f"{fn['name']}: MISS on process 0 (restart {latest}), "
                              f"compiled in {fn['seconds']:.2f} s")
+                if moved_cache_dir(report):
+                    lines.append(f"  why: this process looked its entries up in "
+                                 f"{report['cache_dir']}, the trainer's cache dir (below)")
                 lines.extend(f"  why: {line}" for line in explain_miss(
                     fn["name"], fn["components"], manifest, run=run,
                     process_count=report["process_count"], signature=fn.get("signature")))

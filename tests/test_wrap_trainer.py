@@ -61,7 +61,8 @@ def step_records(data: dict) -> list[dict]:
 
 def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
     # The first line of the report is the prewarmed step's HIT.
-    assert stdout.splitlines()[0].startswith("jit_step: HIT on process 0"), stdout
+    shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
+    assert shown.splitlines()[0].startswith("jit_step: HIT on process 0"), shown
     train = report(tmp_path)
     prewarmed = report(tmp_path, "prewarm")
     train_step, eval_step = step_records(train)
@@ -85,6 +86,7 @@ def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processe
     launched = run_cli("launch", *args, "--local")
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     assert_trained_with_a_hit(tmp_path, launched.stdout)
+    assert launched.stdout.startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in launched.stderr
 
@@ -116,6 +118,7 @@ def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
     assert train["cache_dir"] == str(tmp_path / "trainer" / "jax-cache")
     assert not step_records(train)[0]["hit"]
     assert "jit_step: MISS on process 0" in launched.stdout
+    assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in launched.stdout
 
 
 def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:

@@ -342,9 +342,12 @@ class InitRecorder:
             except OSError as exc:  # bookkeeping must never stop training
                 log.warning("after the first step: %s", exc)
 
-    def write(self) -> Path:
-        self.bind()
-        assert self.path is not None
+    def write(self) -> Path | None:
+        """Write the report; not before the process knows its index (a wrapped trainer that
+        stopped before its first lowering): a guessed index would overwrite another
+        process's report, and the launcher says when a training job wrote none."""
+        if self.path is None:
+            return None
         with self._lock:
             data = self.report.to_json()
         self.path.parent.mkdir(parents=True, exist_ok=True)

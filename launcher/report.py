@@ -69,7 +69,7 @@ class Targets:
         if fn["key"] in self.keys:
             return True
         signature = fn.get("signature")
-        return any(name == fn["name"] and None in (signature, known) or known == signature
+        return any(None in (signature, known) or known == signature
                    for name, known in self.functions if name == fn["name"])
 
 
@@ -116,8 +116,8 @@ def function_lines(r: dict[str, Any], targets: Targets, threshold_s: float,
     return lines
 
 
-def format_table(reports: list[dict[str, Any]], targets: Targets = Targets(frozenset(),
-                 frozenset()), threshold_s: float = 0.0, show_all: bool = False) -> str:
+def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: float,
+                 show_all: bool = False) -> str:
     """The init report as text: a summary row per process, then per-function rows."""
     if not reports:
         return "no init reports yet"

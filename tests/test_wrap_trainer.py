@@ -151,13 +151,18 @@ def make(config, mesh):
 
 def test_a_target_that_does_not_fit_its_function_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "my_factory.py").write_text(FACTORY)
-    result = run_cli("verify", str(CONFIG), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                     f"cache.dir={tmp_path / 'cache'}", "step.factory=my_factory:make",
-                     f"env={{PYTHONPATH: {json.dumps(str(tmp_path))}}}")
+    args = ["verify", str(CONFIG), "--local", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", "step.factory=my_factory:make",
+            f"env={{PYTHONPATH: {json.dumps(str(tmp_path))}}}"]
+    result = run_cli(*args)
     assert result.returncode == 2, result.stdout + result.stderr[-2000:]
     assert "step.factory: target 'train_step' cannot be lowered" in result.stderr
     assert "missing 2 required positional arguments: 'residual' and 'key'" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    launched = run_cli("launch", *args[1:], "entrypoint.command=['true']")
+    assert launched.returncode == 2, launched.stderr[-2000:]
+    assert "prewarm failed" in launched.stderr and "cannot be lowered" in launched.stderr
+    assert "Traceback" not in launched.stderr
 
 
 def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(

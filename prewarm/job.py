@@ -160,8 +160,8 @@ def main() -> int:
         written = [
             ManifestEntry(function=item.record.name, key=item.record.key, run=config.run.name,
                           config=config.source, compile_s=item.record.seconds,
-                          lower_s=item.target.lower_s, target=item.target.name,
-                          signature=item.record.signature, is_step=item.target.is_step,
+                          lower_s=item.target.lower_s, signature=item.record.signature,
+                          is_step=item.target.is_step,
                           written=item.record.seconds >= config.cache.min_compile_time_secs,
                           jax_version=jax.__version__, process_count=jax.process_count(),
                           components=item.record.components,

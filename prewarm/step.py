@@ -94,10 +94,6 @@ class StepBundle:
                              f"own name; got {names}")
         return found
 
-    def target(self, name: str) -> CompileTarget:
-        """The target called `name`, e.g. for a trainer that calls its step through the bundle."""
-        return next(t for t in self.compile_targets() if t.name == name)
-
 
 def seed_spec() -> jax.ShapeDtypeStruct:
     """The abstract seed init_state takes: a uint32 scalar, never a weak-typed Python int."""

@@ -21,8 +21,8 @@ def main() -> int:
     for name, value in config.jax.items():
         jax.config.update(name, value)
     _, bundle = build_step(config)
-    for _, function, args in bundle.compile_targets():
-        function.lower(*args).compile()
+    for target in bundle.compile_targets():
+        target.lower().compile()
     return 0
 
 

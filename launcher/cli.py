@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="show a run's init reports")
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     report.add_argument("--json", action="store_true", help="print one JSON list")
+    report.add_argument("--all", action="store_true",
+                        help="list every compile, also the small ones summed up in one line")
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     cache_commands.add_parser(commands)
@@ -162,7 +164,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     pinned = pinned_config(args.run_dir)
     if not pinned.is_file():
         raise ConfigError(f"{args.run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
-    flow.print_report(args.run_dir, load_config(pinned).cache.dir)
+    flow.print_report(args.run_dir, load_config(pinned), show_all=args.all)
     return 0
 
 

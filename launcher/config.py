@@ -40,6 +40,9 @@ class CacheConfig:
     max_size: int = -1
     # A group that shares the dir on purpose: then another member may own it (see security).
     trusted_group: str | None = None
+    # When the trainer changes the cache settings after jaxwarm set them: put jaxwarm's back
+    # before each lookup (true), or follow the trainer (false). Either way it is reported.
+    enforce: bool = True
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.config import Config
-from launcher.report import format_table, format_verdicts, load_reports, summarize
+from launcher.report import (Targets, format_table, format_verdicts, load_reports,
+                             missing_train_report, summarize)
 from launcher.rundir import PREWARM, VERIFY, verify_result_path
 from launcher.store.manifest import read_manifest
 from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
@@ -78,15 +79,23 @@ def run(command: str, config: Config, pinned: Path, backend: Backend, *,
         return EXIT_ERROR if command == VERIFY and failed.exit_code == 1 else failed.exit_code
     if command == VERIFY:
         return print_verdicts(config)
-    print_report(config.run_dir, config.cache.dir)
+    print_report(config.run_dir, config, trained=command == "launch")
     return 0
 
 
-def print_report(run_dir: Path, cache_dir: str) -> None:
+def print_report(run_dir: Path, config: Config, show_all: bool = False,
+                 trained: bool = False) -> None:
+    """The headline first (the prewarmed targets: hit or why not), then the table. A training
+    job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
-    print(format_table(reports))
-    for line in summarize(reports, read_manifest(cache_dir)):
+    manifest = read_manifest(config.cache.dir)
+    lines = summarize(reports, manifest, config.run.name)
+    if trained:
+        lines += missing_train_report(reports)
+    for line in lines:
         print(line)
+    print(format_table(reports, Targets.of(manifest), config.cache.min_compile_time_secs,
+                       show_all))
 
 
 def print_verdicts(config: Config) -> int:

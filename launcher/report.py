@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.injob.guard import CHANGE_PREFIX
 from launcher.rundir import JOBS, TRAIN, reports_dir
+from launcher.store.manifest import ManifestEntry
 from prewarm.jaxkey.components import explain_miss
 
 _REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
@@ -47,7 +50,74 @@ def _status(report: dict[str, Any]) -> str:
     return "OVER BUDGET" if report["over_budget"] else "ok"
 
 
-def format_table(reports: list[dict[str, Any]]) -> str:
+@dataclass(frozen=True)
+class Targets:
+    """What the prewarm put in the cache, to pick a run's rows that matter out of the many
+    compiles a real trainer makes: keys the manifest lists, and the (name, abstract
+    signature) of each prewarmed function. The signature tells two functions of one name
+    apart: only the one the prewarm compiled is a target."""
+
+    keys: frozenset[str]
+    functions: frozenset[tuple[str, str | None]]
+
+    @classmethod
+    def of(cls, manifest: dict[str, ManifestEntry]) -> Targets:
+        return cls(frozenset(manifest),
+                   frozenset((e.function, e.signature) for e in manifest.values()))
+
+    def __contains__(self, fn: dict[str, Any]) -> bool:
+        if fn["key"] in self.keys:
+            return True
+        signature = fn.get("signature")
+        return any(None in (signature, known) or known == signature
+                   for name, known in self.functions if name == fn["name"])
+
+
+def _outcome(fn: dict[str, Any]) -> str:
+    if fn["key"] is None:
+        return "NO-CACHE"
+    return "HIT" if fn["hit"] else "MISS"
+
+
+def _where(r: dict[str, Any]) -> str:
+    return f"{r['job']:<7} r{r['restart_count']} p{r['process_index']}"
+
+
+def _shared_names(functions: list[dict[str, Any]]) -> set[str]:
+    """Names that more than one function of a process carries (told apart by signature)."""
+    seen: dict[str, set[str | None]] = {}
+    for fn in functions:
+        seen.setdefault(fn["name"], set()).add(fn.get("signature"))
+    return {name for name, signatures in seen.items() if len(signatures) > 1}
+
+
+def function_lines(r: dict[str, Any], targets: Targets, threshold_s: float,
+                   show_all: bool) -> list[str]:
+    """One process's compiles: the prewarmed targets and every compile of at least
+    `threshold_s` (what JAX would store), then the rest as one line unless `show_all`."""
+    shared = _shared_names(r["functions"])
+    lines, small = [], []
+    for fn in r["functions"]:
+        target = fn in targets
+        if not (target or show_all or fn["seconds"] >= threshold_s):
+            small.append(fn["seconds"])
+            continue
+        name = fn["name"]
+        if name in shared:
+            name += f" [{fn.get('signature') or '?'}]"
+        tag = "prewarmed" if target else ""
+        lines.append(f"  {_where(r)}  {name:<28} {_outcome(fn):<8} {fn['seconds']:8.2f} s  "
+                     f"{short_key(fn['key'])}  {tag}".rstrip())
+    if small:
+        lines.append(f"  {_where(r)}  + {len(small)} small compile(s) under {threshold_s:g} s "
+                     f"(not prewarmed, not stored), {sum(small):.2f} s in all; --all lists them")
+    for warning in r.get("warnings", []):
+        lines.append(f"  WARNING {_where(r)}: {warning}")
+    return lines
+
+
+def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: float,
+                 show_all: bool = False) -> str:
     """The init report as text: a summary row per process, then per-function rows."""
     if not reports:
         return "no init reports yet"
@@ -64,37 +134,39 @@ def format_table(reports: list[dict[str, Any]]) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
              for row in rows]
     lines.append("")
-    lines.append("functions (cache lookups and compiles, per process):")
+    lines.append("functions (cache lookups and compiles, per process; [signature] where "
+                 "functions share a name):")
     for r in reports:
-        for fn in r["functions"]:
-            if fn["key"] is None:
-                outcome = "NO-CACHE"
-            else:
-                outcome = "HIT" if fn["hit"] else "MISS"
-            key = short_key(fn["key"])
-            lines.append(f"  {r['job']:<7} r{r['restart_count']} p{r['process_index']}  "
-                         f"{fn['name']:<28} {outcome:<8} {fn['seconds']:8.2f} s  {key}")
-        for warning in r.get("warnings", []):
-            lines.append(f"  WARNING {r['job']} r{r['restart_count']} p{r['process_index']}: "
-                         f"{warning}")
+        lines.extend(function_lines(r, targets, threshold_s, show_all))
     return "\n".join(lines)
 
 
-def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[str]:
-    """Headline lines for the functions the prewarm manifest knows: did the latest training
-    attempt hit them on process 0, how much compile time did that save, and why a miss."""
+def moved_cache_dir(report: dict[str, Any]) -> bool:
+    """Whether the process ended up on another cache dir than the one jaxwarm gave it (a
+    trainer's own, followed under `cache.enforce: false`): then that is why it missed."""
+    given = report["environment"].get("JAX_COMPILATION_CACHE_DIR", report["cache_dir"])
+    return report["cache_dir"] != given
+
+
+def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
+              run: str) -> list[str]:
+    """Headline lines: what the latest training attempt did with the prewarmed targets on
+    process 0 (hit, and how much that saved; or miss, and why, against the same target
+    only), and any cache setting the trainer changed."""
     train = [r for r in reports if r["job"] == TRAIN]
     if not train:
         return []
     latest = max(r["restart_count"] for r in train)
     attempt = [r for r in train if r["restart_count"] == latest]
-    prewarmed = {entry.function for entry in manifest.values()}
-    lines = []
+    targets = Targets.of(manifest)
+    lines, settings = [], []
     for report in attempt:
         if report["process_index"] != 0:
             continue
+        settings += [line for line in report.get("warnings", [])
+                     if line.startswith(CHANGE_PREFIX)]
         for fn in report["functions"]:
-            if fn["name"] not in prewarmed or fn["key"] is None:
+            if fn["key"] is None or fn not in targets:
                 continue
             entry = manifest.get(fn["key"])
             if fn["hit"]:
@@ -106,14 +178,28 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, Any]) -> list[s
             else:
                 lines.append(f"{fn['name']}: MISS on process 0 (restart {latest}), "
                              f"compiled in {fn['seconds']:.2f} s")
-                lines.extend(f"  why: {line}"
-                             for line in explain_miss(fn["name"], fn["components"], manifest))
+                if moved_cache_dir(report):
+                    lines.append(f"  why: this process looked its entries up in "
+                                 f"{report['cache_dir']}, the trainer's cache dir (below)")
+                lines.extend(f"  why: {line}" for line in explain_miss(
+                    fn["name"], fn["components"], manifest, run=run,
+                    process_count=report["process_count"], signature=fn.get("signature")))
     others = [r for r in attempt if r["process_index"] != 0]
     if others and not any(r["hits"] for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    return lines
+    return lines + settings
+
+
+def missing_train_report(reports: list[dict[str, Any]]) -> list[str]:
+    """What it means when the training job ran but wrote no init report."""
+    if any(r["job"] == TRAIN for r in reports):
+        return []
+    return ["the training job wrote no init report: jaxwarm's recorder never ran in it (its "
+            "entrypoint is not a Python console script or function, or it did not call "
+            "launcher.enable_cache()), so nothing says whether it loaded the prewarmed "
+            "entries or even used jaxwarm's cache dir"]
 
 
 def format_verdicts(verdicts: list[dict[str, Any]]) -> list[str]:

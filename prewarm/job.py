@@ -34,7 +34,7 @@ from launcher.store.manifest import ManifestEntry, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from prewarm.jaxkey.predict import UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import start_job
+from prewarm.step import CompileTarget, job_main, lower_target, start_job
 
 log = logging.getLogger("jaxwarm.prewarm")
 
@@ -47,12 +47,12 @@ class Target:
     lowered: Any
     lower_s: float
     key: str | None
+    is_step: bool
 
 
 @dataclass(frozen=True)
 class Compiled:
-    name: str
-    lower_s: float
+    target: Target
     record: FunctionRecord
 
 
@@ -80,13 +80,14 @@ def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> ContextMana
     return locked(folder / f"{key}.lock", f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
 
-def lower_targets(targets: list) -> list[Target]:
+def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
     lowered = []
-    for name, function, args in targets:
-        warn_risky_inputs(args, name)
+    for target in targets:
+        warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
         start = time.perf_counter()
-        item = function.lower(*args)
-        lowered.append(Target(name, item, time.perf_counter() - start, predicted_key(item)))
+        item = lower_target(target, source)
+        lowered.append(Target(target.name, item, time.perf_counter() - start,
+                              predicted_key(item), target.is_step))
     return lowered
 
 
@@ -119,7 +120,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], cache_dir: st
         if target.key is not None and record.key is not None and target.key != record.key:
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
-        compiled.append(Compiled(target.name, target.lower_s, record))
+        compiled.append(Compiled(target, record))
     return compiled
 
 
@@ -132,7 +133,8 @@ def describe(item: Compiled, min_compile_time_s: float) -> str:
     if record.seconds < min_compile_time_s:
         return (f"{record.name}: compiled in {record.seconds:.2f} s, under "
                 f"cache.min_compile_time_secs={min_compile_time_s:g}: JAX does not store it")
-    return (f"{record.name}: compiled in {record.seconds:.2f} s (lowering {item.lower_s:.2f} s), "
+    return (f"{record.name}: compiled in {record.seconds:.2f} s "
+            f"(lowering {item.target.lower_s:.2f} s), "
             f"written as {record.key}")
 
 
@@ -145,7 +147,7 @@ def main() -> int:
     log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
              dict(mesh.shape))
-    targets = lower_targets(bundle.compile_targets())
+    targets = lower_targets(bundle.compile_targets(), config.source)
     warm = warm_on_process_0(targets, config.cache.dir)
     cold = [target for target, is_warm in zip(targets, warm) if not is_warm]
     if not cold:
@@ -158,7 +160,8 @@ def main() -> int:
         written = [
             ManifestEntry(function=item.record.name, key=item.record.key, run=config.run.name,
                           config=config.source, compile_s=item.record.seconds,
-                          lower_s=item.lower_s,
+                          lower_s=item.target.lower_s, signature=item.record.signature,
+                          is_step=item.target.is_step,
                           written=item.record.seconds >= config.cache.min_compile_time_secs,
                           jax_version=jax.__version__, process_count=jax.process_count(),
                           components=item.record.components,
@@ -174,4 +177,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_main(main))

@@ -4,8 +4,9 @@ A step factory is any `module:function` named in `step.factory` with the signatu
 
     factory(config: launcher.config.Config, mesh: jax.sharding.Mesh) -> StepBundle
 
-It builds the jitted train step and *abstract* inputs for it: `jax.ShapeDtypeStruct`s that
-carry the exact `NamedSharding` the real arrays will have. The persistent-cache key depends
+It builds the jitted functions the run compiles (its compile targets: train, eval, init,
+with any signature) and *abstract* arguments for each: `jax.ShapeDtypeStruct`s that carry
+the exact `NamedSharding` the real arrays will have. The persistent-cache key depends
 on those shardings (an unsharded dummy batch lowers to a different program), so the prewarm
 job compiles from the bundle's abstract inputs and the trainer feeds arrays that match them.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
@@ -30,8 +31,41 @@ log = logging.getLogger("jaxwarm.step")
 
 
 @dataclass(frozen=True)
+class CompileTarget:
+    """One jitted function the run will compile, with the abstract arguments it is called with.
+
+    A trainer's step rarely has the `(state, batch)` shape: `step(state, frozen, residual,
+    key)`, or keyword and static arguments. The key depends on all of them, so a target
+    carries the whole call: `function.lower(*args, **kwargs)` must lower the program the
+    trainer's real call compiles (static arguments are passed by value, as the trainer does).
+
+    uncommitted: positions (ints) or keyword names of arguments that the trainer passes as
+        uncommitted arrays (e.g. a fresh `jax.random.key`): leaving those unsharded is right,
+        so they are not warned about.
+    is_step: whether the end of its first execution is the first step, for a trainer that
+        never calls mark_first_step() (False for init and other set-up functions).
+    """
+
+    name: str
+    function: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    uncommitted: tuple[int | str, ...] = ()
+    is_step: bool = True
+
+    def lower(self) -> Any:
+        return self.function.lower(*self.args, **self.kwargs)
+
+
+@dataclass(frozen=True)
 class StepBundle:
-    """What a step factory returns.
+    """What a step factory returns: the run's compile targets.
+
+    The short form `StepBundle(train_step, state, batch, init_state)` is a `(state, batch)`
+    step plus an optional `(uint32 seed) -> state` init; any other call shape (more
+    arguments, an eval step, keyword or static arguments) goes in `targets`:
+    `StepBundle(targets=[CompileTarget("train_step", step, (state, frozen, residual, key),
+    uncommitted=(3,))])`. Both may be given; names must be unique.
 
     train_step: jitted `(state, batch) -> (state, metrics)`.
     state, batch: pytrees of ShapeDtypeStruct with the run's NamedSharding.
@@ -39,17 +73,26 @@ class StepBundle:
         so the trainer can materialize the state and the prewarm job can compile it too.
     """
 
-    train_step: Callable[..., Any]
-    state: Any
-    batch: Any
+    train_step: Callable[..., Any] | None = None
+    state: Any = None
+    batch: Any = None
     init_state: Callable[..., Any] | None = None
+    targets: tuple[CompileTarget, ...] = ()
 
-    def compile_targets(self) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
-        """(name, jitted function, abstract args) for each function the run will compile."""
-        targets = [("train_step", self.train_step, (self.state, self.batch))]
+    def compile_targets(self) -> list[CompileTarget]:
+        """Every function the run will compile, the short form's first."""
+        found = []
+        if self.train_step is not None:
+            found.append(CompileTarget("train_step", self.train_step, (self.state, self.batch)))
         if self.init_state is not None:
-            targets.append(("init_state", self.init_state, (seed_spec(),)))
-        return targets
+            found.append(CompileTarget("init_state", self.init_state, (seed_spec(),),
+                                       is_step=False))
+        found.extend(self.targets)
+        names = [target.name for target in found]
+        if not found or len(set(names)) != len(names):
+            raise ValueError(f"a StepBundle needs at least one compile target, each with its "
+                             f"own name; got {names}")
+        return found
 
 
 def seed_spec() -> jax.ShapeDtypeStruct:
@@ -86,9 +129,32 @@ def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBund
     mesh = mesh if mesh is not None else build_mesh(config)
     bundle = load_factory(config.step.factory, config.source)(config, mesh)
     if not isinstance(bundle, StepBundle):
-        raise TypeError(f"step factory {config.step.factory} returned "
-                        f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
+        raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
+                          f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
+    try:
+        bundle.compile_targets()
+    except ValueError as exc:
+        raise ConfigError(f"{config.source}: step.factory: {exc}") from None
     return mesh, bundle
+
+
+def lower_target(target: CompileTarget, source: str) -> Any:
+    """`target.lower()`, with a factory whose arguments do not fit its function named as a
+    config error instead of a traceback from deep inside jit."""
+    try:
+        return target.lower()
+    except TypeError as exc:
+        raise ConfigError(f"{source}: step.factory: target {target.name!r} cannot be lowered "
+                          f"with its abstract arguments: {exc}") from None
+
+
+def job_main(main: Callable[[], int]) -> int:
+    """Run a job's main so that bad input (config, factory) is one line and exit status 2."""
+    try:
+        return main()
+    except ConfigError as exc:
+        log.error("jaxwarm: error: %s", exc)
+        return 2
 
 
 def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:

@@ -15,9 +15,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from launcher.config import Config
 from launcher.files import atomic_write
+from launcher.injob.recorder import InitRecorder
 from launcher.injob.hook import config_from_env
 from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
@@ -25,7 +27,7 @@ from launcher.store.manifest import ManifestEntry, read_manifest
 from launcher.store.entries import entry_exists
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import start_job
+from prewarm.step import CompileTarget, job_main, lower_target, start_job
 
 log = logging.getLogger("jaxwarm.verify")
 
@@ -41,28 +43,31 @@ class Verdict:
     components: dict[str, str] = field(default_factory=dict)
 
 
-def judge(lowered: Any, cache_dir: str,
-          manifest: dict[str, ManifestEntry], lower_s: float) -> Verdict:
+def judge(lowered: Any, config: Config, manifest: dict[str, ManifestEntry], lower_s: float,
+          signature: Callable[[str], str | None]) -> Verdict:
+    import jax
+
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
-    warm = entry_exists(cache_dir, prediction.key)
-    explanation = [] if warm else explain_miss(prediction.module_name, prediction.components,
-                                               manifest)
+    warm = entry_exists(config.cache.dir, prediction.key)
+    explanation = [] if warm else explain_miss(
+        prediction.module_name, prediction.components, manifest, run=config.run.name,
+        process_count=jax.process_count(), signature=signature(prediction.module_name))
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
                    lower_s=lower_s, predict_s=predict_s, explanation=explanation,
                    components=prediction.components)
 
 
-def verify_targets(targets: list, cache_dir: str,
-                   manifest: dict[str, ManifestEntry]) -> list[Verdict]:
+def verify_targets(targets: list[CompileTarget], config: Config,
+                   manifest: dict[str, ManifestEntry], recorder: InitRecorder) -> list[Verdict]:
     verdicts = []
-    for name, function, args in targets:
-        warn_risky_inputs(args, name)
+    for target in targets:
+        warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
         start = time.perf_counter()
-        lowered = function.lower(*args)
-        verdicts.append(judge(lowered, cache_dir, manifest,
-                              time.perf_counter() - start))
+        lowered = lower_target(target, config.source)
+        verdicts.append(judge(lowered, config, manifest, time.perf_counter() - start,
+                              recorder.signature))
     return verdicts
 
 
@@ -77,13 +82,13 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    _, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
-    verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
-                              read_manifest(config.cache.dir))
+    recorder, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
+    verdicts = verify_targets(bundle.compile_targets(), config,
+                              read_manifest(config.cache.dir), recorder)
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
                  jax.process_index())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_main(main))

@@ -1,23 +1,36 @@
-"""`python -m launcher.injob.call module:function [ARGS...]`: run a function entrypoint.
+"""`python -m launcher.injob.call [--script NAME] module:function [ARGS...]`: run a Python entrypoint.
 
 The function is called like a console script's main: no arguments, sys.argv set to
-[spec, *ARGS]; its return value is the exit status.
+[NAME or spec, *ARGS]; its return value is the exit status.
+
+With `--script NAME` (what the launcher does for `entrypoint.command: [NAME]` when NAME is a
+console script), the init recorder is installed first, so a trainer that knows nothing of
+jaxwarm still gets the job's init report and its cache settings kept in force. Installing
+it touches no device: the trainer's own `jax.distributed.initialize()` still works.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+from importlib.metadata import EntryPoint
+
+USAGE = "usage: python -m launcher.injob.call [--script NAME] module:function [ARGS...]"
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or ":" not in sys.argv[1]:
-        print("usage: python -m launcher.injob.call module:function [ARGS...]", file=sys.stderr)
+    argv = sys.argv[1:]
+    script = None
+    if argv[:1] == ["--script"] and len(argv) >= 2:
+        script, argv = argv[1], argv[2:]
+    if not argv or ":" not in argv[0]:
+        print(USAGE, file=sys.stderr)
         return 2
-    spec = sys.argv[1]
-    module_name, _, function_name = spec.partition(":")
-    function = getattr(importlib.import_module(module_name), function_name)
-    sys.argv = [spec, *sys.argv[2:]]
+    spec, args = argv[0], argv[1:]
+    if script is not None:
+        from launcher.injob.hook import install_recorder
+        install_recorder()
+    function = EntryPoint(name=script or spec, value=spec, group="console_scripts").load()
+    sys.argv = [script or spec, *args]
     result = function()
     return result if isinstance(result, int) else 0
 

@@ -4,7 +4,8 @@ Any trainer can call it. Under the launcher the environment already carries the 
 (JAX reads them at import); the hook re-applies them from the config so that a trainer
 started by hand gets the same cache, refuses a process whose environment points elsewhere
 (JAX silently ignores a second cache dir), creates the dir from process 0, and starts the
-init-report recorder.
+init-report recorder. A trainer that does not call it gets the same recorder from the
+launcher (`install_recorder`, run by `launcher.injob.call` before the trainer's main).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from launcher.config import Config, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
+from launcher.injob.guard import CacheGuard
 from launcher.injob.recorder import InitRecorder, InitReport, restart_count
 from launcher.rundir import TRAIN, report_path
 from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.entries import written_since
+from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.usage import append_usage
 
 log = logging.getLogger("jaxwarm.hook")
@@ -62,19 +65,26 @@ def usage_record(config: Config, report: InitReport) -> dict:
             "job": report.job, "restart": report.restart_count, "functions": functions}
 
 
-def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
-                 recompile_warn_s: float = 1.0) -> InitRecorder:
-    """Turn the persistent cache on with the config's settings and start the init report.
+_active: InitRecorder | None = None
 
-    Returns the recorder: call `mark_first_step()` on it after the first step finished.
-    The report is also written at exit, with every compile the process made. A function
-    compiled twice under different keys is warned about when both compiles took at least
-    `recompile_warn_s` (small helpers legitimately compile once per input shape).
+
+def install_recorder(config: Config | str | Path | None = None, *, job: str = TRAIN,
+                     recompile_warn_s: float = 1.0) -> InitRecorder:
+    """Apply the config's cache settings and start the init report, touching no device.
+
+    This is what runs before a wrapped trainer's own code (`launcher.injob.call`): the
+    trainer may still call `jax.distributed.initialize()` itself, so the process's index
+    is learnt at its first lowering (`InitRecorder.bind`). One recorder per process: a
+    later `enable_cache()` (a trainer that calls it, under the wrapper) gets this one.
     """
+    global _active
+    if _active is not None:
+        return _active
     import jax
 
     config = config_from_env(config)
-    for name, value in jax_options(config).items():
+    options = jax_options(config)
+    for name, value in options.items():
         current = getattr(jax.config, name)
         if name == "jax_compilation_cache_dir" and current and current != value:
             raise RuntimeError(
@@ -84,26 +94,65 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
         if current != value:
             jax.config.update(name, value)
 
+    restart = restart_count()
+    report = InitReport(
+        job=job, restart_count=restart, process_index=-1, process_count=0,
+        cache_dir=config.cache.dir, init_budget_s=config.init_budget_s,
+        environment={k: v for k, v in sorted(os.environ.items()) if owned(k)})
+    recorder = InitRecorder(
+        report, lambda process: report_path(config.run_dir, job, restart, process),
+        recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
+    recorder.on_bind.append(lambda bound: on_bind(config, bound))
+    atexit.register(recorder.write)
+    _active = recorder
+    return recorder
+
+
+def prewarmed_steps(config: Config) -> set[tuple[str, str | None]]:
+    """The step functions this run's prewarm compiled: the first execution of one of them
+    ends the first step of a trainer that does not call mark_first_step()."""
+    try:
+        manifest = read_manifest(config.cache.dir)
+    except (OSError, ValueError) as exc:  # bookkeeping must never stop training
+        log.warning("no time to first step without mark_first_step(): %s", exc)
+        return set()
+    return {(entry.function, entry.signature)
+            for entry in latest_for_run(manifest, config.run.name) if entry.is_step}
+
+
+def on_bind(config: Config, recorder: InitRecorder) -> None:
+    """What needs the process index: the cache dir checks (every rank loads native code from
+    it, process 0 creates it), the prewarmed steps to time, process 0's bookkeeping."""
+    import jax
+
+    report = recorder.report
     if not is_remote(config.cache.dir):
-        # Every rank refuses an unsafe dir: each one would load native code from it.
-        if jax.process_index() == 0:
+        if report.process_index == 0:
             prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
             check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-
-    restart = restart_count()
-    report = InitReport(
-        job=job, restart_count=restart, process_index=jax.process_index(),
-        process_count=jax.process_count(), cache_dir=config.cache.dir,
-        init_budget_s=config.init_budget_s,
-        environment={k: v for k, v in sorted(os.environ.items()) if owned(k)})
-    path = report_path(config.run_dir, job, restart, jax.process_index())
-    recorder = InitRecorder(report, path, recompile_warn_s).install()
-    atexit.register(recorder.write)
-    if jax.process_index() == 0 and not is_remote(config.cache.dir):
+        if report.job == TRAIN:
+            recorder.step_functions = prewarmed_steps(config)
+    if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
             lambda done: append_usage(config.cache.dir, usage_record(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
-             config.cache.dir, jax.process_index(), jax.process_count(), restart)
+             jax.config.jax_compilation_cache_dir, report.process_index,
+             report.process_count, report.restart_count)
+
+
+def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
+                 recompile_warn_s: float = 1.0) -> InitRecorder:
+    """Turn the persistent cache on with the config's settings and start the init report.
+
+    Call it after `jax.distributed.initialize()` and before the first compile. Returns the
+    recorder: call `mark_first_step()` on it after the first step finished (without that
+    call, the end of the first execution of a prewarmed step counts). The report is also
+    written at exit, with every compile the process made. A function compiled twice under
+    different keys is warned about when both compiles took at least `recompile_warn_s`
+    (small helpers legitimately compile once per input shape).
+    """
+    recorder = install_recorder(config, job=job, recompile_warn_s=recompile_warn_s)
+    recorder.bind()
     return recorder

@@ -8,6 +8,7 @@ through only what would have been shown anyway, so recording adds no output.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.files import atomic_write
+from launcher.injob.guard import CacheGuard
 from prewarm.jaxkey.components import explain
 
 log = logging.getLogger("jaxwarm.recorder")
@@ -28,12 +30,18 @@ EVENT_HIT = "/jax/compilation_cache/cache_hits"
 EVENT_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 EVENT_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 EVENT_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+# The end of a lowering: before the key is computed and the cache looked up.
+EVENT_LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
 COMPILER_LOGGER = "jax._src.compiler"
 CACHE_KEY_LOGGER = "jax._src.cache_key"
+LOWERING_LOGGER = "jax._src.interpreters.pxla"
+FIRST_STEP_POLL_S = 0.005
 _HIT_OR_MISS = re.compile(r"^(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS)"
                           r" for '(?P<name>[^']+)' with key '(?P<key>[^']+)'")
 _COMPONENT = re.compile(r"^get_cache_key hash of serialized (?P<component>.+): (?P<hash>[0-9a-f]+)$")
+_LOWERING = re.compile(r"^Compiling (?P<name>\S+) with global shapes and types (?P<avals>.*)\. "
+                       r"Argument mapping: ", re.DOTALL)
 
 
 @dataclass
@@ -48,6 +56,22 @@ class FunctionRecord:
     # Of the entry this process wrote (process 0, local cache): what `cache verify` checks.
     sha256: str | None = None
     size: int | None = None
+    # Hash of the abstract input types (global shapes and dtypes) it was lowered for: tells
+    # two functions of one name apart, and a target's miss from another function's compile.
+    signature: str | None = None
+
+
+def module_name(label: str) -> str:
+    """JAX's module name for a function label such as `jit(step)` or `jit(<lambda>)`
+    (`jit_step`, `jit__lambda`): what its cache key and log lines start with."""
+    if "(" not in label:
+        label = f"jit({label})"
+    return re.sub(r"[^\w.-]", "_", label).rstrip("_")
+
+
+def signature_of(avals: str) -> str:
+    """A short stable id of a function's abstract input types, as JAX prints them."""
+    return hashlib.sha256(avals.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -64,6 +88,8 @@ class InitReport:
     retrieval_s: float = 0.0
     compile_time_saved_s: float = 0.0
     time_to_first_step_s: float | None = None
+    # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
+    first_step_from: str | None = None
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
@@ -113,19 +139,37 @@ class _CaptureFilter(logging.Filter):
 
 
 class InitRecorder:
-    """Collects cache events for one process and writes its init report as JSON."""
+    """Collects cache events for one process and writes its init report as JSON.
 
-    def __init__(self, report: InitReport, path: Path, recompile_warn_s: float = 1.0):
+    It can be installed before the trainer's own code runs (`launcher.injob.call`), when the
+    process does not know its place in `jax.distributed` yet and must not touch a device
+    (that would break the trainer's `jax.distributed.initialize()`). It then binds itself
+    at the first lowering, when the backend exists: process index, report path, and the
+    `on_bind` callbacks (cache dir checks). `path` is the report's path, or a function of
+    the process index that gives it.
+    """
+
+    def __init__(self, report: InitReport, path: Path | Callable[[int], Path],
+                 recompile_warn_s: float = 1.0, guard: CacheGuard | None = None):
         self.report = report
         # Only compiles at least this long count as a wasteful double compile: small helpers
         # (e.g. allgathers) legitimately compile once per input shape.
         self.recompile_warn_s = recompile_warn_s
-        self.path = path
+        self._path_for = path if callable(path) else None
+        self.path: Path | None = None if callable(path) else path
+        self.guard = guard
         self.start_time = process_start_time()
         self._lock = threading.Lock()
         self._components: dict[str, str] = {}
+        self._signatures: dict[str, str] = {}
         self._pending: FunctionRecord | None = None
         self._warned: set[str] = set()
+        # Called once the process knows its index (e.g. the cache dir's safety checks).
+        self.on_bind: list[Callable[[InitRecorder], None]] = []
+        # (name, abstract signature) of the functions whose first execution ends the first
+        # step when the trainer never says.
+        self.step_functions: set[tuple[str, str | None]] = set()
+        self._watching = False
         # Called with the report once the first step is done (e.g. the cache's usage log).
         self.after_first_step: list[Callable[[InitReport], None]] = []
 
@@ -135,12 +179,29 @@ class InitRecorder:
         import jax.monitoring as monitoring
         monitoring.register_event_listener(self.on_event)
         monitoring.register_event_duration_secs_listener(self.on_duration)
-        for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER):
+        for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER, LOWERING_LOGGER):
             logger = logging.getLogger(name)
             logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
             logger.setLevel(logging.DEBUG)
         return self
 
+    def bind(self) -> None:
+        """Learn this process's place in the job; safe only once the backend may start."""
+        if self.path is not None:
+            return
+        import jax
+
+        self.report.process_index = jax.process_index()
+        self.report.process_count = jax.process_count()
+        assert self._path_for is not None
+        self.path = self._path_for(self.report.process_index)
+        for callback in self.on_bind:
+            callback(self)
+
+    def signature(self, module_name: str) -> str | None:
+        """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
+        with self._lock:
+            return self._signatures.get(module_name)
 
     # -- callbacks from JAX -----------------------------------------------------------------
 
@@ -152,13 +213,19 @@ class InitRecorder:
                 self.report.hits += 1
 
     def on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == EVENT_LOWERED:
+            self._check_settings()
+            self.bind()
+            return
         with self._lock:
             if event == EVENT_RETRIEVAL:
                 self.report.retrieval_s += duration
             elif event == EVENT_SAVED:
                 self.report.compile_time_saved_s += duration
             elif event == EVENT_BACKEND_COMPILE:
-                self._finish_function(str(kwargs.get("fun_name", "?")), duration)
+                record = self._finish_function(str(kwargs.get("fun_name", "?")), duration)
+        if event == EVENT_BACKEND_COMPILE:
+            self._maybe_watch_first_step(record)
 
     def on_log(self, message: str) -> None:
         with self._lock:
@@ -168,19 +235,34 @@ class InitRecorder:
                 self._pending = FunctionRecord(
                     name=match["name"], key=match["key"],
                     hit=match.group(1).startswith("Persistent"),
-                    components=self._components)
+                    components=self._components, signature=self._signatures.get(match["name"]))
                 self._components = {}
+            elif match := _LOWERING.match(message):
+                self._signatures[module_name(match["name"])] = signature_of(match["avals"])
 
-    def _finish_function(self, fun_name: str, duration: float) -> None:
+    def _check_settings(self) -> None:
+        if self.guard is None:
+            return
+        lines = self.guard.check(looked_up=self.report.lookups > 0)
+        if lines:
+            import jax
+            with self._lock:
+                self.report.warnings.extend(lines)
+                self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
+
+    def _finish_function(self, fun_name: str, duration: float) -> FunctionRecord:
         # JAX's backend-compile duration wraps the whole lookup: the retrieval on a hit,
         # the compile on a miss. Without a pending lookup the cache was not consulted.
-        record = self._pending or FunctionRecord(name=f"jit_{fun_name}", key=None, hit=False)
+        name = module_name(fun_name)
+        record = self._pending or FunctionRecord(name=name, key=None, hit=False,
+                                                 signature=self._signatures.get(name))
         self._pending = None
         record.seconds = duration
         if not record.hit:
             self.report.backend_compile_s += duration
         self._check_recompile(record)
         self.report.functions.append(record)
+        return record
 
     def _check_recompile(self, record: FunctionRecord) -> None:
         """Warn once when one function is compiled again under another key: the
@@ -190,6 +272,7 @@ class InitRecorder:
             return
         for earlier in self.report.functions:
             if earlier.name == record.name and earlier.key not in (None, record.key) and \
+                    earlier.signature == record.signature and \
                     earlier.seconds >= self.recompile_warn_s:
                 reasons = explain(earlier.components, record.components) or \
                     ["the key components were not recorded"]
@@ -203,18 +286,68 @@ class InitRecorder:
 
     # -- milestones ---------------------------------------------------------------------------
 
-    def mark_first_step(self) -> None:
-        """Call once the first train step has finished (after block_until_ready)."""
-        if self.report.time_to_first_step_s is None:
-            self.report.time_to_first_step_s = time.time() - self.start_time
-            self.write()
-            for callback in self.after_first_step:
-                try:
-                    callback(self.report)
-                except OSError as exc:  # bookkeeping must never stop training
-                    log.warning("after the first step: %s", exc)
+    def _maybe_watch_first_step(self, record: FunctionRecord) -> None:
+        """Start waiting for the first execution of a prewarmed step, once per process.
 
-    def write(self) -> Path:
+        A trainer that never calls mark_first_step() still gets a time to first step: the
+        compile just finished returns to a call that executes the step at once, so the
+        arrays that appear after it are that step's outputs (or the transfers of its inputs,
+        then its outputs); the step has ended when they are ready.
+        """
+        if self._watching or (record.name, record.signature) not in self.step_functions or \
+                self.report.time_to_first_step_s is not None:
+            return
+        import jax
+
+        self._watching = True
+        before = {id(array) for array in jax.live_arrays()}
+        threading.Thread(target=self._wait_first_execution, args=(record.name, before),
+                         name="jaxwarm-first-step", daemon=True).start()
+
+    def _wait_first_execution(self, name: str, before: set[int]) -> None:
+        import jax
+
+        fresh: list[Any] = []
+        while not fresh:
+            if self.report.time_to_first_step_s is not None:
+                return  # the trainer said it first
+            time.sleep(FIRST_STEP_POLL_S)
+            fresh = [a for a in jax.live_arrays() if id(a) not in before]
+        # One more look: the call may transfer uncommitted inputs just before it dispatches.
+        time.sleep(FIRST_STEP_POLL_S)
+        before.update(id(array) for array in fresh)
+        fresh += [a for a in jax.live_arrays() if id(a) not in before]
+        jax.block_until_ready(fresh)
+        self.mark_first_step(source=f"the first execution of {name}")
+
+    def mark_first_step(self, source: str = "trainer") -> None:
+        """Call once the first train step has finished (after block_until_ready).
+
+        The trainer's own call wins over the time jaxwarm detected, whichever came first.
+        """
+        with self._lock:
+            detected = self.report.first_step_from not in (None, "trainer")
+            if self.report.time_to_first_step_s is not None and \
+                    not (detected and source == "trainer"):
+                return
+            first = self.report.time_to_first_step_s is None
+            self.report.time_to_first_step_s = time.time() - self.start_time
+            self.report.first_step_from = source
+        self.write()
+        if not first:
+            return
+        for callback in self.after_first_step:
+            try:
+                callback(self.report)
+            except OSError as exc:  # bookkeeping must never stop training
+                log.warning("after the first step: %s", exc)
+
+    def write(self) -> Path | None:
+        """Write the report; not before the process knows its index (a wrapped trainer that
+        stopped before its first lowering): a guessed index would overwrite another
+        process's report, and the launcher says when a training job wrote none."""
+        if self.path is None:
+            return None
         with self._lock:
             data = self.report.to_json()
         self.path.parent.mkdir(parents=True, exist_ok=True)

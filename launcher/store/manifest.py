@@ -36,6 +36,10 @@ class ManifestEntry:
     # Of the entry file as this prewarm wrote it: what `jaxwarm cache verify` checks against.
     sha256: str | None = None
     size: int | None = None
+    # The function's abstract signature (tells functions of one name apart), and whether its
+    # first execution is the run's first step (not an init function).
+    signature: str | None = None
+    is_step: bool = True
 
 
 def manifest_path(cache_dir: str | Path) -> Path:

@@ -7,19 +7,27 @@ imports prewarm code.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
 from launcher.rundir import PREWARM, TRAIN, VERIFY
 
+log = logging.getLogger("jaxwarm.jobs")
+
 PREWARM_MODULE = "prewarm.job"
 VERIFY_MODULE = "prewarm.verify"
+CALL_MODULE = "launcher.injob.call"
 CONFIG_PLACEHOLDER = "{config}"
 
 
@@ -30,36 +38,76 @@ class JobSpec:
     env: dict[str, str]
 
 
+@contextmanager
+def job_import_path(config: Config) -> Iterator[None]:
+    """While it is held, this process finds modules and installed distributions the way the
+    job will: with the config's `env: {PYTHONPATH: ...}` in front of sys.path (relative
+    entries against the working directory, where jobs start)."""
+    entries = [str(Path(entry).absolute()) for entry in
+               config.env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    saved = list(sys.path)
+    sys.path[:0] = entries
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        importlib.invalidate_caches()
+
+
 def check_modules(config: Config) -> None:
     """Fail before submitting when the step factory's or entrypoint's module does not exist.
 
-    Only locates the modules (no import: that would import the user's jax code here)."""
+    Only locates the modules (no import: that would import the user's jax code here), with
+    the job's PYTHONPATH."""
     specs = [("step.factory", config.step.factory)]
     if config.entrypoint.function is not None:
         specs.append(("entrypoint.function", config.entrypoint.function))
-    for key, spec in specs:
-        module = spec.partition(":")[0]
-        try:
-            found = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            found = None
-        if found is None:
-            raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
-                              f"(is it installed in {sys.executable}?)")
+    with job_import_path(config):
+        for key, spec in specs:
+            module = spec.partition(":")[0]
+            try:
+                found = importlib.util.find_spec(module)
+            except ModuleNotFoundError:
+                found = None
+            if found is None:
+                where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
+                raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
+                                  f"(is it installed in {sys.executable}{where}?)")
+
+
+def console_script(config: Config, name: str) -> EntryPoint | None:
+    """The Python entry point behind a console-script name, as the job would find it."""
+    with job_import_path(config):
+        found = entry_points(group="console_scripts", name=name)
+    return next(iter(found), None)
 
 
 def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
-    """The training entrypoint as an argv; `{config}` in its args becomes the pinned config."""
+    """The training entrypoint as an argv; `{config}` in its args becomes the pinned config.
+
+    A console script (`entrypoint.command: [jsp-train, ...]`) runs as its Python entry point
+    under `launcher.injob.call --script`, which installs the init recorder before the
+    trainer's own code: the trainer needs no change for the cache report. Any other command
+    runs as it is, and then only a trainer that calls `enable_cache()` writes a report."""
     entry = config.entrypoint
     args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
     if entry.function is not None:
-        return [sys.executable, "-m", "launcher.injob.call", entry.function, *args]
+        return [sys.executable, "-m", CALL_MODULE, entry.function, *args]
     command = list(entry.command or [])
-    search = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
+    script = console_script(config, command[0])
+    if script is not None:
+        return [sys.executable, "-m", CALL_MODULE, "--script", command[0], script.value,
+                *command[1:], *args]
+    path = config.env.get("PATH", os.environ.get("PATH", ""))
+    search = os.pathsep.join([path, str(Path(sys.executable).parent)])
     found = shutil.which(command[0], path=search)
     if found is None:
         raise ConfigError(f"{config.source}: entrypoint.command: {command[0]!r} was not found "
-                          f"on PATH")
+                          f"on PATH nor as a Python console script")
+    log.warning("%s: entrypoint.command %s is not a Python console script: it runs as it is, "
+                "and jaxwarm cannot record an init report for it unless it calls "
+                "launcher.enable_cache()", config.source, command[0])
     return [found, *command[1:], *args]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.config import Config, TopologyConfig
-from launcher.flow import Outcome
+from launcher.flow import EXIT_ERROR, Outcome
 from launcher.injob.distributed import process_variables
 from launcher.environment import merge_environment
 from launcher.submit.jobs import JobSpec
@@ -183,9 +183,11 @@ def outcome(result: JobResult) -> Outcome:
                        f"command to resume from its last checkpoint",
                        128 + result.signal_received)
     if not result.ok:
+        # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.
         return Outcome(result.name, False,
                        f"{result.name} failed: process {result.failed_process} exited with "
-                       f"{result.returncode}; last lines of its log {result.log_tail}")
+                       f"{result.returncode}; last lines of its log {result.log_tail}",
+                       EXIT_ERROR if result.returncode == EXIT_ERROR else 1)
     return Outcome(result.name, True)
 
 

@@ -1,0 +1,186 @@
+"""A trainer jaxwarm does not control (examples/jsp_trainer, unchanged): its console script
+runs with the init recorder installed first, its own cache settings are caught and (under
+cache.enforce) overridden, its four-argument step HITs on process 0 with 1 and 2 processes,
+locally and on the dev SLURM cluster, and the report leads with that HIT."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from launcher.report import Targets, function_lines
+from tests.conftest import REPO, run_cli
+from tests.slurm_cluster import ensure_cluster
+
+EXAMPLE = REPO / "examples" / "jsp_trainer"
+CONFIG = REPO / "configs" / "jsp-example.yaml"
+RUN = "jsp-example"
+DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """jsp-train as an installed console script: the dist-info an installer writes (its entry
+    points from the example's pyproject), on a PYTHONPATH that also holds the adapter."""
+    site = tmp_path_factory.mktemp("site")
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    info = site / f"jsp_trainer-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\n"
+                                   f"Version: {project['version']}\n")
+    scripts = "".join(f"{name} = {value}\n" for name, value in project["scripts"].items())
+    (info / "entry_points.txt").write_text(f"[console_scripts]\n{scripts}")
+    return os.pathsep.join([str(site), str(EXAMPLE)])
+
+
+def args_for(tmp_path: Path, pythonpath: str, *extra: str) -> list[str]:
+    # Threshold 0: the step is stored however fast this machine compiles it.
+    return [str(CONFIG), f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+            "cache.min_compile_time_secs=0",
+            f"env={{PYTHONPATH: {json.dumps(pythonpath)}}}",
+            f"entrypoint.args=[--out, {tmp_path / 'trainer'}]", *extra]
+
+
+def layout(processes: int) -> tuple[str, str]:
+    return (f"topology.processes_per_node={processes}",
+            f"topology.devices_per_process={4 // processes}")
+
+
+def report(tmp_path: Path, job: str = "train", process: int = 0) -> dict:
+    path = tmp_path / "runs" / RUN / "reports" / f"{job}-r0-p{process}.json"
+    return json.loads(path.read_text())
+
+
+def step_records(data: dict) -> list[dict]:
+    return [fn for fn in data["functions"] if fn["name"] == "jit_step"]
+
+
+def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
+    # The first line of the report is the prewarmed step's HIT.
+    shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
+    assert shown.splitlines()[0].startswith("jit_step: HIT on process 0"), shown
+    train = report(tmp_path)
+    prewarmed = report(tmp_path, "prewarm")
+    train_step, eval_step = step_records(train)
+    assert train_step["hit"] and train_step["key"] == step_records(prewarmed)[0]["key"]
+    # The eval step is another function named `step`: told apart, never "explained".
+    assert eval_step["signature"] != train_step["signature"]
+    assert "jit_step: MISS" not in stdout and "why:" not in stdout
+    # The trainer never calls mark_first_step(): the end of the step's first run counts.
+    assert train["first_step_from"] == "the first execution of jit_step"
+    assert train["time_to_first_step_s"] > 0
+    # Its own cache dir is caught in one line, and jaxwarm's stayed in force.
+    changed = [w for w in train["warnings"] if w.startswith(DIR_CHANGED)]
+    assert len(changed) == 1 and "cache.enforce is on" in changed[0], train["warnings"]
+    assert train["cache_dir"] == str(tmp_path / "cache")
+    assert changed[0] in stdout
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processes: int) -> None:
+    args = args_for(tmp_path, installed, *layout(processes))
+    launched = run_cli("launch", *args, "--local")
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    assert_trained_with_a_hit(tmp_path, launched.stdout)
+    assert launched.stdout.startswith("jit_step: HIT on process 0")
+    # The uncommitted key argument is declared so: no warning about its missing sharding.
+    assert "without a sharding" not in launched.stderr
+
+    warm = run_cli("verify", *args, "--local")
+    assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
+    assert f"WARM  jit_step  {step_records(report(tmp_path))[0]['key']}" in warm.stdout
+
+    table = run_cli("report", str(tmp_path / "runs" / RUN), "--all")
+    assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
+
+
+def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str) -> None:
+    args = args_for(tmp_path, installed)
+    assert run_cli("prewarm", *args, "--local").returncode == 0
+    cold = run_cli("verify", *args, *layout(2), "--local")
+    assert cold.returncode == 1, cold.stdout + cold.stderr[-2000:]
+    assert "the process layout differs" in cold.stdout
+    assert "compile_options differs" not in cold.stdout
+
+
+def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
+                                                                 installed: str) -> None:
+    launched = run_cli("launch", *args_for(tmp_path, installed, "cache.enforce=false"),
+                       "--local")
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    train = report(tmp_path)
+    changed = [w for w in train["warnings"] if w.startswith(DIR_CHANGED)]
+    assert len(changed) == 1 and "jaxwarm follows the trainer" in changed[0]
+    assert train["cache_dir"] == str(tmp_path / "trainer" / "jax-cache")
+    assert not step_records(train)[0]["hit"]
+    assert "jit_step: MISS on process 0" in launched.stdout
+    assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in launched.stdout
+
+
+def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
+    fn = {"name": "jit_step", "key": "jit_step-ab", "hit": True, "seconds": 0.02,
+          "signature": "s1"}
+    other = {**fn, "key": "jit_step-cd", "hit": False, "seconds": 0.2, "signature": "s2"}
+    small = [{"name": f"jit_op{i}", "key": f"jit_op{i}-ef", "hit": False, "seconds": 0.01,
+              "signature": None} for i in range(40)]
+    big = {**small[0], "name": "jit_init", "seconds": 3.0}
+    process = {"job": "train", "restart_count": 0, "process_index": 0,
+               "functions": [*small, fn, other, big]}
+    targets = Targets(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
+    lines = function_lines(process, targets, 0.5, show_all=False)
+    assert [line.split()[3] for line in lines[:-1]] == ["jit_step", "jit_init"]
+    assert "jit_step [s1]" in lines[0] and lines[0].endswith("prewarmed")
+    assert "+ 41 small compile(s) under 0.5 s" in lines[-1] and "0.60 s in all" in lines[-1]
+    assert len(function_lines(process, targets, 0.5, show_all=True)) == 43
+
+
+FACTORY = '''
+import jax, numpy as np
+from prewarm.step import CompileTarget, StepBundle
+
+def make(config, mesh):
+    step = jax.jit(lambda state, frozen, residual, key: state)
+    spec = jax.ShapeDtypeStruct((4,), np.float32)
+    return StepBundle(targets=(CompileTarget("train_step", step, (spec, spec)),))
+'''
+
+
+def test_a_target_that_does_not_fit_its_function_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "my_factory.py").write_text(FACTORY)
+    args = ["verify", str(CONFIG), "--local", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", "step.factory=my_factory:make",
+            f"env={{PYTHONPATH: {json.dumps(str(tmp_path))}}}"]
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stdout + result.stderr[-2000:]
+    assert "step.factory: target 'train_step' cannot be lowered" in result.stderr
+    assert "missing 2 required positional arguments: 'residual' and 'key'" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    launched = run_cli("launch", *args[1:], "entrypoint.command=['true']")
+    assert launched.returncode == 2, launched.stderr[-2000:]
+    assert "prewarm failed" in launched.stderr and "cannot be lowered" in launched.stderr
+    assert "Traceback" not in launched.stderr
+
+
+def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(
+        tmp_path: Path) -> None:
+    result = run_cli("launch", str(CONFIG), "--local", "--no-prewarm",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     "entrypoint.command=['true']", "entrypoint.args=[]")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "is not a Python console script" in result.stderr
+    assert "the training job wrote no init report" in result.stdout
+
+
+@pytest.mark.slurm
+def test_unchanged_trainer_hits_on_slurm(tmp_path: Path, installed: str) -> None:
+    ensure_cluster()
+    launched = run_cli("launch", *args_for(tmp_path, installed, "topology.nodes=2",
+                                           "topology.devices_per_process=2",
+                                           "mesh.axes={data: 4}"),
+                       "--slurm", "--wait", timeout=600)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    assert_trained_with_a_hit(tmp_path, launched.stdout)

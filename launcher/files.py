@@ -80,7 +80,7 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
     """Hold the file lock at `lock_path` (filelock: flock, released when the holder dies).
 
     Waits at most `timeout_s`, logging once who it waits for, then raises LockTimeout naming
-    the holder. The holder is recorded next to the lock while it is held.
+    the holder (at once with `timeout_s=0`: for locks that mean "busy", not "wait"). The holder is recorded next to the lock while it is held.
     """
     lock_path = Path(lock_path)
     lock = FileLock(str(lock_path), timeout=0)
@@ -91,6 +91,9 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
             lock.acquire()
             break
         except Timeout:
+            if timeout_s == 0:
+                raise LockTimeout(f"{lock_path}: the {what} is in use by "
+                                  f"{describe_holder(lock_path)}") from None
             if time.monotonic() >= deadline:
                 raise LockTimeout(
                     f"{lock_path}: waited {timeout_s:g} s for the {what} lock, held by "

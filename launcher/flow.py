@@ -63,9 +63,9 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
     return jobs
 
 
-def run(command: str, config: Config, pinned: Path, backend: Backend, *,
-        prewarm: bool = True, wait: bool = False) -> int:
-    jobs = plan(command, config, pinned, prewarm)
+def run(command: str, config: Config, jobs: list[JobSpec], backend: Backend, *,
+        wait: bool = False) -> int:
+    """Submit the planned jobs (`plan`) and follow them as the command asks."""
     handles = backend.submit(config, jobs)
     if not (backend.runs_in_foreground or wait or command == VERIFY):
         for line in backend.hints(config, handles):

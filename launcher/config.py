@@ -5,8 +5,9 @@ Parsing is pure: `parse_config(raw, source)` turns a dict into a `Config` or rai
 the dotted key and what was expected, because a user reading a failed 64-node submission
 has one line to understand it from.
 
-One converter (`convert`) reads every section and the step's own arguments (a factory's
-dataclass, e.g. `prewarm.workload.model.ModelArgs`): types come from the annotations, ranges
+One converter (`convert`) reads every section, the step's own arguments (a factory's
+dataclass, e.g. `prewarm.workload.model.ModelArgs`) and jaxwarm's own JSON files (the
+manifest, a bundle's metadata): types come from the annotations, ranges
 from `Annotated[..., Bound]`, and two rules hold for every value: a number is finite, and a
 string has no control character (strings reach job scripts, `#SBATCH` lines and the
 environment, where a newline starts a new command).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
@@ -316,8 +318,7 @@ def _convert_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
     if not isinstance(value, dict):
         raise ConfigError(f"{source}: {key or '<top level>'}: expected a mapping, "
                           f"got {_describe(value)}")
-    hints = typing.get_type_hints(tp, include_extras=True)
-    fields = {f.name: f for f in dataclasses.fields(tp) if f.name != "source"}
+    hints, fields = _schema(tp)
     kwargs = {}
     for name, item in value.items():
         full = _join(key, str(name))
@@ -332,6 +333,13 @@ def _convert_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
                 and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{source}: missing required key '{_join(key, name)}'")
     return tp(**kwargs)
+
+
+@functools.cache
+def _schema(tp: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """Annotations and fields of a dataclass, resolved once (a manifest has many entries)."""
+    return (typing.get_type_hints(tp, include_extras=True),
+            {f.name: f for f in dataclasses.fields(tp) if f.name != "source"})
 
 
 def _validate(config: Config) -> None:

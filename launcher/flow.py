@@ -85,7 +85,7 @@ def run(command: str, config: Config, jobs: list[JobSpec], backend: Backend, *,
 def print_report(run_dir: Path, cache_dir: str) -> None:
     reports = load_reports(run_dir)
     print(format_table(reports))
-    for line in summarize(reports, read_manifest(cache_dir)):
+    for line in summarize(reports, read_manifest(cache_dir, strict=False)):
         print(line)
 
 

@@ -86,9 +86,22 @@ def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBund
     mesh = mesh if mesh is not None else build_mesh(config)
     bundle = load_factory(config.step.factory, config.source)(config, mesh)
     if not isinstance(bundle, StepBundle):
-        raise TypeError(f"step factory {config.step.factory} returned "
-                        f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
+        raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
+                          f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
     return mesh, bundle
+
+
+def job_main(main: Callable[[], int]) -> int:
+    """Run a job's main so that a bad input (a missing factory function, a broken manifest,
+    a stuck lock) ends it with one line and exit 2, as the launcher's own errors do."""
+    from launcher.files import LockTimeout
+    from launcher.store.manifest import ManifestError
+
+    try:
+        return main()
+    except (ConfigError, ManifestError, LockTimeout) as exc:
+        log.error("jaxwarm: error: %s", exc)
+        return 2
 
 
 def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:

@@ -1,9 +1,10 @@
 """`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory, lowers it, and
-predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the cache
-dir holds an entry under that key. A COLD function that the manifest knows under another
-key is explained by the key components that differ. Process 0's verdict is the run's: on
+predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the
+cache dir holds an intact entry under that key (`integrity.warm_problem`: a torn one is
+COLD). A COLD function that the manifest knows under another key is explained by the key
+components that differ. Process 0's verdict is the run's: on
 GPU every rank shares its key, and on CPU only process 0 can ever hit.
 """
 
@@ -22,10 +23,11 @@ from launcher.injob.hook import config_from_env
 from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
 from launcher.store.manifest import ManifestEntry, read_manifest
-from launcher.store.entries import entry_exists
+from launcher.environment import is_remote
+from launcher.store.integrity import Recorded, recorded_entries, warm_problem
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import start_job
+from prewarm.step import job_main, start_job
 
 log = logging.getLogger("jaxwarm.verify")
 
@@ -41,14 +43,18 @@ class Verdict:
     components: dict[str, str] = field(default_factory=dict)
 
 
-def judge(lowered: Any, cache_dir: str,
-          manifest: dict[str, ManifestEntry], lower_s: float) -> Verdict:
+def judge(lowered: Any, cache_dir: str, manifest: dict[str, ManifestEntry],
+          recorded: dict[str, Recorded], lower_s: float) -> Verdict:
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
-    warm = entry_exists(cache_dir, prediction.key)
-    explanation = [] if warm else explain_miss(prediction.module_name, prediction.components,
-                                               manifest)
+    problem = warm_problem(cache_dir, prediction.key, recorded)
+    warm = problem is None
+    if problem in (None, "missing"):
+        explanation = [] if warm else explain_miss(prediction.module_name,
+                                                   prediction.components, manifest)
+    else:
+        explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
                    lower_s=lower_s, predict_s=predict_s, explanation=explanation,
                    components=prediction.components)
@@ -56,12 +62,13 @@ def judge(lowered: Any, cache_dir: str,
 
 def verify_targets(targets: list, cache_dir: str,
                    manifest: dict[str, ManifestEntry]) -> list[Verdict]:
+    recorded = {} if is_remote(cache_dir) else recorded_entries(cache_dir, strict=False)
     verdicts = []
     for name, function, args in targets:
         warn_risky_inputs(args, name)
         start = time.perf_counter()
         lowered = function.lower(*args)
-        verdicts.append(judge(lowered, cache_dir, manifest,
+        verdicts.append(judge(lowered, cache_dir, manifest, recorded,
                               time.perf_counter() - start))
     return verdicts
 
@@ -79,11 +86,11 @@ def main() -> int:
     config = config_from_env()
     _, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
     verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
-                              read_manifest(config.cache.dir))
+                              read_manifest(config.cache.dir, strict=False))
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
                  jax.process_index())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_main(main))

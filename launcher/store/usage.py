@@ -1,7 +1,8 @@
 """The cache's usage log, `jaxwarm-usage.jsonl`: who looked up, hit or wrote which key.
 
 Append-only, one JSON line per job's process 0 after its first step, and one per entry
-jaxwarm quarantined or pruned. It is what `jaxwarm cache ls` shows as "made by / used by",
+jaxwarm quarantined or pruned, or fully checked when nobody had recorded it. It is what
+`jaxwarm cache ls` shows as "made by / used by",
 what prune reads as a last use, and where `cache verify` finds the checksum of an entry a
 job (not a prewarm) wrote.
 """
@@ -63,8 +64,10 @@ class KeyHistory:
     misses: int = 0
     used_by: list[str] = field(default_factory=list)
     written_by: str | None = None
-    # The checksum of the entry as last written; None once it was quarantined or pruned.
+    # The checksum and size of the entry as last written (or fully checked, when no writer
+    # recorded it); None once it was quarantined or pruned.
     sha256: str | None = None
+    size: int | None = None
     removed: bool = False
 
 
@@ -73,7 +76,12 @@ def key_histories(records: list[dict[str, Any]]) -> dict[str, KeyHistory]:
     for record in records:
         if record.get("event") in ("quarantined", "pruned"):
             history = histories.setdefault(record["key"], KeyHistory())
-            history.sha256, history.removed = None, True
+            history.sha256, history.size, history.removed = None, None, True
+            continue
+        if record.get("event") == "checked":
+            history = histories.setdefault(record["key"], KeyHistory())
+            history.sha256, history.size, history.removed = \
+                record["sha256"], record["size"], False
             continue
         user = f"{record.get('run', '?')} ({record.get('job', '?')} r{record.get('restart', 0)})"
         for function in record.get("functions", []):
@@ -86,6 +94,6 @@ def key_histories(records: list[dict[str, Any]]) -> dict[str, KeyHistory]:
             if user not in history.used_by:
                 history.used_by.append(user)
             if function.get("sha256"):
-                history.written_by, history.sha256, history.removed = \
-                    user, function["sha256"], False
+                history.written_by, history.sha256, history.size, history.removed = \
+                    user, function["sha256"], function.get("size"), False
     return histories

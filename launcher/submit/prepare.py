@@ -77,8 +77,9 @@ def prepare_cache(config: Config, check: bool) -> None:
         ensure_atime_files(config.cache.dir)
     if not check:
         return
-    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir), config.run.name)]
-    checks, seconds = check_and_quarantine(config.cache.dir, keys)
+    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir, strict=False),
+                                           config.run.name)]
+    checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False)
     bad = [c for c in checks if not c.ok]
     log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d quarantined "
              "(--no-check-cache skips this)", len(checks), "y" if len(checks) == 1 else "ies",

@@ -23,6 +23,7 @@ from launcher.report import attempt_summaries, load_reports
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
 from launcher.store.bundle import BundleError
+from launcher.store.manifest import ManifestError
 from launcher.submit import local, slurm
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
 from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
@@ -186,14 +187,27 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
                     "cache": cache_commands.run}
         return commands.get(args.command, cmd_jobs)(args)
-    except (ConfigError, BundleError, LockTimeout) as exc:
-        print(f"jaxwarm: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    except subprocess.CalledProcessError as exc:
-        print(f"jaxwarm: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if args.verbose:
+            raise
+        print(f"jaxwarm: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def one_line(exc: Exception) -> str:
+    """The message of an error that ends a command. jaxwarm's own errors are phrased for the
+    user already; a file system error names its file; anything else is a bug, said so."""
+    if isinstance(exc, (ConfigError, BundleError, LockTimeout, ManifestError,
+                        subprocess.CalledProcessError)):
+        text = str(exc)
+    elif isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = (f"unexpected {type(exc).__name__}: {exc} (a jaxwarm bug; -v shows the "
+                f"traceback)")
+    return " ".join(text.split("\n"))
 
 
 if __name__ == "__main__":

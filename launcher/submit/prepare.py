@@ -33,7 +33,7 @@ def resolve_run(config: Config, base: Path | None = None) -> tuple[Config, Path]
     if not is_remote(config.cache.dir):
         cache = Path(config.cache.dir).expanduser()
         check_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
-                        config.cache, config.source)
+                        config.cache, config.source, writing=True)
     config = resolve_paths(config, base)
     return config, pinned_config(config.run_dir)
 

@@ -275,6 +275,9 @@ def convert(tp: Any, value: Any, key: str, source: str) -> Any:
                 errors.append(exc)
         if len(members) == 1:
             raise errors[0]
+        for member, error in zip(members, errors):
+            if type(value) is _base(member):  # the right kind of value, wrong in itself
+                raise error
         fail(f"expected one of {', '.join(_name(m) for m in members)}, got {_describe(value)}")
     if origin in (list, tuple):
         if isinstance(value, str) and args[0] is str and key.endswith("command"):
@@ -407,6 +410,13 @@ def _validate(config: Config) -> None:
         if not _SBATCH_OPTION.fullmatch(name):
             fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
                                         "or 'gres'")
+
+
+def _base(tp: Any) -> Any:
+    """The plain class of an annotation: int for Annotated[int, ...], list for list[str]."""
+    if typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    return typing.get_origin(tp) or tp
 
 
 def _join(prefix: str, name: str) -> str:

@@ -30,8 +30,7 @@ from launcher.environment import is_remote
 from launcher.files import locked
 from launcher.config import Config
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
-from launcher.store.integrity import (Check, entry_problem, quarantine, recorded_entries,
-                                      warm_problem)
+from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
 from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
@@ -109,13 +108,11 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
     problems = ["no predicted key" if target.key is None else "not process 0"
                 for target in targets]
     if jax.process_index() == 0:
-        recorded = {} if is_remote(cache_dir) else recorded_entries(cache_dir, strict=False)
-        problems = [problem if target.key is None else warm_problem(cache_dir, target.key,
-                                                                     recorded)
+        problems = [problem if target.key is None else warm_problem(cache_dir, target.key)
                     for target, problem in zip(targets, problems)]
         for target, problem in zip(targets, problems):
             if problem not in (None, "missing", "no predicted key") and not is_remote(cache_dir):
-                quarantine(cache_dir, Check(target.key, 0, problem, target.key in recorded))
+                quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
         if not is_remote(cache_dir):
             manifest = read_manifest(cache_dir, strict=False)
             found = [manifest_entry(config, function_of(target.key), target.key, 0.0,

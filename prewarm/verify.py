@@ -22,9 +22,8 @@ from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
 from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
-from launcher.store.manifest import ManifestEntry, read_manifest
-from launcher.environment import is_remote
-from launcher.store.integrity import Recorded, recorded_entries, warm_problem
+from launcher.store.manifest import read_manifest
+from launcher.store.integrity import warm_problem
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import job_main, start_job
@@ -43,16 +42,18 @@ class Verdict:
     components: dict[str, str] = field(default_factory=dict)
 
 
-def judge(lowered: Any, cache_dir: str, manifest: dict[str, ManifestEntry],
-          recorded: dict[str, Recorded], lower_s: float) -> Verdict:
+def judge(lowered: Any, cache_dir: str, lower_s: float) -> Verdict:
+    """One function's verdict. Only a COLD one reads the whole manifest (to explain the
+    miss): a WARM verdict costs the key prediction and a check of that key's entry."""
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
-    problem = warm_problem(cache_dir, prediction.key, recorded)
+    problem = warm_problem(cache_dir, prediction.key)
     warm = problem is None
     if problem in (None, "missing"):
         explanation = [] if warm else explain_miss(prediction.module_name,
-                                                   prediction.components, manifest)
+                                                   prediction.components,
+                                                   read_manifest(cache_dir, strict=False))
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
@@ -60,16 +61,13 @@ def judge(lowered: Any, cache_dir: str, manifest: dict[str, ManifestEntry],
                    components=prediction.components)
 
 
-def verify_targets(targets: list, cache_dir: str,
-                   manifest: dict[str, ManifestEntry]) -> list[Verdict]:
-    recorded = {} if is_remote(cache_dir) else recorded_entries(cache_dir, strict=False)
+def verify_targets(targets: list, cache_dir: str) -> list[Verdict]:
     verdicts = []
     for name, function, args in targets:
         warn_risky_inputs(args, name)
         start = time.perf_counter()
         lowered = function.lower(*args)
-        verdicts.append(judge(lowered, cache_dir, manifest, recorded,
-                              time.perf_counter() - start))
+        verdicts.append(judge(lowered, cache_dir, time.perf_counter() - start))
     return verdicts
 
 
@@ -85,8 +83,7 @@ def main() -> int:
 
     config = config_from_env()
     _, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
-    verdicts = verify_targets(bundle.compile_targets(), config.cache.dir,
-                              read_manifest(config.cache.dir, strict=False))
+    verdicts = verify_targets(bundle.compile_targets(), config.cache.dir)
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
                  jax.process_index())
     return 0

@@ -5,7 +5,6 @@ and `cache verify` only ever touches files that look like JAX entries."""
 from __future__ import annotations
 
 import os
-import zlib
 from pathlib import Path
 
 import pytest

@@ -23,7 +23,7 @@ from launcher.store.manifest import read_manifest
 from launcher.environment import is_remote
 from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, entry_path, file_kind,
                                     jax_lock, read_entry, remove_entry, scan, written_since)
-from launcher.store.usage import append_usage, key_histories, read_usage
+from launcher.store.usage import append_usage, key_histories, read_usage, records_entry
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -90,17 +90,20 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     return None
 
 
-def recorded_entries(cache_dir: str | Path, strict: bool = True) -> dict[str, Recorded]:
-    """Checksum and size per key, as recorded when jaxwarm saw the entry written. The usage
-    log is the later word: a quarantine or prune there voids the manifest's record. With
-    `strict=False` a broken manifest counts as empty (see `read_manifest`)."""
-    recorded = {key: Recorded(entry.sha256, entry.size)
-                for key, entry in read_manifest(cache_dir, strict).items() if entry.sha256}
-    for key, history in key_histories(read_usage(cache_dir)).items():
+def recorded_entries(cache_dir: str | Path, strict: bool = True,
+                     key: str | None = None) -> dict[str, Recorded]:
+    """Checksum and size per key (only `key`'s when given), as recorded when jaxwarm saw the
+    entry written. The usage log is the later word: a quarantine or prune there voids the
+    manifest's record. With `strict=False` a broken manifest counts as empty (see
+    `read_manifest`)."""
+    recorded = {name: Recorded(entry.sha256, entry.size)
+                for name, entry in read_manifest(cache_dir, strict, key).items() if entry.sha256}
+    keep = None if key is None else records_entry(key)
+    for name, history in key_histories(read_usage(cache_dir, keep)).items():
         if history.sha256:
-            recorded[key] = Recorded(history.sha256, history.size)
+            recorded[name] = Recorded(history.sha256, history.size)
         elif history.removed:
-            recorded.pop(key, None)
+            recorded.pop(name, None)
     return recorded
 
 
@@ -124,19 +127,17 @@ def quick_problem(path: Path, size: int) -> str | None:
     return None
 
 
-def warm_problem(cache_dir: str, key: str,
-                 recorded: dict[str, Recorded] | None = None) -> str | None:
+def warm_problem(cache_dir: str, key: str) -> str | None:
     """Why the entry of `key` would not load; None when it is WARM. The one check behind
     `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
-    with its size gets the quick check (within verify's 10 ms); any other gets the full
-    check once, and when intact its checksum and size are recorded, so the next check is
+    with its size gets the quick check (within verify's 10 ms: only this key's records are
+    parsed); any other gets the full check once, and when intact its checksum and size are recorded, so the next check is
     quick. Remote dirs are looked up through etils.epath, as JAX reads them."""
     if is_remote(cache_dir):
         from etils import epath
         return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"
-    recorded = recorded_entries(cache_dir, strict=False) if recorded is None else recorded
     path = entry_path(cache_dir, key)
-    known = recorded.get(key)
+    known = recorded_entries(cache_dir, strict=False, key=key).get(key)
     if known is not None and known.size is not None:
         return quick_problem(path, known.size)
     problem = entry_problem(path, known.sha256 if known else None)

@@ -51,8 +51,9 @@ class ManifestError(ValueError):
     """A manifest that cannot be read, phrased as one line naming the file."""
 
 
-def parse_manifest(text: str, source: str) -> dict[str, ManifestEntry]:
-    """Entries by cache key from the manifest's text, or ManifestError. Pure."""
+def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, ManifestEntry]:
+    """Entries by cache key from the manifest's text (only `key`'s when given: a warm check
+    of one key checks only its record), or ManifestError. Pure."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -64,23 +65,26 @@ def parse_manifest(text: str, source: str) -> dict[str, ManifestEntry]:
         raise ManifestError(f"{source}: manifest version {data.get('version')!r}, this jaxwarm "
                             f"reads {MANIFEST_VERSION}")
     entries = {}
-    for key, raw in data["entries"].items():
-        if not is_entry_key(key):
-            raise ManifestError(f"{source}: entries: {key!r} is not a JAX cache key")
+    for name, raw in data["entries"].items():
+        if key is not None and name != key:
+            continue
+        if not is_entry_key(name):
+            raise ManifestError(f"{source}: entries: {name!r} is not a JAX cache key")
         try:
-            entries[key] = convert(ManifestEntry, raw, f"entries.{key}", source)
+            entries[name] = convert(ManifestEntry, raw, f"entries.{name}", source)
         except ConfigError as exc:
             raise ManifestError(str(exc)) from None
     return entries
 
 
-def read_manifest(cache_dir: str | Path, strict: bool = True) -> dict[str, ManifestEntry]:
-    """Entries by cache key; empty when there is no manifest yet. A broken one raises
-    ManifestError, or with `strict=False` (a job that only reads it) is logged and read as
-    empty: every entry then gets the full check, which is slower but never wrong."""
+def read_manifest(cache_dir: str | Path, strict: bool = True,
+                  key: str | None = None) -> dict[str, ManifestEntry]:
+    """Entries by cache key (only `key`'s when given); empty when there is no manifest yet.
+    A broken one raises ManifestError, or with `strict=False` (a job that only reads it) is
+    logged and read as empty: every entry then gets the full check, slower but never wrong."""
     path = manifest_path(cache_dir)
     try:
-        return parse_manifest(path.read_text(errors="replace"), str(path))
+        return parse_manifest(path.read_text(errors="replace"), str(path), key)
     except FileNotFoundError:
         return {}
     except ManifestError as exc:

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from launcher.files import locked
 
@@ -40,19 +40,30 @@ def append_usage(cache_dir: str | Path, record: dict[str, Any]) -> None:
             os.close(fd)
 
 
-def read_usage(cache_dir: str | Path) -> list[dict[str, Any]]:
-    """The usage log in order; a torn last line (a job killed mid-write) is skipped."""
+def read_usage(cache_dir: str | Path,
+               keep: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
+    """The usage log in order; a torn last line (a job killed mid-write) is skipped. With
+    `keep`, only the lines it accepts are parsed: a warm check of one key must not pay for
+    parsing a log with one line per job ever run."""
     try:
-        lines = usage_path(cache_dir).read_text().splitlines()
+        lines = usage_path(cache_dir).read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
     records = []
     for line in lines:
+        if keep is not None and not keep(line):
+            continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             log.debug("skipping a torn line in %s", usage_path(cache_dir))
     return records
+
+
+def records_entry(key: str) -> Callable[[str], bool]:
+    """Accepts the lines that can change what is recorded of `key`'s entry: its writes (with
+    a sha256), checks, quarantines and prunes; not the many lines of jobs that only hit it."""
+    return lambda line: key in line and ('"sha256"' in line or '"event"' in line)
 
 
 @dataclass

@@ -7,8 +7,9 @@ WARM and left alone, so a warm relaunch costs imports and lowering, not a compil
 backend. The others are `lower().compile()`d so that process 0 writes the cache entries.
 What it compiled, under which key, how long it took and the entry's checksum and size go
 into the manifest in the cache dir as each entry is written, not at the end: a prewarm
-killed between two compiles leaves nothing unrecorded, and a failed write is a failure. Process 0 decides what is warm and every process follows it:
-on GPU, ranks that compile while others load can wait on each other forever.
+killed between two compiles leaves nothing unrecorded, and a failed write is a failure.
+Process 0 decides what is warm and every process follows it: on GPU, ranks that compile
+while others load can wait on each other forever.
 
 JAX writes an entry without a lock or an atomic rename when the cache has no size cap, so
 two prewarms of the same step (a job array over similar configs) could interleave their
@@ -98,29 +99,12 @@ def lower_targets(targets: list) -> list[Target]:
 
 def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
     """Which functions process 0 finds intact in the cache under their predicted key, as
-    every process's answer. Nothing is warm where the key cannot be predicted (untested jax).
-    A torn or corrupt entry is COLD and quarantined (JAX never replaces one), and a warm
-    entry no manifest records (its prewarm was killed before recording) is pinned now."""
+    every process's answer. Nothing is warm where the key cannot be predicted (untested jax)."""
     import jax
     import numpy as np
 
-    cache_dir = config.cache.dir
-    problems = ["no predicted key" if target.key is None else "not process 0"
-                for target in targets]
-    if jax.process_index() == 0:
-        problems = [problem if target.key is None else warm_problem(cache_dir, target.key)
-                    for target, problem in zip(targets, problems)]
-        for target, problem in zip(targets, problems):
-            if problem not in (None, "missing", "no predicted key") and not is_remote(cache_dir):
-                quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
-        if not is_remote(cache_dir):
-            manifest = read_manifest(cache_dir, strict=False)
-            found = [manifest_entry(config, function_of(target.key), target.key, 0.0,
-                                    target.lower_s, written_since(cache_dir, target.key, 0.0))
-                     for target, problem in zip(targets, problems)
-                     if problem is None and target.key not in manifest]
-            if found:
-                record_entries(cache_dir, found)
+    problems = (check_entries_of(targets, config) if jax.process_index() == 0
+                else ["decided by process 0"] * len(targets))
     warm = [problem is None for problem in problems]
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -129,9 +113,31 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
     for target, is_warm, problem in zip(targets, warm, problems):
         log.info("%s  %s  %s: %s", "WARM" if is_warm else "COLD", target.name, target.key,
                  "already in the cache, not compiling it" if is_warm else
-                 f"compiling it ({problem})" if problem not in (None, "missing", "not process 0")
-                 else "compiling it")
+                 "compiling it" if problem in ("missing", "decided by process 0") else
+                 f"compiling it ({problem})")
     return warm
+
+
+def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
+    """Why each target's entry would not load (None: WARM), from process 0. A torn or
+    corrupt entry is quarantined (JAX never replaces one); an intact entry no manifest
+    records (its prewarm was killed before recording it) is pinned now."""
+    cache_dir = config.cache.dir
+    problems = [warm_problem(cache_dir, t.key) if t.key else "no predicted key"
+                for t in targets]
+    if is_remote(cache_dir):
+        return problems
+    for target, problem in zip(targets, problems):
+        if problem not in (None, "missing", "no predicted key"):
+            quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
+    manifest = read_manifest(cache_dir, strict=False)
+    found = [manifest_entry(config, function_of(target.key), target.key, 0.0, target.lower_s,
+                            written_since(cache_dir, target.key, 0.0))
+             for target, problem in zip(targets, problems)
+             if problem is None and target.key not in manifest]
+    if found:
+        record_entries(cache_dir, found)
+    return problems
 
 
 def manifest_entry(config: Config, function: str, key: str, compile_s: float, lower_s: float,

@@ -113,6 +113,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         check_modules(config)
     backend = choose_backend(args.backend)
     runs = [resolve_run(config) for config in configs]
+    refuse_shared_run_dirs([config for config, _ in runs])
     plans = [flow.plan(args.command, config, pinned, not getattr(args, "no_prewarm", False))
              for config, pinned in runs]
     with ExitStack() as held:
@@ -135,6 +136,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if code and args.command != "prewarm":
                 break
         return worst
+
+
+def refuse_shared_run_dirs(configs: list[Config]) -> None:
+    """Two configs of one `prewarm` in one run dir would pin over each other's config."""
+    seen: dict[Path, Config] = {}
+    for config in configs:
+        first = seen.setdefault(config.run_dir, config)
+        if first is not config:
+            raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is also "
+                              f"the run dir of {first.source}; give each config its own "
+                              f"run.name")
 
 
 def cmd_render(args: argparse.Namespace) -> int:

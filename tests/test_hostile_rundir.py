@@ -74,3 +74,11 @@ def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path:
             assert_refused(result, f"run dir {run_dir} is in use by pid {os.getpid()} on ")
         assert snapshot(tmp_path) == before
     assert not (run_dir / "checkpoints").exists()
+
+
+def test_two_configs_of_one_prewarm_cannot_share_a_run_dir(tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(DEMO.read_text())
+    result = run_cli("prewarm", str(DEMO), str(other), "--local", *overrides(tmp_path))
+    assert_refused(result, f"run dir {tmp_path / 'runs' / 'demo'} is also the run dir of")
+    assert not (tmp_path / "runs").exists()

@@ -10,20 +10,17 @@ import argparse
 import json
 import logging
 import shutil
-import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 from launcher import flow
 from launcher.config import Config, ConfigError, load_config
-from launcher.files import LockTimeout
+from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
 from launcher.report import attempt_summaries, load_reports
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
-from launcher.store.bundle import BundleError
-from launcher.store.manifest import ManifestError
 from launcher.submit import local, slurm
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
 from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
@@ -206,20 +203,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"jaxwarm: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
-
-
-def one_line(exc: Exception) -> str:
-    """The message of an error that ends a command. jaxwarm's own errors are phrased for the
-    user already; a file system error names its file; anything else is a bug, said so."""
-    if isinstance(exc, (ConfigError, BundleError, LockTimeout, ManifestError,
-                        subprocess.CalledProcessError)):
-        text = str(exc)
-    elif isinstance(exc, OSError) and exc.filename is not None:
-        text = f"{exc.filename}: {exc.strerror}"
-    else:
-        text = (f"unexpected {type(exc).__name__}: {exc} (a jaxwarm bug; -v shows the "
-                f"traceback)")
-    return " ".join(text.split("\n"))
 
 
 if __name__ == "__main__":

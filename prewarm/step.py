@@ -92,15 +92,15 @@ def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBund
 
 
 def job_main(main: Callable[[], int]) -> int:
-    """Run a job's main so that a bad input (a missing factory function, a broken manifest,
-    a stuck lock) ends it with one line and exit 2, as the launcher's own errors do."""
-    from launcher.files import LockTimeout
-    from launcher.store.manifest import ManifestError
+    """Run a job's main so that bad input (a missing factory function, a broken manifest, a
+    stuck lock, a full disk) ends it with one line and exit 2, as the launcher's errors do;
+    only a bug shows a traceback."""
+    from launcher.errors import USER_ERRORS, one_line
 
     try:
         return main()
-    except (ConfigError, ManifestError, LockTimeout) as exc:
-        log.error("jaxwarm: error: %s", exc)
+    except (*USER_ERRORS, OSError) as exc:
+        log.error("jaxwarm: error: %s", one_line(exc))
         return 2
 
 

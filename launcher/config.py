@@ -245,8 +245,9 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
 def convert(tp: Any, value: Any, key: str, source: str) -> Any:
     """Convert a YAML value to the annotated type, or raise a ConfigError naming `key`.
 
-    The one reader of config values: the config's sections, and a step factory's arguments
-    (`convert(ModelArgs, config.step.args, "step.args", config.source)`)."""
+    The one reader of config values: the config's sections, a step factory's arguments
+    (`convert(ModelArgs, config.step.args, "step.args", config.source)`), and jaxwarm's
+    JSON files (manifest entries, bundle metadata, the submitted-jobs list)."""
     where = key or "<top level>"
 
     def fail(problem: str) -> typing.NoReturn:

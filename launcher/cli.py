@@ -10,21 +10,20 @@ import argparse
 import json
 import logging
 import shutil
-import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from launcher import flow
 from launcher.config import Config, ConfigError, load_config
-from launcher.files import LockTimeout
+from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
 from launcher.report import attempt_summaries, load_reports
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
-from launcher.store.bundle import BundleError
 from launcher.submit import local, slurm
-from launcher.submit.jobs import check_modules, prewarm_job, train_job
-from launcher.submit.prepare import pin_config, prepare_cache
+from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
+from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
 from launcher.submit.sbatch import render
 
 log = logging.getLogger("jaxwarm")
@@ -81,9 +80,8 @@ def choose_backend(requested: str | None) -> Backend:
     return slurm.SlurmBackend() if requested == "slurm" else local.LocalBackend()
 
 
-def prewarm_many_on_slurm(args: argparse.Namespace, pinned: list[tuple[Config, Path]]) -> int:
-    jobs = slurm.submit_prewarm_array(
-        [(config, prewarm_job(config, path)) for config, path in pinned])
+def prewarm_many_on_slurm(args: argparse.Namespace, runs: list[tuple[Config, JobSpec]]) -> int:
+    jobs = slurm.submit_prewarm_array(runs)
     slurm.print_submitted(jobs)
     if not args.wait:
         return 0
@@ -108,37 +106,54 @@ def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     paths, overrides = split_positionals(args)
-    # Every config is checked before any job of any of them starts.
+    # Every config is checked and every job built before anything is written or started.
     configs = [load_config(path, overrides) for path in paths]
     for config in configs:
         check_modules(config)
     backend = choose_backend(args.backend)
-    if isinstance(backend, slurm.SlurmBackend) and args.command == "prewarm" and len(configs) > 1:
-        pinned_configs = [pin_config(config) for config in configs]
-        for config, _ in pinned_configs:
+    runs = [resolve_run(config) for config in configs]
+    refuse_shared_run_dirs([config for config, _ in runs])
+    plans = [flow.plan(args.command, config, pinned, not getattr(args, "no_prewarm", False))
+             for config, pinned in runs]
+    with ExitStack() as held:
+        for config, _ in runs:
+            held.enter_context(holding_run_dir(config))
+        for config, _ in runs:
+            write_run_dir(config)
+            log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
+                     config.cache.dir, backend.name)
             prepare_cache(config, not args.no_check_cache)
-        return prewarm_many_on_slurm(args, pinned_configs)
-    worst = 0
+        if isinstance(backend, slurm.SlurmBackend) and args.command == "prewarm" \
+                and len(configs) > 1:
+            return prewarm_many_on_slurm(
+                args, [(config, jobs[0]) for (config, _), jobs in zip(runs, plans)])
+        worst = 0
+        for (config, _), jobs in zip(runs, plans):
+            code = flow.run(args.command, config, jobs, backend,
+                            wait=getattr(args, "wait", False))
+            worst = max(worst, code)
+            if code and args.command != "prewarm":
+                break
+        return worst
+
+
+def refuse_shared_run_dirs(configs: list[Config]) -> None:
+    """Two configs of one `prewarm` in one run dir would pin over each other's config."""
+    seen: dict[Path, Config] = {}
     for config in configs:
-        config, pinned = pin_config(config)
-        log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
-                 config.cache.dir, backend.name)
-        prepare_cache(config, not args.no_check_cache)
-        code = flow.run(args.command, config, pinned, backend,
-                        prewarm=not getattr(args, "no_prewarm", False),
-                        wait=getattr(args, "wait", False))
-        worst = max(worst, code)
-        if code and args.command != "prewarm":
-            break
-    return worst
+        first = seen.setdefault(config.run_dir, config)
+        if first is not config:
+            raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is also "
+                              f"the run dir of {first.source}; give each config its own "
+                              f"run.name")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    config, pinned = pin_config(load_config(args.config, args.overrides))
+    """Prints the script; writes nothing (the run dir may belong to a running launch)."""
+    config, pinned = resolve_run(load_config(args.config, args.overrides))
     job = prewarm_job(config, pinned) if args.job == PREWARM else train_job(config, pinned)
-    log_dir = slurm_dir(config.run_dir, job.name)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    print(render(config, job.name, job.argv, job.env, log_dir), end="")
+    print(render(config, job.name, job.argv, job.env, slurm_dir(config.run_dir, job.name)),
+          end="")
     return 0
 
 
@@ -183,13 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
                     "cache": cache_commands.run}
         return commands.get(args.command, cmd_jobs)(args)
-    except (ConfigError, BundleError, LockTimeout) as exc:
-        print(f"jaxwarm: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    except subprocess.CalledProcessError as exc:
-        print(f"jaxwarm: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if args.verbose:
+            raise
+        print(f"jaxwarm: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -4,24 +4,56 @@ Parsing is pure: `parse_config(raw, source)` turns a dict into a `Config` or rai
 `ConfigError`. Only `load_config` touches the file system. Every error names the file,
 the dotted key and what was expected, because a user reading a failed 64-node submission
 has one line to understand it from.
+
+One converter (`convert`) reads every section, the step's own arguments (a factory's
+dataclass, e.g. `prewarm.workload.model.ModelArgs`) and jaxwarm's own JSON files (the
+manifest, a bundle's metadata): types come from the annotations, ranges
+from `Annotated[..., Bound]`, and two rules hold for every value: a number is finite, and a
+string has no control character (strings reach job scripts, `#SBATCH` lines and the
+environment, where a newline starts a new command).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
 
 class ConfigError(ValueError):
     """A config problem, already phrased as the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The lowest value a number field takes (NaN and infinity never pass the converter)."""
+
+    low: float
+    inclusive: bool = True
+
+    def problem(self, value: float) -> str | None:
+        if value > self.low or (self.inclusive and value == self.low):
+            return None
+        kind = "integer" if isinstance(value, int) else "number"
+        if self.low == 0 and not self.inclusive:
+            return f"expected a positive {kind}, got {value}"
+        return f"expected {'an' if kind == 'integer' else 'a'} {kind} " \
+               f"{'>=' if self.inclusive else '>'} {self.low:g}, got {value}"
+
+
+PositiveInt = Annotated[int, Bound(0, inclusive=False)]
+NonNegativeInt = Annotated[int, Bound(0)]
+PositiveFloat = Annotated[float, Bound(0, inclusive=False)]
+NonNegativeFloat = Annotated[float, Bound(0)]
 
 
 @dataclass(frozen=True)
@@ -33,8 +65,8 @@ class RunConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     dir: str = "jax-cache"
-    min_compile_time_secs: float = 1.0
-    min_entry_size_bytes: int = 0
+    min_compile_time_secs: NonNegativeFloat = 1.0
+    min_entry_size_bytes: NonNegativeInt = 0
     # JAX's jax_persistent_cache_enable_xla_caches: "none", "all" or a comma list.
     xla_caches: str = "xla_gpu_per_fusion_autotune_cache_dir"
     max_size: int = -1
@@ -47,9 +79,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class TopologyConfig:
-    nodes: int = 1
-    processes_per_node: int = 1
-    devices_per_process: int = 1
+    nodes: PositiveInt = 1
+    processes_per_node: PositiveInt = 1
+    devices_per_process: PositiveInt = 1
     platform: str = "cpu"
 
     @property
@@ -64,7 +96,7 @@ class TopologyConfig:
 @dataclass(frozen=True)
 class MeshConfig:
     # Axis name -> size, in mesh order (YAML mappings keep their order).
-    axes: dict[str, int]
+    axes: dict[str, PositiveInt]
     # "auto" builds jax.sharding.Mesh; "explicit" uses jax.make_mesh's Explicit axes.
     # The two lower to different programs, so prewarm and run must agree.
     axis_types: str = "auto"
@@ -90,21 +122,21 @@ class SlurmConfig:
     qos: str | None = None
     constraint: str | None = None
     time: str = "01:00:00"
-    gpus_per_node: int | None = None
-    cpus_per_task: int = 1
+    gpus_per_node: PositiveInt | None = None
+    cpus_per_task: PositiveInt = 1
     mem: str | None = None
     signal: str = "USR1"
-    signal_lead_s: int = 300
-    max_requeues: int = 3
+    signal_lead_s: NonNegativeInt = 300
+    max_requeues: NonNegativeInt = 3
     extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 10
-    checkpoint_every: int = 0
-    seed: int = 0
-    log_every: int = 1
+    steps: PositiveInt = 10
+    checkpoint_every: NonNegativeInt = 0
+    seed: NonNegativeInt = 0
+    log_every: PositiveInt = 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +152,7 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
-    init_budget_s: float = 1800.0
+    init_budget_s: PositiveFloat = 1800.0
     # Where the config came from; used in error messages, never written back.
     source: str = field(default="<config>", compare=False)
 
@@ -136,24 +168,30 @@ class Config:
 
 _PLATFORMS = ("cpu", "gpu")
 _AXIS_TYPES = ("auto", "explicit")
-_MODULE_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
-_JAX_OPTION = re.compile(r"^jax_[a-z0-9_]+$")
+# Patterns are matched with fullmatch: `$` would accept a trailing newline.
+_MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_SLURM_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}")
+_JAX_OPTION = re.compile(r"jax_[a-z0-9_]+")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9_-]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Variables the job environment owns: a user value would make prewarm and run disagree.
-_MANAGED_ENV = re.compile(r"^(JAX_.*|XLA_FLAGS|JAXWARM_.*)$")
+_MANAGED_ENV = re.compile(r"JAX_.*|XLA_FLAGS|JAXWARM_.*")
+# Sections (by key prefix) whose numbers may be written where a string is expected.
+_STRINGLY = ("env.", "slurm.extra.")
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                          f"offset {exc.start})") from None
     return parse_config(parse_yaml(text, source), source, overrides)
 
 
@@ -178,7 +216,7 @@ def parse_config(raw: dict[str, Any], source: str = "<config>",
     raw = dict(raw)
     for override in overrides:
         apply_override(raw, override, source)
-    config = _convert(Config, raw, "", source)
+    config = convert(Config, raw, "", source)
     config = dataclasses.replace(config, source=source)
     _validate(config)
     return config
@@ -207,28 +245,26 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
         node[parts[-1]] = value
 
 
-def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
-    """Convert a YAML value to the annotated type, or raise a ConfigError naming `key`."""
+def convert(tp: Any, value: Any, key: str, source: str) -> Any:
+    """Convert a YAML value to the annotated type, or raise a ConfigError naming `key`.
+
+    The one reader of config values: the config's sections, a step factory's arguments
+    (`convert(ModelArgs, config.step.args, "step.args", config.source)`), and jaxwarm's
+    JSON files (manifest entries, bundle metadata, the submitted-jobs list)."""
     where = key or "<top level>"
+
+    def fail(problem: str) -> typing.NoReturn:
+        raise ConfigError(f"{source}: {where}: {problem}")
+
+    if typing.get_origin(tp) is Annotated:
+        base, *metadata = typing.get_args(tp)
+        result = convert(base, value, key, source)
+        for bound in metadata:
+            if result is not None and (problem := bound.problem(result)):
+                fail(problem)
+        return result
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(value)}")
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.name != "source"}
-        kwargs = {}
-        for name, item in value.items():
-            full = f"{key}.{name}" if key else str(name)
-            if name not in fields:
-                close = difflib.get_close_matches(str(name), list(fields), n=1)
-                hint = f" (did you mean '{_join(key, close[0])}'?)" if close else \
-                    f" (valid keys: {', '.join(fields)})"
-                raise ConfigError(f"{source}: unknown key '{full}'{hint}")
-            kwargs[name] = _convert(hints[name], item, full, source)
-        for name, f in fields.items():
-            if name not in kwargs and f.default is dataclasses.MISSING \
-                    and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{source}: missing required key '{_join(key, name)}'")
-        return tp(**kwargs)
+        return _convert_dataclass(tp, value, key, source)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -238,24 +274,29 @@ def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
         errors = []
         for member in members:
             try:
-                return _convert(member, value, key, source)
+                return convert(member, value, key, source)
             except ConfigError as exc:
                 errors.append(exc)
-        raise errors[0] if len(members) == 1 else ConfigError(
-            f"{source}: {where}: expected one of {', '.join(_name(m) for m in members)}, "
-            f"got {_describe(value)}")
-    if origin is list:
+        if len(members) == 1:
+            raise errors[0]
+        for member, error in zip(members, errors):
+            if type(value) is _base(member):  # the right kind of value, wrong in itself
+                raise error
+        fail(f"expected one of {', '.join(_name(m) for m in members)}, got {_describe(value)}")
+    if origin in (list, tuple):
         if isinstance(value, str) and args[0] is str and key.endswith("command"):
-            raise ConfigError(f"{source}: {where}: expected a list of arguments "
-                              f"(e.g. [jaxwarm-train, --flag]), got a string; "
-                              f"no shell is used to split it")
+            fail("expected a list of arguments (e.g. [jaxwarm-train, --flag]), got a string; "
+                 "no shell is used to split it")
         if not isinstance(value, list):
-            raise ConfigError(f"{source}: {where}: expected a list, got {_describe(value)}")
-        return [_convert(args[0], item, f"{key}[{i}]", source) for i, item in enumerate(value)]
+            fail(f"expected a list, got {_describe(value)}")
+        items = [convert(args[0], item, f"{key}[{i}]", source) for i, item in enumerate(value)]
+        return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(value)}")
-        return {str(k): _convert(args[1], v, f"{key}.{k}", source) for k, v in value.items()}
+            fail(f"expected a mapping, got {_describe(value)}")
+        return {convert(str, str(k), f"{key}.{k!r}", source): convert(args[1], v, f"{key}.{k}",
+                                                                         source)
+                for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -266,112 +307,120 @@ def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                fail(f"expected a finite number, got {value}")
             return float(value)
     elif tp is str:
-        if isinstance(value, str):
-            return value
         if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                (key.startswith("env.") or key.startswith("slurm.extra.")):
-            return str(value)
-    raise ConfigError(f"{source}: {where}: expected {_name(tp)}, got {_describe(value)}")
+                key.startswith(_STRINGLY):
+            value = str(value)
+        if isinstance(value, str):
+            if _CONTROL.search(value):
+                fail(f"expected a single line without control characters, got {value!r}")
+            return value
+    fail(f"expected {_name(tp)}, got {_describe(value)}")
+
+
+def _convert_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: {key or '<top level>'}: expected a mapping, "
+                          f"got {_describe(value)}")
+    hints, fields = _schema(tp)
+    kwargs = {}
+    for name, item in value.items():
+        full = _join(key, str(name))
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f" (did you mean '{_join(key, close[0])}'?)" if close else \
+                f" (valid keys: {', '.join(fields)})"
+            raise ConfigError(f"{source}: unknown key {full!r}{hint}")
+        kwargs[name] = convert(hints[name], item, full, source)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing required key '{_join(key, name)}'")
+    return tp(**kwargs)
+
+
+@functools.cache
+def _schema(tp: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """Annotations and fields of a dataclass, resolved once (a manifest has many entries)."""
+    return (typing.get_type_hints(tp, include_extras=True),
+            {f.name: f for f in dataclasses.fields(tp) if f.name != "source"})
 
 
 def _validate(config: Config) -> None:
-    """Checks that span fields, or that a type alone cannot express."""
+    """Checks that span fields, or that a type and a bound alone cannot express."""
     src = config.source
+
+    def fail(key: str, problem: str) -> typing.NoReturn:
+        raise ConfigError(f"{src}: {key}: {problem}")
+
     topo = config.topology
-    for name in ("nodes", "processes_per_node", "devices_per_process"):
-        if getattr(topo, name) < 1:
-            raise ConfigError(f"{src}: topology.{name}: expected a positive integer, "
-                              f"got {getattr(topo, name)}")
     if topo.platform not in _PLATFORMS:
-        raise ConfigError(f"{src}: topology.platform: expected one of "
-                          f"{', '.join(_PLATFORMS)}, got {topo.platform!r}")
-    if not config.run.name or "/" in config.run.name:
-        raise ConfigError(f"{src}: run.name: expected a non-empty name without '/', "
-                          f"got {config.run.name!r}")
+        fail("topology.platform", f"expected one of {', '.join(_PLATFORMS)}, "
+                                  f"got {topo.platform!r}")
+    if config.run.name in ("", ".", "..") or "/" in config.run.name:
+        fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
+                         f"got {config.run.name!r}")
+    if not config.cache.dir:
+        fail("cache.dir", "expected a directory path, got an empty string (which would mean "
+                          "the working directory)")
     if not config.mesh.axes:
-        raise ConfigError(f"{src}: mesh.axes: expected at least one axis")
-    for axis, size in config.mesh.axes.items():
-        if size < 1:
-            raise ConfigError(f"{src}: mesh.axes.{axis}: expected a positive size, got {size}")
-    mesh_size = 1
-    for size in config.mesh.axes.values():
-        mesh_size *= size
+        fail("mesh.axes", "expected at least one axis")
+    mesh_size = math.prod(config.mesh.axes.values())
     if mesh_size != topo.num_devices:
         shape = " x ".join(f"{a}={s}" for a, s in config.mesh.axes.items())
-        raise ConfigError(
-            f"{src}: mesh.axes: {shape} is {mesh_size} devices, but topology has "
-            f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
-            f"{topo.processes_per_node} x devices_per_process {topo.devices_per_process})")
+        fail("mesh.axes", f"{shape} is {mesh_size} devices, but topology has "
+                          f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
+                          f"{topo.processes_per_node} x devices_per_process "
+                          f"{topo.devices_per_process})")
     if config.mesh.axis_types not in _AXIS_TYPES:
-        raise ConfigError(f"{src}: mesh.axis_types: expected one of {', '.join(_AXIS_TYPES)}, "
-                          f"got {config.mesh.axis_types!r}")
-    if not _MODULE_FUNCTION.match(config.step.factory):
-        raise ConfigError(f"{src}: step.factory: expected 'module:function', "
-                          f"got {config.step.factory!r}")
+        fail("mesh.axis_types", f"expected one of {', '.join(_AXIS_TYPES)}, "
+                                f"got {config.mesh.axis_types!r}")
+    if not _MODULE_FUNCTION.fullmatch(config.step.factory):
+        fail("step.factory", f"expected 'module:function', got {config.step.factory!r}")
     entry = config.entrypoint
     if (entry.command is None) == (entry.function is None):
-        raise ConfigError(f"{src}: entrypoint: expected exactly one of 'entrypoint.command' "
-                          f"(a console command) or 'entrypoint.function' ('module:function')")
+        fail("entrypoint", "expected exactly one of 'entrypoint.command' (a console command) "
+                           "or 'entrypoint.function' ('module:function')")
     if entry.command is not None and not entry.command:
-        raise ConfigError(f"{src}: entrypoint.command: expected a non-empty list")
-    if entry.function is not None and not _MODULE_FUNCTION.match(entry.function):
-        raise ConfigError(f"{src}: entrypoint.function: expected 'module:function', "
-                          f"got {entry.function!r}")
-    if config.cache.min_compile_time_secs < 0:
-        raise ConfigError(f"{src}: cache.min_compile_time_secs: expected >= 0, "
-                          f"got {config.cache.min_compile_time_secs}")
+        fail("entrypoint.command", "expected a non-empty list")
+    if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
+        fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
     if config.cache.max_size < -1 or config.cache.max_size == 0:
-        raise ConfigError(f"{src}: cache.max_size: expected -1 (unbounded) or a positive "
-                          f"number of bytes, got {config.cache.max_size}")
+        fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, "
+                               f"got {config.cache.max_size}")
     for i, flag in enumerate(config.xla_flags):
-        if not flag.startswith("--xla_"):
-            raise ConfigError(f"{src}: xla_flags[{i}]: expected a flag like '--xla_...', "
-                              f"got {flag!r}")
+        if not flag.startswith("--xla_") or " " in flag:
+            fail(f"xla_flags[{i}]", f"expected one flag like '--xla_...', got {flag!r}")
     for option in config.jax:
-        if not _JAX_OPTION.match(option):
-            raise ConfigError(f"{src}: jax.{option}: expected a JAX option name like "
-                              f"'jax_default_matmul_precision'")
-    if not _SLURM_TIME.match(config.slurm.time):
-        raise ConfigError(f"{src}: slurm.time: expected [D-]HH:MM:SS, got {config.slurm.time!r}")
+        if not _JAX_OPTION.fullmatch(option):
+            fail(f"jax.{option}", "expected a JAX option name like "
+                                  "'jax_default_matmul_precision'")
+    if not _SLURM_TIME.fullmatch(config.slurm.time):
+        fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
     if config.slurm.signal not in _SIGNALS:
-        raise ConfigError(f"{src}: slurm.signal: expected one of {', '.join(_SIGNALS)}, "
-                          f"got {config.slurm.signal!r}")
-    if config.train.steps < 1:
-        raise ConfigError(f"{src}: train.steps: expected a positive integer, "
-                          f"got {config.train.steps}")
-    if config.init_budget_s <= 0:
-        raise ConfigError(f"{src}: init_budget_s: expected a positive number of seconds, "
-                          f"got {config.init_budget_s}")
-    _check_script_safe(config)
+        fail("slurm.signal", f"expected one of {', '.join(_SIGNALS)}, "
+                             f"got {config.slurm.signal!r}")
     for name in config.env:
-        if _MANAGED_ENV.match(name):
-            raise ConfigError(f"{src}: env.{name}: jaxwarm sets this variable itself, the same "
-                              f"for every job; use the cache, jax or xla_flags section instead")
-
-
-def _check_script_safe(config: Config) -> None:
-    """What ends up in a job script: env names are exported unquoted, and a newline in an
-    #SBATCH value would start a new (executed) script line. Values are shell-quoted."""
-    src = config.source
-    for name in config.env:
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"{src}: env.{name}: expected a variable name of letters, digits "
-                              f"and '_' (not starting with a digit)")
+        if not _ENV_NAME.fullmatch(name):
+            fail(f"env.{name}", "expected a variable name of letters, digits and '_' "
+                                "(not starting with a digit)")
+        if _MANAGED_ENV.fullmatch(name):
+            fail(f"env.{name}", "jaxwarm sets this variable itself, the same for every job; "
+                                "use the cache, jax or xla_flags section instead")
     for name in config.slurm.extra:
-        if not _SBATCH_OPTION.match(name):
-            raise ConfigError(f"{src}: slurm.extra.{name}: expected an sbatch option name "
-                              f"like 'exclusive' or 'gres'")
-    fields = {"run.name": config.run.name,
-              **{f"slurm.{f.name}": getattr(config.slurm, f.name)
-                 for f in dataclasses.fields(config.slurm)
-                 if isinstance(getattr(config.slurm, f.name), str)},
-              **{f"slurm.extra.{k}": v for k, v in config.slurm.extra.items()}}
-    for key, value in fields.items():
-        if _CONTROL.search(value):
-            raise ConfigError(f"{src}: {key}: expected a single line without control "
-                              f"characters, got {value!r}")
+        if not _SBATCH_OPTION.fullmatch(name):
+            fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
+                                        "or 'gres'")
+
+
+def _base(tp: Any) -> Any:
+    """The plain class of an annotation: int for Annotated[int, ...], list for list[str]."""
+    if typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    return typing.get_origin(tp) or tp
 
 
 def _join(prefix: str, name: str) -> str:
@@ -380,9 +429,11 @@ def _join(prefix: str, name: str) -> str:
 
 def _name(tp: Any) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
     if tp in names:
         return names[tp]
-    if typing.get_origin(tp) is list:
+    if typing.get_origin(tp) in (list, tuple):
         return "a list"
     if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
         return "a mapping"

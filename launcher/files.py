@@ -15,8 +15,8 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -34,23 +34,39 @@ class LockTimeout(RuntimeError):
 
 
 @contextmanager
+def staged_files(paths: Sequence[Path], mode: int = 0o644,
+                 publish_under: AbstractContextManager[object] | None = None
+                 ) -> Iterator[list[Path]]:
+    """Temp paths next to each of `paths` to write to. When the block succeeds, each is
+    synced and renamed over its path (inside `publish_under`, e.g. a lock, held only for
+    the renames); when it fails, every temp is removed and no path changed: all or nothing."""
+    temps: list[Path] = []
+    try:
+        for path in paths:
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            temps.append(Path(name))
+        yield temps
+        for tmp in temps:
+            with tmp.open("rb+") as written:  # on disk before it becomes visible
+                os.fsync(written.fileno())
+            os.chmod(tmp, mode)
+        with publish_under or nullcontext():
+            for tmp, path in zip(temps, paths):
+                os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
 def atomic_path(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
     """A temp path next to `path` to write to; renamed over `path` when the block succeeds,
     removed when it fails, so `path` is the old file or the whole new one, never torn.
     For writers that need a file name (tarfile); `atomic_write` is the short form."""
-    path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
+    with staged_files([Path(path)], mode) as (tmp,):
         yield tmp
-        with tmp.open("rb+") as written:  # on disk before it becomes visible
-            os.fsync(written.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644) -> Path:
@@ -75,12 +91,26 @@ def describe_holder(lock_path: str | Path) -> str:
         return "a process that did not record itself (JAX, or an older jaxwarm)"
 
 
+def is_held(lock_path: str | Path) -> bool:
+    """Whether some process holds the lock now: a probe that takes and drops it at once (a
+    waiter in `locked` just retries), and creates no lock file that was not there."""
+    if not Path(lock_path).exists():
+        return False
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
 @contextmanager
 def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the file lock at `lock_path` (filelock: flock, released when the holder dies).
 
     Waits at most `timeout_s`, logging once who it waits for, then raises LockTimeout naming
-    the holder. The holder is recorded next to the lock while it is held.
+    the holder (at once with `timeout_s=0`: for locks that mean "busy", not "wait"). The holder is recorded next to the lock while it is held.
     """
     lock_path = Path(lock_path)
     lock = FileLock(str(lock_path), timeout=0)
@@ -91,6 +121,9 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
             lock.acquire()
             break
         except Timeout:
+            if timeout_s == 0:
+                raise LockTimeout(f"{lock_path}: the {what} is in use by "
+                                  f"{describe_holder(lock_path)}") from None
             if time.monotonic() >= deadline:
                 raise LockTimeout(
                     f"{lock_path}: waited {timeout_s:g} s for the {what} lock, held by "

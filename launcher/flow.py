@@ -64,9 +64,9 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
     return jobs
 
 
-def run(command: str, config: Config, pinned: Path, backend: Backend, *,
-        prewarm: bool = True, wait: bool = False) -> int:
-    jobs = plan(command, config, pinned, prewarm)
+def run(command: str, config: Config, jobs: list[JobSpec], backend: Backend, *,
+        wait: bool = False) -> int:
+    """Submit the planned jobs (`plan`) and follow them as the command asks."""
     handles = backend.submit(config, jobs)
     if not (backend.runs_in_foreground or wait or command == VERIFY):
         for line in backend.hints(config, handles):
@@ -88,7 +88,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     """The headline first (the prewarmed targets: hit or why not), then the table. A training
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
-    manifest = read_manifest(config.cache.dir)
+    manifest = read_manifest(config.cache.dir, strict=False)
     lines = summarize(reports, manifest, config.run.name)
     if trained:
         lines += missing_train_report(reports)

@@ -7,6 +7,7 @@ so the table shows every process as it is instead of summarising the run as "hit
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from launcher.injob.guard import CHANGE_PREFIX
 from launcher.rundir import JOBS, TRAIN, reports_dir
 from launcher.store.manifest import ManifestEntry
 from prewarm.jaxkey.components import explain_miss
+
+log = logging.getLogger("jaxwarm.report")
 
 _REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
 _JOB_ORDER = {job: order for order, job in enumerate(JOBS)}
@@ -27,8 +30,13 @@ def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
     for path in reports_dir(run_dir).glob("*.json"):
         match = _REPORT_NAME.match(path.name)
         if match:
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                log.warning("skipping %s: not a readable report (%s)", path, exc)
+                continue
             found.append((_JOB_ORDER.get(match["job"], 9), int(match["restart"]),
-                          int(match["process"]), json.loads(path.read_text())))
+                          int(match["process"]), report))
     return [report for *_, report in sorted(found, key=lambda item: item[:3])]
 
 

@@ -3,7 +3,8 @@
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
 reports), verify/p<process>.json (verify verdicts), slurm/<job>/ (submitit's job folders) with
-slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's).
+slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's), and
+launch.lock (held by the launch that owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
 """
 
@@ -18,6 +19,11 @@ PINNED_CONFIG = "config.yaml"
 
 def pinned_config(run_dir: str | Path) -> Path:
     return Path(run_dir) / PINNED_CONFIG
+
+
+def lock_path(run_dir: str | Path) -> Path:
+    """Held by a launch for its whole life: one launch per run dir at a time."""
+    return Path(run_dir) / "launch.lock"
 
 
 def log_path(run_dir: str | Path, job: str, process: int) -> Path:

@@ -5,9 +5,11 @@ abstract inputs only (no parameters materialized, no data read, no step executed
 verifies before it compiles: a function whose predicted key is already in the cache is
 WARM and left alone, so a warm relaunch costs imports and lowering, not a compile, on every
 backend. The others are `lower().compile()`d so that process 0 writes the cache entries.
-What it compiled, under which key, how long it took and the entry's checksum go into the
-manifest in the cache dir. Process 0 decides what is warm and every process follows it:
-on GPU, ranks that compile while others load can wait on each other forever.
+What it compiled, under which key, how long it took and the entry's checksum and size go
+into the manifest in the cache dir as each entry is written, not at the end: a prewarm
+killed between two compiles leaves nothing unrecorded, and a failed write is a failure.
+Process 0 decides what is warm and every process follows it: on GPU, ranks that compile
+while others load can wait on each other forever.
 
 JAX writes an entry without a lock or an atomic rename when the cache has no size cap, so
 two prewarms of the same step (a job array over similar configs) could interleave their
@@ -17,20 +19,22 @@ second prewarm waits, then loads what the first wrote. Different steps run in pa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
 from contextlib import nullcontext
 from typing import Any, ContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
 from launcher.environment import is_remote
 from launcher.files import locked
-from launcher.store.entries import entry_exists
+from launcher.config import Config
+from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
+from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
 from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
-from launcher.store.manifest import ManifestEntry, record_entries
+from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from prewarm.jaxkey.predict import UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
@@ -54,6 +58,9 @@ class Target:
 class Compiled:
     target: Target
     record: FunctionRecord
+    # Why the entry JAX should have written is not in the cache (a full disk, a read-only
+    # dir, a torn write); None when it is there intact, or was not meant to be written.
+    failure: str | None = None
 
 
 def predicted_key(lowered: object) -> str | None:
@@ -65,19 +72,19 @@ def predicted_key(lowered: object) -> str | None:
         return None
 
 
-WRITER_LOCKS = "jaxwarm-locks"
 # A second prewarm of the same key waits while the first compiles it: as long as a big
 # compile takes, and no longer.
 COMPILE_LOCK_TIMEOUT_S = 3 * 3600.0
 
 
 def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> ContextManager[None]:
-    """Held by process 0 while it compiles (and JAX writes) one key; nothing elsewhere."""
+    """Held by process 0 while it compiles (and JAX writes) one key, until the manifest
+    records it (prune spares an entry under a held lock); nothing elsewhere."""
     if not is_writer or key is None or is_remote(cache_dir):
         return nullcontext()
-    folder = Path(cache_dir) / WRITER_LOCKS
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return locked(folder / f"{key}.lock", f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
+    path = writer_lock_path(cache_dir, key)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
 
 def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
@@ -91,41 +98,115 @@ def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
     return lowered
 
 
-def warm_on_process_0(targets: list[Target], cache_dir: str) -> list[bool]:
-    """Which functions process 0 finds in the cache under their predicted key, as every
-    process's answer. Nothing is warm where the key cannot be predicted (untested jax)."""
+def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
+    """Which functions process 0 finds intact in the cache under their predicted key, as
+    every process's answer. Nothing is warm where the key cannot be predicted (untested jax)."""
     import jax
     import numpy as np
 
-    warm = [target.key is not None and entry_exists(cache_dir, target.key)
-            for target in targets]
+    problems = (check_entries_of(targets, config) if jax.process_index() == 0
+                else ["decided by process 0"] * len(targets))
+    warm = [problem is None for problem in problems]
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         warm = [bool(flag) for flag in multihost_utils.broadcast_one_to_all(
             np.asarray(warm, dtype=np.bool_))]
-    for target, is_warm in zip(targets, warm):
+    for target, is_warm, problem in zip(targets, warm, problems):
         log.info("%s  %s  %s: %s", "WARM" if is_warm else "COLD", target.name, target.key,
-                 "already in the cache, not compiling it" if is_warm else "compiling it")
+                 "already in the cache, not compiling it" if is_warm else
+                 "compiling it" if problem in ("missing", "decided by process 0") else
+                 f"compiling it ({problem})")
     return warm
 
 
-def compile_targets(recorder: InitRecorder, targets: list[Target], cache_dir: str,
+def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
+    """Why each target's entry would not load (None: WARM), from process 0. A torn or
+    corrupt entry is quarantined (JAX never replaces one); an intact entry no manifest
+    records (its prewarm was killed before recording it) is pinned now."""
+    cache_dir = config.cache.dir
+    problems = [warm_problem(cache_dir, t.key) if t.key else "no predicted key"
+                for t in targets]
+    if is_remote(cache_dir):
+        return problems
+    for target, problem in zip(targets, problems):
+        if problem not in (None, "missing", "no predicted key"):
+            quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
+    manifest = read_manifest(cache_dir, strict=False)
+    found = [manifest_entry(config, target, function_of(target.key), target.key, 0.0,
+                            written_since(cache_dir, target.key, 0.0))
+             for target, problem in zip(targets, problems)
+             if problem is None and target.key not in manifest]
+    if found:
+        record_entries(cache_dir, found)
+    return problems
+
+
+def manifest_entry(config: Config, target: Target, function: str, key: str, compile_s: float,
+                   written: tuple[str, int] | None,
+                   signature: str | None = None) -> ManifestEntry:
+    """What the manifest records of one key: `written` is the entry's (sha256, size)."""
+    import jax
+
+    return ManifestEntry(function=function, key=key, run=config.run.name, config=config.source,
+                         compile_s=compile_s, lower_s=target.lower_s, signature=signature,
+                         is_step=target.is_step, written=written is not None,
+                         jax_version=jax.__version__, process_count=jax.process_count(),
+                         sha256=written[0] if written else None,
+                         size=written[1] if written else None)
+
+
+def record_compile(config: Config, target: Target, record: FunctionRecord,
+                   since: float) -> str | None:
+    """Right after process 0 compiled a target, still under its writer lock: check the entry
+    JAX wrote and record it in the manifest, so no prune or crash finds it unrecorded.
+    Returns why it failed (the torn entry quarantined), or None."""
+    cache_dir = config.cache.dir
+    if record.key is None or record.hit or is_remote(cache_dir):
+        return None
+    written = written_since(cache_dir, record.key, since)
+    if written is None:
+        if record.seconds < config.cache.min_compile_time_secs:
+            return None
+        failure = "JAX did not write it (a full disk or a read-only cache dir?)"
+    else:
+        failure = entry_problem(entry_path(cache_dir, record.key), None)
+        if failure is not None:
+            quarantine(cache_dir, Check(record.key, written[1], failure, True))
+            written = None
+    record.sha256, record.size = written or (None, None)
+    entry = dataclasses.replace(
+        manifest_entry(config, target, record.name, record.key, record.seconds, written,
+                       record.signature),
+        components=record.components)
+    try:
+        record_entries(cache_dir, [entry])
+    except OSError as exc:
+        return failure or f"the manifest could not be written ({exc.strerror})"
+    return failure
+
+
+def compile_targets(recorder: InitRecorder, targets: list[Target], config: Config,
                     is_writer: bool) -> list[Compiled]:
-    """Compile each lowered target; the recorder saw its cache key and outcome."""
+    """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
+    records each entry as soon as it is written (`record_compile`)."""
     compiled = []
     for target in targets:
-        with writer_lock(cache_dir, target.key, is_writer):
+        with writer_lock(config.cache.dir, target.key, is_writer):
+            since = time.time()
             target.lowered.compile()
-        record = recorder.report.functions[-1]
+            record = recorder.report.functions[-1]
+            failure = record_compile(config, target, record, since) if is_writer else None
         if target.key is not None and record.key is not None and target.key != record.key:
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
-        compiled.append(Compiled(target, record))
+        compiled.append(Compiled(target, record, failure))
     return compiled
 
 
 def describe(item: Compiled, min_compile_time_s: float) -> str:
     record = item.record
+    if item.failure is not None:
+        return f"FAILED {record.name}: compiled, but its entry {record.key}: {item.failure}"
     if record.key is None:
         return f"{record.name}: compiled in {record.seconds:.2f} s, but the cache is off"
     if record.hit:
@@ -148,32 +229,19 @@ def main() -> int:
              config.step.factory, jax.process_count(), jax.local_device_count(),
              dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source)
-    warm = warm_on_process_0(targets, config.cache.dir)
+    warm = warm_on_process_0(targets, config)
     cold = [target for target, is_warm in zip(targets, warm) if not is_warm]
     if not cold:
         log.info("every function is WARM: nothing to compile")
-    compiled = compile_targets(recorder, cold, config.cache.dir, jax.process_index() == 0)
+    compiled = compile_targets(recorder, cold, config, jax.process_index() == 0)
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
-    if jax.process_index() == 0:
-        written = [
-            ManifestEntry(function=item.record.name, key=item.record.key, run=config.run.name,
-                          config=config.source, compile_s=item.record.seconds,
-                          lower_s=item.target.lower_s, signature=item.record.signature,
-                          is_step=item.target.is_step,
-                          written=item.record.seconds >= config.cache.min_compile_time_secs,
-                          jax_version=jax.__version__, process_count=jax.process_count(),
-                          components=item.record.components,
-                          # Checksummed by the hook after the first step (local cache only).
-                          sha256=item.record.sha256, size=item.record.size)
-            # A hit's seconds are a load, not a compile: keep the entry that wrote it.
-            for item in compiled if item.record.key is not None and not item.record.hit]
-        if is_remote(config.cache.dir):
-            log.info("no manifest for a remote cache dir (it needs a local file lock)")
-        else:
-            log.info("manifest: %s", record_entries(config.cache.dir, written))
-    return 0
+    if is_remote(config.cache.dir):
+        log.info("no manifest for a remote cache dir (it needs a local file lock)")
+    elif jax.process_index() == 0:
+        log.info("manifest: %s", manifest_path(config.cache.dir))
+    return 1 if any(item.failure for item in compiled) else 0
 
 
 if __name__ == "__main__":

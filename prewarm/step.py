@@ -149,11 +149,15 @@ def lower_target(target: CompileTarget, source: str) -> Any:
 
 
 def job_main(main: Callable[[], int]) -> int:
-    """Run a job's main so that bad input (config, factory) is one line and exit status 2."""
+    """Run a job's main so that bad input (a missing factory function, a broken manifest, a
+    stuck lock, a full disk) ends it with one line and exit 2, as the launcher's errors do;
+    only a bug shows a traceback."""
+    from launcher.errors import USER_ERRORS, one_line
+
     try:
         return main()
-    except ConfigError as exc:
-        log.error("jaxwarm: error: %s", exc)
+    except (*USER_ERRORS, OSError) as exc:
+        log.error("jaxwarm: error: %s", one_line(exc))
         return 2
 
 

@@ -1,9 +1,10 @@
 """`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory, lowers it, and
-predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the cache
-dir holds an entry under that key. A COLD function that the manifest knows under another
-key is explained by the key components that differ. Process 0's verdict is the run's: on
+predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the
+cache dir holds an intact entry under that key (`integrity.warm_problem`: a torn one is
+COLD). A COLD function that the manifest knows under another key is explained by the key
+components that differ. Process 0's verdict is the run's: on
 GPU every rank shares its key, and on CPU only process 0 can ever hit.
 """
 
@@ -23,8 +24,8 @@ from launcher.injob.recorder import InitRecorder
 from launcher.injob.hook import config_from_env
 from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
-from launcher.store.manifest import ManifestEntry, read_manifest
-from launcher.store.entries import entry_exists
+from launcher.store.manifest import read_manifest
+from launcher.store.integrity import warm_problem
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -43,31 +44,41 @@ class Verdict:
     components: dict[str, str] = field(default_factory=dict)
 
 
-def judge(lowered: Any, config: Config, manifest: dict[str, ManifestEntry], lower_s: float,
-          signature: Callable[[str], str | None]) -> Verdict:
+def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
+          signature: Callable[[str], str | None] = lambda _: None) -> Verdict:
+    """One function's verdict. Only a COLD one reads the whole manifest, to explain the miss
+    against the same target (`run` first, then the same layout; `signature` tells functions
+    of one name apart): a WARM verdict costs the key prediction and a check of its entry."""
     import jax
 
     start = time.perf_counter()
     prediction = predict_key(lowered)
     predict_s = time.perf_counter() - start
-    warm = entry_exists(config.cache.dir, prediction.key)
-    explanation = [] if warm else explain_miss(
-        prediction.module_name, prediction.components, manifest, run=config.run.name,
-        process_count=jax.process_count(), signature=signature(prediction.module_name))
+    problem = warm_problem(cache_dir, prediction.key)
+    warm = problem is None
+    if warm:
+        explanation = []
+    elif problem == "missing":
+        explanation = explain_miss(
+            prediction.module_name, prediction.components,
+            read_manifest(cache_dir, strict=False), run=run,
+            process_count=jax.process_count(), signature=signature(prediction.module_name))
+    else:
+        explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
                    lower_s=lower_s, predict_s=predict_s, explanation=explanation,
                    components=prediction.components)
 
 
 def verify_targets(targets: list[CompileTarget], config: Config,
-                   manifest: dict[str, ManifestEntry], recorder: InitRecorder) -> list[Verdict]:
+                   recorder: InitRecorder) -> list[Verdict]:
     verdicts = []
     for target in targets:
         warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
         start = time.perf_counter()
         lowered = lower_target(target, config.source)
-        verdicts.append(judge(lowered, config, manifest, time.perf_counter() - start,
-                              recorder.signature))
+        verdicts.append(judge(lowered, config.cache.dir, time.perf_counter() - start,
+                              run=config.run.name, signature=recorder.signature))
     return verdicts
 
 
@@ -83,8 +94,7 @@ def main() -> int:
 
     config = config_from_env()
     recorder, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
-    verdicts = verify_targets(bundle.compile_targets(), config,
-                              read_manifest(config.cache.dir), recorder)
+    verdicts = verify_targets(bundle.compile_targets(), config, recorder)
     write_result(verify_result_path(config.run_dir, jax.process_index()), verdicts,
                  jax.process_index())
     return 0

@@ -238,7 +238,6 @@ def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
 def _run(side: Side, cache_dir: str, out: Path) -> dict:
     import jax
     import numpy as np
-    from launcher.store.manifest import read_manifest
     from prewarm.verify import judge
 
     recorder = _recorder(cache_dir, out, "run")
@@ -254,7 +253,7 @@ def _run(side: Side, cache_dir: str, out: Path) -> dict:
 
     report = recorder.report
     before = (report.lookups, len(report.functions), report.backend_compile_s)
-    verdict = judge(lowered, cache_dir, read_manifest(cache_dir), 0.0)
+    verdict = judge(lowered, cache_dir, 0.0)
     during_judge = {"lookups": report.lookups - before[0],
                     "compiles": len(report.functions) - before[1],
                     "backend_compile_s": report.backend_compile_s - before[2]}

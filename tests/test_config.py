@@ -15,9 +15,12 @@ def demo_raw() -> dict:
     return yaml.safe_load(DEMO.read_text())
 
 
-def write(tmp_path: Path, raw: dict | str) -> Path:
+def write(tmp_path: Path, raw: dict | str | bytes) -> Path:
     path = tmp_path / "bad.yaml"
-    path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False))
+    if isinstance(raw, bytes):
+        path.write_bytes(raw)
+    else:
+        path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
@@ -53,6 +56,27 @@ CASES = {
                            ["slurm.extra.--gres: expected an sbatch option name"]),
     "bad factory": (mutate(demo_raw(), "step.factory", "no_colon_here"),
                     ["step.factory: expected 'module:function'"]),
+    "negative count": (mutate(demo_raw(), "slurm.cpus_per_task", -4),
+                       ["slurm.cpus_per_task: expected a positive integer, got -4"]),
+    "nan": (mutate(demo_raw(), "init_budget_s", float("nan")),
+            ["init_budget_s: expected a finite number, got nan"]),
+    "infinity": (mutate(demo_raw(), "cache.min_compile_time_secs", float("inf")),
+                 ["cache.min_compile_time_secs: expected a finite number, got inf"]),
+    "zero where meaningless": (mutate(demo_raw(), "train.log_every", 0),
+                               ["train.log_every: expected a positive integer, got 0"]),
+    "negative mesh axis": (mutate(demo_raw(), "mesh.axes", {"data": -2, "fsdp": -4}),
+                           ["mesh.axes.data: expected a positive integer, got -2"]),
+    "newline in an argument": (mutate(demo_raw(), "entrypoint.args", ["a\n#SBATCH --wrap=x"]),
+                               ["entrypoint.args[0]: expected a single line without control"]),
+    "trailing newline in an option name": (mutate(demo_raw(), "slurm.extra", {"gres\n": "x"}),
+                                           ["slurm.extra.'gres\\n': expected a single line"]),
+    "trailing newline in an env name": (mutate(demo_raw(), "env", {"FOO\n": "x"}),
+                                        ["env.'FOO\\n': expected a single line"]),
+    "control character in an env value": (mutate(demo_raw(), "env", {"FOO": "a\rb"}),
+                                          ["env.FOO: expected a single line"]),
+    "run name is a path": (mutate(demo_raw(), "run.name", ".."),
+                           ["run.name: expected one path component"]),
+    "not utf-8": (b"run:\n  name: d\xffmo\n", ["not UTF-8 text (byte 0xff at offset 14)"]),
 }
 
 
@@ -121,3 +145,13 @@ def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path)
     assert result.returncode == 2
     assert "step.factory: module 'my_modle' was not found" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_newline_in_the_run_dir_is_refused() -> None:
+    with pytest.raises(ConfigError, match="run.out_dir: expected a single line without control"):
+        load_config(DEMO, ["run.out_dir=\"runs\\n#SBATCH --wrap=x\""])
+
+
+def test_an_empty_cache_dir_is_not_the_working_directory() -> None:
+    with pytest.raises(ConfigError, match="cache.dir: expected a directory path, got an empty"):
+        load_config(DEMO, ["cache.dir="])

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config import load_config
 from launcher.store.integrity import ZSTD_MAGIC, entry_problem
+from launcher.submit.prepare import pin_config
 from launcher.store.manifest import read_manifest
 from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
 from tests.conftest import DEMO, run_cli
@@ -198,7 +200,7 @@ def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path) -> N
                                                  "cache.trusted_group=root"), "--job", "train")
         assert_ok(trusted)
     new = tmp_path / "new-cache"
-    assert_ok(run_cli("render", *config_args(tmp_path, new, *TINY), "--job", "train"))
+    pin_config(load_config(DEMO, config_args(tmp_path, new, *TINY)[1:]))
     assert new.stat().st_mode & 0o777 == 0o700
 
 

@@ -43,7 +43,7 @@ def note_written_entries(cache_dir: str, report: InitReport, since: float) -> No
     """Checksum each entry this process wrote, once, onto its record (the usage log and
     the prewarm manifest both take it from there)."""
     for record in report.functions:
-        if record.key is not None and not record.hit:
+        if record.key is not None and not record.hit and record.sha256 is None:
             written = written_since(cache_dir, record.key, since)
             if written:
                 record.sha256, record.size = written

@@ -9,9 +9,10 @@ instead of filling a cache with entries no run will ever load.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-import os
+import re
 import tarfile
 import time
 from dataclasses import asdict, dataclass
@@ -19,20 +20,30 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
-from launcher.files import atomic_path
+from launcher.config import Config, NonNegativeInt, convert
+from launcher.files import atomic_path, staged_files
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, jax_lock, scan,
-                                    sha256_file)
+from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, is_entry_key,
+                                    jax_lock, scan, sha256_file)
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
 ENTRIES = "entries"
+MAX_META_BYTES = 64 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class BundleError(Exception):
     """A bundle that cannot be exported or imported; the message is one line."""
+
+
+@dataclass(frozen=True)
+class BundleItem:
+    sha256: str
+    size: NonNegativeInt
+    # The manifest record of the entry in the exporting cache, when a prewarm wrote it.
+    manifest: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class BundleMeta:
     cache_dir: str
     xla_caches: str
     created: float
-    entries: dict[str, dict[str, Any]]
+    entries: dict[str, BundleItem]
 
 
 def installed_versions() -> tuple[str, str]:
@@ -68,8 +79,7 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
         if problem:
             raise BundleError(f"{path}: {problem}; run `jaxwarm cache verify` and prewarm again")
         known = asdict(manifest[key]) if key in manifest else None
-        entries[key] = {"sha256": sha256_file(path), "size": path.stat().st_size,
-                        "manifest": known}
+        entries[key] = BundleItem(sha256_file(path), path.stat().st_size, known)
     meta = BundleMeta(version=BUNDLE_VERSION, jax_version=jax_version,
                       jaxlib_version=jaxlib_version, platform=config.topology.platform,
                       cache_dir=cache_dir, xla_caches=config.cache.xla_caches,
@@ -85,16 +95,41 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
 
 
 def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
+    """The bundle's metadata, every field checked (keys against JAX's key pattern, so no key
+    can name a path outside the cache), or a one-line BundleError."""
     try:
-        member = tar.extractfile(BUNDLE_META)
-        meta = BundleMeta(**json.loads(member.read()))
-    except (KeyError, AttributeError, TypeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{source}: not a jaxwarm bundle (no valid {BUNDLE_META}: "
-                          f"{exc})") from None
+        member = tar.getmember(BUNDLE_META)
+    except KeyError:
+        raise BundleError(f"{source}: not a jaxwarm bundle (no {BUNDLE_META})") from None
+    if not member.isreg() or member.size > MAX_META_BYTES:
+        raise BundleError(f"{source}: {BUNDLE_META} is not a regular file of at most "
+                          f"{MAX_META_BYTES} bytes")
+    try:
+        meta = convert(BundleMeta, json.loads(tar.extractfile(member).read()), "", BUNDLE_META)
+    except (ValueError, tarfile.TarError) as exc:  # ConfigError is a ValueError
+        raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
     if meta.version != BUNDLE_VERSION:
         raise BundleError(f"{source}: bundle format {meta.version}, this jaxwarm reads "
                           f"{BUNDLE_VERSION}")
+    for key, item in meta.entries.items():
+        if not is_entry_key(key):
+            raise BundleError(f"{source}: entries: {key!r} is not a JAX cache key "
+                              f"(<function>-<64 hex digits>); refusing the bundle")
+        if not _SHA256.fullmatch(item.sha256):
+            raise BundleError(f"{source}: entries.{key}.sha256: expected 64 hex digits")
+        manifest_record(source, key, item)
     return meta
+
+
+def manifest_record(source: Path, key: str, item: BundleItem) -> ManifestEntry | None:
+    """The manifest record a bundle carries for an entry, checked like the manifest's own."""
+    if item.manifest is None:
+        return None
+    try:
+        return convert(ManifestEntry, {**item.manifest, "sha256": item.sha256,
+                                       "size": item.size}, f"entries.{key}.manifest", BUNDLE_META)
+    except ValueError as exc:
+        raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
 
 
 def refusal(meta: BundleMeta, config: Config) -> str | None:
@@ -119,11 +154,15 @@ def refusal(meta: BundleMeta, config: Config) -> str | None:
 def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
     """Copy the bundle's entries into the config's cache; returns (added, already present).
 
-    Each entry is checked against the bundle's checksum before it becomes visible, and
-    published by rename under JAX's lock with its atime file, so a running job never sees a
-    partial entry and a size-capped writer finds the atime file it expects.
+    All or nothing: every entry is staged next to its place and checked against the
+    bundle's size and checksum first; only when all passed are they published, by rename
+    under JAX's lock with their atime files, so a running job never sees a partial entry
+    and a size-capped writer finds the atime file it expects.
     """
     cache_dir = Path(config.cache.dir)
+    if not source.is_file():  # a FIFO or a device would be read forever
+        raise BundleError(f"{source}: not a regular file; expected a bundle from "
+                          f"`jaxwarm cache export`")
     try:
         tar = tarfile.open(source)
     except (OSError, tarfile.TarError) as exc:
@@ -134,27 +173,35 @@ def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
         if reason:
             raise BundleError(f"{source}: refusing to import: {reason}")
         present = {entry.key for entry in scan(cache_dir, histories={})}
-        added, skipped, recorded = [], [], []
-        for key, item in meta.entries.items():
-            if key in present:
-                skipped.append(key)
-                continue
-            member = tar.extractfile(f"{ENTRIES}/{key}{CACHE_SUFFIX}")
-            if member is None:
-                raise BundleError(f"{source}: entry {key} is listed but missing")
-            tmp = cache_dir / f".{key}.import{os.getpid()}"
-            tmp.write_bytes(member.read())
-            if sha256_file(tmp) != item["sha256"]:
-                tmp.unlink()
-                raise BundleError(f"{source}: entry {key} does not match its checksum "
-                                  f"(damaged bundle)")
-            with jax_lock(cache_dir):
-                os.replace(tmp, entry_path(cache_dir, key))
-                atime_path(cache_dir, key).write_bytes(time.time_ns().to_bytes(8, "little"))
-            added.append(key)
-            if item.get("manifest"):
-                recorded.append(ManifestEntry(**{**item["manifest"], "sha256": item["sha256"],
-                                                 "size": item["size"]}))
+        todo = {key: item for key, item in meta.entries.items() if key not in present}
+        targets = [path for key in todo
+                   for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
+        with staged_files(targets, publish_under=jax_lock(cache_dir)) as temps:
+            for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2]):
+                entry_tmp.write_bytes(read_member(tar, source, key, item))
+                atime_tmp.write_bytes(time.time_ns().to_bytes(8, "little"))
+    recorded = [record for key, item in todo.items()
+                if (record := manifest_record(source, key, item)) is not None]
     if recorded:
         record_entries(cache_dir, recorded)
-    return added, skipped
+    return list(todo), sorted(present & set(meta.entries))
+
+
+def read_member(tar: tarfile.TarFile, source: Path, key: str, item: BundleItem) -> bytes:
+    """An entry's bytes from the bundle: a regular member of the recorded size and checksum
+    (a link or device member is refused, and nothing beyond the recorded size is read)."""
+    name = f"{ENTRIES}/{key}{CACHE_SUFFIX}"
+    try:
+        member = tar.getmember(name)
+    except KeyError:
+        raise BundleError(f"{source}: entry {key} is listed but missing") from None
+    if not member.isreg():
+        raise BundleError(f"{source}: {name} is not a regular file (a link or device); "
+                          f"refusing the bundle")
+    if member.size != item.size:
+        raise BundleError(f"{source}: {name} is {member.size} bytes, the bundle lists "
+                          f"{item.size} (damaged bundle)")
+    data = tar.extractfile(member).read(item.size)
+    if hashlib.sha256(data).hexdigest() != item.sha256:
+        raise BundleError(f"{source}: entry {key} does not match its checksum (damaged bundle)")
+    return data

@@ -228,9 +228,8 @@ def run(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace, cache_dir: str) -> int:
     if args.max_size is None and args.older_than is None:
         raise ConfigError(f"{args.target}: 'cache prune' needs --max-size and/or --older-than")
-    pinned = set() if args.include_pinned else set(read_manifest(cache_dir))
     removed = prune(cache_dir, max_bytes=args.max_size, older_than_s=args.older_than,
-                    pinned=pinned)
+                    include_pinned=args.include_pinned)
     left = scan(cache_dir)
     print(f"pruned {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
           f"({human_size(sum(e.size for e in removed))}); {len(left)} left, "

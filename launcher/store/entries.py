@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
+import stat as stat_module
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.environment import is_remote
-from launcher.files import locked
+from launcher.files import is_held, locked
 from launcher.store.usage import KeyHistory, key_histories, read_usage
 
 log = logging.getLogger("jaxwarm.store")
@@ -30,6 +31,22 @@ CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
 JAX_LOCK = ".lockfile"
 QUARANTINE_DIR = "jaxwarm-quarantine"
+# Process 0 of a prewarm holds `<dir>/jaxwarm-locks/<key>.lock` while JAX writes the key and
+# until the manifest records it: an entry under a held lock is in flight, never pruned.
+WRITER_LOCKS = "jaxwarm-locks"
+# JAX's key: the module name (`jit_<function>`), '-', the sha256 hex of the key components.
+# Anything else is not an entry: never a path to build, read or remove.
+ENTRY_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*-[0-9a-f]{64}")
+# No entry JAX writes comes near this; a bigger "entry" is not read into memory.
+MAX_ENTRY_BYTES = 4 << 30
+
+
+class NotAnEntry(ValueError):
+    """A file under an entry's name that jaxwarm will not read: the message says why."""
+
+
+def is_entry_key(key: str) -> bool:
+    return ENTRY_KEY.fullmatch(key) is not None
 
 
 @dataclass(frozen=True)
@@ -57,17 +74,40 @@ def entry_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}{CACHE_SUFFIX}"
 
 
-def entry_exists(cache_dir: str, key: str) -> bool:
-    """Local dirs through the file system; remote ones (gs://, s3://) through etils.epath,
-    the library JAX itself reads and writes them with."""
-    if not is_remote(cache_dir):
-        return entry_path(cache_dir, key).is_file()
-    from etils import epath
-    return (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists()
+def writer_lock_path(cache_dir: str | Path, key: str) -> Path:
+    return Path(cache_dir) / WRITER_LOCKS / f"{key}.lock"
 
 
 def atime_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}{ATIME_SUFFIX}"
+
+
+def read_entry(path: Path) -> bytes:
+    """The bytes of a regular entry file, read without following a symlink or blocking on a
+    FIFO, and bounded (a link to /dev/zero or a huge file is refused, not read). Raises
+    FileNotFoundError, or NotAnEntry saying what is there instead."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        kind = "a symlink" if path.is_symlink() else exc.strerror
+        raise NotAnEntry(f"not a regular file ({kind})") from None
+    with os.fdopen(fd, "rb") as source:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            raise NotAnEntry(f"not a regular file ({file_kind(info.st_mode)})")
+        if info.st_size > MAX_ENTRY_BYTES:
+            raise NotAnEntry(f"{info.st_size} bytes, more than any JAX entry "
+                             f"({MAX_ENTRY_BYTES} bytes)")
+        return source.read(MAX_ENTRY_BYTES + 1)
+
+
+def file_kind(mode: int) -> str:
+    kinds = [(stat_module.S_ISDIR, "a directory"), (stat_module.S_ISFIFO, "a FIFO"),
+             (stat_module.S_ISLNK, "a symlink"), (stat_module.S_ISSOCK, "a socket"),
+             (stat_module.S_ISCHR, "a character device"), (stat_module.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def sha256_file(path: Path) -> str:
@@ -107,20 +147,32 @@ def read_atime(cache_dir: str | Path, key: str) -> float | None:
 
 
 def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
-    """Every entry in the dir, oldest use first. Tolerates entries vanishing mid-scan."""
+    """Every entry in the dir, oldest use first. Tolerates entries vanishing mid-scan. Only
+    regular files named like a JAX entry count; anything else under `*-cache` (a directory,
+    a FIFO, a symlink) is skipped with a line, never read or removed."""
     histories = histories if histories is not None else key_histories(read_usage(cache_dir))
     entries = []
     for path in Path(cache_dir).glob(f"*{CACHE_SUFFIX}"):
         key = path.name[:-len(CACHE_SUFFIX)]
+        if not is_entry_key(key):
+            continue
         try:
-            stat = path.stat()
+            stat = path.lstat()
         except FileNotFoundError:
+            continue
+        if not stat_module.S_ISREG(stat.st_mode):
+            log.warning("skipping %s: %s, not a JAX entry", path, file_kind(stat.st_mode))
             continue
         history = histories.get(key)
         uses = [t for t in (read_atime(cache_dir, key), history and history.last_used) if t]
         entries.append(Entry(key=key, path=path, size=stat.st_size, created=stat.st_mtime,
                              last_used=max([stat.st_mtime, *uses])))
     return sorted(entries, key=lambda e: (e.last_used, e.key))
+
+
+def in_flight(cache_dir: str | Path, key: str) -> bool:
+    """Written (or being written) by a running prewarm that has not recorded it yet."""
+    return is_held(writer_lock_path(cache_dir, key))
 
 
 def remove_entry(cache_dir: str | Path, key: str, destination: Path | None = None) -> bool:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import stat
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.store.manifest import read_manifest
-from launcher.store.entries import QUARANTINE_DIR, entry_path, jax_lock, remove_entry, scan
-from launcher.store.usage import append_usage, key_histories, read_usage
+from launcher.environment import is_remote
+from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, entry_path, file_kind,
+                                    jax_lock, read_entry, remove_entry, scan, written_since)
+from launcher.store.usage import append_usage, key_histories, read_usage, records_entry
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -53,12 +56,23 @@ def decompress(data: bytes) -> bytes:
     return zlib.decompress(data)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """An entry as jaxwarm saw it written (or fully checked): what a quick check compares."""
+
+    sha256: str
+    size: int | None
+
+
 def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
-    """Why the entry at `path` cannot be loaded safely; None when it is intact."""
+    """Why the entry at `path` cannot be loaded safely; None when it is intact. The full
+    check: it reads and decompresses the whole entry."""
     try:
-        data = path.read_bytes()
+        data = read_entry(path)
     except FileNotFoundError:
         return "missing"
+    except NotAnEntry as exc:
+        return str(exc)
     if not data:
         return "empty file (a torn or interrupted write)"
     if not data.strip(b"\0"):
@@ -76,32 +90,81 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     return None
 
 
-def known_checksums(cache_dir: str | Path) -> dict[str, str]:
-    """sha256 per key, as recorded when jaxwarm saw the entry written. The usage log is the
-    later word: a quarantine or prune there voids the manifest's checksum of that key."""
-    checksums = {key: entry.sha256 for key, entry in read_manifest(cache_dir).items()
-                 if entry.sha256}
-    for key, history in key_histories(read_usage(cache_dir)).items():
+def recorded_entries(cache_dir: str | Path, strict: bool = True,
+                     key: str | None = None) -> dict[str, Recorded]:
+    """Checksum and size per key (only `key`'s when given), as recorded when jaxwarm saw the
+    entry written. The usage log is the later word: a quarantine or prune there voids the
+    manifest's record. With `strict=False` a broken manifest counts as empty (see
+    `read_manifest`)."""
+    recorded = {name: Recorded(entry.sha256, entry.size)
+                for name, entry in read_manifest(cache_dir, strict, key).items() if entry.sha256}
+    keep = None if key is None else records_entry(key)
+    for name, history in key_histories(read_usage(cache_dir, keep)).items():
         if history.sha256:
-            checksums[key] = history.sha256
+            recorded[name] = Recorded(history.sha256, history.size)
         elif history.removed:
-            checksums.pop(key, None)
-    return checksums
+            recorded.pop(name, None)
+    return recorded
 
 
-def check_entries(cache_dir: str | Path, keys: list[str] | None = None) -> list[Check]:
-    """Check the given keys (default: every entry in the dir)."""
-    checksums = known_checksums(cache_dir)
+def quick_problem(path: Path, size: int) -> str | None:
+    """The cheap check of a recorded entry (a stat and the first bytes): its size is the one
+    recorded and it starts like a zstd or zlib stream. Catches a torn, truncated or
+    replaced file without reading it."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return "missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"not a regular file ({file_kind(info.st_mode)})"
+    if info.st_size != size:
+        return f"{info.st_size} bytes, but {size} were recorded when it was written (torn)"
+    with path.open("rb") as source:
+        head = source.read(len(ZSTD_MAGIC))
+    if not (head.startswith(ZSTD_MAGIC) or (len(head) >= 2 and head[0] & 0x0F == 8
+                                            and int.from_bytes(head[:2], "big") % 31 == 0)):
+        return "does not start like a zstd or zlib stream"
+    return None
+
+
+def warm_problem(cache_dir: str, key: str) -> str | None:
+    """Why the entry of `key` would not load; None when it is WARM. The one check behind
+    `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
+    with its size gets the quick check (within verify's 10 ms: only this key's records are
+    parsed); any other gets the full check once, and when intact its checksum and size are recorded, so the next check is
+    quick. Remote dirs are looked up through etils.epath, as JAX reads them."""
+    if is_remote(cache_dir):
+        from etils import epath
+        return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"
+    path = entry_path(cache_dir, key)
+    known = recorded_entries(cache_dir, strict=False, key=key).get(key)
+    if known is not None and known.size is not None:
+        return quick_problem(path, known.size)
+    problem = entry_problem(path, known.sha256 if known else None)
+    if problem is None:
+        written = written_since(cache_dir, key, 0.0)
+        if written is not None:
+            append_usage(cache_dir, {"event": "checked", "key": key, "sha256": written[0],
+                                     "size": written[1]})
+    return problem
+
+
+def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
+                  strict: bool = True) -> list[Check]:
+    """Check the given keys (default: every entry in the dir); `strict` as in
+    `recorded_entries`."""
+    recorded = recorded_entries(cache_dir, strict)
     if keys is None:
         keys = [entry.key for entry in scan(cache_dir, histories={})]
     checks = []
     for key in keys:
         path = entry_path(cache_dir, key)
-        problem = entry_problem(path, checksums.get(key))
+        known = recorded.get(key)
+        problem = entry_problem(path, known.sha256 if known else None)
         if problem == "missing":
             continue
-        checks.append(Check(key=key, size=path.stat().st_size if path.exists() else 0,
-                            problem=problem, checksum_known=key in checksums))
+        checks.append(Check(key=key, size=path.lstat().st_size if path.exists() else 0,
+                            problem=problem, checksum_known=known is not None))
     return checks
 
 
@@ -121,11 +184,11 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
     return destination
 
 
-def check_and_quarantine(cache_dir: str | Path,
-                         keys: list[str] | None = None) -> tuple[list[Check], float]:
+def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
+                         strict: bool = True) -> tuple[list[Check], float]:
     """Check entries, quarantine the bad ones; returns the checks and the seconds it took."""
     start = time.perf_counter()
-    checks = check_entries(cache_dir, keys)
+    checks = check_entries(cache_dir, keys, strict)
     for check in checks:
         if not check.ok:
             quarantine(cache_dir, check)

@@ -9,12 +9,17 @@ a half-written file.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config import ConfigError, convert
 from launcher.files import atomic_write, locked
+from launcher.store.entries import is_entry_key
+
+log = logging.getLogger("jaxwarm.store")
 
 MANIFEST_NAME = "jaxwarm-manifest.json"
 MANIFEST_VERSION = 1
@@ -46,22 +51,72 @@ def manifest_path(cache_dir: str | Path) -> Path:
     return Path(cache_dir) / MANIFEST_NAME
 
 
-def read_manifest(cache_dir: str | Path) -> dict[str, ManifestEntry]:
-    """Entries by cache key; empty when there is no manifest yet."""
+class ManifestError(ValueError):
+    """A manifest that cannot be read, phrased as one line naming the file."""
+
+
+def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, ManifestEntry]:
+    """Entries by cache key from the manifest's text (only `key`'s when given: a warm check
+    of one key checks only its record), or ManifestError. Pure."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(f"{source}: not a jaxwarm manifest (not valid JSON: {exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ManifestError(f"{source}: not a jaxwarm manifest (expected an object with "
+                            f"'version' and 'entries')")
+    if data.get("version") != MANIFEST_VERSION:
+        raise ManifestError(f"{source}: manifest version {data.get('version')!r}, this jaxwarm "
+                            f"reads {MANIFEST_VERSION}")
+    entries = {}
+    for name, raw in data["entries"].items():
+        if key is not None and name != key:
+            continue
+        if not is_entry_key(name):
+            raise ManifestError(f"{source}: entries: {name!r} is not a JAX cache key")
+        try:
+            entries[name] = convert(ManifestEntry, raw, f"entries.{name}", source)
+        except ConfigError as exc:
+            raise ManifestError(str(exc)) from None
+    return entries
+
+
+def read_manifest(cache_dir: str | Path, strict: bool = True,
+                  key: str | None = None) -> dict[str, ManifestEntry]:
+    """Entries by cache key (only `key`'s when given); empty when there is no manifest yet.
+    A broken one raises ManifestError, or with `strict=False` (a job that only reads it) is
+    logged and read as empty: every entry then gets the full check, slower but never wrong."""
     path = manifest_path(cache_dir)
     try:
-        data = json.loads(path.read_text())
+        return parse_manifest(path.read_text(errors="replace"), str(path), key)
     except FileNotFoundError:
         return {}
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    return {key: ManifestEntry(**entry) for key, entry in data.get("entries", {}).items()}
+    except ManifestError as exc:
+        if strict:
+            raise
+        log.warning("%s; reading it as empty", exc)
+        return {}
+
+
+def set_aside(path: Path, problem: str) -> Path:
+    """Move a broken manifest out of the way, with a note of why, so writing can go on."""
+    aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+    path.rename(aside)
+    aside.with_name(aside.name + ".why").write_text(problem + "\n")
+    log.warning("%s; moved it to %s and started a new one", problem, aside)
+    return aside
 
 
 def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
+    """Add entries under the manifest's lock. A broken manifest never blocks a prewarm: it
+    is set aside (`set_aside`) and a new one started."""
     path = manifest_path(cache_dir)
     with locked(str(path) + ".lock", "manifest"):
-        current = read_manifest(cache_dir)
+        try:
+            current = read_manifest(cache_dir)
+        except ManifestError as exc:
+            set_aside(path, str(exc))
+            current = {}
         current.update({entry.key: entry for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from launcher.store.entries import Entry, jax_lock, remove_entry, scan
+from launcher.store.entries import Entry, in_flight, jax_lock, remove_entry, scan
+from launcher.store.manifest import read_manifest
 from launcher.store.usage import append_usage, key_histories, read_usage
 
 
@@ -29,12 +30,20 @@ def choose_victims(entries: list[Entry], *, max_bytes: int | None, older_than_s:
 
 
 def prune(cache_dir: str | Path, *, max_bytes: int | None = None,
-          older_than_s: float | None = None, pinned: set[str] = frozenset()) -> list[Entry]:
-    """Remove entries by size and/or age under JAX's lock; safe while jobs run."""
+          older_than_s: float | None = None, include_pinned: bool = False) -> list[Entry]:
+    """Remove entries by size and/or age under JAX's lock; safe while jobs run.
+
+    Never removes an entry a running prewarm wrote and has not recorded yet (its writer lock
+    is held), with or without `include_pinned`. The writer locks are looked at before the
+    manifest is read, both under JAX's lock: a prewarm records its entry before it lets go
+    of the writer lock, so each entry is seen either in flight or pinned."""
     histories = key_histories(read_usage(cache_dir))
     with jax_lock(cache_dir):
-        victims = choose_victims(scan(cache_dir, histories), max_bytes=max_bytes,
-                                 older_than_s=older_than_s, pinned=set(pinned), now=time.time())
+        entries = scan(cache_dir, histories)
+        busy = {e.key for e in entries if in_flight(cache_dir, e.key)}
+        pinned = set() if include_pinned else set(read_manifest(cache_dir))
+        victims = choose_victims(entries, max_bytes=max_bytes, older_than_s=older_than_s,
+                                 pinned=pinned | busy, now=time.time())
         removed = [v for v in victims if remove_entry(cache_dir, v.key)]
     for entry in removed:
         append_usage(cache_dir, {"event": "pruned", "key": entry.key, "size": entry.size})

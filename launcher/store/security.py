@@ -4,7 +4,7 @@ So a cache dir anyone else can write is a way to run code as the user on every n
 refuses a dir (or a parent, unless it has the sticky bit like /tmp) that is writable by
 everyone, and a dir owned by another user, unless the config names the group that shares it
 (`cache.trusted_group`): then the dir must belong to that group and nobody outside it may
-write. New dirs are created 0700 (0770 plus setgid for a trusted group, so new files inherit
+write. A group-writable dir is refused unless its group is that trusted group. New dirs are created 0700 (0770 plus setgid for a trusted group, so new files inherit
 the group).
 """
 
@@ -34,8 +34,14 @@ def trusted_gid(cache: CacheConfig, source: str) -> int | None:
 def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
     """Why a cache dir with this stat is unsafe for user `uid`; None when it is safe. Pure."""
     mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
     if mode & stat.S_IWOTH:
         return f"is writable by every user (mode {mode:04o})"
+    if mode & stat.S_IWGRP and info.st_gid != gid:
+        return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
+                ("and cache.trusted_group does not name it; set it to share a group directory "
+                 "on purpose" if gid is None else f"not by the trusted group (gid {gid})"))
     if info.st_uid == uid:
         return None
     if gid is None:
@@ -55,11 +61,25 @@ def parent_problem(info: os.stat_result) -> str | None:
     return None
 
 
-def check_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:
-    """Refuse an unsafe existing cache dir or parent with one line naming file and key."""
+def write_problem(path: Path) -> str | None:
+    """Why this user cannot create or write the dir (it, or its nearest existing parent)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    what = "is" if existing == path else f"cannot be created: {existing}"
+    return f"{what} read-only for you; jobs could neither write nor lock entries there"
+
+
+def check_cache_dir(path: Path, cache: CacheConfig, source: str, writing: bool = False) -> None:
+    """Refuse an unsafe existing cache dir or parent with one line naming file and key.
+
+    The parents are checked along the path as written and along the path it resolves to,
+    so a symlink cannot lead into a dir anyone may replace. With `writing` (a launch), a
+    dir this user cannot write is refused here too, before any job starts."""
     gid = trusted_gid(cache, source)
     path = Path(os.path.abspath(path))
-    for parent in reversed(path.parents):
+    real = Path(os.path.realpath(path))
+    for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
         problem = parent_problem(parent.stat()) if parent.exists() else None
         if problem:
             raise ConfigError(f"{source}: cache.dir: parent {parent} {problem}: anyone could "
@@ -69,6 +89,9 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:
         if problem:
             raise ConfigError(f"{source}: cache.dir: {path} {problem}; refusing to run code "
                               f"from it")
+    problem = write_problem(path) if writing else None
+    if problem:
+        raise ConfigError(f"{source}: cache.dir: {path} {problem}")
 
 
 def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:

@@ -7,6 +7,7 @@ imports prewarm code.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import logging
@@ -56,24 +57,51 @@ def job_import_path(config: Config) -> Iterator[None]:
 
 
 def check_modules(config: Config) -> None:
-    """Fail before submitting when the step factory's or entrypoint's module does not exist.
+    """Fail before submitting when the step factory's or entrypoint's module does not exist,
+    or its source plainly does not define the function.
 
-    Only locates the modules (no import: that would import the user's jax code here), with
-    the job's PYTHONPATH."""
+    Only locates and parses the modules (no import: that would import the user's jax code
+    here), with the job's PYTHONPATH; a module without Python source, or one that
+    star-imports, is given the benefit of the doubt and checked in the job."""
     specs = [("step.factory", config.step.factory)]
     if config.entrypoint.function is not None:
         specs.append(("entrypoint.function", config.entrypoint.function))
     with job_import_path(config):
         for key, spec in specs:
-            module = spec.partition(":")[0]
+            module, _, function = spec.partition(":")
             try:
                 found = importlib.util.find_spec(module)
-            except ModuleNotFoundError:
+            except (ImportError, ValueError):
                 found = None
             if found is None:
                 where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
                 raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
                                   f"(is it installed in {sys.executable}{where}?)")
+            names = top_level_names(found.origin)
+            if names is not None and function not in names:
+                raise ConfigError(f"{config.source}: {key}: module {module!r} "
+                                  f"({found.origin}) defines no {function!r}")
+
+
+def top_level_names(origin: str | None) -> set[str] | None:
+    """Names a Python source file binds at its top level; None when that cannot be known."""
+    if origin is None or not origin.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(origin).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
 
 
 def console_script(config: Config, name: str) -> EntryPoint | None:

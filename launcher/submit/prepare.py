@@ -1,4 +1,4 @@
-"""Before any job starts: pin the config into the run dir and get the cache dir ready.
+"""Before any job starts: resolve and pin the config into the run dir, get the cache dir ready.
 
 Both run on the submitting machine, once per launch, so that every job, rank and restart
 reads one resolved config, and a bad entry is out of the way before a job trips on it.
@@ -7,38 +7,63 @@ reads one resolved config, and a bad entry is out of the way before a job trips 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from launcher.config import Config
 from launcher.environment import is_remote, resolve_paths
-from launcher.files import atomic_write
-from launcher.rundir import pinned_config
+from launcher.files import atomic_write, locked
+from launcher.rundir import lock_path, pinned_config
 from launcher.store.entries import ensure_atime_files
 from launcher.store.integrity import check_and_quarantine
 from launcher.store.manifest import latest_for_run, read_manifest
-from launcher.store.security import prepare_cache_dir
+from launcher.store.security import check_cache_dir, prepare_cache_dir
 
 log = logging.getLogger("jaxwarm.prepare")
 
 
-def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
-    """Resolve paths once, check and create the run and cache dirs, write the pinned config.
-
-    The cache dir is created before its path is made canonical, so a symlink that points
-    to it is resolved now and never differs between jobs.
+def resolve_run(config: Config, base: Path | None = None) -> tuple[Config, Path]:
+    """The config with canonical paths, and where its pinned copy goes. Checks the cache dir
+    but writes nothing: a launch refused by a later check (a missing entrypoint, a busy run
+    dir) must leave the run dir, and the pinned config that requeued jobs read, as they were.
     """
     if not is_remote(config.cache.dir):
         cache = Path(config.cache.dir).expanduser()
-        prepare_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
-                          config.cache, config.source)
+        check_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
+                        config.cache, config.source, writing=True)
     config = resolve_paths(config, base)
+    return config, pinned_config(config.run_dir)
+
+
+def write_run_dir(config: Config) -> Path:
+    """Create the cache and run dirs and write the pinned config; only once every check
+    passed (see `resolve_run`), and under the run dir's lock when launching."""
+    if not is_remote(config.cache.dir):
+        prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    path = atomic_write(
+    return atomic_write(
         pinned_config(config.run_dir),
         f"# Pinned by jaxwarm from {config.source}; every job of this run reads it.\n"
         + yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+@contextmanager
+def holding_run_dir(config: Config) -> Iterator[None]:
+    """The run dir's lock, for a launch's whole life: a second launch into the same run dir
+    would train into the same checkpoints and overwrite the reports, so it is refused at
+    once, naming the first (`files.describe_holder`)."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    with locked(lock_path(config.run_dir), f"run dir {config.run_dir}", timeout_s=0):
+        yield
+
+
+def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
+    """`resolve_run` and `write_run_dir` in one, for callers that need no check between."""
+    config, path = resolve_run(config, base)
+    write_run_dir(config)
     return config, path
 
 
@@ -52,8 +77,9 @@ def prepare_cache(config: Config, check: bool) -> None:
         ensure_atime_files(config.cache.dir)
     if not check:
         return
-    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir), config.run.name)]
-    checks, seconds = check_and_quarantine(config.cache.dir, keys)
+    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir, strict=False),
+                                           config.run.name)]
+    checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False)
     bad = [c for c in checks if not c.ok]
     log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d quarantined "
              "(--no-check-cache skips this)", len(checks), "y" if len(checks) == 1 else "ies",

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
+from launcher.config import Config, ConfigError, convert
 from launcher.files import atomic_write
 from launcher.flow import Outcome
 from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
@@ -133,7 +133,11 @@ def read_jobs(run_dir: Path) -> list[SubmittedJob]:
     path = submitted_jobs_path(run_dir)
     if not path.exists():
         return []
-    return [SubmittedJob(**item) for item in json.loads(path.read_text())]
+    try:
+        return convert(list[SubmittedJob], json.loads(path.read_text()), "", str(path))
+    except ValueError as exc:  # ConfigError, or not JSON
+        raise ConfigError(exc if isinstance(exc, ConfigError) else f"{path}: not valid JSON "
+                          f"({exc}); it lists the jobs jaxwarm submitted") from None
 
 
 def parse_scontrol(line: str) -> dict[str, str]:

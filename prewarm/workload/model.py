@@ -12,9 +12,7 @@ naming the key, because a typo found after a 64-node allocation is an expensive 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from launcher.config import Config, ConfigError
+from launcher.config import (Config, ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt,
+                             convert)
 
 Params = dict[str, Any]
 
@@ -41,19 +40,19 @@ class ModelArgs:
     tensor_axis is None without tensor parallelism.
     """
 
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    seq_len: int
-    global_batch: int
-    chunks: int = 1
+    vocab_size: PositiveInt
+    d_model: PositiveInt
+    n_layers: PositiveInt
+    n_heads: PositiveInt
+    n_kv_heads: PositiveInt
+    d_ff: PositiveInt
+    seq_len: PositiveInt
+    global_batch: PositiveInt
+    chunks: PositiveInt = 1
     dtype: str = "float32"
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.1
-    rope_theta: float = 10000.0
+    learning_rate: PositiveFloat = 3e-4
+    weight_decay: NonNegativeFloat = 0.1
+    rope_theta: PositiveFloat = 10000.0
     remat: bool = True
     data_axes: tuple[str, ...] = ("data",)
     fsdp_axis: str | None = "fsdp"
@@ -74,44 +73,20 @@ class ModelArgs:
     @classmethod
     def from_config(cls, config: Config, axis_sizes: Mapping[str, int]) -> ModelArgs:
         """Parse `config.step.args` for a mesh with these axis sizes, or raise ConfigError."""
-        raw = dict(config.step.args)
-        src = config.source
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        hints = typing.get_type_hints(cls)
-        for name in raw:
-            if name not in fields:
-                close = difflib.get_close_matches(str(name), list(fields), n=1)
-                hint = (f"did you mean 'step.args.{close[0]}'?" if close
-                        else f"valid arguments: {', '.join(fields)}")
-                raise ConfigError(f"{src}: step.args.{name}: unknown argument ({hint})")
-        missing = [name for name, f in fields.items()
-                   if f.default is dataclasses.MISSING and name not in raw]
-        if missing:
-            raise ConfigError(f"{src}: step.args.{missing[0]}: missing required argument")
-        kwargs = {name: _convert_arg(hints[name], value, name, src)
-                  for name, value in raw.items()}
-        if "fsdp_axis" not in raw and cls.fsdp_axis not in axis_sizes:
-            kwargs["fsdp_axis"] = None
-        args = cls(**kwargs)
-        args._validate(src, axis_sizes)
+        args = convert(cls, dict(config.step.args), "step.args", config.source)
+        if "fsdp_axis" not in config.step.args and cls.fsdp_axis not in axis_sizes:
+            args = dataclasses.replace(args, fsdp_axis=None)
+        args._validate(config.source, axis_sizes)
         return args
 
     def _validate(self, src: str, axis_sizes: Mapping[str, int]) -> None:
+        """The checks that span arguments or need the mesh; types and ranges are the
+        converter's."""
         def fail(key: str, problem: str) -> typing.NoReturn:
             raise ConfigError(f"{src}: step.args.{key}: {problem}")
 
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                     "seq_len", "global_batch", "chunks"):
-            if getattr(self, name) < 1:
-                fail(name, f"expected a positive integer, got {getattr(self, name)}")
         if self.dtype not in _DTYPES:
             fail("dtype", f"expected one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if self.learning_rate <= 0:
-            fail("learning_rate", f"expected a positive number, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            fail("weight_decay", f"expected a number >= 0, got {self.weight_decay}")
-        if self.rope_theta <= 0:
-            fail("rope_theta", f"expected a positive number, got {self.rope_theta}")
         if self.d_model % self.n_heads:
             fail("n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -155,34 +130,6 @@ class ModelArgs:
             if getattr(self, key) % tensor:
                 fail(key, f"{getattr(self, key)} is not divisible by the {tensor} devices of "
                           f"tensor_axis {self.tensor_axis!r}")
-
-
-_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _convert_arg(tp: Any, value: Any, name: str, src: str) -> Any:
-    """Check one YAML value against its annotation; the error names `step.args.<name>`."""
-    if typing.get_origin(tp) is tuple:
-        if isinstance(value, list) and all(isinstance(item, str) for item in value):
-            return tuple(value)
-        expected = "a list of mesh axis names"
-    else:
-        if typing.get_origin(tp) in (typing.Union, types.UnionType):
-            if value is None:
-                return None
-            (tp,) = [member for member in typing.get_args(tp) if member is not type(None)]
-            expected = f"{_EXPECTED[tp]} or null"
-        else:
-            expected = _EXPECTED[tp]
-        if isinstance(value, bool):
-            if tp is bool:
-                return value
-        elif tp is float and isinstance(value, (int, float)):
-            return float(value)
-        elif isinstance(value, tp):
-            return value
-    raise ConfigError(f"{src}: step.args.{name}: expected {expected}, got "
-                      f"{type(value).__name__} {value!r}")
 
 
 def param_specs(cfg: ModelArgs) -> Params:

@@ -1,0 +1,26 @@
+"""A step factory whose prewarm dies (kill -9 style, no cleanup) the moment JAX starts
+writing its second cache entry: a prewarm killed between two compiles, without timing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from prewarm.workload.chunkwise import make_train_step
+
+WRITE_EVENT = "/jax/compilation_cache/cache_misses"  # fired just before JAX writes an entry
+
+
+def make_train_step_then_die(config: Any, mesh: Any) -> Any:
+    writes = []
+
+    def on_event(event: str, **_: Any) -> None:
+        if event == WRITE_EVENT:
+            writes.append(event)
+            if len(writes) == 2:
+                os._exit(9)
+
+    jax.monitoring.register_event_listener(on_event)
+    return make_train_step(config, mesh)

@@ -1,0 +1,80 @@
+"""A torn entry is never WARM: verify, the pre-run check and the prewarm's own warm check all
+go through `integrity.warm_problem`; a torn entry is quarantined and compiled afresh; a write
+that fails (a full disk) is a failure that leaves no torn entry and no temp file."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.store.entries import CACHE_SUFFIX
+from launcher.store.integrity import entry_problem
+from launcher.store.manifest import manifest_path, read_manifest
+from tests.conftest import REPO
+from tests.test_store_commands import TINY, job_args
+from tests.conftest import run_cli
+
+
+def entries(cache: Path) -> dict[str, Path]:
+    return {p.name[:-len(CACHE_SUFFIX)].split("-")[0]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def test_torn_entries_are_cold_quarantined_and_rewritten(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
+    assert first.returncode == 0, output(first)[-3000:]
+    step = entries(cache)["jit_train_step"]
+
+    # Recorded entry, torn (a kill -9 mid-write): the quick size check catches it.
+    truncate(step)
+    verdict = run_cli("verify", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
+    assert verdict.returncode == 1, output(verdict)[-3000:]
+    assert "COLD  jit_train_step" in verdict.stdout and "(torn)" in verdict.stdout
+    assert "WARM  jit_init_state" in verdict.stdout
+    again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
+    assert again.returncode == 0, output(again)[-3000:]
+    assert "COLD  train_step" in output(again) and "WARM  init_state" in output(again)
+    assert entry_problem(step, read_manifest(cache)[step.name[:-len(CACHE_SUFFIX)]].sha256) \
+        is None
+
+    # Unrecorded entry, torn: nobody knows its size, so it gets the full check.
+    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
+    (cache / "jaxwarm-usage.jsonl").unlink()
+    init = entries(cache)["jit_init_state"]
+    truncate(init)
+    third = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
+    assert third.returncode == 0, output(third)[-3000:]
+    assert "COLD  init_state" in output(third) and "does not decompress" in output(third)
+    assert entry_problem(init, None) is None
+    quarantined = list((cache / "jaxwarm-quarantine").glob(f"*{CACHE_SUFFIX}.*[0-9]"))
+    assert len(quarantined) == 2
+
+
+def limit_file_size() -> None:
+    """A full disk, as the writer sees it: writes past 60 KiB fail (EFBIG; Python ignores
+    SIGXFSZ). JAX's entries are bigger, jaxwarm's own files smaller."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (60 * 1024, 60 * 1024))
+
+
+def test_a_failed_write_is_a_failure_and_leaves_nothing_torn(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    result = subprocess.run([sys.executable, "-m", "launcher.cli", "prewarm",
+                             *job_args(tmp_path, cache, *TINY)], cwd=REPO, text=True,
+                            capture_output=True, timeout=300, preexec_fn=limit_file_size)
+    assert result.returncode != 0, output(result)[-3000:]
+    assert "FAILED jit_train_step" in output(result)
+    assert "written as" not in output(result)
+    assert entries(cache) == {}  # the torn writes are quarantined, not left as entries
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert all(not record.written for record in read_manifest(cache).values())

@@ -1,0 +1,68 @@
+"""Entries are protected from the moment they are written: a prewarm records each entry right
+after its compile (a prewarm killed before the next one leaves it recorded), a later prewarm
+pins an intact entry nobody recorded, and prune never removes an entry in flight."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+from launcher.files import locked
+from launcher.store.entries import CACHE_SUFFIX, writer_lock_path
+from launcher.store.integrity import entry_problem
+from launcher.store.manifest import manifest_path, read_manifest
+from tests.conftest import run_cli
+from tests.test_store_commands import TINY, job_args
+
+DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
+
+
+def entries(cache: Path) -> dict[str, Path]:
+    return {p.name[:-len(CACHE_SUFFIX)]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+
+
+def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    killed = run_cli("prewarm", *job_args(tmp_path, cache, *TINY, DYING))
+    assert killed.returncode != 0
+    written = entries(cache)
+    assert len(written) == 1, killed.stderr[-3000:]
+    (key, path), = written.items()
+    record = read_manifest(cache)[key]
+    assert (record.size, record.written) == (path.stat().st_size, True)
+    assert entry_problem(path, record.sha256) is None
+    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    assert pruned.returncode == 0, pruned.stderr
+    assert path.is_file()  # pinned by the manifest from the moment it was written
+
+    # The same kill a moment earlier (after JAX's write, before the record): nobody recorded
+    # the entry. The next prewarm checks it in full, finds it intact and pins it.
+    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
+    (cache / "jaxwarm-usage.jsonl").unlink(missing_ok=True)
+    again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert key.startswith("jit_train_step-")
+    assert f"WARM  train_step  {key}" in again.stdout + again.stderr
+    assert read_manifest(cache)[key].sha256 == record.sha256
+    assert run_cli("cache", "prune", str(cache), "--max-size", "1").returncode == 0
+    assert path.is_file()
+
+
+def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    key = "jit_train_step-" + "c" * 64
+    entry = cache / f"{key}{CACHE_SUFFIX}"
+    entry.write_bytes(zlib.compress(bytes(4) + b"x" * 4000))
+    lock = writer_lock_path(cache, key)
+    lock.parent.mkdir(mode=0o700)
+    # This test process plays the prewarm that wrote the entry and has not recorded it yet.
+    with locked(lock, f"compile of {key}"):
+        for extra in ([], ["--include-pinned"]):
+            pruned = run_cli("cache", "prune", str(cache), "--max-size", "1", *extra)
+            assert pruned.returncode == 0, pruned.stderr
+            assert "pruned 0 entries" in pruned.stdout
+            assert entry.is_file()
+    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    assert "pruned 1 entry" in pruned.stdout and not entry.exists()

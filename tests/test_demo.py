@@ -95,7 +95,17 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
 def test_failing_entrypoint_fails_the_launch_with_its_log_tail(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
-                     "entrypoint={function: 'json:no_such_function'}")
+                     "entrypoint={function: 'json:loads'}")  # called with no argument
     assert result.returncode == 1
     assert "train failed: process" in result.stderr
-    assert "AttributeError" in result.stderr
+    assert "TypeError" in result.stderr
+
+
+def test_a_missing_entrypoint_function_stops_the_launch_before_any_job(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}",
+                     "entrypoint={function: 'json:no_such_function'}")
+    assert result.returncode == 2
+    assert "entrypoint.function: module 'json'" in result.stderr
+    assert "defines no 'no_such_function'" in result.stderr
+    assert not (tmp_path / "runs" / "demo" / "logs").exists()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from launcher.config import Config
 from launcher.report import format_table, format_verdicts, load_reports, summarize
 from launcher.rundir import PREWARM, VERIFY, verify_result_path
+from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest
 from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
@@ -66,6 +67,16 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
 def run(command: str, config: Config, pinned: Path, backend: Backend, *,
         prewarm: bool = True, wait: bool = False) -> int:
     jobs = plan(command, config, pinned, prewarm)
+    if command != VERIFY:
+        return run_jobs(command, config, backend, jobs, wait)
+    # Beside the verify job: is the key prediction its verdicts rest on exact on this JAX?
+    with selfcheck(jobs[0].env) as check:
+        code = run_jobs(command, config, backend, jobs, wait)
+        return code if code == EXIT_ERROR else max(code, check.finish())
+
+
+def run_jobs(command: str, config: Config, backend: Backend, jobs: list[JobSpec],
+             wait: bool) -> int:
     handles = backend.submit(config, jobs)
     if not (backend.runs_in_foreground or wait or command == VERIFY):
         for line in backend.hints(config, handles):

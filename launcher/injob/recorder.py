@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,20 +19,12 @@ from typing import Any, Callable
 
 from launcher.files import atomic_write
 from prewarm.jaxkey.components import explain
+from prewarm.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
+                                 EVENT_BACKEND_COMPILE, EVENT_HIT, EVENT_LOOKUP,
+                                 EVENT_RETRIEVAL, EVENT_SAVED, HIT_OR_MISS, is_hit)
+from prewarm.jaxkey.predict import in_probe
 
 log = logging.getLogger("jaxwarm.recorder")
-
-EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
-EVENT_HIT = "/jax/compilation_cache/cache_hits"
-EVENT_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-EVENT_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
-EVENT_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-
-COMPILER_LOGGER = "jax._src.compiler"
-CACHE_KEY_LOGGER = "jax._src.cache_key"
-_HIT_OR_MISS = re.compile(r"^(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS)"
-                          r" for '(?P<name>[^']+)' with key '(?P<key>[^']+)'")
-_COMPONENT = re.compile(r"^get_cache_key hash of serialized (?P<component>.+): (?P<hash>[0-9a-f]+)$")
 
 
 @dataclass
@@ -145,6 +136,8 @@ class InitRecorder:
     # -- callbacks from JAX -----------------------------------------------------------------
 
     def on_event(self, event: str, **kwargs: Any) -> None:
+        if in_probe():  # a key prediction, not a compile
+            return
         with self._lock:
             if event == EVENT_LOOKUP:
                 self.report.lookups += 1
@@ -152,6 +145,8 @@ class InitRecorder:
                 self.report.hits += 1
 
     def on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if in_probe():
+            return
         with self._lock:
             if event == EVENT_RETRIEVAL:
                 self.report.retrieval_s += duration
@@ -162,12 +157,11 @@ class InitRecorder:
 
     def on_log(self, message: str) -> None:
         with self._lock:
-            if match := _COMPONENT.match(message):
+            if match := COMPONENT.match(message):
                 self._components[match["component"]] = match["hash"]
-            elif match := _HIT_OR_MISS.match(message):
+            elif match := HIT_OR_MISS.match(message):
                 self._pending = FunctionRecord(
-                    name=match["name"], key=match["key"],
-                    hit=match.group(1).startswith("Persistent"),
+                    name=match["name"], key=match["key"], hit=is_hit(match),
                     components=self._components)
                 self._components = {}
 

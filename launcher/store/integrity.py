@@ -18,15 +18,12 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from prewarm.jaxkey.entryformat import TIME_BYTES, ZSTD_MAGIC, decompress
 from launcher.store.manifest import read_manifest
 from launcher.store.entries import QUARANTINE_DIR, entry_path, jax_lock, remove_entry, scan
 from launcher.store.usage import append_usage, key_histories, read_usage
 
 log = logging.getLogger("jaxwarm.store")
-
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-# JAX prefixes the serialized executable with its compile time as a 4-byte integer.
-TIME_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -39,18 +36,6 @@ class Check:
     @property
     def ok(self) -> bool:
         return self.problem is None
-
-
-def decompress(data: bytes) -> bytes:
-    """JAX's entry payload, whichever compressor wrote it (zstd when importable, else zlib)."""
-    if data.startswith(ZSTD_MAGIC):
-        try:
-            import zstandard
-        except ImportError:
-            raise ValueError("zstd-compressed, and the zstandard package is not installed "
-                             "here to check it") from None
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
-    return zlib.decompress(data)
 
 
 def entry_problem(path: Path, expected_sha256: str | None) -> str | None:

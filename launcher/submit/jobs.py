@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
 from launcher.rundir import PREWARM, TRAIN, VERIFY
+from prewarm.jaxkey.versions import version_problem
 
 PREWARM_MODULE = "prewarm.job"
 VERIFY_MODULE = "prewarm.verify"
@@ -31,9 +32,12 @@ class JobSpec:
 
 
 def check_modules(config: Config) -> None:
-    """Fail before submitting when the step factory's or entrypoint's module does not exist.
+    """Fail before submitting when the jobs' jax is untested, or the step factory's or
+    entrypoint's module does not exist.
 
     Only locates the modules (no import: that would import the user's jax code here)."""
+    if problem := version_problem():
+        raise ConfigError(problem)
     specs = [("step.factory", config.step.factory)]
     if config.entrypoint.function is not None:
         specs.append(("entrypoint.function", config.entrypoint.function))

@@ -7,6 +7,7 @@ can refuse it before importing anything that might fail on it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -37,10 +38,6 @@ class JaxVersions:
     jax: str
     jaxlib: str
 
-    @property
-    def release(self) -> tuple[int, ...]:
-        return release(self.jax)
-
 
 def release(version: str) -> tuple[int, ...]:
     """'0.12.0.1' -> (0, 12, 0, 1); pre/dev suffixes ('0.13.0rc1') are dropped."""
@@ -48,8 +45,10 @@ def release(version: str) -> tuple[int, ...]:
                  if part)
 
 
+@functools.cache
 def installed() -> JaxVersions | None:
-    """jax/jaxlib as installed in this Python, or None when jax is not installed."""
+    """jax/jaxlib as installed in this Python, or None when jax is not installed. Read once:
+    a metadata lookup costs about a millisecond, and every key prediction checks it."""
     try:
         return JaxVersions(metadata.version("jax"), metadata.version("jaxlib"))
     except metadata.PackageNotFoundError:

@@ -2,7 +2,9 @@
 
 `jaxwarm doctor` runs it alone; `jaxwarm verify` runs it alongside the verify job, so its
 verdicts say whether the key prediction they rest on is exact on this JAX. It is a child
-process: the CLI never imports jax.
+process: the CLI never imports jax. It runs on CPU whatever the job's platform: the probe is
+the same code on every backend, and a check beside a running GPU job must not take GPU
+memory from it (JAX preallocates most of it) or need a GPU on a login node.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class RunningCheck:
 @contextmanager
 def selfcheck(job_env: dict[str, str] | None = None) -> Iterator[RunningCheck]:
     """Start the self-check with a job's environment (or the CLI's own); never left running."""
-    env = merge_environment(dict(os.environ), job_env) if job_env else None
+    env = dict(os.environ) if job_env is None else merge_environment(dict(os.environ), job_env)
+    env["JAX_PLATFORMS"] = "cpu"
     process = subprocess.Popen([sys.executable, "-m", SELFCHECK_MODULE], env=env, text=True,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)

@@ -1,4 +1,5 @@
-"""A jax outside the tested range, as a user meets it: one line from every command, no traceback.
+"""A jax outside the tested range, as a user meets it: one line from every command, no
+traceback; and `jaxwarm doctor`, the self-check a user runs to see whether the key is exact.
 
 A directory holding only `jax-0.13.0.dist-info` (and the matching jaxlib one), put first on
 PYTHONPATH, makes the package metadata say jax 0.13.0 while `import jax` still finds the
@@ -11,6 +12,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from launcher.config import load_config
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
+from prewarm.jaxkey.selfcheck import SelfCheck
 from prewarm.jaxkey.versions import cache_path_in_key, in_range, release
 from tests.conftest import DEMO, REPO
 
@@ -99,3 +102,20 @@ def test_bundle_from_jax_0_11_imports_at_another_path(monkeypatch: pytest.Monkey
         reason = refusal(meta, config)
         assert (reason is not None) == refused, (version, reason)
         assert refusal(dataclasses.replace(meta, cache_dir="/b/cache"), config) is None
+
+
+def test_doctor_says_the_prediction_is_exact_here() -> None:
+    result = subprocess.run([sys.executable, "-m", "launcher.cli", "doctor"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(f"jaxwarm: self-check: key prediction exact on jax "
+                                    f"{metadata.version('jax')}")
+    assert "8 of 8 components named" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_an_inexact_prediction_is_said_so() -> None:
+    check = SelfCheck(jax="0.12.0.1", jaxlib="0.12.0.1", backend="cpu", predicted="jit_f-aa",
+                      written=["jit_f-bb"], components=8, predict_ms=2.0)
+    assert not check.exact
+    assert "NOT exact" in check.line() and "jit_f-bb" in check.line()
+    assert "`jaxwarm verify` cannot be trusted" in check.line()

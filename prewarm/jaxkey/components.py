@@ -46,7 +46,7 @@ _LIKELY_CAUSES: dict[str, str] = {
         "in/out shardings, the device assignment, jit/compile compiler_options, "
         "jax_use_shardy_partitioner, XLA_FLAGS (XLA reads them into the compile options' debug "
         "options) or Explicit mesh axes (jax.make_mesh makes output shardings concrete) "
-        "differ, or the cache dir path string differs (the XLA "
+        "differ, or, before jax 0.11, the cache dir path string differs (the XLA "
         "autotune cache dir is stored in compile options: a symlink or relative path "
         "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "
         "makes the path irrelevant), or the persistent cache was off in one process"

@@ -3,7 +3,8 @@
 Predicts the key of a tiny function, compiles it into a fresh temporary cache, and says in
 one line whether the entry JAX wrote has the predicted name. Run in its own process so the
 caller (the CLI) never imports jax, and so the temporary cache dir is this process's first
-and only one (JAX ignores a second one). Exit 0 exact, 1 not exact, 2 cannot check.
+and only one (JAX ignores a second one). Exit 0 exact, 1 not exact, 2 cannot check (an
+untested jax, or anything that stops the check: one line either way).
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ def main() -> int:
         try:
             result = check(Path(tmp))
         except KeyNotComputed as exc:
-            print(f"jaxwarm: self-check: {exc}", flush=True)
+            print(f"jaxwarm: self-check: cannot check here: {exc}", flush=True)
+            return EXIT_ERROR
+        except Exception as exc:  # any failure is the check's answer, in one line
+            print(f"jaxwarm: self-check: cannot check here: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
             return EXIT_ERROR
     print(f"jaxwarm: self-check: {result.line()}", flush=True)
     return 0 if result.exact else EXIT_INEXACT

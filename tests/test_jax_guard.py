@@ -23,6 +23,7 @@ from launcher.store.bundle import BundleMeta, refusal
 from prewarm.jaxkey.selfcheck import SelfCheck
 from prewarm.jaxkey.versions import cache_path_in_key, in_range, release
 from tests.conftest import DEMO, REPO
+from tests.legs import Leg, leg_python
 
 UNTESTED = "0.13.0"
 ONE_LINE = (f"jaxwarm: error: jax {UNTESTED} is outside jaxwarm's tested range, jax 0.8.x to "
@@ -102,6 +103,12 @@ def test_bundle_from_jax_0_11_imports_at_another_path(monkeypatch: pytest.Monkey
         reason = refusal(meta, config)
         assert (reason is not None) == refused, (version, reason)
         assert refusal(dataclasses.replace(meta, cache_dir="/b/cache"), config) is None
+
+
+def test_a_leg_without_its_python_says_why() -> None:
+    python, why = leg_python(Leg("0.12.0.1", ("3.99",)))
+    assert python is None
+    assert why.startswith("no Python 3.99 on this machine") and "jax 0.12.0.1 is untested" in why
 
 
 def test_doctor_says_the_prediction_is_exact_here() -> None:

@@ -368,6 +368,10 @@ saved = compilation_cache.is_cache_used
 del compilation_cache.is_cache_used
 out["no_seam"] = error(lambda: predict_key(lowered))
 compilation_cache.is_cache_used = saved
+from jax._src import compiler
+compiler.get_cache_key = compilation_cache.get_cache_key  # as `from ... import` would bind it
+out["bypassed"] = error(lambda: predict_key(lowered))
+del compiler.get_cache_key
 jax.config.update("jax_enable_compilation_cache", False)
 compilation_cache.reset_cache()  # JAX decides once per process whether the cache is used
 out["cache_off"] = error(lambda: predict_key(lowered))
@@ -406,6 +410,10 @@ def test_escape_hatch_tries_anyway(guards: dict[str, Any]) -> None:
 
 def test_missing_seam_names_what_is_missing(guards: dict[str, Any]) -> None:
     assert "jax._src.compilation_cache has no is_cache_used" in guards["no_seam"]
+
+
+def test_seam_bypassed_by_a_name_import_is_refused(guards: dict[str, Any]) -> None:
+    assert "jax._src.compiler imports get_cache_key by name" in guards["bypassed"]
 
 
 def test_cache_off_is_not_a_key(guards: dict[str, Any]) -> None:

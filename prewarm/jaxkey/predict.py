@@ -123,12 +123,9 @@ def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:
 
 def _probe(lowered: Any) -> tuple[str, list[str]]:
     """Run `lowered.compile()` up to JAX's key; the key and the cache_key log lines."""
-    from jax._src import compilation_cache
+    from jax._src import compilation_cache, compiler
 
-    missing = [name for name in SEAM if not callable(getattr(compilation_cache, name, None))]
-    if missing:
-        raise UnsupportedJaxVersion(unsupported_message(
-            _jax_version(), f"jax._src.compilation_cache has no {', '.join(missing)}"))
+    _check_seam(compilation_cache, compiler)
     thread = threading.get_ident()
     keys: list[str] = []
     original_key = compilation_cache.get_cache_key
@@ -168,6 +165,20 @@ def _probe(lowered: Any) -> tuple[str, list[str]]:
         "JAX reused this program's executable from its in-memory cache without computing "
         "a key (it was compiled earlier in this process): predict before the first compile, "
         "or call jax.clear_caches() first")
+
+
+def _check_seam(compilation_cache: Any, compiler: Any) -> None:
+    """The probe works only where `compiler` calls the seam through the module: a name it
+    imported itself would bypass the wrapper, and the probe would really compile."""
+    missing = [name for name in SEAM if not callable(getattr(compilation_cache, name, None))]
+    if missing:
+        raise UnsupportedJaxVersion(unsupported_message(
+            _jax_version(), f"jax._src.compilation_cache has no {', '.join(missing)}"))
+    bypassed = [name for name in SEAM
+                if getattr(compiler, name, None) is getattr(compilation_cache, name)]
+    if bypassed:
+        raise UnsupportedJaxVersion(unsupported_message(
+            _jax_version(), f"jax._src.compiler imports {', '.join(bypassed)} by name"))
 
 
 class _ProbeLines(logging.Filter):

@@ -1,7 +1,8 @@
 """Every tested jax beyond the main venv's: the key matrix, the demo, a bundle round trip.
 
 Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
-Python and jax: the key-variation matrix (cases sharing process settings share a process:
+Python and jax: the probe's guards and its leaving no trace (as in tests/test_jaxkey.py),
+the key-variation matrix (cases sharing process settings share a process:
 8 processes for the 19 cases), then the demo as a user runs it (verify on an empty cache is
 COLD, launch is a HIT on process 0, verify is WARM under the key of the file JAX wrote, and
 says the key prediction is exact), then `cache export` / `cache import` into a cache at
@@ -23,6 +24,7 @@ from prewarm.jaxkey.versions import cache_path_in_key
 from tests.conftest import DEMO
 from tests.keycase import VARIATIONS, case_dir
 from tests.legs import LEGS, REPO, Leg, leg_python, ready
+from tests.test_jaxkey import GUARDS, assert_probe_guards, run_jax
 from tests.test_jaxkey_matrix import check_case, run_matrix
 
 DEFAULT_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
@@ -73,6 +75,11 @@ def test_key_matrix(leg: Leg, tmp_path: Path) -> None:
         except AssertionError as exc:
             failures.append(f"{variation}: {str(exc)[:800]}")
     assert not failures, f"jax {leg.jax}:\n" + "\n".join(failures)
+
+
+def test_probe_guards_and_leaves_no_trace(leg: Leg, tmp_path: Path) -> None:
+    assert_probe_guards(run_jax(GUARDS, devices=1, cache_dir=tmp_path, python=str(leg.python),
+                                env={"JAXWARM_ALLOW_UNTESTED_JAX": ""}))
 
 
 @pytest.fixture(scope="module")

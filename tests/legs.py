@@ -21,6 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENVS = REPO / ".venvs"
 PYENV_ROOT = Path.home() / ".pyenv"
+# Prints the interpreter's (major, minor), and fails where it cannot make a venv (Debian's
+# python3.X without python3.X-venv).
+VERSION_WITH_VENV = "import sys, venv; print(sys.version_info[:2])"
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,16 @@ def find_python(minor: str) -> Path | None:
     """An interpreter of this minor version: on PATH, or installed by pyenv. Each candidate
     is run once, since a pyenv shim on PATH exists whether or not its version does."""
     candidates = [shutil.which(f"python{minor}"),
-                  *sorted(str(p) for p in PYENV_ROOT.glob(f"versions/{minor}.*/bin/python{minor}")),
+                  *sorted(map(str, PYENV_ROOT.glob(f"versions/{minor}.*/bin/python{minor}"))),
                   f"/usr/bin/python{minor}", f"/usr/local/bin/python{minor}"]
+    wanted = str(tuple(map(int, minor.split("."))))
     for candidate in filter(None, candidates):
         try:
-            found = subprocess.run([candidate, "-c", "import sys, venv; print(sys.version_info[:2])"],
-                                   capture_output=True, text=True, timeout=30)
+            found = subprocess.run([candidate, "-c", VERSION_WITH_VENV], capture_output=True,
+                                   text=True, timeout=30)
         except OSError:
             continue
-        if found.returncode == 0 and found.stdout.strip() == str(tuple(map(int, minor.split(".")))):
+        if found.returncode == 0 and found.stdout.strip() == wanted:
             return Path(candidate)
     return None
 
@@ -75,7 +79,8 @@ def leg_python(leg: Leg) -> tuple[Path | None, str]:
         if (python := find_python(minor)) is not None:
             return python, ""
     return None, (f"no Python {' or '.join(leg.pythons)} on this machine (looked for "
-                  f"python3.X on PATH and under {PYENV_ROOT}/versions): jax {leg.jax} is untested here")
+                  f"python3.X on PATH and under {PYENV_ROOT}/versions): jax {leg.jax} is "
+                  f"untested here")
 
 
 def stamp_text(leg: Leg, python: Path) -> str:

@@ -2,9 +2,11 @@
 
 A job process (`python -m prewarm.job`, `python -m prewarm.verify`, `jaxwarm-train`) may be
 started by SLURM long after the CLI checked the version, or by hand. Outside the tested
-range (and unless JAXWARM_ALLOW_UNTESTED_JAX=1) it stops before touching jax; allowed to
-try, a jax internal that moved (ImportError, AttributeError, a missing probe seam) is
-reported as one line naming the version instead of a traceback from deep inside jax.
+range (and unless JAXWARM_ALLOW_UNTESTED_JAX=1) its `main` stops before it calls into jax
+(its module has imported jax's public API, nothing more); allowed to try, a jax internal
+that moved (ImportError, AttributeError, a missing probe seam) is reported as one line
+naming the version instead of a traceback from deep inside jax. A jax that fails
+`import jax` itself is beyond this: that traceback comes from the module's imports.
 """
 
 from __future__ import annotations

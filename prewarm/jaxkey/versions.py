@@ -1,8 +1,8 @@
 """Which jax versions jaxwarm is tested on, and what differs between them. No jax import.
 
 The installed version is read from the package metadata, so the CLI can refuse an untested
-jax (one line, before any job starts) without paying for `import jax`, and a job process
-can refuse it before importing anything that might fail on it.
+jax (one line, before any job starts) without paying for `import jax`, and a job's `main`
+can refuse it before it calls into jax (`prewarm.jaxkey.guard`).
 """
 
 from __future__ import annotations

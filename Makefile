@@ -1,9 +1,9 @@
-# The two set-up commands of the README. Both create the virtual environment on first use.
+# The set-up commands of the README. Each creates the virtual environment on first use.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test
+.PHONY: demo test legs matrix
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/jaxwarm launch configs/demo.yaml --local
 
-# The whole suite; tests that need SLURM start the project's own dev cluster.
-test: $(STAMP)
+# One venv per tested jax beyond the main venv's (tests/legs.py), under .venvs/; a jax
+# whose Python is not installed is skipped (and the tests say so).
+legs: $(STAMP)
+	$(VENV)/bin/python -m tests.legs build
+
+# The whole suite, every tested jax included; tests that need SLURM start the project's own
+# dev cluster.
+test: $(STAMP) legs
 	$(VENV)/bin/python -m pytest -q
+
+# The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.
+matrix: legs
+	$(VENV)/bin/python -m pytest -q tests/test_jax_versions.py

@@ -19,6 +19,7 @@ from launcher.config import Config, ConfigError, load_config
 from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
 from launcher.report import attempt_summaries, load_reports
+from launcher import selfcheck
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
 from launcher.submit import local, slurm
@@ -71,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     cache_commands.add_parser(commands)
+    commands.add_parser("doctor", help="is the cache-key prediction exact on this JAX? "
+                                       "(exit 0 yes, 1 no, 2 untested or cannot check)")
     return parser
 
 
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="jaxwarm: %(message)s")
     try:
         commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
-                    "cache": cache_commands.run}
+                    "cache": cache_commands.run, "doctor": lambda _: selfcheck.doctor()}
         return commands.get(args.command, cmd_jobs)(args)
     except KeyboardInterrupt:
         return 130

@@ -19,6 +19,7 @@ from launcher.config import Config
 from launcher.report import (Targets, format_table, format_verdicts, load_reports,
                              missing_train_report, summarize)
 from launcher.rundir import PREWARM, VERIFY, verify_result_path
+from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest
 from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
@@ -67,6 +68,16 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
 def run(command: str, config: Config, jobs: list[JobSpec], backend: Backend, *,
         wait: bool = False) -> int:
     """Submit the planned jobs (`plan`) and follow them as the command asks."""
+    if command != VERIFY:
+        return run_jobs(command, config, backend, jobs, wait)
+    # Beside the verify job: is the key prediction its verdicts rest on exact on this JAX?
+    with selfcheck(jobs[0].env) as check:
+        code = run_jobs(command, config, backend, jobs, wait)
+        return code if code == EXIT_ERROR else max(code, check.finish())
+
+
+def run_jobs(command: str, config: Config, backend: Backend, jobs: list[JobSpec],
+             wait: bool) -> int:
     handles = backend.submit(config, jobs)
     if not (backend.runs_in_foreground or wait or command == VERIFY):
         for line in backend.hints(config, handles):

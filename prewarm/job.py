@@ -36,7 +36,8 @@ from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
-from prewarm.jaxkey.predict import UnsupportedJaxVersion, predict_key
+from prewarm.jaxkey.guard import jax_job
+from prewarm.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
 
@@ -67,7 +68,7 @@ def predicted_key(lowered: object) -> str | None:
     """The adapter's key, to cross-check against JAX's; None where the adapter cannot run."""
     try:
         return predict_key(lowered).key
-    except UnsupportedJaxVersion as exc:
+    except (UnsupportedJaxVersion, KeyNotComputed) as exc:
         log.warning("%s; prewarming without the key cross-check", exc)
         return None
 
@@ -219,6 +220,7 @@ def describe(item: Compiled, min_compile_time_s: float) -> str:
             f"written as {record.key}")
 
 
+@jax_job
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import jax

@@ -1,8 +1,8 @@
 """`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory, lowers it, and
-predicts the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when the
-cache dir holds an intact entry under that key (`integrity.warm_problem`: a torn one is
+asks JAX for the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when
+the cache dir holds an intact entry under that key (`integrity.warm_problem`: a torn one is
 COLD). A COLD function that the manifest knows under another key is explained by the key
 components that differ. Process 0's verdict is the run's: on
 GPU every rank shares its key, and on CPU only process 0 can ever hit.
@@ -26,6 +26,7 @@ from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
 from launcher.store.manifest import read_manifest
 from launcher.store.integrity import warm_problem
+from prewarm.jaxkey.guard import jax_job
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -88,6 +89,7 @@ def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
     atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
+@jax_job
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import jax

@@ -1,18 +1,21 @@
-"""One side of a cache-key matrix case, in a fresh process.
+"""One side of cache-key matrix cases, in a fresh process.
 
-    python tests/keycase.py ROLE VARIATION CACHE_DIR OUT_JSON [extra argv...]
+    python tests/keycase.py ROLE VARIATION[,VARIATION...] WORKDIR [extra argv...]
 
 ROLE `prewarm`: lower `train_step` from ShapeDtypeStructs, predict its key, compile it with
 the persistent cache on under an `InitRecorder`, and record a manifest entry with the key and
 components JAX itself logged. ROLE `run`: lower the run's way (from the real arrays), call
 `prewarm.verify.judge`, then call the function on real arrays under an `InitRecorder`. Each
-writes what it predicted and what JAX did to OUT_JSON.
+case has its own cache, `WORKDIR/<variation>/cache`, and writes what it predicted and what
+JAX did to `WORKDIR/<variation>/<role>.json`.
 
 `VARIATIONS` is the table of (prewarm side, run side). Settings JAX reads at import or from
 the process (device count, XLA_FLAGS, sys.argv, JAX_* variables) are part of a `Side` too:
 the test starts the process with `side_env(side, workdir)` and `side.argv` (`command`),
-and this script checks it got them (workdir is CACHE_DIR's parent). Importing this module
-does not import jax.
+and this script checks it got them. Cases whose side has the same such settings can share
+one process (`batches`): between cases it points JAX at the next cache dir and drops its
+in-memory caches, so each case still starts from JAX's persistent cache alone. Importing
+this module does not import jax.
 """
 
 from __future__ import annotations
@@ -108,9 +111,28 @@ def sides(variation: str) -> dict[str, Side]:
     return {"prewarm": prewarm, "run": run}
 
 
-def command(role: str, variation: str, cache_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), role, variation, str(cache_dir),
-            str(out), *sides(variation)[role].argv]
+def process_settings(side: Side) -> tuple:
+    """What a process must be started with (JAX reads it at import or from the process)."""
+    return side.devices, side.xla_flags, side.argv, side.env
+
+
+def batches(role: str, variations: list[str]) -> list[list[str]]:
+    """The variations grouped so that each group's `role` side can share one process."""
+    groups: dict[tuple, list[str]] = {}
+    for variation in variations:
+        groups.setdefault(process_settings(sides(variation)[role]), []).append(variation)
+    return list(groups.values())
+
+
+def case_dir(workdir: Path, variation: str) -> Path:
+    return workdir / variation
+
+
+def command(role: str, variations: list[str], workdir: Path,
+            python: str = sys.executable) -> list[str]:
+    side = sides(variations[0])[role]
+    return [python, str(Path(__file__).resolve()), role, ",".join(variations), str(workdir),
+            *side.argv]
 
 
 def link_path(cache_dir: str) -> str:
@@ -129,8 +151,8 @@ def _check_process(side: Side, workdir: Path) -> None:
                 if flag not in flags]
     if len(jax.devices()) != side.devices:
         problems.append(f"{len(jax.devices())} devices, expected {side.devices}")
-    if tuple(sys.argv[5:]) != side.argv:
-        problems.append(f"extra argv {sys.argv[5:]}, expected {list(side.argv)}")
+    if tuple(sys.argv[4:]) != side.argv:
+        problems.append(f"extra argv {sys.argv[4:]}, expected {list(side.argv)}")
     problems += [f"{k}={os.environ.get(k)!r}, expected {v!r}"
                  for k, v in side.env if os.environ.get(k) != v]
     if problems:
@@ -190,28 +212,30 @@ def _build(side: Side):
     return jax.jit(step, **kwargs), shardings
 
 
-def _recorder(cache_dir: str, out: Path, role: str):
+def _recorder(workdir: Path, role: str):
     from launcher.injob.recorder import InitRecorder, InitReport
 
     report = InitReport(job=role, restart_count=0, process_index=0, process_count=1,
-                        cache_dir=cache_dir, init_budget_s=60.0)
-    return InitRecorder(report, out.with_name(out.stem + "-report.json")).install()
+                        cache_dir=str(workdir), init_budget_s=60.0)
+    return InitRecorder(report, workdir / f"{role}-report.json").install()
 
 
-def _observed(recorder, function: str) -> dict:
-    records = [r for r in recorder.report.functions if r.name == function]
-    names = [r.name for r in recorder.report.functions]
+def _observed(recorder, since: int, function: str) -> dict:
+    """The one compile of `function` recorded since the case began (`since` records)."""
+    functions = recorder.report.functions[since:]
+    records = [r for r in functions if r.name == function]
+    names = [r.name for r in functions]
     assert len(records) == 1, f"expected one compile of {function}, recorded {names}"
     return {**asdict(records[0]), "all_functions": names}
 
 
-def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
+def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     import jax
     import numpy as np
     from launcher.store.manifest import ManifestEntry, record_entries
     from prewarm.jaxkey.predict import predict_key
 
-    recorder = _recorder(cache_dir, out, "prewarm")
+    since = len(recorder.report.functions)
     step, shardings = _build(side)
     sds = {name: {leaf: jax.ShapeDtypeStruct(
                       shape, dtype,
@@ -226,7 +250,7 @@ def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
     start = time.perf_counter()
     lowered.compile()
     compile_s = time.perf_counter() - start
-    observed = _observed(recorder, prediction.module_name)
+    observed = _observed(recorder, since, prediction.module_name)
     record_entries(cache_dir, [ManifestEntry(
         function=prediction.module_name, key=observed["key"], run="keycase-prewarm",
         config=variation, compile_s=compile_s, lower_s=lower_s, written=True,
@@ -235,12 +259,13 @@ def _prewarm(side: Side, cache_dir: str, out: Path, variation: str) -> dict:
     return {"prediction": prediction.to_json(), "observed": observed}
 
 
-def _run(side: Side, cache_dir: str, out: Path) -> dict:
+def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
     from prewarm.verify import judge
 
-    recorder = _recorder(cache_dir, out, "run")
+    report = recorder.report
+    since = (len(report.functions), report.lookups, report.hits)
     step, shardings = _build(side)
     rng = np.random.default_rng(0)
     arrays = {name: {leaf: jax.device_put(
@@ -251,7 +276,6 @@ def _run(side: Side, cache_dir: str, out: Path) -> dict:
     n = 3 if side.python_int_n else np.int32(3)
     lowered = step.lower(arrays["params"], arrays["batch"], n, side.lr)
 
-    report = recorder.report
     before = (report.lookups, len(report.functions), report.backend_compile_s)
     verdict = judge(lowered, cache_dir, 0.0)
     during_judge = {"lookups": report.lookups - before[0],
@@ -261,30 +285,56 @@ def _run(side: Side, cache_dir: str, out: Path) -> dict:
     loss = step(arrays["params"], arrays["batch"], n, side.lr)[1]
     jax.block_until_ready(loss)
     return {"verdict": asdict(verdict), "during_judge": during_judge,
-            "observed": _observed(recorder, verdict.function),
-            "hits": report.hits, "lookups": report.lookups}
+            "observed": _observed(recorder, since[0], verdict.function),
+            "hits": report.hits - since[2], "lookups": report.lookups - since[1]}
 
 
-def main(argv: list[str]) -> int:
-    role, variation, cache_dir, out = argv[1], argv[2], argv[3], Path(argv[4])
-    side = sides(variation)[role]
-    _check_process(side, Path(cache_dir).parent)
+def _use_cache_dir(cache_dir: str) -> None:
+    """Point JAX at this case's cache, with nothing of the previous case kept in memory."""
+    import jax
+    from jax._src import compilation_cache
+
+    jax.clear_caches()
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    compilation_cache.reset_cache()
+
+
+def _one_case(role: str, variation: str, workdir: Path, recorder) -> None:
     import jax
 
+    side = sides(variation)[role]
+    cache_dir = str(case_dir(workdir, variation) / "cache")
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
     if side.symlink:
         link = Path(link_path(cache_dir))
         if not link.exists():
             link.symlink_to(Path(cache_dir).resolve(), target_is_directory=True)
         cache_dir = str(link)
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    _use_cache_dir(cache_dir)
+    jax.config.update("jax_default_matmul_precision", side.precision)
+    try:
+        result = (_prewarm(side, cache_dir, recorder, variation) if role == "prewarm"
+                  else _run(side, cache_dir, recorder))
+    finally:
+        jax.config.update("jax_default_matmul_precision", None)
+    out = case_dir(workdir, variation) / f"{role}.json"
+    out.write_text(json.dumps({"role": role, "variation": variation, "cache_dir": cache_dir,
+                               "jax_version": jax.__version__, **result}, indent=1) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    role, variations, workdir = argv[1], argv[2].split(","), Path(argv[3])
+    settings = {process_settings(sides(v)[role]) for v in variations}
+    if len(settings) != 1:
+        raise SystemExit(f"keycase: {variations} need different processes: {settings}")
+    _check_process(sides(variations[0])[role], workdir)
+    import jax
+
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if side.precision is not None:
-        jax.config.update("jax_default_matmul_precision", side.precision)
-    result = (_prewarm(side, cache_dir, out, variation) if role == "prewarm"
-              else _run(side, cache_dir, out))
-    out.write_text(json.dumps({"role": role, "variation": variation, "cache_dir": cache_dir,
-                               **result}, indent=1) + "\n")
+    recorder = _recorder(workdir, role)
+    for variation in variations:
+        _one_case(role, variation, workdir, recorder)
     return 0
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.store.bundle import BundleMeta, installed_versions, refusal
+from launcher.store import bundle
+from launcher.store.bundle import BundleMeta, refusal
 from launcher.store.commands import parse_age, parse_size
 from launcher.config import load_config
 from launcher.environment import job_environment, jax_options
@@ -75,14 +76,16 @@ def test_dir_safety_rules() -> None:
 
 
 def meta(**changes: object) -> BundleMeta:
-    jax_version, jaxlib_version = installed_versions()
-    base = BundleMeta(version=1, jax_version=jax_version, jaxlib_version=jaxlib_version,
+    base = BundleMeta(version=1, jax_version="0.10.2", jaxlib_version="0.10.2",
                       platform="cpu", cache_dir="/a/cache", xla_caches="none", created=0.0,
                       entries={})
     return dataclasses.replace(base, **changes)
 
 
-def test_bundle_refusals_name_what_would_make_every_entry_miss(tmp_path: Path) -> None:
+def test_bundle_refusals_name_what_would_make_every_entry_miss(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
+    monkeypatch.setattr(bundle, "installed_versions", lambda: ("0.10.2", "0.10.2"))
     config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
     assert refusal(meta(), config) is None
     assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,26 +21,15 @@ from typing import Any, Callable
 from launcher.files import atomic_write
 from launcher.injob.guard import CacheGuard
 from prewarm.jaxkey.components import explain
+from prewarm.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
+                                 EVENT_BACKEND_COMPILE, EVENT_HIT, EVENT_LOOKUP, EVENT_LOWERED,
+                                 EVENT_RETRIEVAL, EVENT_SAVED, HIT_OR_MISS, LOWERING,
+                                 LOWERING_LOGGER, is_hit)
+from prewarm.jaxkey.predict import in_probe
 
 log = logging.getLogger("jaxwarm.recorder")
 
-EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
-EVENT_HIT = "/jax/compilation_cache/cache_hits"
-EVENT_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-EVENT_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
-EVENT_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-# The end of a lowering: before the key is computed and the cache looked up.
-EVENT_LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-
-COMPILER_LOGGER = "jax._src.compiler"
-CACHE_KEY_LOGGER = "jax._src.cache_key"
-LOWERING_LOGGER = "jax._src.interpreters.pxla"
 FIRST_STEP_POLL_S = 0.005
-_HIT_OR_MISS = re.compile(r"^(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS)"
-                          r" for '(?P<name>[^']+)' with key '(?P<key>[^']+)'")
-_COMPONENT = re.compile(r"^get_cache_key hash of serialized (?P<component>.+): (?P<hash>[0-9a-f]+)$")
-_LOWERING = re.compile(r"^Compiling (?P<name>\S+) with global shapes and types (?P<avals>.*)\. "
-                       r"Argument mapping: ", re.DOTALL)
 
 
 @dataclass
@@ -206,6 +194,8 @@ class InitRecorder:
     # -- callbacks from JAX -----------------------------------------------------------------
 
     def on_event(self, event: str, **kwargs: Any) -> None:
+        if in_probe():  # a key prediction, not a compile
+            return
         with self._lock:
             if event == EVENT_LOOKUP:
                 self.report.lookups += 1
@@ -213,6 +203,8 @@ class InitRecorder:
                 self.report.hits += 1
 
     def on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if in_probe():
+            return
         if event == EVENT_LOWERED:
             self._check_settings()
             self.bind()
@@ -229,15 +221,14 @@ class InitRecorder:
 
     def on_log(self, message: str) -> None:
         with self._lock:
-            if match := _COMPONENT.match(message):
+            if match := COMPONENT.match(message):
                 self._components[match["component"]] = match["hash"]
-            elif match := _HIT_OR_MISS.match(message):
+            elif match := HIT_OR_MISS.match(message):
                 self._pending = FunctionRecord(
-                    name=match["name"], key=match["key"],
-                    hit=match.group(1).startswith("Persistent"),
+                    name=match["name"], key=match["key"], hit=is_hit(match),
                     components=self._components, signature=self._signatures.get(match["name"]))
                 self._components = {}
-            elif match := _LOWERING.match(message):
+            elif match := LOWERING.match(message):
                 self._signatures[module_name(match["name"])] = signature_of(match["avals"])
 
     def _check_settings(self) -> None:

@@ -1,10 +1,11 @@
 """Portable cache bundles: the entries a config needs, with their manifest, in one tar file.
 
 An entry only loads under the jax/jaxlib version and platform that wrote it (both are in the
-key, so another version would simply miss). And unless `cache.xla_caches` is `none`, the key
-also hashes the cache dir path string (XLA's autotune dir is in the compile options): such
-entries only hit in a cache at the same path. Import refuses each of these mismatches up front
-instead of filling a cache with entries no run will ever load.
+key, so another version would simply miss). Before jax 0.11, unless `cache.xla_caches` is
+`none`, the key also hashes the cache dir path string (XLA's autotune dir is in the compile
+options): such entries only hit in a cache at the same path. From jax 0.11 on the path is
+not in the key, and a bundle imports into a cache anywhere. Import refuses each mismatch
+up front instead of filling a cache with entries no run will ever load.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from launcher.store.integrity import entry_problem
 from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, is_entry_key,
                                     jax_lock, scan, sha256_file)
+from prewarm.jaxkey.entryformat import encode_atime
+from prewarm.jaxkey.versions import cache_path_in_key
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
@@ -62,8 +65,8 @@ def installed_versions() -> tuple[str, str]:
     return metadata.version("jax"), metadata.version("jaxlib")
 
 
-def path_independent(xla_caches: str) -> bool:
-    return xla_caches == "none"
+def path_independent(xla_caches: str, jax_version: str) -> bool:
+    return not cache_path_in_key(jax_version, xla_caches)
 
 
 def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
@@ -141,13 +144,17 @@ def refusal(meta: BundleMeta, config: Config) -> str | None:
                 f"environment has jax {jax_version} / jaxlib {jaxlib_version}")
     if meta.platform != config.topology.platform:
         return f"made for platform {meta.platform}, the config runs on {config.topology.platform}"
-    if not path_independent(meta.xla_caches) and meta.cache_dir != config.cache.dir:
+    if meta.cache_dir == config.cache.dir:
+        return None
+    if not path_independent(meta.xla_caches, meta.jax_version):
         return (f"its keys include the cache path {meta.cache_dir} (cache.xla_caches is "
-                f"{meta.xla_caches!r}), so they cannot hit in {config.cache.dir}; export from "
-                f"a config with cache.xla_caches: none to make a portable bundle")
-    if not path_independent(config.cache.xla_caches) and meta.cache_dir != config.cache.dir:
-        return (f"the config's cache.xla_caches is {config.cache.xla_caches!r}, which puts the "
-                f"cache path in every key; set it to none, as the exporting config did")
+                f"{meta.xla_caches!r} and jax {meta.jax_version} < 0.11 hashes XLA's autotune "
+                f"dir), so they cannot hit in {config.cache.dir}; export from a config with "
+                f"cache.xla_caches: none to make a portable bundle")
+    if not path_independent(config.cache.xla_caches, jax_version):
+        return (f"the config's cache.xla_caches is {config.cache.xla_caches!r}, which on jax "
+                f"{jax_version} (< 0.11) puts the cache path in every key; set it to none, as "
+                f"the exporting config did")
     return None
 
 
@@ -179,7 +186,7 @@ def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
         with staged_files(targets, publish_under=jax_lock(cache_dir)) as temps:
             for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2]):
                 entry_tmp.write_bytes(read_member(tar, source, key, item))
-                atime_tmp.write_bytes(time.time_ns().to_bytes(8, "little"))
+                atime_tmp.write_bytes(encode_atime(time.time_ns()))
     recorded = [record for key, item in todo.items()
                 if (record := manifest_record(source, key, item)) is not None]
     if recorded:

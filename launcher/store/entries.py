@@ -24,12 +24,11 @@ from pathlib import Path
 
 from launcher.files import is_held, locked
 from launcher.store.usage import KeyHistory, key_histories, read_usage
+from prewarm.jaxkey.entryformat import (ATIME_SUFFIX, CACHE_SUFFIX, JAX_LOCK, decode_atime,
+                                        encode_atime)
 
 log = logging.getLogger("jaxwarm.store")
 
-CACHE_SUFFIX = "-cache"
-ATIME_SUFFIX = "-atime"
-JAX_LOCK = ".lockfile"
 QUARANTINE_DIR = "jaxwarm-quarantine"
 # Process 0 of a prewarm holds `<dir>/jaxwarm-locks/<key>.lock` while JAX writes the key and
 # until the manifest records it: an entry under a held lock is in flight, never pruned.
@@ -141,7 +140,7 @@ def jax_lock(cache_dir: str | Path) -> Iterator[None]:
 
 def read_atime(cache_dir: str | Path, key: str) -> float | None:
     try:
-        return int.from_bytes(atime_path(cache_dir, key).read_bytes(), "little") / 1e9
+        return decode_atime(atime_path(cache_dir, key).read_bytes())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -201,7 +200,7 @@ def ensure_atime_files(cache_dir: str | Path) -> int:
         for entry in scan(cache_dir, histories={}):
             atime = atime_path(cache_dir, entry.key)
             if not atime.exists():
-                atime.write_bytes(int(entry.last_used * 1e9).to_bytes(8, "little"))
+                atime.write_bytes(encode_atime(int(entry.last_used * 1e9)))
                 added += 1
     if added:
         log.info("%s: added JAX atime files for %d entr%s written without a size cap",

@@ -19,6 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from prewarm.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
 from launcher.store.manifest import read_manifest
 from launcher.environment import is_remote
 from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, entry_path, file_kind,
@@ -26,10 +27,6 @@ from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, en
 from launcher.store.usage import append_usage, key_histories, read_usage, records_entry
 
 log = logging.getLogger("jaxwarm.store")
-
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-# JAX prefixes the serialized executable with its compile time as a 4-byte integer.
-TIME_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -42,18 +39,6 @@ class Check:
     @property
     def ok(self) -> bool:
         return self.problem is None
-
-
-def decompress(data: bytes) -> bytes:
-    """JAX's entry payload, whichever compressor wrote it (zstd when importable, else zlib)."""
-    if data.startswith(ZSTD_MAGIC):
-        try:
-            import zstandard
-        except ImportError:
-            raise ValueError("zstd-compressed, and the zstandard package is not installed "
-                             "here to check it") from None
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
-    return zlib.decompress(data)
 
 
 @dataclass(frozen=True)
@@ -120,9 +105,8 @@ def quick_problem(path: Path, size: int) -> str | None:
     if info.st_size != size:
         return f"{info.st_size} bytes, but {size} were recorded when it was written (torn)"
     with path.open("rb") as source:
-        head = source.read(len(ZSTD_MAGIC))
-    if not (head.startswith(ZSTD_MAGIC) or (len(head) >= 2 and head[0] & 0x0F == 8
-                                            and int.from_bytes(head[:2], "big") % 31 == 0)):
+        head = source.read(HEAD_BYTES)
+    if not looks_like_entry(head):
         return "does not start like a zstd or zlib stream"
     return None
 

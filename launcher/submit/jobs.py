@@ -23,6 +23,7 @@ from pathlib import Path
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
 from launcher.rundir import PREWARM, TRAIN, VERIFY
+from prewarm.jaxkey.versions import version_problem
 
 log = logging.getLogger("jaxwarm.jobs")
 
@@ -57,12 +58,14 @@ def job_import_path(config: Config) -> Iterator[None]:
 
 
 def check_modules(config: Config) -> None:
-    """Fail before submitting when the step factory's or entrypoint's module does not exist,
-    or its source plainly does not define the function.
+    """Fail before submitting when the jobs' jax is untested, or the step factory's or
+    entrypoint's module does not exist, or its source plainly does not define the function.
 
     Only locates and parses the modules (no import: that would import the user's jax code
     here), with the job's PYTHONPATH; a module without Python source, or one that
     star-imports, is given the benefit of the doubt and checked in the job."""
+    if problem := version_problem():
+        raise ConfigError(problem)
     specs = [("step.factory", config.step.factory)]
     if config.entrypoint.function is not None:
         specs.append(("entrypoint.function", config.entrypoint.function))

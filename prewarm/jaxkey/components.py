@@ -1,9 +1,9 @@
 """Cache-key components and what a difference in each one means. Pure: no jax import.
 
 JAX's persistent-cache key is a sha256 over eight components, in this order. jaxwarm records
-the hash of each component alone (from JAX's own DEBUG log lines at run time, or from
-`prewarm.jaxkey.predict.predict_key` ahead of it), so a miss can be explained by naming the
-components whose hashes differ and what usually changes them.
+the hash of each component alone (from JAX's own DEBUG log lines, at run time or when
+`prewarm.jaxkey.predict.predict_key` asks JAX ahead of it), so a miss can be explained by
+naming the components whose hashes differ and what usually changes them.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ _LIKELY_CAUSES: dict[str, str] = {
         "the traced program differs: an input's sharding (or a missing sharding on a dummy "
         "batch), donation, a static argument, a weak-typed Python scalar where weak typing "
         "changes a dtype (e.g. an int8 input plus a Python int), jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
-        "mesh shape/axis names/axis types (jax.make_mesh defaults to Explicit, Mesh(...) to "
-        "Auto) or device order. Moving code to another file or line does not matter (debug "
-        "info is stripped) unless jax_compilation_cache_include_metadata_in_key is on"
+        "mesh shape/axis names/axis types (from jax 0.9 jax.make_mesh defaults to Explicit, "
+        "Mesh(...) to Auto) or device order. Moving code to another file or line does not "
+        "matter (debug info is stripped) unless jax_compilation_cache_include_metadata_in_key is on"
     ),
     "jax_lib version": "the jaxlib version differs (jax and jaxlib are released in lockstep)",
     "backend version": (
@@ -46,7 +46,7 @@ _LIKELY_CAUSES: dict[str, str] = {
         "in/out shardings, the device assignment, jit/compile compiler_options, "
         "jax_use_shardy_partitioner, XLA_FLAGS (XLA reads them into the compile options' debug "
         "options) or Explicit mesh axes (jax.make_mesh makes output shardings concrete) "
-        "differ, or the cache dir path string differs (the XLA "
+        "differ, or, before jax 0.11, the cache dir path string differs (the XLA "
         "autotune cache dir is stored in compile options: a symlink or relative path "
         "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "
         "makes the path irrelevant), or the persistent cache was off in one process"

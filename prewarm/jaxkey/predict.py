@@ -1,50 +1,61 @@
-"""Predict JAX's persistent-compilation-cache key of a `jax.stages.Lowered` without compiling.
+"""The persistent-cache key of a `jax.stages.Lowered`, as JAX itself computes it. No compile.
 
-This is the ONE module of jaxwarm that touches JAX internals. It is tested on jax 0.10.2
-only (`TESTED_JAX_VERSIONS`). jax 0.11.2 is deliberately not listed: its
-`jax._src.cache_key` replaced the `IgnoreCallbacks` enum (which `_hash_computation` takes)
-by a bool `ignore_custom_partitioning`, added Mosaic debug-info stripping to the
-computation hash, and its `compiler.get_compile_options` handles overrides differently,
-so a mirror written against 0.10.2 is not known to be exact there.
+JAX computes the key in one place, `jax._src.compilation_cache.get_cache_key`, which
+`compiler.compile_or_get_cached` calls (as a module attribute, on every tested version)
+before it looks anything up or compiles. Rather than mirroring that recipe from private
+symbols that move between releases, `predict_key` lets JAX's own `lowered.compile()` run up
+to that call, with the function wrapped for the probing thread only: the wrapper records the
+key JAX computed and raises `_KeyComputed`, which unwinds the compile before any lookup,
+backend compile or write. Each component's hash comes from JAX's own
+`get_cache_key hash of serialized <component>: <hex>` DEBUG lines. About 1-2 ms after
+lowering (the serialized program is hashed twice while those lines are on).
 
-Why mirror instead of asking JAX: JAX computes the key only inside `compile_or_get_cached`,
-i.e. after it has decided to compile. `predict_key` replays the steps that
-`MeshComputation.compile` -> `UnloadedMeshExecutable.from_hlo` -> `_cached_compilation`
--> `compiler.compile_or_get_cached` -> `_resolve_compilation_strategy` ->
-`compilation_cache.get_cache_key` -> `cache_key.get` take before the lookup, which costs
-about a millisecond after lowering. It also returns the hash of each key component alone
-(what `cache_key._log_cache_key_hash` logs as "hash of serialized <component>"), so that a
-miss can be explained by naming the component that differs.
+The probe leaves no trace: the wrapped functions, the loggers' levels and filters are
+restored in every case; the exception is not cached by JAX's in-memory compilation cache,
+and the `Lowered` keeps no executable, so a later `lowered.compile()` compiles and writes
+the entry as if no probe had run. JAX still fires its backend-compile duration event for
+the unwound call: `in_probe()` tells listeners (the recorder) to ignore it.
 
-Not mirrored: with auto-PGLE or `jax_compilation_cache_expect_pgle`, JAX may switch to the
-"PGLE-optimized" key after finding it in the cache; predicting that needs a cache read.
+Not predicted: with auto-PGLE or `jax_compilation_cache_expect_pgle`, JAX first computes
+the "PGLE-optimized" key and may use it after a cache read; the probe returns that first key.
 
-Importing this module does not import jax. What a differing component means lives in
-`prewarm.jaxkey.components`, which the launcher also uses on keys recorded at run time.
+Importing this module does not import jax.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import logging
-import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from prewarm.jaxkey import logs
 from prewarm.jaxkey.components import differing_components
+from prewarm.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
 
 if TYPE_CHECKING:
     import jax
 
 log = logging.getLogger("jaxwarm.jaxkey")
 
-TESTED_JAX_VERSIONS: tuple[str, ...] = ("0.10.2",)
-ALLOW_UNTESTED_ENV = "JAXWARM_ALLOW_UNTESTED_JAX"
+# The names the probe needs in `jax._src.compilation_cache`; `compiler` calls both through
+# the module, so replacing the attribute is seen by the compile.
+SEAM = ("get_cache_key", "is_cache_used")
 
-class UnsupportedJaxVersion(RuntimeError):
-    """The installed jax is not one whose internals this module was checked against."""
+
+class KeyNotComputed(RuntimeError):
+    """JAX would not compute a persistent-cache key for this program right now."""
+
+
+class _KeyComputed(Exception):
+    """Raised by the wrapped `get_cache_key` to stop the compile once the key is known."""
+
+
+class _CacheNotUsed(Exception):
+    """Raised by the wrapped `is_cache_used` when JAX would skip the persistent cache."""
 
 
 @dataclass(frozen=True)
@@ -73,162 +84,140 @@ def explain_difference(expected: KeyPrediction, actual: KeyPrediction) -> list[s
     return differing_components(expected.components, actual.components)
 
 
+_probe_lock = threading.Lock()
+_probing = threading.local()
+
+
+def in_probe() -> bool:
+    """True while this thread runs a probe: JAX events and log lines it sees are the probe's."""
+    return getattr(_probing, "active", False)
+
+
+def check_jax() -> None:
+    """Raise UnsupportedJaxVersion (one line) unless the installed jax can be probed."""
+    problem = version_problem()
+    if problem:
+        raise UnsupportedJaxVersion(problem)
+
+
 def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:
     """The persistent-cache key JAX will look up when `lowered.compile()` runs now.
 
-    Reads the current jax config (cache dir, xla caches, ...) and environment (XLA_FLAGS,
-    sys.argv) exactly like the compile would, so call it with the run's settings in place.
+    It is computed by JAX itself with the current config (cache dir, xla caches, ...) and
+    environment (XLA_FLAGS, sys.argv), so call it with the run's settings in place.
     """
     import jax
 
-    _check_jax_version(jax.__version__)
+    check_jax()
     if not isinstance(lowered, jax.stages.Lowered):
         raise TypeError(f"predict_key needs a jax.stages.Lowered, got {type(lowered).__name__}")
     start = time.perf_counter()
-    try:
-        prediction = _predict(lowered)
-    except (AttributeError, TypeError, KeyError) as ex:
-        raise UnsupportedJaxVersion(
-            f"jaxwarm's cache-key prediction failed on jax {jax.__version__}: a JAX internal "
-            f"API it uses moved ({type(ex).__name__}: {ex}). Tested on "
-            f"{', '.join(TESTED_JAX_VERSIONS)}.") from ex
-    log.debug("predicted cache key %s in %.2f ms", prediction.key,
-              1e3 * (time.perf_counter() - start))
+    key, lines = _probe(lowered)
+    components = {match["component"]: match["hash"]
+                  for match in map(logs.COMPONENT.match, lines) if match}
+    prediction = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
+                               components=components)
+    log.debug("predicted cache key %s in %.2f ms", key, 1e3 * (time.perf_counter() - start))
     return prediction
 
 
-def _check_jax_version(version: str) -> None:
-    """Refuse untested jax versions unless JAXWARM_ALLOW_UNTESTED_JAX=1."""
-    if version in TESTED_JAX_VERSIONS:
-        return
-    tested = ", ".join(TESTED_JAX_VERSIONS)
-    if os.environ.get(ALLOW_UNTESTED_ENV) == "1":
-        log.warning("jaxwarm's cache-key prediction is tested on jax %s; trying jax %s "
-                    "anyway because %s=1", tested, version, ALLOW_UNTESTED_ENV)
-        return
-    raise UnsupportedJaxVersion(
-        f"jaxwarm's cache-key prediction is tested on jax {tested}; this is jax {version}. "
-        f"Pin jax=={TESTED_JAX_VERSIONS[-1]} or set {ALLOW_UNTESTED_ENV}=1 to try anyway.")
+def _probe(lowered: Any) -> tuple[str, list[str]]:
+    """Run `lowered.compile()` up to JAX's key; the key and the cache_key log lines."""
+    from jax._src import compilation_cache, compiler
+
+    _check_seam(compilation_cache, compiler)
+    thread = threading.get_ident()
+    keys: list[str] = []
+    original_key = compilation_cache.get_cache_key
+    original_used = compilation_cache.is_cache_used
+
+    def get_cache_key(*args: Any, **kwargs: Any) -> str:
+        key = original_key(*args, **kwargs)
+        if threading.get_ident() != thread:
+            return key
+        keys.append(key)
+        raise _KeyComputed
+
+    def is_cache_used(*args: Any, **kwargs: Any) -> bool:
+        used = original_used(*args, **kwargs)
+        if threading.get_ident() == thread and not used:
+            raise _CacheNotUsed
+        return used
+
+    with _probe_lock, _captured_logs(thread) as lines:
+        compilation_cache.get_cache_key = get_cache_key
+        compilation_cache.is_cache_used = is_cache_used
+        _probing.active = True
+        try:
+            lowered.compile()
+        except _KeyComputed:
+            return keys[0], lines
+        except _CacheNotUsed:
+            raise KeyNotComputed(
+                "JAX would not look this program up in the persistent cache: no cache dir "
+                "is set (jax_compilation_cache_dir), the cache is disabled, or the backend "
+                "cannot serialize executables") from None
+        finally:
+            _probing.active = False
+            compilation_cache.get_cache_key = original_key
+            compilation_cache.is_cache_used = original_used
+    raise KeyNotComputed(
+        "JAX reused this program's executable from its in-memory cache without computing "
+        "a key (it was compiled earlier in this process): predict before the first compile, "
+        "or call jax.clear_caches() first")
 
 
-def _predict(lowered: jax.stages.Lowered) -> KeyPrediction:
-    """Replay pxla/compiler up to `cache_key.get`, recording each component's bytes."""
-    from jax._src.lib.mlir import ir
-
-    hlo, devices, options, backend = _compile_inputs(lowered._lowering)
-    full = hashlib.sha256()
-    components: dict[str, str] = {}
-    for name, hashfn in _key_entries(hlo, devices, options, backend):
-        recorder = _RecordingHash()
-        hashfn(recorder)
-        components[name] = hashlib.sha256(recorder.data).hexdigest()
-        full.update(recorder.data)
-    module_name = ir.StringAttr(hlo.operation.attributes["sym_name"]).value
-    return KeyPrediction(key=f"{module_name}-{full.hexdigest()}", module_name=module_name,
-                         components=components)
+def _check_seam(compilation_cache: Any, compiler: Any) -> None:
+    """The probe works only where `compiler` calls the seam through the module: a name it
+    imported itself would bypass the wrapper, and the probe would really compile."""
+    missing = [name for name in SEAM if not callable(getattr(compilation_cache, name, None))]
+    if missing:
+        raise UnsupportedJaxVersion(unsupported_message(
+            _jax_version(), f"jax._src.compilation_cache has no {', '.join(missing)}"))
+    bypassed = [name for name in SEAM
+                if getattr(compiler, name, None) is getattr(compilation_cache, name)]
+    if bypassed:
+        raise UnsupportedJaxVersion(unsupported_message(
+            _jax_version(), f"jax._src.compiler imports {', '.join(bypassed)} by name"))
 
 
-def _compile_inputs(lowering: Any) -> tuple[Any, Any, Any, Any]:
-    """(module, device array, compile options, backend) as `compile_or_get_cached` gets them.
+class _ProbeLines(logging.Filter):
+    """Keeps the probing thread's records away from handlers and other filters (e.g. the
+    recorder's); the cache_key messages are collected."""
 
-    Mirrors `UnloadedMeshExecutable.from_hlo` and `_cached_compilation`; the options are
-    then adjusted as `_resolve_compilation_strategy` does before hashing.
-    """
-    import numpy as np
-    from jax._src import compilation_cache
-    from jax._src.interpreters import mlir, pxla
+    def __init__(self, thread: int, lines: list[str], collect: bool):
+        super().__init__()
+        self.thread, self.lines, self.collect = thread, lines, collect
 
-    args = lowering.compile_args
-    backend = args["backend"]
-    device_list = lowering._device_list
-    if device_list is None:
-        raise ValueError("the lowering has no device assignment; JAX needs one to compile")
-    if not compilation_cache.is_persistent_cache_enabled():
-        log.warning("the persistent compilation cache is not enabled: the predicted key "
-                    "lacks the cache-dir compile options and JAX will not look it up")
-    in_shardings = tuple(pxla.maybe_concretize_mesh(s, device_list)
-                         for s in args["in_shardings"])
-    out_shardings = tuple(pxla.maybe_concretize_mesh(s, device_list)
-                          for s in args["out_shardings"])
-    hlo = lowering._hlo
-    shape_poly_state = args.get("shape_poly_state")
-    if shape_poly_state is not None and shape_poly_state.uses_dim_vars:
-        hlo = mlir.refine_polymorphic_shapes(hlo)
-    prop_in, prop_out = pxla.get_prop_to_input_output(
-        in_shardings, out_shardings, len(args["ordered_effects"]))
-    devices = np.vectorize(lambda i: device_list[i], otypes=[object])(
-        np.arange(len(device_list)))
-    options = pxla.create_compile_options(
-        hlo, args["tuple_args"], prop_in, prop_out, backend, devices,
-        dict(lowering._compiler_options_kvs))
-    return hlo, devices, _options_for_lookup(options), backend
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        if self.collect:
+            self.lines.append(record.getMessage())
+        return False
 
 
-def _key_entries(hlo: Any, devices: Any, options: Any,
-                 backend: Any) -> list[tuple[str, Callable[[Any], None]]]:
-    """`cache_key.get`'s entries: same names, order and hash functions, same arguments.
-
-    The arguments are those `compiler._get_cache_key` and `compilation_cache.get_cache_key`
-    pass: callback stripping from config, compression from whether zstandard imported.
-    """
-    from jax._src import cache_key, compilation_cache
-    from jax._src import config as jax_config
-    from jax._src.lib import version_str as jaxlib_version_str
-
-    ignore_callbacks = (cache_key.IgnoreCallbacks.CUSTOM_PARTITIONING
-                        if jax_config.remove_custom_partitioning_ptr_from_cache_key.value
-                        else cache_key.IgnoreCallbacks.NO)
-    compression = "zstandard" if compilation_cache.zstandard is not None else "zlib"
-    return [
-        ("computation", lambda h: cache_key._hash_computation(h, hlo, ignore_callbacks)),
-        ("jax_lib version", lambda h: h.update(jaxlib_version_str.encode("utf-8"))),
-        ("backend version", lambda h: cache_key._hash_platform(h, backend)),
-        ("XLA flags", lambda h: cache_key._hash_xla_flags(h, cache_key.get_flag_prefixes())),
-        ("compile_options", lambda h: cache_key._hash_serialized_compile_options(
-            h, options, strip_device_assignment=(backend.platform == "gpu"))),
-        ("accelerator_config", lambda h: cache_key._hash_accelerator_config(h, devices)),
-        ("compression", lambda h: cache_key._hash_string(h, compression)),
-        ("custom_hook", lambda h: cache_key._hash_string(h, cache_key.custom_hook())),
-    ]
+@contextmanager
+def _captured_logs(thread: int) -> Iterator[list[str]]:
+    """cache_key at DEBUG for the probe, the probe's records of JAX's loggers silenced; the
+    levels and filters are put back as they were."""
+    lines: list[str] = []
+    loggers = [(logging.getLogger(logs.CACHE_KEY_LOGGER), True),
+               (logging.getLogger(logs.DISPATCH_LOGGER), False)]
+    saved = [(logger, logger.level, _ProbeLines(thread, lines, collect))
+             for logger, collect in loggers]
+    for logger, _, probe_filter in saved:
+        logger.filters.insert(0, probe_filter)  # ahead of any filter that records
+    loggers[0][0].setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        for logger, level, probe_filter in saved:
+            logger.setLevel(level)
+            logger.removeFilter(probe_filter)
 
 
-def _options_for_lookup(options: Any) -> Any:
-    """The compile options `_resolve_compilation_strategy` hashes for the first lookup.
+def _jax_version() -> str:
+    import jax
 
-    With auto-PGLE on and an FDO profile present JAX uses the "PGLE-optimized" key (the
-    profile replaced by a sentinel); with auto-PGLE or expect-PGLE it disables command
-    buffers for the first pass; otherwise the options are used as built.
-    """
-    from jax._src import config as jax_config
-
-    auto_pgle = (jax_config.enable_pgle.value
-                 and jax_config.pgle_profiling_runs.value > 0)
-    fdo_profile = options.executable_build_options.fdo_profile
-    if auto_pgle and fdo_profile is not None and len(fdo_profile):
-        pgle_options = copy.deepcopy(options)
-        pgle_options.executable_build_options.fdo_profile = b"pgle profiled"
-        return pgle_options
-    if auto_pgle or jax_config.compilation_cache_expect_pgle.value:
-        first_pass = copy.deepcopy(options)
-        first_pass.env_option_overrides += [("xla_gpu_enable_command_buffer", "")]
-        return first_pass
-    return options
-
-
-class _RecordingHash:
-    """Stands in for the hashlib object `cache_key`'s hash functions feed.
-
-    Keeping each component's bytes lets one pass give both the full key (sha256 of all
-    bytes in order) and each component's own hash, as `_log_cache_key_hash` defines it,
-    without hashing the (large) serialized computation twice.
-    """
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-
-    def update(self, data: bytes) -> None:
-        self._chunks.append(bytes(data))
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self._chunks)
+    return jax.__version__

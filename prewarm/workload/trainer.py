@@ -22,6 +22,7 @@ from launcher.config import Config, ConfigError, load_config
 from launcher.injob.hook import config_from_env
 from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
 from launcher.environment import resolve_paths
+from prewarm.jaxkey.guard import jax_job
 from prewarm.step import start_job
 from prewarm.workload import checkpoint
 from prewarm.workload.data import make_global_batch
@@ -115,6 +116,7 @@ def train(config: Config, stop: StopRequest) -> int:
     return 0
 
 
+@jax_job
 def main(argv: list[str] | None = None) -> int:
     # First thing: a stop signal that arrives during start-up must not kill the process.
     stop = StopRequest()

@@ -1,0 +1,128 @@
+"""The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`.
+
+    python -m tests.legs build     # what `make legs` runs: make (or reuse) every leg's venv
+
+A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
+own dependencies into a venv of the first Python found among its `pythons` (pip only
+offers jax 0.11+ to Python 3.12+). A leg with none of them installed is skipped, and
+`tests/test_jax_versions.py` reports the skip with the reason. jax 0.10.2 is the main venv's.
+Importing this module does not import jax.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENVS = REPO / ".venvs"
+PYENV_ROOT = Path.home() / ".pyenv"
+# Prints the interpreter's (major, minor), and fails where it cannot make a venv (Debian's
+# python3.X without python3.X-venv).
+VERSION_WITH_VENV = "import sys, venv; print(sys.version_info[:2])"
+
+
+@dataclass(frozen=True)
+class Leg:
+    jax: str
+    pythons: tuple[str, ...]  # Python minor versions that pip offers this jax to, preferred first
+
+    @property
+    def venv(self) -> Path:
+        return VENVS / f"jax-{self.jax}"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def pins(self) -> list[str]:
+        return [f"jax=={self.jax}", f"jaxlib=={self.jax}"]
+
+    @property
+    def stamp(self) -> Path:
+        return self.venv / ".installed"
+
+
+LEGS: tuple[Leg, ...] = (
+    Leg("0.8.3", ("3.11", "3.12", "3.13")),
+    Leg("0.11.2", ("3.12", "3.13")),
+    Leg("0.12.0.1", ("3.13", "3.12")),
+)
+
+
+def find_python(minor: str) -> Path | None:
+    """An interpreter of this minor version: on PATH, or installed by pyenv. Each candidate
+    is run once, since a pyenv shim on PATH exists whether or not its version does."""
+    candidates = [shutil.which(f"python{minor}"),
+                  *sorted(map(str, PYENV_ROOT.glob(f"versions/{minor}.*/bin/python{minor}"))),
+                  f"/usr/bin/python{minor}", f"/usr/local/bin/python{minor}"]
+    wanted = str(tuple(map(int, minor.split("."))))
+    for candidate in filter(None, candidates):
+        try:
+            found = subprocess.run([candidate, "-c", VERSION_WITH_VENV], capture_output=True,
+                                   text=True, timeout=30)
+        except OSError:
+            continue
+        if found.returncode == 0 and found.stdout.strip() == wanted:
+            return Path(candidate)
+    return None
+
+
+def leg_python(leg: Leg) -> tuple[Path | None, str]:
+    """(the Python to build the leg with, why none) for a leg."""
+    for minor in leg.pythons:
+        if (python := find_python(minor)) is not None:
+            return python, ""
+    return None, (f"no Python {' or '.join(leg.pythons)} on this machine (looked for "
+                  f"python3.X on PATH and under {PYENV_ROOT}/versions): jax {leg.jax} is "
+                  f"untested here")
+
+
+def stamp_text(leg: Leg, python: Path) -> str:
+    """What the venv was built from; a different text rebuilds it."""
+    return "\n".join([str(python), *leg.pins, (REPO / "pyproject.toml").read_text()])
+
+
+def ready(leg: Leg) -> bool:
+    python, _ = leg_python(leg)
+    return (python is not None and leg.stamp.is_file()
+            and leg.stamp.read_text() == stamp_text(leg, python))
+
+
+def build(leg: Leg) -> str:
+    """Make the leg's venv unless it is up to date; one line saying what happened."""
+    python, why = leg_python(leg)
+    if python is None:
+        return f"jax {leg.jax}: skipped: {why}"
+    if ready(leg):
+        return f"jax {leg.jax}: {leg.venv.relative_to(REPO)} up to date ({python})"
+    start = time.monotonic()
+    shutil.rmtree(leg.venv, ignore_errors=True)
+    subprocess.run([str(python), "-m", "venv", str(leg.venv)], check=True)
+    subprocess.run([str(leg.python), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", "-e", str(REPO), *leg.pins], check=True)
+    leg.stamp.write_text(stamp_text(leg, python))
+    return (f"jax {leg.jax}: built {leg.venv.relative_to(REPO)} with {python} in "
+            f"{time.monotonic() - start:.0f} s")
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["build"]:
+        print("usage: python -m tests.legs build", file=sys.stderr)
+        return 2
+    for leg in LEGS:
+        try:
+            print(f"legs: {build(leg)}", flush=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"legs: jax {leg.jax}: could not build {leg.venv}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

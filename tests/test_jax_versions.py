@@ -1,0 +1,129 @@
+"""Every tested jax beyond the main venv's: the key matrix, the demo, a bundle round trip.
+
+Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
+Python and jax: the probe's guards and its leaving no trace (as in tests/test_jaxkey.py),
+the key-variation matrix (cases sharing process settings share a process:
+8 processes for the 19 cases), then the demo as a user runs it (verify on an empty cache is
+COLD, launch is a HIT on process 0, verify is WARM under the key of the file JAX wrote, and
+says the key prediction is exact), then `cache export` / `cache import` into a cache at
+another path, where verify must be WARM. A leg whose Python is not installed is skipped
+with the reason; one whose venv was not built fails (run `make legs`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prewarm.jaxkey.versions import cache_path_in_key
+from tests.conftest import DEMO
+from tests.keycase import VARIATIONS, case_dir
+from tests.legs import LEGS, REPO, Leg, leg_python, ready
+from tests.test_jaxkey import GUARDS, assert_probe_guards, run_jax
+from tests.test_jaxkey_matrix import check_case, run_matrix
+
+DEFAULT_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
+
+
+@pytest.fixture(scope="module", params=LEGS, ids=[f"jax-{leg.jax}" for leg in LEGS])
+def leg(request: pytest.FixtureRequest) -> Leg:
+    leg: Leg = request.param
+    python, why = leg_python(leg)
+    if python is None:
+        pytest.skip(why)
+    assert ready(leg), f"{leg.venv} is missing or stale: run `make legs`"
+    return leg
+
+
+def cli(leg: Leg, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`jaxwarm ARGS...` with the leg's Python; its jaxwarm-train first on PATH."""
+    env = {k: v for k, v in os.environ.items() if k != "JAXWARM_ALLOW_UNTESTED_JAX"}
+    env["PATH"] = os.pathsep.join([str(leg.python.parent), env.get("PATH", "")])
+    return subprocess.run([str(leg.python), "-m", "launcher.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
+    assert result.returncode == code, (f"exit {result.returncode}, expected {code}:\n"
+                                       f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def demo_args(tmp: Path, cache: Path, *overrides: str) -> list[str]:
+    return [str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}", f"cache.dir={cache}",
+            "train.steps=1", *overrides]
+
+
+def warm_key(stdout: str) -> str:
+    match = re.search(r"WARM  jit_train_step  (\S+)", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def test_key_matrix(leg: Leg, tmp_path: Path) -> None:
+    results = run_matrix(list(VARIATIONS), tmp_path, str(leg.python))
+    failures = []
+    for variation, (pre, run) in results.items():
+        assert run["jax_version"] == leg.jax
+        try:
+            check_case(variation, pre, run, case_dir(tmp_path, variation) / "cache")
+        except AssertionError as exc:
+            failures.append(f"{variation}: {str(exc)[:800]}")
+    assert not failures, f"jax {leg.jax}:\n" + "\n".join(failures)
+
+
+def test_probe_guards_and_leaves_no_trace(leg: Leg, tmp_path: Path) -> None:
+    assert_probe_guards(run_jax(GUARDS, devices=1, cache_dir=tmp_path, python=str(leg.python),
+                                env={"JAXWARM_ALLOW_UNTESTED_JAX": ""}))
+
+
+@pytest.fixture(scope="module")
+def demo(leg: Leg, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp(f"demo-{leg.jax}")
+    cache = tmp / "cache"
+    cold = cli(leg, "verify", *demo_args(tmp, cache))
+    launch = cli(leg, "launch", *demo_args(tmp, cache))
+    warm = cli(leg, "verify", *demo_args(tmp, cache))
+    return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm}
+
+
+def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
+    assert "COLD  jit_train_step" in ok(demo["cold"], 1)
+    assert "jit_train_step: HIT on process 0" in ok(demo["launch"])
+    warm = ok(demo["warm"])
+    key = warm_key(warm)
+    assert (demo["cache"] / f"{key}-cache").is_file(), "verify's key is not the file JAX wrote"
+    assert f"key prediction exact on jax {leg.jax}" in warm
+
+
+def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
+    """A bundle hits in a cache at another path: from jax 0.11 whatever the XLA caches;
+    before, only when exported with `cache.xla_caches: none` (and import says so)."""
+    tmp, source = demo["tmp"], demo["cache"]
+    bundle = tmp / "demo.tar"
+    ok(cli(leg, "cache", "export", *demo_args(tmp, source)[:1], f"cache.dir={source}",
+           f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
+    moved = tmp / "moved-cache"
+    imported = cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}",
+                   f"run.out_dir={tmp / 'runs'}")
+    if cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES):
+        assert "include the cache path" in imported.stderr and "< 0.11" in imported.stderr
+        ok(imported, 2)
+        portable = ("cache.xla_caches=none",)
+        source = tmp / "portable-cache"
+        ok(cli(leg, "prewarm", *demo_args(tmp, source, *portable)))
+        ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={source}", *portable,
+               f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
+        moved = tmp / "moved-portable-cache"
+        ok(cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}", *portable,
+               f"run.out_dir={tmp / 'runs'}"))
+    else:
+        ok(imported)
+        portable = ()
+    warm = ok(cli(leg, "verify", *demo_args(tmp, moved, *portable)))
+    assert (moved / f"{warm_key(warm)}-cache").is_file()

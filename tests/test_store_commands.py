@@ -14,7 +14,6 @@ import time
 import zlib
 from pathlib import Path
 
-import pytest
 
 from launcher.config import load_config
 from launcher.store.integrity import entry_problem

@@ -24,7 +24,8 @@ from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
 from launcher.submit import local, slurm
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
-from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
+from launcher.submit.prepare import (adopt_run_dir, holding_run_dir, prepare_cache, resolve_run,
+                                     write_run_dir)
 from launcher.submit.sbatch import render
 
 log = logging.getLogger("jaxwarm")
@@ -121,6 +122,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     with ExitStack() as held:
         for config, _ in runs:
             held.enter_context(holding_run_dir(config))
+            if isinstance(backend, slurm.SlurmBackend):
+                slurm.refuse_active_jobs(config)
         for config, _ in runs:
             write_run_dir(config)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
@@ -152,11 +155,15 @@ def refuse_shared_run_dirs(configs: list[Config]) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Prints the script; writes nothing (the run dir may belong to a running launch)."""
+    """Prints the script. Of the run dir it writes only what the script needs into a new
+    one (pinned config, log folder), never over a run that exists (`adopt_run_dir`)."""
     config, pinned = resolve_run(load_config(args.config, args.overrides))
     job = prewarm_job(config, pinned) if args.job == PREWARM else train_job(config, pinned)
-    print(render(config, job.name, job.argv, job.env, slurm_dir(config.run_dir, job.name)),
-          end="")
+    log_dir = slurm_dir(config.run_dir, job.name)
+    with holding_run_dir(config):
+        adopt_run_dir(config)
+        log_dir.mkdir(parents=True, exist_ok=True)
+    print(render(config, job.name, job.argv, job.env, log_dir), end="")
     return 0
 
 

@@ -1,5 +1,5 @@
 """Run files never land on a user's files: run.name is one path component, nothing is written
-before every check passed, one launch per run dir, and `render` writes nothing."""
+before every check passed, one launch per run dir, and `render` writes nothing over a run."""
 
 from __future__ import annotations
 
@@ -47,20 +47,27 @@ def test_a_launch_refused_after_loading_leaves_the_pinned_config_alone(tmp_path:
     assert "steps: 99" not in pinned_config(run_dir).read_text()
 
 
-def test_render_writes_nothing(tmp_path: Path) -> None:
-    pinned_run(tmp_path)
+def test_render_writes_nothing_over_a_run(tmp_path: Path) -> None:
+    run_dir = pinned_run(tmp_path)
+    pinned = pinned_config(run_dir).read_bytes()
     before = snapshot(tmp_path)
     for job in ("prewarm", "train"):
         result = run_cli("render", str(DEMO), *overrides(tmp_path, "train.steps=99"),
                          "--job", job)
-        assert result.returncode == 0, result.stderr
-        assert "#SBATCH" in result.stdout
+        assert_refused(result, "is pinned to other values")
     assert snapshot(tmp_path) == before
+    # The run's own config renders, and its pinned config stays as it was.
+    same = run_cli("render", str(DEMO), *overrides(tmp_path), "--job", "train")
+    assert same.returncode == 0 and "#SBATCH" in same.stdout, same.stderr
+    assert pinned_config(run_dir).read_bytes() == pinned
+    # A new run dir gets what its script needs to run under plain sbatch, and no more.
     fresh = tmp_path / "fresh"
     result = run_cli("render", str(DEMO), f"run.out_dir={fresh}", f"cache.dir={fresh}/c",
                      "--job", "train")
     assert result.returncode == 0, result.stderr
-    assert not fresh.exists()
+    assert pinned_config(fresh / "demo").is_file()
+    assert (fresh / "demo" / "slurm" / "train").is_dir()
+    assert not (fresh / "demo" / "reports").exists()
 
 
 def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path: Path) -> None:

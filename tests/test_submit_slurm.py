@@ -82,6 +82,21 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert "jit_train_step: HIT on process 0" in again.stdout
 
 
+def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:
+    first = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=1000000"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    train = read_jobs(run_dir)[-1]
+    try:
+        second = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=3"))
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"still has SLURM jobs queued or running: train job {train.job_id}" \
+            in second.stderr
+        assert len(read_jobs(run_dir)) == 1  # nothing more was submitted
+    finally:
+        subprocess.run(["scancel", train.job_id], check=True)
+
+
 def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
     # The warning is due 60 s after start; SLURM checks limits every ~30 s, so it comes 30-60 s
     # in. One requeue allowed: the restart resumes, gets the warning again, checkpoints, ends.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import Config
+from launcher.config import Config, ConfigError
 from launcher.environment import is_remote, resolve_paths
 from launcher.files import atomic_write, locked
 from launcher.rundir import lock_path, pinned_config
@@ -48,6 +48,25 @@ def write_run_dir(config: Config) -> Path:
         pinned_config(config.run_dir),
         f"# Pinned by jaxwarm from {config.source}; every job of this run reads it.\n"
         + yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def adopt_run_dir(config: Config) -> Path:
+    """What a job script submitted by hand (`jaxwarm render`) needs, without touching a run
+    that exists: a new run dir gets its pinned config; an existing one must already pin
+    this very config, since its requeued jobs read it. Call under the run dir's lock."""
+    path = pinned_config(config.run_dir)
+    try:
+        pinned = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return write_run_dir(config)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{config.source}: run.name: {path} cannot be read ({exc}); "
+                          f"render writes no pinned config over it") from None
+    if pinned != config.to_dict():
+        raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is pinned to "
+                          f"other values ({path}); render writes nothing over a run's pinned "
+                          f"config: use another run.name, or render the config it pins")
+    return path
 
 
 @contextmanager

@@ -27,6 +27,10 @@ from launcher.injob.task import TaskCommand
 
 log = logging.getLogger("jaxwarm.slurm")
 
+# States in which a job may still start, run or come back (submitit's "not done" ones).
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "PREEMPTED",
+                           "CONFIGURING", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
+                           "REQUEUE_FED"})
 # The longest wait between two sacct calls while following jobs.
 WATCH_MAX_DELAY_S = 15.0
 
@@ -219,6 +223,30 @@ class SlurmBackend:
     def hints(self, config: Config, submitted: list[SubmittedJob]) -> list[str]:
         return [f"follow with: jaxwarm status {config.run_dir}   "
                 f"or: tail -f {submitted[-1].log_path()}"]
+
+
+def refuse_active_jobs(config: Config) -> None:
+    """A SLURM launch's own life ends at submission, but its jobs go on: a second launch of
+    the run dir while they are queued or running would train into the same checkpoints.
+    One batched sacct call; a job accounting does not know yet (just submitted) is asked of
+    scontrol, and one that neither knows does not block."""
+    jobs = read_jobs(config.run_dir)
+    if not jobs:
+        return
+    sacct = watcher()
+    for job in jobs:
+        sacct.register_job(job.job_id)
+    sacct.update()
+    states = {job.job_id: sacct.get_state(job.job_id, mode="cache").split()[0] for job in jobs}
+    states.update({job_id: job_state(job_id).state for job_id, state in states.items()
+                   if state == "UNKNOWN"})
+    active = [f"{job.name} job {job.job_id} ({states[job.job_id]})" for job in jobs
+              if states[job.job_id] in ACTIVE_STATES]
+    if active:
+        raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} still has "
+                          f"SLURM jobs queued or running: {', '.join(active)}; wait for them "
+                          f"(jaxwarm status {config.run_dir}), scancel them, or use another "
+                          f"run.name")
 
 
 def print_submitted(jobs: list[SubmittedJob]) -> None:

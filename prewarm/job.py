@@ -36,7 +36,6 @@ from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
-from prewarm.jaxkey.guard import jax_job
 from prewarm.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -220,7 +219,6 @@ def describe(item: Compiled, min_compile_time_s: float) -> str:
             f"written as {record.key}")
 
 
-@jax_job
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import jax

@@ -26,6 +26,7 @@ from launcher.config import Config, ConfigError
 from launcher.injob.distributed import initialize
 from launcher.injob.hook import enable_cache
 from launcher.injob.recorder import InitRecorder
+from prewarm.jaxkey.guard import jax_job
 
 log = logging.getLogger("jaxwarm.step")
 
@@ -149,13 +150,13 @@ def lower_target(target: CompileTarget, source: str) -> Any:
 
 
 def job_main(main: Callable[[], int]) -> int:
-    """Run a job's main so that bad input (a missing factory function, a broken manifest, a
-    stuck lock, a full disk) ends it with one line and exit 2, as the launcher's errors do;
-    only a bug shows a traceback."""
+    """Run a job's main so that bad input (an untested jax, a missing factory function, a
+    broken manifest, a stuck lock, a full disk) ends it with one line and exit 2, as the
+    launcher's errors do; only a bug shows a traceback."""
     from launcher.errors import USER_ERRORS, one_line
 
     try:
-        return main()
+        return jax_job(main)()
     except (*USER_ERRORS, OSError) as exc:
         log.error("jaxwarm: error: %s", one_line(exc))
         return 2

@@ -26,7 +26,6 @@ from launcher.rundir import VERIFY, verify_result_path
 from prewarm.jaxkey.components import explain_miss
 from launcher.store.manifest import read_manifest
 from launcher.store.integrity import warm_problem
-from prewarm.jaxkey.guard import jax_job
 from prewarm.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -89,7 +88,6 @@ def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
     atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
-@jax_job
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import jax

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from launcher.config import Config, load_config
+from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.injob.guard import CacheGuard
 from launcher.injob.recorder import InitRecorder, InitReport, restart_count
@@ -34,8 +34,8 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
         return config
     path = config or os.environ.get("JAXWARM_CONFIG")
     if not path:
-        raise RuntimeError("no config: pass one to enable_cache() or start the job through "
-                           "jaxwarm (which sets JAXWARM_CONFIG)")
+        raise ConfigError("no config: pass one to enable_cache() or start the job through "
+                          "jaxwarm (which sets JAXWARM_CONFIG)")
     return resolve_paths(load_config(path))
 
 
@@ -87,7 +87,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     for name, value in options.items():
         current = getattr(jax.config, name)
         if name == "jax_compilation_cache_dir" and current and current != value:
-            raise RuntimeError(
+            raise ConfigError(
                 f"this process already uses compilation cache dir {current!r} but the config "
                 f"says {value!r}; JAX ignores a second cache dir, so the run would not hit. "
                 f"Start the job through jaxwarm or unset JAX_COMPILATION_CACHE_DIR")
@@ -111,9 +111,9 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
 def prewarmed_steps(config: Config) -> set[tuple[str, str | None]]:
     """The step functions this run's prewarm compiled: the first execution of one of them
     ends the first step of a trainer that does not call mark_first_step()."""
-    try:
-        manifest = read_manifest(config.cache.dir)
-    except (OSError, ValueError) as exc:  # bookkeeping must never stop training
+    try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
+        manifest = read_manifest(config.cache.dir, strict=False)
+    except OSError as exc:
         log.warning("no time to first step without mark_first_step(): %s", exc)
         return set()
     return {(entry.function, entry.signature)

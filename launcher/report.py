@@ -16,7 +16,7 @@ from typing import Any
 from launcher.injob.guard import CHANGE_PREFIX
 from launcher.rundir import JOBS, TRAIN, reports_dir
 from launcher.store.manifest import ManifestEntry
-from prewarm.jaxkey.components import explain_miss
+from launcher.store.misses import explain_miss
 
 log = logging.getLogger("jaxwarm.report")
 

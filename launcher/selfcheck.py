@@ -1,4 +1,4 @@
-"""The key self-check (`python -m prewarm.jaxkey.selfcheck`) run beside the CLI.
+"""The key self-check (`python -m launcher.jaxkey.selfcheck`) run beside the CLI.
 
 `jaxwarm doctor` runs it alone; `jaxwarm verify` runs it alongside the verify job, so its
 verdicts say whether the key prediction they rest on is exact on this JAX. It is a child
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from launcher.environment import merge_environment
 
-SELFCHECK_MODULE = "prewarm.jaxkey.selfcheck"
+SELFCHECK_MODULE = "launcher.jaxkey.selfcheck"
 EXIT_INEXACT = 1
 EXIT_ERROR = 2
 

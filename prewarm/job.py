@@ -36,7 +36,7 @@ from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
-from prewarm.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
+from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
 

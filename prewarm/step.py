@@ -26,7 +26,7 @@ from launcher.config import Config, ConfigError
 from launcher.injob.distributed import initialize
 from launcher.injob.hook import enable_cache
 from launcher.injob.recorder import InitRecorder
-from prewarm.jaxkey.guard import jax_job
+from launcher.jaxkey.guard import jax_job
 
 log = logging.getLogger("jaxwarm.step")
 

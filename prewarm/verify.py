@@ -1,7 +1,7 @@
 """`python -m prewarm.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory, lowers it, and
-asks JAX for the persistent-cache key (`prewarm.jaxkey.predict`); a function is WARM when
+asks JAX for the persistent-cache key (`launcher.jaxkey.predict`); a function is WARM when
 the cache dir holds an intact entry under that key (`integrity.warm_problem`: a torn one is
 COLD). A COLD function that the manifest knows under another key is explained by the key
 components that differ. Process 0's verdict is the run's: on
@@ -23,10 +23,10 @@ from launcher.files import atomic_write
 from launcher.injob.recorder import InitRecorder
 from launcher.injob.hook import config_from_env
 from launcher.rundir import VERIFY, verify_result_path
-from prewarm.jaxkey.components import explain_miss
+from launcher.store.misses import explain_miss
 from launcher.store.manifest import read_manifest
 from launcher.store.integrity import warm_problem
-from prewarm.jaxkey.predict import predict_key
+from launcher.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
 

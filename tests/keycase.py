@@ -233,7 +233,7 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     import jax
     import numpy as np
     from launcher.store.manifest import ManifestEntry, record_entries
-    from prewarm.jaxkey.predict import predict_key
+    from launcher.jaxkey.predict import predict_key
 
     since = len(recorder.report.functions)
     step, shardings = _build(side)

@@ -20,8 +20,8 @@ import pytest
 from launcher.config import load_config
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
-from prewarm.jaxkey.selfcheck import SelfCheck
-from prewarm.jaxkey.versions import cache_path_in_key, in_range, release
+from launcher.jaxkey.selfcheck import SelfCheck
+from launcher.jaxkey.versions import cache_path_in_key, in_range, release
 from tests.conftest import DEMO, REPO
 from tests.legs import Leg, leg_python
 

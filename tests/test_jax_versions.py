@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from prewarm.jaxkey.versions import cache_path_in_key
+from launcher.jaxkey.versions import cache_path_in_key
 from tests.conftest import DEMO
 from tests.keycase import VARIATIONS, case_dir
 from tests.legs import LEGS, REPO, Leg, leg_python, ready

@@ -1,4 +1,4 @@
-"""Tests for prewarm.jaxkey.predict: predictions must equal the key JAX itself uses.
+"""Tests for launcher.jaxkey.predict: predictions must equal the key JAX itself uses.
 
 JAX fixes the device count at import, so every real-JAX check runs in a fresh subprocess
 that prints one `RESULT <json>` line. Each subprocess compiles with the persistent cache
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from prewarm.jaxkey.components import COMPONENTS, explain, likely_causes
-from prewarm.jaxkey.predict import KeyPrediction, explain_difference
-from prewarm.jaxkey.versions import cache_path_in_key
+from launcher.jaxkey.components import COMPONENTS, explain, likely_causes
+from launcher.jaxkey.predict import KeyPrediction, explain_difference
+from launcher.jaxkey.versions import cache_path_in_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ import json, logging, os, time
 import numpy as np
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from prewarm.jaxkey.predict import predict_key
+from launcher.jaxkey.predict import predict_key
 
 jax.config.update("jax_compilation_cache_dir", os.environ["TEST_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -348,7 +348,7 @@ def test_symlinked_cache_dir_changes_compile_options_before_jax_0_11(tmp_path: P
 
 GUARDS = r'''
 from jax._src import compilation_cache
-from prewarm.jaxkey import KeyNotComputed, UnsupportedJaxVersion, versions
+from launcher.jaxkey import KeyNotComputed, UnsupportedJaxVersion, versions
 
 def tiny(x):
     return x * 3.0

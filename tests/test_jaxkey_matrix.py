@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from prewarm.jaxkey.components import differing_components
-from prewarm.jaxkey.versions import cache_path_in_key, release
+from launcher.jaxkey.components import differing_components
+from launcher.jaxkey.versions import cache_path_in_key, release
 from launcher.store.manifest import read_manifest
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.config import load_config
 from launcher.store.integrity import entry_problem
-from prewarm.jaxkey.entryformat import ZSTD_MAGIC
+from launcher.jaxkey.entryformat import ZSTD_MAGIC
 from launcher.submit.prepare import pin_config
 from launcher.store.manifest import read_manifest
 from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan

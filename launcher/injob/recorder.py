@@ -21,12 +21,12 @@ from typing import Any, Callable
 
 from launcher.files import atomic_write
 from launcher.injob.guard import CacheGuard
-from prewarm.jaxkey.components import explain
-from prewarm.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
+from launcher.jaxkey.components import explain
+from launcher.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
                                  EVENT_BACKEND_COMPILE, EVENT_HIT, EVENT_LOOKUP, EVENT_LOWERED,
                                  EVENT_RETRIEVAL, EVENT_SAVED, HIT_OR_MISS, LOWERING,
                                  LOWERING_LOGGER, is_hit)
-from prewarm.jaxkey.predict import in_probe
+from launcher.jaxkey.predict import in_probe
 
 log = logging.getLogger("jaxwarm.recorder")
 

@@ -27,8 +27,8 @@ from launcher.store.integrity import entry_problem
 from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, is_entry_key,
                                     jax_lock, scan, sha256_file)
-from prewarm.jaxkey.entryformat import encode_atime
-from prewarm.jaxkey.versions import cache_path_in_key
+from launcher.jaxkey.entryformat import encode_atime
+from launcher.jaxkey.versions import cache_path_in_key
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from launcher.files import is_held, locked
 from launcher.store.usage import KeyHistory, key_histories, read_usage
-from prewarm.jaxkey.entryformat import (ATIME_SUFFIX, CACHE_SUFFIX, JAX_LOCK, decode_atime,
+from launcher.jaxkey.entryformat import (ATIME_SUFFIX, CACHE_SUFFIX, JAX_LOCK, decode_atime,
                                         encode_atime)
 
 log = logging.getLogger("jaxwarm.store")

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from prewarm.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
+from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
 from launcher.store.manifest import read_manifest
 from launcher.environment import is_remote
 from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, entry_path, file_kind,

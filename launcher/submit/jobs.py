@@ -23,7 +23,7 @@ from pathlib import Path
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
 from launcher.rundir import PREWARM, TRAIN, VERIFY
-from prewarm.jaxkey.versions import version_problem
+from launcher.jaxkey.versions import version_problem
 
 log = logging.getLogger("jaxwarm.jobs")
 

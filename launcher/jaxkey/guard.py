@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Callable, TypeVar
 
-from prewarm.jaxkey.versions import (UnsupportedJaxVersion, in_range, installed,
+from launcher.jaxkey.versions import (UnsupportedJaxVersion, in_range, installed,
                                      unsupported_message, version_problem)
 
 EXIT_ERROR = 2

@@ -6,16 +6,16 @@
 - `entryformat`: an entry's file names, compression, header and atime files.
 - `components`: the key's components and what a difference in each one means.
 - `guard`: job entry points fail with one line on an untested jax.
-- `selfcheck`: `python -m prewarm.jaxkey.selfcheck` (`jaxwarm doctor`).
+- `selfcheck`: `python -m launcher.jaxkey.selfcheck` (`jaxwarm doctor`).
 
 Importing the package (or any of these modules) does not import jax.
 """
 
-from prewarm.jaxkey.components import COMPONENTS, differing_components, explain, explain_miss
-from prewarm.jaxkey.predict import (KeyNotComputed, KeyPrediction, explain_difference,
+from launcher.jaxkey.components import COMPONENTS, differing_components, explain
+from launcher.jaxkey.predict import (KeyNotComputed, KeyPrediction, explain_difference,
                                     in_probe, predict_key)
-from prewarm.jaxkey.versions import TESTED_JAX_VERSIONS, TESTED_RANGE, UnsupportedJaxVersion
+from launcher.jaxkey.versions import TESTED_JAX_VERSIONS, TESTED_RANGE, UnsupportedJaxVersion
 
 __all__ = ["COMPONENTS", "KeyNotComputed", "KeyPrediction", "TESTED_JAX_VERSIONS",
            "TESTED_RANGE", "UnsupportedJaxVersion", "differing_components", "explain",
-           "explain_difference", "explain_miss", "in_probe", "predict_key"]
+           "explain_difference", "in_probe", "predict_key"]

@@ -1,4 +1,4 @@
-"""`python -m prewarm.jaxkey.selfcheck` (what `jaxwarm doctor` runs): is the key exact here?
+"""`python -m launcher.jaxkey.selfcheck` (what `jaxwarm doctor` runs): is the key exact here?
 
 Predicts the key of a tiny function, compiles it into a fresh temporary cache, and says in
 one line whether the entry JAX wrote has the predicted name. Run in its own process so the
@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prewarm.jaxkey.components import COMPONENTS
-from prewarm.jaxkey.entryformat import CACHE_SUFFIX
-from prewarm.jaxkey.guard import EXIT_ERROR, jax_job
-from prewarm.jaxkey.predict import KeyNotComputed, predict_key
+from launcher.jaxkey.components import COMPONENTS
+from launcher.jaxkey.entryformat import CACHE_SUFFIX
+from launcher.jaxkey.guard import EXIT_ERROR, jax_job
+from launcher.jaxkey.predict import KeyNotComputed, predict_key
 
 EXIT_INEXACT = 1
 

@@ -2,16 +2,11 @@
 
 JAX's persistent-cache key is a sha256 over eight components, in this order. jaxwarm records
 the hash of each component alone (from JAX's own DEBUG log lines, at run time or when
-`prewarm.jaxkey.predict.predict_key` asks JAX ahead of it), so a miss can be explained by
+`launcher.jaxkey.predict.predict_key` asks JAX ahead of it), so a miss can be explained by
 naming the components whose hashes differ and what usually changes them.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from launcher.store.manifest import ManifestEntry
 
 COMPONENTS: tuple[str, ...] = (
     "computation",
@@ -85,38 +80,3 @@ def explain(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
     """One line per differing component: its name and its likely causes."""
     return [f"{component} differs: {likely_causes(component)}"
             for component in differing_components(expected, actual)]
-
-
-def explain_miss(function: str, components: dict[str, str],
-                 manifest: dict[str, ManifestEntry], *, run: str | None = None,
-                 process_count: int | None = None, signature: str | None = None) -> list[str]:
-    """Why a function's key is not in the cache, against a manifest entry of the *same* target
-    only: same function name and abstract signature (another function of the same name is
-    no explanation), on the same process layout (a different layout is said as that, not
-    as the component it shows up in); this run's entries first, then the closest others
-    (fewest differences, then newest)."""
-    named = [e for e in manifest.values() if e.function == function and e.components]
-    if not named:
-        others = sorted({e.function for e in manifest.values()})
-        known = (f"; the manifest has {', '.join(others)} (was the function renamed? its name "
-                 f"is part of the program)") if others else ""
-        return [f"no prewarm of {function} is recorded in the manifest{known}: "
-                f"run `jaxwarm prewarm`"]
-    same = [e for e in named if signature is None or e.signature in (None, signature)]
-    if not same:
-        return [f"no prewarmed target has these input types: this is another function named "
-                f"{function} than the one prewarmed, so it was not prewarmed"]
-    layout = [e for e in same if process_count is None or e.process_count == process_count]
-    if not layout:
-        other = max(same, key=lambda e: e.created)
-        return [f"prewarmed as {other.key} by run {other.run!r} on {other.process_count} "
-                f"process(es), but this job has {process_count}: the process layout differs "
-                f"(it is part of the key); prewarm on the run's own layout"]
-    pool = [e for e in layout if e.run == run] or layout
-    closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
-                                       -e.created))
-    lines = explain(closest.components, components)
-    if not lines:
-        return [f"the manifest lists {closest.key} but its cache entry is gone "
-                f"(pruned or deleted): run `jaxwarm prewarm` again"]
-    return [f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0], *lines[1:]]

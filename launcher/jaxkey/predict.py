@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prewarm.jaxkey import logs
-from prewarm.jaxkey.components import differing_components
-from prewarm.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
+from launcher.jaxkey import logs
+from launcher.jaxkey.components import differing_components
+from launcher.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
 
 if TYPE_CHECKING:
     import jax

@@ -110,7 +110,11 @@ class StepConfig:
 
 @dataclass(frozen=True)
 class EntrypointConfig:
+    """The training entrypoint: exactly one of a command, a module (`python -m`) or a
+    function, each run with jaxwarm's init recorder installed first (launcher/submit/jobs.py)."""
+
     command: list[str] | None = None
+    module: str | None = None
     function: str | None = None
     args: list[str] = field(default_factory=list)
 
@@ -170,6 +174,7 @@ _PLATFORMS = ("cpu", "gpu")
 _AXIS_TYPES = ("auto", "explicit")
 # Patterns are matched with fullmatch: `$` would accept a trailing newline.
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _SLURM_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}")
 _JAX_OPTION = re.compile(r"jax_[a-z0-9_]+")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT")
@@ -381,11 +386,16 @@ def _validate(config: Config) -> None:
     if not _MODULE_FUNCTION.fullmatch(config.step.factory):
         fail("step.factory", f"expected 'module:function', got {config.step.factory!r}")
     entry = config.entrypoint
-    if (entry.command is None) == (entry.function is None):
-        fail("entrypoint", "expected exactly one of 'entrypoint.command' (a console command) "
-                           "or 'entrypoint.function' ('module:function')")
+    given = [entry.command, entry.module, entry.function]
+    if sum(value is not None for value in given) != 1:
+        fail("entrypoint", "expected exactly one of 'entrypoint.command' (a command), "
+                           "'entrypoint.module' (run as python -m) or 'entrypoint.function' "
+                           "('module:function')")
     if entry.command is not None and not entry.command:
         fail("entrypoint.command", "expected a non-empty list")
+    if entry.module is not None and not _MODULE.fullmatch(entry.module):
+        fail("entrypoint.module", f"expected a dotted module name like 'pkg.train', "
+                                  f"got {entry.module!r}")
     if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
         fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
     if config.cache.max_size < -1 or config.cache.max_size == 0:

@@ -204,10 +204,11 @@ def missing_train_report(reports: list[dict[str, Any]]) -> list[str]:
     """What it means when the training job ran but wrote no init report."""
     if any(r["job"] == TRAIN for r in reports):
         return []
-    return ["the training job wrote no init report: jaxwarm's recorder never ran in it (its "
-            "entrypoint is not a Python console script or function, or it did not call "
-            "launcher.enable_cache()), so nothing says whether it loaded the prewarmed "
-            "entries or even used jaxwarm's cache dir"]
+    return [("the training job wrote no init report: none of its processes lowered a "
+            "function with jaxwarm's recorder installed (it stopped before its first compile, "
+            "or its Python could not import jaxwarm or skipped the bootstrap: the launch "
+            "said which entrypoint form it found), so nothing says whether it loaded the "
+            "prewarmed entries or even used jaxwarm's cache dir")]
 
 
 def format_verdicts(verdicts: list[dict[str, Any]]) -> list[str]:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,15 +24,17 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from launcher.config import Config, ConfigError
-from launcher.environment import job_environment
-from launcher.rundir import PREWARM, TRAIN, VERIFY
+from launcher.environment import job_environment, merge_environment
+from launcher.injob.boot import BOOTSTRAP_DIR
 from launcher.jaxkey.versions import version_problem
+from launcher.rundir import PREWARM, TRAIN, VERIFY
 
 log = logging.getLogger("jaxwarm.jobs")
 
 PREWARM_MODULE = "prewarm.job"
 VERIFY_MODULE = "prewarm.verify"
 CALL_MODULE = "launcher.injob.call"
+BOOT_MODULE = "launcher.injob.boot"
 CONFIG_PLACEHOLDER = "{config}"
 
 
@@ -59,40 +64,72 @@ def job_import_path(config: Config) -> Iterator[None]:
 
 def check_modules(config: Config) -> None:
     """Fail before submitting when the jobs' jax is untested, or the step factory's or
-    entrypoint's module does not exist, or its source plainly does not define the function.
+    entrypoint's module does not exist, or its source plainly does not define the function,
+    or the entrypoint function plainly cannot be called with no argument or with argv.
 
-    Only locates and parses the modules (no import: that would import the user's jax code
-    here), with the job's PYTHONPATH; a module without Python source, or one that
-    star-imports, is given the benefit of the doubt and checked in the job."""
+    Only locates and parses the modules (no import, not even of their parent packages: that
+    would import the user's jax code here), with the job's PYTHONPATH; a module without
+    Python source, or one that star-imports, is given the benefit of the doubt and checked
+    in the job."""
     if problem := version_problem():
         raise ConfigError(problem)
+    entry = config.entrypoint
     specs = [("step.factory", config.step.factory)]
-    if config.entrypoint.function is not None:
-        specs.append(("entrypoint.function", config.entrypoint.function))
+    if entry.function is not None:
+        specs.append(("entrypoint.function", entry.function))
     with job_import_path(config):
+        if entry.module is not None:
+            found = locate(config, "entrypoint.module", entry.module)
+            if found.submodule_search_locations is not None and not any(
+                    (Path(where) / "__main__.py").is_file()
+                    for where in found.submodule_search_locations):
+                raise ConfigError(f"{config.source}: entrypoint.module: {entry.module!r} is a "
+                                  f"package without a __main__.py, so python -m cannot run it")
         for key, spec in specs:
             module, _, function = spec.partition(":")
-            try:
-                found = importlib.util.find_spec(module)
-            except (ImportError, ValueError):
-                found = None
-            if found is None:
-                where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
-                raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
-                                  f"(is it installed in {sys.executable}{where}?)")
-            names = top_level_names(found.origin)
+            found = locate(config, key, module)
+            tree = parse_source(found.origin)
+            names = top_level_names(tree)
             if names is not None and function not in names:
                 raise ConfigError(f"{config.source}: {key}: module {module!r} "
                                   f"({found.origin}) defines no {function!r}")
+            if key == "entrypoint.function" and tree is not None:
+                check_callable(config, spec, found.origin, tree)
 
 
-def top_level_names(origin: str | None) -> set[str] | None:
-    """Names a Python source file binds at its top level; None when that cannot be known."""
+def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleSpec:
+    """Where `module` is, found without importing it or its parent packages."""
+    parts = module.split(".")
+    try:
+        found = importlib.util.find_spec(parts[0])
+        for depth in range(1, len(parts)):
+            if found is None or found.submodule_search_locations is None:
+                found = None
+                break
+            found = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[:depth + 1]), list(found.submodule_search_locations))
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
+        raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
+                          f"(is it installed in {sys.executable}{where}?)")
+    return found
+
+
+def parse_source(origin: str | None) -> ast.Module | None:
+    """A module's parsed source; None when it has none that can be read."""
     if origin is None or not origin.endswith(".py"):
         return None
     try:
-        tree = ast.parse(Path(origin).read_bytes())
+        return ast.parse(Path(origin).read_bytes())
     except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def top_level_names(tree: ast.Module | None) -> set[str] | None:
+    """Names a Python source file binds at its top level; None when that cannot be known."""
+    if tree is None:
         return None
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -107,6 +144,28 @@ def top_level_names(origin: str | None) -> set[str] | None:
     return names
 
 
+def check_callable(config: Config, spec: str, origin: str | None, tree: ast.Module) -> None:
+    """An `entrypoint.function` defined at the top level of its module must take no required
+    argument (a console script's `main()`) or one (`main(argv)`, as absl's app.run calls it):
+    `launcher.injob.call` calls it one of those two ways."""
+    name = spec.partition(":")[2]
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name),
+                None)
+    if node is None:
+        return
+    positional = [*node.args.posonlyargs, *node.args.args]
+    required = [a.arg for a in positional[:len(positional) - len(node.args.defaults)]]
+    keyword_only = [a.arg for a, default in zip(node.args.kwonlyargs, node.args.kw_defaults)
+                    if default is None]
+    if len(required) > 1 or keyword_only:
+        required += keyword_only
+        raise ConfigError(
+            f"{config.source}: entrypoint.function: {spec} ({origin}:{node.lineno}) needs "
+            f"{len(required)} argument(s) ({', '.join(required)}); expected none (called like "
+            f"a console script's main()) or one positional (main(argv), called with "
+            f"[{spec}, *entrypoint.args] as absl's app.run does)")
+
+
 def console_script(config: Config, name: str) -> EntryPoint | None:
     """The Python entry point behind a console-script name, as the job would find it."""
     with job_import_path(config):
@@ -114,32 +173,114 @@ def console_script(config: Config, name: str) -> EntryPoint | None:
     return next(iter(found), None)
 
 
-def entrypoint_argv(config: Config, config_path: str | Path) -> list[str]:
-    """The training entrypoint as an argv; `{config}` in its args becomes the pinned config.
+# An interpreter's own flags that take no value and may come before the script or -m.
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
+_PYTHON_FLAGS = re.compile(r"-[BEIOPRbdqsuv]+")
 
-    A console script (`entrypoint.command: [jsp-train, ...]`) runs as its Python entry point
-    under `launcher.injob.call --script`, which installs the init recorder before the
-    trainer's own code: the trainer needs no change for the cache report. Any other command
-    runs as it is, and then only a trainer that calls `enable_cache()` writes a report."""
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """The training job's argv, and whether its Python processes need the bootstrap
+    (`launcher.injob.boot`) on PYTHONPATH because no jaxwarm code runs before the trainer's."""
+
+    argv: list[str]
+    bootstrap: bool = False
+
+
+def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
+    """The training entrypoint; `{config}` in its args becomes the pinned config. Each form
+    gets jaxwarm's init recorder and cache guard, installed when the trainer imports jax
+    (`launcher.injob.boot`), and the launcher logs which form it found:
+
+    - `entrypoint.function`, `entrypoint.module`, a console script, and a command that is a
+      Python interpreter running a script or `-m module`: the trainer runs under
+      `launcher.injob.call`, which installs the recorder first;
+    - any other command (a shell script that starts Python): runs as it is, and jaxwarm's
+      bootstrap `sitecustomize` goes first on the job's PYTHONPATH.
+    """
     entry = config.entrypoint
     args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
     if entry.function is not None:
-        return [sys.executable, "-m", CALL_MODULE, entry.function, *args]
+        return Entrypoint(call_argv(sys.executable, [], "--function", entry.function, args))
+    if entry.module is not None:
+        return Entrypoint(call_argv(sys.executable, [], "--module", entry.module, args))
     command = list(entry.command or [])
     script = console_script(config, command[0])
     if script is not None:
-        return [sys.executable, "-m", CALL_MODULE, "--script", command[0], script.value,
-                *command[1:], *args]
+        log.info("entrypoint.command: %s is a Python console script (%s): it runs with "
+                 "jaxwarm's init recorder", command[0], script.value)
+        return Entrypoint(call_argv(sys.executable, [], "--script", command[0],
+                                    [script.value, *command[1:], *args]))
+    found = find_command(config, command[0])
+    if _PYTHON.fullmatch(Path(found).name):
+        return python_entrypoint(config, found, command[1:], args)
+    log.warning("%s: entrypoint.command %s is not a Python console script nor a Python "
+                "interpreter (a shell script?): it runs as it is, with jaxwarm's bootstrap "
+                "first on its PYTHONPATH, so the first Python process it starts that imports "
+                "jax records the init report (one started with -S, -I or -E, or without "
+                "jaxwarm installed, records none)", config.source, command[0])
+    return Entrypoint([found, *command[1:], *args], bootstrap=True)
+
+
+def find_command(config: Config, name: str) -> str:
     path = config.env.get("PATH", os.environ.get("PATH", ""))
     search = os.pathsep.join([path, str(Path(sys.executable).parent)])
-    found = shutil.which(command[0], path=search)
+    found = shutil.which(name, path=search)
     if found is None:
-        raise ConfigError(f"{config.source}: entrypoint.command: {command[0]!r} was not found "
+        raise ConfigError(f"{config.source}: entrypoint.command: {name!r} was not found "
                           f"on PATH nor as a Python console script")
-    log.warning("%s: entrypoint.command %s is not a Python console script: it runs as it is, "
-                "and jaxwarm cannot record an init report for it unless it calls "
-                "launcher.enable_cache()", config.source, command[0])
-    return [found, *command[1:], *args]
+    return found
+
+
+def python_entrypoint(config: Config, python: str, rest: list[str],
+                      args: list[str]) -> Entrypoint:
+    """`[python, (-u ...), script.py | -m module, ...]` runs under `launcher.injob.call` in
+    the same interpreter; another form (`-c`, `-X opt`) runs as it is, with the bootstrap."""
+    if not imports_jaxwarm(config, python):
+        log.warning("%s: entrypoint.command: %s cannot import jaxwarm: it runs as it is and "
+                    "records no init report; install jaxwarm into it, or name %s",
+                    config.source, python, sys.executable)
+        return Entrypoint([python, *rest, *args])
+    flags = []
+    while rest and _PYTHON_FLAGS.fullmatch(rest[0]):
+        flags.append(rest.pop(0))
+    if rest[:1] == ["-m"] and len(rest) >= 2:
+        form, target, rest = "--module", rest[1], rest[2:]
+    elif rest and not rest[0].startswith("-"):
+        form, target, rest = "--path", rest[0], rest[1:]
+    else:
+        log.warning("%s: entrypoint.command: Python (%s) with %s, neither a script nor -m "
+                    "module: it runs as it is, with jaxwarm's bootstrap first on its "
+                    "PYTHONPATH, which records the init report when it imports jax",
+                    config.source, python, " ".join(rest[:1]) or "no script")
+        return Entrypoint([python, *flags, *rest, *args], bootstrap=True)
+    log.info("entrypoint.command: Python (%s) running %s %s: it runs with jaxwarm's init "
+             "recorder", python, "module" if form == "--module" else "script", target)
+    return Entrypoint(call_argv(python, flags, form, target, [*rest, *args]))
+
+
+def imports_jaxwarm(config: Config, python: str) -> bool:
+    """Whether `python` finds this jaxwarm: yes in this interpreter's own environment (its
+    bin dir); elsewhere asked, with the job's PYTHONPATH."""
+    if Path(python).absolute().parent == Path(sys.executable).absolute().parent:
+        return True
+    env = merge_environment(dict(os.environ), {k: v for k, v in config.env.items()
+                                              if k == "PYTHONPATH"})
+    probe = subprocess.run([python, "-c", f"import {BOOT_MODULE}"], env=env, check=False,
+                           capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
+def call_argv(python: str, flags: list[str], form: str, target: str,
+              args: list[str]) -> list[str]:
+    return [python, *flags, "-m", CALL_MODULE, form, target, *args]
+
+
+def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
+    """The job environment with jaxwarm's bootstrap first on PYTHONPATH, in front of the
+    config's PYTHONPATH or, without one, the submitting shell's (which the job inherits)."""
+    rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(BOOTSTRAP_DIR), rest]))}
 
 
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
@@ -153,5 +294,6 @@ def verify_job(config: Config, config_path: str | Path) -> JobSpec:
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
-    return JobSpec(TRAIN, entrypoint_argv(config, config_path),
-                   job_environment(config, config_path))
+    entry = entrypoint(config, config_path)
+    env = job_environment(config, config_path)
+    return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)

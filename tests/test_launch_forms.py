@@ -1,0 +1,118 @@
+"""Every launch form gets the init recorder and the cache-settings guard, with no change to
+the trainer: a console script, `entrypoint.module` (python -m), a Python interpreter running
+a script or `-m module`, an absl-style `entrypoint.function` main(argv), and a shell script
+that execs Python (through the bootstrap sitecustomize, which runs the environment's own
+sitecustomize too). The trainer (tests/launchforms/tinytrain.py) sets its own cache dir and
+threshold; each launch must write its init report, say the guard's lines, keep jaxwarm's
+cache dir, and say truly which form it found. One process, one tiny jit, --no-prewarm, one
+shared cache: each test is one CLI process and one JAX process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+FORMS = REPO / "tests" / "launchforms"
+DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
+THRESHOLD_CHANGED = "the trainer set jax_persistent_cache_min_compile_time_secs to 60.0"
+
+
+def write_config(tmp_path: Path, cache: Path, entrypoint: dict, pythonpath: list[Path],
+                 **extra: object) -> Path:
+    config = {
+        "run": {"name": "forms", "out_dir": str(tmp_path / "runs")},
+        "cache": {"dir": str(cache), "min_compile_time_secs": 0},
+        "topology": {"devices_per_process": 1},
+        "mesh": {"axes": {"data": 1}},
+        "step": {"factory": "tiny_adapter:make"},
+        "entrypoint": {**entrypoint, "args": ["--out", str(tmp_path / "own")]},
+        "env": {"PYTHONPATH": os.pathsep.join(map(str, pythonpath)),
+                "TINY_PYTHON": sys.executable},
+        **extra,
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def launch(tmp_path: Path, cache: Path, entrypoint: dict,
+           pythonpath: list[Path] = (FORMS,)) -> tuple[dict, str]:
+    config = write_config(tmp_path, cache, entrypoint, list(pythonpath))
+    result = run_cli("launch", str(config), "--local", "--no-prewarm")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "first step done at" in output and f"(out {tmp_path / 'own'})" in output, output
+    report = json.loads((tmp_path / "runs" / "forms" / "reports" / "train-r0-p0.json")
+                        .read_text())
+    assert "jit_tiny_step" in [fn["name"] for fn in report["functions"]], report
+    # The guard caught both of the trainer's settings and kept jaxwarm's dir in force.
+    assert any(w.startswith(DIR_CHANGED) and "cache.enforce is on" in w
+               for w in report["warnings"]), report["warnings"]
+    assert any(w.startswith(THRESHOLD_CHANGED) for w in report["warnings"]), report["warnings"]
+    assert report["cache_dir"] == str(cache)
+    assert DIR_CHANGED in result.stdout  # the launch's own summary says it too
+    assert "wrote no init report" not in output
+    return report, result.stderr
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """tinytrain's console script, installed the way pip records one."""
+    site = tmp_path / "site"
+    info = site / "tinytrain-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinytrain\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\ntiny-train = tinytrain:cli\n")
+    return site
+
+
+def test_console_script(tmp_path: Path, shared_cache: Path, site: Path) -> None:
+    _, log = launch(tmp_path, shared_cache, {"command": ["tiny-train"]}, [site, FORMS])
+    assert "tiny-train is a Python console script (tinytrain:cli)" in log
+
+
+def test_entrypoint_module(tmp_path: Path, shared_cache: Path) -> None:
+    launch(tmp_path, shared_cache, {"module": "tinytrain"})
+
+
+def test_python_running_a_script(tmp_path: Path, shared_cache: Path) -> None:
+    script = FORMS / "tinytrain.py"
+    _, log = launch(tmp_path, shared_cache, {"command": [sys.executable, "-u", str(script)]})
+    assert f"Python ({sys.executable}) running script {script}" in log
+
+
+def test_python_running_a_module(tmp_path: Path, shared_cache: Path) -> None:
+    _, log = launch(tmp_path, shared_cache, {"command": [sys.executable, "-m", "tinytrain"]})
+    assert f"Python ({sys.executable}) running module tinytrain" in log
+
+
+def test_absl_main_argv_function(tmp_path: Path, shared_cache: Path) -> None:
+    # main(argv) is called through absl's app.run, which parsed --out from entrypoint.args.
+    launch(tmp_path, shared_cache, {"function": "tinytrain:main"})
+
+
+def test_shell_script_that_execs_python(tmp_path: Path, shared_cache: Path) -> None:
+    _, log = launch(tmp_path, shared_cache, {"command": [str(FORMS / "train.sh")]},
+                    [FORMS, FORMS / "chained"])
+    assert "train.sh is not a Python console script nor a Python interpreter" in log
+    assert "helper python" in log
+    assert "the environment's own sitecustomize ran" in log
+
+
+def test_a_function_that_needs_more_than_argv_is_refused_before_any_job(
+        tmp_path: Path) -> None:
+    (tmp_path / "needy.py").write_text("def main(argv, config):\n    pass\n")
+    config = write_config(tmp_path, tmp_path / "cache", {"function": "needy:main"},
+                          [FORMS, tmp_path])
+    result = run_cli("launch", str(config), "--local", "--no-prewarm")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "entrypoint.function: needy:main" in result.stderr
+    assert "needs 2 argument(s) (argv, config)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()

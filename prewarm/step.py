@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,7 +49,7 @@ class CompileTarget:
     """
 
     name: str
-    function: Callable[..., Any]
+    function: jax.stages.Wrapped  # a jitted function: it has .lower()
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     uncommitted: tuple[int | str, ...] = ()

@@ -1,4 +1,4 @@
-"""`python -m launcher.injob.call [--script NAME] module:function [ARGS...]`: run a Python entrypoint.
+"""`python -m launcher.injob.call [--script NAME] module:function [ARGS...]`: run an entrypoint.
 
 The function is called like a console script's main: no arguments, sys.argv set to
 [NAME or spec, *ARGS]; its return value is the exit status.

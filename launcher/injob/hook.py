@@ -20,9 +20,9 @@ from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.injob.guard import CacheGuard
 from launcher.injob.recorder import InitRecorder, InitReport, restart_count
 from launcher.rundir import TRAIN, report_path
-from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.entries import written_since
 from launcher.store.manifest import latest_for_run, read_manifest
+from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import append_usage
 
 log = logging.getLogger("jaxwarm.hook")

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
-from launcher.jaxkey.versions import (UnsupportedJaxVersion, in_range, installed,
-                                     unsupported_message, version_problem)
+from launcher.jaxkey.versions import (
+    UnsupportedJaxVersion,
+    in_range,
+    installed,
+    unsupported_message,
+    version_problem,
+)
 
 EXIT_ERROR = 2
 Main = TypeVar("Main", bound=Callable[..., int])

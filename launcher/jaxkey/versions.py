@@ -41,8 +41,8 @@ class JaxVersions:
 
 def release(version: str) -> tuple[int, ...]:
     """'0.12.0.1' -> (0, 12, 0, 1); pre/dev suffixes ('0.13.0rc1') are dropped."""
-    return tuple(int(part) for part in re.match(r"[\d.]*", version).group().split(".")
-                 if part)
+    leading = re.split(r"[^\d.]", version, maxsplit=1)[0]
+    return tuple(int(part) for part in leading.split(".") if part)
 
 
 @functools.cache

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment
-from launcher.rundir import PREWARM, TRAIN, VERIFY
 from launcher.jaxkey.versions import version_problem
+from launcher.rundir import PREWARM, TRAIN, VERIFY
 
 log = logging.getLogger("jaxwarm.jobs")
 

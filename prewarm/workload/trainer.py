@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from launcher.config import Config, ConfigError, load_config
-from launcher.injob.hook import config_from_env
-from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
 from launcher.environment import resolve_paths
+from launcher.injob.hook import config_from_env
 from launcher.jaxkey.guard import jax_job
+from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
 from prewarm.step import start_job
 from prewarm.workload import checkpoint
 from prewarm.workload.data import make_global_batch

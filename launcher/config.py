@@ -28,8 +28,10 @@ from typing import Annotated, Any
 
 import yaml
 
+from launcher.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config problem, already phrased as the one line the user sees."""
 
 

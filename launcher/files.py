@@ -21,6 +21,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from launcher.errors import UserError
+
 log = logging.getLogger("jaxwarm.files")
 
 # Metadata locks (manifest, usage log, JAX's own .lockfile) are held for milliseconds to a
@@ -29,7 +31,7 @@ LOCK_TIMEOUT_S = 60.0
 HOLDER_SUFFIX = ".holder"
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(UserError, RuntimeError):
     """A lock was not released within its timeout; the message names the holder."""
 
 

@@ -37,8 +37,9 @@ from launcher.rundir import PREWARM
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
+from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import CompileTarget, job_main, lower_target, start_job
+from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.prewarm")
 

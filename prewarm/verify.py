@@ -28,8 +28,9 @@ from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.integrity import warm_problem
 from launcher.store.manifest import read_manifest
 from launcher.store.misses import explain_miss
+from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import CompileTarget, job_main, lower_target, start_job
+from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.verify")
 

@@ -108,11 +108,6 @@ class InitReport:
         return data
 
 
-def restart_count() -> int:
-    """Which attempt of the job this is: 0, then 1, 2, ... after each SLURM requeue."""
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-
-
 def process_start_time() -> float:
     """Wall-clock time this process started, so init time includes the Python imports."""
     try:

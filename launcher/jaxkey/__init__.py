@@ -13,11 +13,11 @@ Importing the package (or any of these modules) does not import jax.
 
 from launcher.jaxkey.components import COMPONENTS, differing_components, explain
 from launcher.jaxkey.predict import (
-                                    KeyNotComputed,
-                                    KeyPrediction,
-                                    explain_difference,
-                                    in_probe,
-                                    predict_key,
+    KeyNotComputed,
+    KeyPrediction,
+    explain_difference,
+    in_probe,
+    predict_key,
 )
 from launcher.jaxkey.versions import TESTED_JAX_VERSIONS, TESTED_RANGE, UnsupportedJaxVersion
 

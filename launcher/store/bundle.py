@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, NonNegativeInt, convert
+from launcher.errors import UserError
 from launcher.files import atomic_path, staged_files
 from launcher.jaxkey.entryformat import encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
@@ -44,7 +45,7 @@ MAX_META_BYTES = 64 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class BundleError(Exception):
+class BundleError(UserError):
     """A bundle that cannot be exported or imported; the message is one line."""
 
 

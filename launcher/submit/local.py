@@ -24,7 +24,7 @@ from typing import IO
 from launcher.config import Config, TopologyConfig
 from launcher.environment import merge_environment
 from launcher.flow import EXIT_ERROR, Outcome
-from launcher.injob.distributed import process_variables
+from launcher.injob.place import process_variables
 from launcher.rundir import log_path
 from launcher.submit.jobs import JobSpec
 

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test legs matrix
+.PHONY: demo check test legs matrix
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ demo: $(STAMP)
 # whose Python is not installed is skipped (and the tests say so).
 legs: $(STAMP)
 	$(VENV)/bin/python -m tests.legs build
+
+# The fast tier (under a minute): lint and import order (ruff), the types of the public
+# modules (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m pytest -q -m "not e2e and not slurm"
 
 # The whole suite, every tested jax included; tests that need SLURM start the project's own
 # dev cluster.

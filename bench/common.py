@@ -16,10 +16,11 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from launcher.config import Config, load_config
 from launcher.environment import merge_environment
@@ -128,7 +129,8 @@ def table(title: str, header: Sequence[str], rows: Iterable[Sequence[object]]) -
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
 
     def line(row: list[str]) -> str:
-        return "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |"
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        return "| " + " | ".join(cells) + " |"
 
     rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
     return "\n".join([title, "", line(cells[0]), rule, *(line(row) for row in cells[1:])])

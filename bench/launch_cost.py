@@ -24,24 +24,24 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from bench.common import (REPO, BenchError, Check, bench_config, medians, run_process, table,
-                          verdict)
+from bench.common import REPO, BenchError, Check, bench_config, medians, run_process, table, verdict
 from launcher.config import Config
 from launcher.environment import merge_environment
+from launcher.injob.task import TaskCommand
 from launcher.submit.jobs import JobSpec, train_job
 from launcher.submit.local import LocalJob
 from launcher.submit.sbatch import setup_lines
-from launcher.injob.task import TaskCommand
 
 OVERHEAD_MAX_S = 0.3
 # What SLURM gives task 0 of a one-task job; submitit reads its job id and rank from them.
 SLURM_TASK = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1",
               "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
 WRAPPERS = {"local": "local runner -> python -m launcher.injob.call",
-            "slurm": "job script env -> submitit task runner -> launcher.injob.task -> launcher.injob.call"}
+            "slurm": "job script env -> submitit task runner -> launcher.injob.task -> "
+                     "launcher.injob.call"}
 
 
 # Each path starts the job its own way and returns the job's start (time.time(), comparable

@@ -23,8 +23,7 @@ from typing import Any
 
 from bench import launch_cost, step_cost
 from bench.chart import describe, write_chart
-from bench.common import (BenchError, checks_json, checks_table, machine, medians,
-                          write_json)
+from bench.common import BenchError, checks_json, checks_table, machine, medians, write_json
 
 log = logging.getLogger("bench")
 

@@ -22,17 +22,28 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from bench.common import (BenchError, Check, Finished, bench_config, per_layer,
-                          read_json, run_process, run_spec, table, verdict)
+from bench.common import (
+    BenchError,
+    Check,
+    Finished,
+    bench_config,
+    per_layer,
+    read_json,
+    run_process,
+    run_spec,
+    table,
+    verdict,
+)
 from launcher.config import Config
 from launcher.environment import job_environment, merge_environment
 from launcher.rundir import TRAIN, report_path, verify_result_path
-from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 from launcher.store.entries import entry_path
+from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
 STEP = "jit_train_step"
 OVERRIDES = ("cache.min_compile_time_secs=0", "train.checkpoint_every=0")

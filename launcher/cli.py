@@ -14,18 +14,22 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from launcher import flow
+from launcher import flow, selfcheck
 from launcher.config import Config, ConfigError, load_config
 from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
 from launcher.report import attempt_summaries, load_reports
-from launcher import selfcheck
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
 from launcher.submit import local, slurm
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
-from launcher.submit.prepare import (adopt_run_dir, holding_run_dir, prepare_cache, resolve_run,
-                                     write_run_dir)
+from launcher.submit.prepare import (
+    adopt_run_dir,
+    holding_run_dir,
+    prepare_cache,
+    resolve_run,
+    write_run_dir,
+)
 from launcher.submit.sbatch import render
 
 log = logging.getLogger("jaxwarm")
@@ -132,9 +136,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if isinstance(backend, slurm.SlurmBackend) and args.command == "prewarm" \
                 and len(configs) > 1:
             return prewarm_many_on_slurm(
-                args, [(config, jobs[0]) for (config, _), jobs in zip(runs, plans)])
+                args, [(config, jobs[0]) for (config, _), jobs in zip(runs, plans, strict=True)])
         worst = 0
-        for (config, _), jobs in zip(runs, plans):
+        for (config, _), jobs in zip(runs, plans, strict=True):
             code = flow.run(args.command, config, jobs, backend,
                             wait=getattr(args, "wait", False))
             worst = max(worst, code)

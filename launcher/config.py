@@ -28,8 +28,10 @@ from typing import Annotated, Any
 
 import yaml
 
+from launcher.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config problem, already phrased as the one line the user sees."""
 
 
@@ -284,7 +286,7 @@ def convert(tp: Any, value: Any, key: str, source: str) -> Any:
                 errors.append(exc)
         if len(members) == 1:
             raise errors[0]
-        for member, error in zip(members, errors):
+        for member, error in zip(members, errors, strict=True):
             if type(value) is _base(member):  # the right kind of value, wrong in itself
                 raise error
         fail(f"expected one of {', '.join(_name(m) for m in members)}, got {_describe(value)}")

@@ -1,26 +1,66 @@
-"""The one line a command or a job ends with when its input is bad (or jaxwarm has a bug)."""
+"""Exit codes, and the one line a command or a job ends with when its input is bad.
+
+Every end of jaxwarm goes through here: the `jaxwarm` CLI, each job's main (`python -m
+prewarm.job`, `prewarm.verify`, `jaxwarm-train`) and the entry-point guard on an untested
+jax. So a bad config, a stuck lock or a full disk reads the same wherever it surfaces, and
+the exit code says which kind of end it was. This module imports nothing of jaxwarm, so
+every layer (the JAX adapter included) may use it.
+"""
 
 from __future__ import annotations
 
 import subprocess
+import sys
+from collections.abc import Callable
 
-from launcher.config import ConfigError
-from launcher.files import LockTimeout
-from launcher.store.bundle import BundleError
-from launcher.store.manifest import ManifestError
+EXIT_OK = 0
+# `jaxwarm verify`: some function is COLD; a job that did not complete; `jaxwarm doctor`:
+# the key prediction is not exact.
+EXIT_COLD = 1
+EXIT_FAILED = 1
+# Bad input, said in one line (also an untested jax): nothing was started, written or lost.
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+PREFIX = "jaxwarm: error: "
 
-# Errors already phrased for the user: file, key and what was expected.
-USER_ERRORS = (ConfigError, BundleError, LockTimeout, ManifestError,
-               subprocess.CalledProcessError)
+
+class UserError(Exception):
+    """An error already phrased for the user: the file, the key and what was expected."""
 
 
-def one_line(exc: Exception) -> str:
+def is_user_error(exc: BaseException) -> bool:
+    """A mistake in the input or the environment (a file system error included: a full
+    disk, a permission), not a bug in jaxwarm."""
+    return isinstance(exc, (UserError, subprocess.CalledProcessError, OSError))
+
+
+def one_line(exc: BaseException) -> str:
     """jaxwarm's own errors as they are; a file system error with its file; anything else
     is a bug, and says so (the caller decides whether to show the traceback)."""
-    if isinstance(exc, USER_ERRORS):
-        text = str(exc)
-    elif isinstance(exc, OSError) and exc.filename is not None:
+    if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         text = f"{exc.filename}: {exc.strerror}"
+    elif is_user_error(exc):
+        text = str(exc)
     else:
         text = f"unexpected {type(exc).__name__}: {exc} (a jaxwarm bug; -v shows the traceback)"
     return " ".join(text.splitlines())
+
+
+def say(message: str) -> int:
+    """Print the one line to stderr; returns EXIT_ERROR for `return say(...)`."""
+    print(PREFIX + " ".join(message.splitlines()), file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+def run_main(main: Callable[[], int], *, bugs_as_one_line: bool = False) -> int:
+    """Run a command's or a job's main: a user error ends with its one line and EXIT_ERROR,
+    Ctrl-C with EXIT_INTERRUPTED. A bug keeps its traceback unless `bugs_as_one_line` (the
+    CLI without -v), where it is named as a bug."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not (bugs_as_one_line or is_user_error(exc)):
+            raise
+        return say(one_line(exc))

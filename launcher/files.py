@@ -21,6 +21,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from launcher.errors import UserError
+
 log = logging.getLogger("jaxwarm.files")
 
 # Metadata locks (manifest, usage log, JAX's own .lockfile) are held for milliseconds to a
@@ -29,7 +31,7 @@ LOCK_TIMEOUT_S = 60.0
 HOLDER_SUFFIX = ".holder"
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(UserError, RuntimeError):
     """A lock was not released within its timeout; the message names the holder."""
 
 
@@ -52,7 +54,7 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
                 os.fsync(written.fileno())
             os.chmod(tmp, mode)
         with publish_under or nullcontext():
-            for tmp, path in zip(temps, paths):
+            for tmp, path in zip(temps, paths, strict=True):
                 os.replace(tmp, path)
     except BaseException:
         for tmp in temps:
@@ -110,7 +112,8 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
     """Hold the file lock at `lock_path` (filelock: flock, released when the holder dies).
 
     Waits at most `timeout_s`, logging once who it waits for, then raises LockTimeout naming
-    the holder (at once with `timeout_s=0`: for locks that mean "busy", not "wait"). The holder is recorded next to the lock while it is held.
+    the holder (at once with `timeout_s=0`: for locks that mean "busy", not "wait"). The
+    holder is recorded next to the lock while it is held.
     """
     lock_path = Path(lock_path)
     lock = FileLock(str(lock_path), timeout=0)

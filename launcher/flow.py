@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.config import Config
-from launcher.report import (Targets, format_table, format_verdicts, load_reports,
-                             missing_train_report, summarize)
+from launcher.report import (
+    Targets,
+    format_table,
+    format_verdicts,
+    load_reports,
+    missing_train_report,
+    summarize,
+)
 from launcher.rundir import PREWARM, VERIFY, verify_result_path
 from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest

@@ -139,7 +139,7 @@ def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: f
                      _seconds(r["time_to_first_step_s"]), f"{r['init_budget_s']:.0f}",
                      _status(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.append("")
     lines.append("functions (cache lookups and compiles, per process; [signature] where "

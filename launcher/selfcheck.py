@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from launcher.environment import merge_environment
+from launcher.errors import EXIT_ERROR
 
 SELFCHECK_MODULE = "launcher.jaxkey.selfcheck"
 EXIT_INEXACT = 1
-EXIT_ERROR = 2
 
 
 @dataclass

@@ -23,22 +23,23 @@ import dataclasses
 import logging
 import sys
 import time
-from contextlib import nullcontext
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
+from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked
-from launcher.config import Config
-from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
-from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
 from launcher.injob.hook import config_from_env
-from launcher.rundir import PREWARM
-from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
+from launcher.rundir import PREWARM
+from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
+from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
+from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
+from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import CompileTarget, job_main, lower_target, start_job
+from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.prewarm")
 
@@ -77,7 +78,7 @@ def predicted_key(lowered: object) -> str | None:
 COMPILE_LOCK_TIMEOUT_S = 3 * 3600.0
 
 
-def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> ContextManager[None]:
+def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> AbstractContextManager[None]:
     """Held by process 0 while it compiles (and JAX writes) one key, until the manifest
     records it (prune spares an entry under a held lock); nothing elsewhere."""
     if not is_writer or key is None or is_remote(cache_dir):
@@ -111,7 +112,7 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
         from jax.experimental import multihost_utils
         warm = [bool(flag) for flag in multihost_utils.broadcast_one_to_all(
             np.asarray(warm, dtype=np.bool_))]
-    for target, is_warm, problem in zip(targets, warm, problems):
+    for target, is_warm, problem in zip(targets, warm, problems, strict=True):
         log.info("%s  %s  %s: %s", "WARM" if is_warm else "COLD", target.name, target.key,
                  "already in the cache, not compiling it" if is_warm else
                  "compiling it" if problem in ("missing", "decided by process 0") else
@@ -128,13 +129,13 @@ def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
                 for t in targets]
     if is_remote(cache_dir):
         return problems
-    for target, problem in zip(targets, problems):
+    for target, problem in zip(targets, problems, strict=True):
         if problem not in (None, "missing", "no predicted key"):
             quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
     manifest = read_manifest(cache_dir, strict=False)
     found = [manifest_entry(config, target, function_of(target.key), target.key, 0.0,
                             written_since(cache_dir, target.key, 0.0))
-             for target, problem in zip(targets, problems)
+             for target, problem in zip(targets, problems, strict=True)
              if problem is None and target.key not in manifest]
     if found:
         record_entries(cache_dir, found)
@@ -230,7 +231,7 @@ def main() -> int:
              dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source)
     warm = warm_on_process_0(targets, config)
-    cold = [target for target, is_warm in zip(targets, warm) if not is_warm]
+    cold = [target for target, is_warm in zip(targets, warm, strict=True) if not is_warm]
     if not cold:
         log.info("every function is WARM: nothing to compile")
     compiled = compile_targets(recorder, cold, config, jax.process_index() == 0)

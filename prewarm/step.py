@@ -9,26 +9,23 @@ with any signature) and *abstract* arguments for each: `jax.ShapeDtypeStruct`s t
 the exact `NamedSharding` the real arrays will have. The persistent-cache key depends
 on those shardings (an unsharded dummy batch lowers to a different program), so the prewarm
 job compiles from the bundle's abstract inputs and the trainer feeds arrays that match them.
+
+This module is what a user's adapter imports, and it imports nothing of the cache store or
+the in-job hook: how a job starts (join, hook, build) is `prewarm.bootstrap`.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from launcher.config import Config, ConfigError
-from launcher.injob.distributed import initialize
-from launcher.injob.hook import enable_cache
-from launcher.injob.recorder import InitRecorder
-from launcher.jaxkey.guard import jax_job
-
-log = logging.getLogger("jaxwarm.step")
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ class CompileTarget:
     """
 
     name: str
-    function: Callable[..., Any]
+    function: jax.stages.Wrapped  # a jitted function: it has .lower()
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     uncommitted: tuple[int | str, ...] = ()
@@ -147,26 +144,3 @@ def lower_target(target: CompileTarget, source: str) -> Any:
     except TypeError as exc:
         raise ConfigError(f"{source}: step.factory: target {target.name!r} cannot be lowered "
                           f"with its abstract arguments: {exc}") from None
-
-
-def job_main(main: Callable[[], int]) -> int:
-    """Run a job's main so that bad input (an untested jax, a missing factory function, a
-    broken manifest, a stuck lock, a full disk) ends it with one line and exit 2, as the
-    launcher's errors do; only a bug shows a traceback."""
-    from launcher.errors import USER_ERRORS, one_line
-
-    try:
-        return jax_job(main)()
-    except (*USER_ERRORS, OSError) as exc:
-        log.error("jaxwarm: error: %s", one_line(exc))
-        return 2
-
-
-def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:
-    """How every job of a run starts, in the order that matters: join jax.distributed, turn
-    the cache on and start the init report (before the first compile), build mesh and step.
-    Prewarm, verify and the trainer all start here, so they lower the same program."""
-    initialize()
-    recorder = enable_cache(config, job=job)
-    mesh, bundle = build_step(config)
-    return recorder, mesh, bundle

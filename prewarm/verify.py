@@ -14,21 +14,23 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from launcher.config import Config
 from launcher.files import atomic_write
-from launcher.injob.recorder import InitRecorder
 from launcher.injob.hook import config_from_env
-from launcher.rundir import VERIFY, verify_result_path
-from launcher.store.misses import explain_miss
-from launcher.store.manifest import read_manifest
-from launcher.store.integrity import warm_problem
+from launcher.injob.recorder import InitRecorder
 from launcher.jaxkey.predict import predict_key
+from launcher.rundir import VERIFY, verify_result_path
+from launcher.store.integrity import warm_problem
+from launcher.store.manifest import read_manifest
+from launcher.store.misses import explain_miss
+from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
-from prewarm.step import CompileTarget, job_main, lower_target, start_job
+from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.verify")
 

@@ -187,7 +187,8 @@ def _build(side: Side):
     """(jitted step, {input: tree of NamedSharding}) built the side's way."""
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     axes = ("data", "model")
     if side.make_mesh:
@@ -232,8 +233,9 @@ def _observed(recorder, since: int, function: str) -> dict:
 def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     import jax
     import numpy as np
-    from launcher.store.manifest import ManifestEntry, record_entries
+
     from launcher.jaxkey.predict import predict_key
+    from launcher.store.manifest import ManifestEntry, record_entries
 
     since = len(recorder.report.functions)
     step, shardings = _build(side)
@@ -262,6 +264,7 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
 def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
+
     from prewarm.verify import judge
 
     report = recorder.report

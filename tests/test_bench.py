@@ -13,7 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
 
 STEP_FIGURES = ("lower_s", "verify_extra_ms", "cold_compile_s", "warm_load_s",
                 "cold_first_step_s", "warm_first_step_s", "entry_kb", "cold_train_wall_s",

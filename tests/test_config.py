@@ -80,6 +80,7 @@ CASES = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: str) -> None:
     raw, expected = CASES[case]
@@ -96,12 +97,14 @@ def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: s
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.e2e
 def test_bad_override_names_the_key(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", "train.stepz=3")
     assert result.returncode == 2
     assert "unknown key 'train.stepz' (did you mean 'train.steps'?)" in result.stderr
 
 
+@pytest.mark.e2e
 def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={tmp_path / 'cache'}", "entrypoint.command=[no-such-trainer]")
@@ -110,6 +113,7 @@ def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: P
     assert not (tmp_path / "runs" / "demo" / "logs").exists()
 
 
+@pytest.mark.e2e
 def test_missing_config_file() -> None:
     result = run_cli("launch", "nope.yaml", "--local")
     assert result.returncode == 2
@@ -139,6 +143,7 @@ def test_entrypoint_needs_exactly_one_form() -> None:
         parse_config(raw, "x.yaml")
 
 
+@pytest.mark.e2e
 def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={tmp_path / 'cache'}", "step.factory=my_modle:make_step")

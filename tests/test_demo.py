@@ -7,7 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEMO, run_cli
+
+pytestmark = pytest.mark.e2e
 
 
 def report(run_dir: Path, job: str, process: int, restart: int = 0) -> dict:
@@ -33,7 +37,6 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert step["hit"], train
     assert step["key"] == function(prewarm, "jit_train_step")["key"]
     assert train["hits"] >= 1 and train["time_to_first_step_s"] > 0
-    assert train["misses"] == train["lookups"] - train["hits"]
     # On CPU the other process's key includes its own devices: it always compiles.
     assert not function(report(run_dir, "train", 1), "jit_train_step")["hit"]
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from launcher.config import load_config
 from launcher.environment import job_environment, merge_environment
+from launcher.injob.hook import config_from_env
 from launcher.submit.jobs import prewarm_job, train_job
 from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO
@@ -75,3 +78,20 @@ def test_user_flags_and_options_reach_the_environment(tmp_path: Path) -> None:
                                 "--xla_force_host_platform_device_count=4")
     assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
     assert env["MY_VAR"] == "1"
+
+
+def test_a_job_uses_the_pinned_paths_as_pinned(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node where part of the pinned path is a symlink (autofs), resolving it again
+    would give another string, another key and a cache-dir error: the job must not."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "mnt").symlink_to(real)
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'c'}"]))
+    through_link = str(tmp_path / "mnt" / "cache")
+    pinned.write_text(pinned.read_text().replace(config.cache.dir, through_link))
+    monkeypatch.setenv("JAXWARM_CONFIG", str(pinned))
+    assert config_from_env().cache.dir == through_link
+    # A YAML file given by hand, which no launch resolved, is resolved.
+    assert config_from_env(pinned).cache.dir == str(real / "cache")

@@ -17,6 +17,8 @@ from launcher.store.bundle import BUNDLE_META, installed_versions
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
+pytestmark = pytest.mark.e2e
+
 
 def key(n: int) -> str:
     return f"jit_f{n}-{hashlib.sha256(str(n).encode()).hexdigest()}"

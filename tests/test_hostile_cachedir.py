@@ -12,6 +12,9 @@ import pytest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
+pytestmark = pytest.mark.e2e
+
+
 KEY = "jit_f-" + "b" * 64
 
 

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def world(tmp_path: Path) -> dict[str, Path]:
@@ -122,11 +124,12 @@ def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
 def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path) -> None:
     """The launcher's static check cannot see every module (no source); the job's own
     error is one line, not a traceback per process."""
-    from launcher.submit.prepare import pin_config
-    from launcher.config import load_config
-    from tests.jaxproc import jax_env
     import subprocess
     import sys
+
+    from launcher.config import load_config
+    from launcher.submit.prepare import pin_config
+    from tests.jaxproc import jax_env
 
     config, pinned = pin_config(load_config(DEMO, [
         f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",

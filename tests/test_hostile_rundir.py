@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from launcher.config import load_config
 from launcher.files import locked
 from launcher.rundir import lock_path, pinned_config
 from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
+
+pytestmark = pytest.mark.e2e
 
 
 def overrides(tmp_path: Path, *extra: str) -> list[str]:

@@ -13,6 +13,9 @@ import pytest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
+pytestmark = pytest.mark.e2e
+
+
 ATTACKS = {
     "run.out_dir=\"runs\\n#SBATCH --wrap=touch /tmp/pwned\"": "run.out_dir",
     "slurm.extra={\"gres\\n\": x}": "slurm.extra.'gres\\n'",

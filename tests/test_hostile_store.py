@@ -7,8 +7,12 @@ import os
 import zlib
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.hostile import snapshot
+
+pytestmark = pytest.mark.e2e
 
 
 def key(c: str) -> str:

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher.store.entries import CACHE_SUFFIX
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import manifest_path, read_manifest
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 from tests.test_store_commands import TINY, job_args
-from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
 
 
 def entries(cache: Path) -> dict[str, Path]:

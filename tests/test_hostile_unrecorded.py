@@ -8,12 +8,17 @@ import json
 import zlib
 from pathlib import Path
 
+import pytest
+
 from launcher.files import locked
 from launcher.store.entries import CACHE_SUFFIX, writer_lock_path
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import manifest_path, read_manifest
 from tests.conftest import run_cli
 from tests.test_store_commands import TINY, job_args
+
+pytestmark = pytest.mark.e2e
+
 
 DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEMO
 from tests.jaxproc import run_jax
+
+pytestmark = pytest.mark.e2e
 
 DOUBLE_COMPILE = r'''
 import sys, time

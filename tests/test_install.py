@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEMO, REPO
+
+pytestmark = pytest.mark.e2e
 
 
 def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:

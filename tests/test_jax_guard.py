@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from launcher.config import load_config
-from launcher.store import bundle
-from launcher.store.bundle import BundleMeta, refusal
 from launcher.jaxkey.selfcheck import SelfCheck
 from launcher.jaxkey.versions import cache_path_in_key, in_range, release
+from launcher.store import bundle
+from launcher.store.bundle import BundleMeta, refusal
 from tests.conftest import DEMO, REPO
 from tests.legs import Leg, leg_python
 
@@ -68,6 +68,7 @@ OVERRIDES = ("run.out_dir={tmp}", "cache.dir={tmp}/cache")
     ["-m", "prewarm.verify"],
     ["-m", "prewarm.workload.trainer"],
 ], ids=["verify", "prewarm", "launch", "doctor", "prewarm.job", "prewarm.verify", "trainer"])
+@pytest.mark.e2e
 def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],
                                   tmp_path: Path) -> None:
     result = run([sys.executable, *(arg.format(tmp=tmp_path) for arg in argv)], untested_env)
@@ -75,6 +76,7 @@ def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],
     assert not (tmp_path / "cache").exists(), "nothing is created before the check"
 
 
+@pytest.mark.e2e
 def test_allowed_untested_jax_is_tried_and_checked(untested_env: dict[str, str]) -> None:
     result = run([sys.executable, "-m", "launcher.cli", "doctor"],
                  {**untested_env, "JAXWARM_ALLOW_UNTESTED_JAX": "1"})
@@ -111,6 +113,7 @@ def test_a_leg_without_its_python_says_why() -> None:
     assert why.startswith("no Python 3.99 on this machine") and "jax 0.12.0.1 is untested" in why
 
 
+@pytest.mark.e2e
 def test_doctor_says_the_prediction_is_exact_here() -> None:
     result = subprocess.run([sys.executable, "-m", "launcher.cli", "doctor"], cwd=REPO,
                             capture_output=True, text=True, timeout=300)

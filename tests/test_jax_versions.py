@@ -27,6 +27,9 @@ from tests.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.test_jaxkey import GUARDS, assert_probe_guards, run_jax
 from tests.test_jaxkey_matrix import check_case, run_matrix
 
+pytestmark = pytest.mark.e2e
+
+
 DEFAULT_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 
 

@@ -146,11 +146,13 @@ def one_device(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"writer": writer, "runner": runner}
 
 
+@pytest.mark.e2e
 def test_mlp_one_device_matches_jax(one_device: dict[str, Any]) -> None:
     assert_matches_jax(one_device["writer"])
     assert one_device["writer"]["pred"]["module_name"] == "jit_mlp"
 
 
+@pytest.mark.e2e
 def test_prediction_is_the_key_a_fresh_process_hits(one_device: dict[str, Any]) -> None:
     predicted_by_writer = one_device["writer"]["pred"]["key"]
     runner = one_device["runner"]
@@ -159,7 +161,8 @@ def test_prediction_is_the_key_a_fresh_process_hits(one_device: dict[str, Any]) 
     assert runner["jax"]["key"] == predicted_by_writer
 
 
-# -- eight host devices: shardings, donation, explicit in_shardings, cost -------------------
+# -- eight host devices: shardings, donation, explicit in_shardings ------------------------
+# (What a prediction costs is bench/key_cost.py's table, not a bound here.)
 
 MESH8 = r'''
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -172,18 +175,7 @@ def named(x, w):
 x_sds = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=rows)
 w_sds = jax.ShapeDtypeStruct((32, 16), jnp.float32,
                              sharding=NamedSharding(mesh, P(None, "model")))
-def cost_ms(lowered, repeats=20):
-    """Median cost of predicting (a probe leaves the Lowered uncompiled, so it repeats)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        predict_key(lowered)
-        times.append(1e3 * (time.perf_counter() - start))
-    return sorted(times)[len(times) // 2]
-
-small = jax.jit(named).lower(x_sds, w_sds)
-small_ms = cost_ms(small)
-cases["named_sharding"] = check(small)
+cases["named_sharding"] = check(jax.jit(named).lower(x_sds, w_sds))
 
 def donated(x, y):
     return x + y
@@ -214,12 +206,9 @@ def transformer_sds(layers, d=64, heads=4, t=32, b=8):
              sds(d, 4 * d, spec=P(None, "model")), sds(4 * d, d, spec=P("model")))
     return [layer] * layers, sds(b, t, d, spec=P("data"))
 
-big = jax.jit(transformer).lower(*transformer_sds(layers=8))
-big_ms = cost_ms(big)
-cases["transformer"] = check(big)
+cases["transformer"] = check(jax.jit(transformer).lower(*transformer_sds(layers=8)))
 
-emit({"cases": cases, "small_ms": small_ms, "big_ms": big_ms,
-      "big_lines": len(big.as_text().splitlines())})
+emit({"cases": cases})
 '''
 
 
@@ -228,17 +217,10 @@ def mesh8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_jax(MESH8, devices=8, cache_dir=tmp_path_factory.mktemp("cache8"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["named_sharding", "donate", "in_shardings", "transformer"])
 def test_mesh8_matches_jax(mesh8: dict[str, Any], case: str) -> None:
     assert_matches_jax(mesh8["cases"][case])
-
-
-def test_prediction_cost(mesh8: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    with capsys.disabled():
-        print(f"\npredict_key median cost, 8 devices: small program {mesh8['small_ms']:.2f} ms,"
-              f" 8-layer transformer ({mesh8['big_lines']} lines of StableHLO)"
-              f" {mesh8['big_ms']:.2f} ms")
-    assert mesh8["small_ms"] < 1000 and mesh8["big_ms"] < 1000
 
 
 # -- two processes x two devices with jax.distributed ---------------------------------------
@@ -291,6 +273,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     return results
 
 
+@pytest.mark.e2e
 def test_distributed_each_process_predicts_its_own_key(
         distributed: list[dict[str, Any]]) -> None:
     assert [r["process_index"] for r in distributed] == [0, 1]
@@ -299,6 +282,7 @@ def test_distributed_each_process_predicts_its_own_key(
         assert_matches_jax(result)
 
 
+@pytest.mark.e2e
 def test_distributed_keys_differ_between_processes_on_cpu(
         distributed: list[dict[str, Any]]) -> None:
     """On CPU each process hashes its local topology: only process 0's key is shared."""
@@ -325,6 +309,7 @@ emit(results)
 '''
 
 
+@pytest.mark.e2e
 def test_symlinked_cache_dir_changes_compile_options_before_jax_0_11(tmp_path: Path) -> None:
     """Before jax 0.11 the cache path is in the compile options unless the XLA caches are
     off; from 0.11 it never is, and a symlinked cache dir gives the same key."""
@@ -425,6 +410,7 @@ def assert_probe_guards(guards: dict[str, Any]) -> None:
     assert "in-memory cache" in guards["in_memory"]
 
 
+@pytest.mark.e2e
 def test_probe_guards_and_leaves_no_trace(guards: dict[str, Any]) -> None:
     assert_probe_guards(guards)
 

@@ -28,7 +28,8 @@ from launcher.jaxkey.versions import cache_path_in_key, release
 from launcher.store.manifest import read_manifest
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
-C, O, F, A = "computation", "compile_options", "XLA flags", "accelerator_config"
+# The components' initials.
+C, O, F, A = "computation", "compile_options", "XLA flags", "accelerator_config"  # noqa: E741
 
 
 class Expect(NamedTuple):
@@ -119,6 +120,7 @@ def test_every_variation_has_an_expectation() -> None:
     assert len(VARIATIONS) >= 14
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("variation", list(VARIATIONS))
 def test_key_matrix(variation: str, tmp_path: Path) -> None:
     pre = run_sides("prewarm", [variation], tmp_path)[variation]

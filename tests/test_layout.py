@@ -1,15 +1,21 @@
-"""The house's one-way imports, read from the source (no import is executed).
+"""The house's one-way imports, read from the source (no import is executed), and what the
+user protocol loads (run in a fresh interpreter).
 
 `launcher/` is the ground floor every side shares (config, environment, JAX adapter, store,
-in-job hook): nothing under it may import `prewarm`, which builds on it.
+in-job hook): nothing under it may import `prewarm`, which builds on it. Code that runs
+inside a job (`launcher/injob/`, `prewarm/`) never imports the submit side.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SUBMIT_SIDE = ("launcher.submit", "launcher.flow", "launcher.cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -23,8 +29,29 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def offenders(folders: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path)
+                                                 if m.startswith(forbidden))
+             for folder in folders for path in sorted((REPO / folder).rglob("*.py"))}
+    return {k: v for k, v in found.items() if v}
+
+
 def test_launcher_imports_nothing_from_prewarm() -> None:
-    offenders = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path)
-                                                     if m.split(".")[0] == "prewarm")
-                 for path in sorted((REPO / "launcher").rglob("*.py"))}
-    assert {k: v for k, v in offenders.items() if v} == {}
+    assert offenders(["launcher"], ("prewarm",)) == {}
+
+
+def test_in_job_code_never_imports_the_submit_side() -> None:
+    assert offenders(["launcher/injob", "prewarm"], SUBMIT_SIDE) == {}
+
+
+def test_the_user_protocol_loads_no_store_and_no_hook() -> None:
+    """`from prewarm.step import StepBundle`, the line a user's adapter writes, loads the
+    protocol and the config only; the job bootstrap (hook, recorder, store) is elsewhere."""
+    loaded = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, sys; import prewarm.step; "
+                               "print(json.dumps(sorted(sys.modules)))"],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=120).stdout)
+    ours = [name for name in loaded if name.split(".")[0] in ("launcher", "prewarm")]
+    assert [name for name in ours if name.startswith(("launcher.store", "launcher.injob",
+                                                      "launcher.submit"))] == []
+    assert "prewarm.step" in ours

@@ -7,10 +7,16 @@ import json
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
+from typing import IO
+
+import pytest
 
 from tests.conftest import DEMO, REPO, run_cli
+
+pytestmark = pytest.mark.e2e
+
 
 STEPS = 40
 
@@ -20,6 +26,15 @@ def losses(run_dir: Path) -> dict[int, float]:
     if not path.exists():
         return {}
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def read_until(stream: IO[str], lines: list[str], event: threading.Event, step: int) -> None:
+    """Collect every line of the launcher's stderr; set `event` once process 0 logs `step`."""
+    for line in stream:
+        lines.append(line)
+        if line.startswith(f"[train p0] step {step} loss"):
+            event.set()
+    event.set()  # the launcher ended first: the waiter looks at what it printed
 
 
 def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
@@ -37,14 +52,18 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     run_dir = tmp_path / "run" / "demo"
     launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli",
                                  *launch_args(tmp_path / "run", shared_cache)],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
-    deadline = time.monotonic() + 240
-    while len(losses(run_dir)) < 3 and time.monotonic() < deadline \
-            and launcher.poll() is None:
-        time.sleep(0.05)
+    # The event: process 0 logged step 3 (the launcher echoes its lines as they come); the
+    # signal goes out the moment it is read, with the trainer many steps from its end.
+    stepped, lines = threading.Event(), []
+    reader = threading.Thread(target=read_until, args=(launcher.stderr, lines, stepped, 3))
+    reader.start()
+    assert stepped.wait(timeout=240), "".join(lines)[-3000:]
     launcher.send_signal(signal.SIGTERM)
-    _, stderr = launcher.communicate(timeout=120)
+    reader.join(timeout=120)
+    launcher.wait(timeout=120)
+    stderr = "".join(lines)
     assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "forwarding SIGTERM" in stderr and "checkpointed at step" in stderr
     checkpoints = sorted((run_dir / "checkpoints").glob("*/meta/metadata"))

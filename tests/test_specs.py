@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.jaxproc import result, run_jax
+
+pytestmark = pytest.mark.e2e
 
 CODE = r'''
 import json

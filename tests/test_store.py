@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config import load_config
+from launcher.environment import jax_options, job_environment
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
 from launcher.store.commands import parse_age, parse_size
-from launcher.config import load_config
-from launcher.environment import job_environment, jax_options
-from launcher.submit.jobs import prewarm_job, train_job, verify_job
-from launcher.submit.prepare import pin_config
-from launcher.store.security import dir_problem, parent_problem
 from launcher.store.entries import Entry
 from launcher.store.prune import choose_victims
+from launcher.store.security import dir_problem, parent_problem
 from launcher.store.usage import key_histories
+from launcher.submit.jobs import prewarm_job, train_job, verify_job
+from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO
 
 

@@ -14,15 +14,18 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
 
 from launcher.config import load_config
-from launcher.store.integrity import entry_problem
 from launcher.jaxkey.entryformat import ZSTD_MAGIC
-from launcher.submit.prepare import pin_config
-from launcher.store.manifest import read_manifest
 from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from launcher.store.integrity import entry_problem
+from launcher.store.manifest import read_manifest
+from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, run_cli
 from tests.jaxproc import jax_env
+
+pytestmark = pytest.mark.e2e
 
 # One process x 2 devices and a one-layer step: each job takes seconds, so the tests can
 # run many of them. min_compile_time 0 so that JAX writes every compile.

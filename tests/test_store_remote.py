@@ -17,6 +17,9 @@ import s3fs
 from tests.conftest import DEMO, run_cli
 from tests.jaxproc import free_port
 
+pytestmark = pytest.mark.e2e
+
+
 BUCKET = "jaxwarm-test"
 
 

@@ -17,7 +17,7 @@ from launcher.submit.slurm import job_state, read_jobs
 from tests.conftest import DEMO, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 # Ignored when comparing task environments: per job, per step, or set by the shell itself.
 VOLATILE_PREFIXES = ("SLURM_", "SUBMITIT_", "SRUN_", "SLURMD_")

@@ -63,6 +63,7 @@ print("RESULT " + json.dumps({
 '''
 
 
+@pytest.mark.e2e
 def test_llama3_8b_lowers_on_64_devices_without_materializing() -> None:
     out = result(run_jax(LOWER_8B, devices=64, timeout=120, args=(str(LLAMA_64),)))
     assert out["all_abstract"] and out["live_arrays"] == 0
@@ -125,13 +126,14 @@ TINY_ON_LLAMA_64 = ["topology.nodes=1", "topology.processes_per_node=1",
     pytest.param(DEMO, 8, [*DEMO_1x8, "mesh.axis_types=explicit"], id="demo-explicit-mesh"),
     pytest.param(LLAMA_64, 64, TINY_ON_LLAMA_64, id="tiny-on-llama3-8b-mesh"),
 ])
+@pytest.mark.e2e
 def test_trains_without_recompiling(config: Path, devices: int, overrides: list[str]) -> None:
     proc = run_jax(TRAIN, devices=devices, timeout=180, args=(str(config), *overrides))
     out = result(proc)
     assert out["init_matches"] and out["batches_match"]
     losses = out["losses"]
     assert all(np.isfinite(losses)) and all(np.isfinite(out["grad_norms"]))
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
     assert losses[-1] < losses[0] - 0.25, losses
     # The output state is typed and sharded exactly like the input: one executable.
     assert out["out_matches"] and out["compiles"] == 1 and out["step"] == 5
@@ -174,6 +176,7 @@ print("RESULT " + json.dumps({"loss_a": loss_a, "loss_b": loss_b, "grad_rel_err"
                   [[*DEMO_1x8, "mesh.axes={data: 1, fsdp: 4, tensor: 2}",
                     "step.args.tensor_axis=tensor"], 2]], id="fsdp-vs-tensor-parallel"),
 ])
+@pytest.mark.e2e
 def test_gradients_do_not_depend_on_chunking_or_layout(runs: list[Any]) -> None:
     out = result(run_jax(GRADS, devices=8, timeout=180, args=(str(DEMO), json.dumps(runs))))
     assert out["loss_b"] == pytest.approx(out["loss_a"], rel=1e-5)
@@ -210,6 +213,7 @@ print("RESULT " + json.dumps(checks))
 '''
 
 
+@pytest.mark.e2e
 def test_make_global_batch_places_each_process_rows() -> None:
     """The demo's real layout (2 processes x 4 devices), contiguous and interleaved rows."""
     outs = [result(proc) for proc in run_jax_processes(BATCH_2_PROCESSES, processes=2,

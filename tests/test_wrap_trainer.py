@@ -80,6 +80,7 @@ def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
     assert changed[0] in stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("processes", [1, 2])
 def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processes: int) -> None:
     args = args_for(tmp_path, installed, *layout(processes))
@@ -98,6 +99,7 @@ def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processe
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
 
 
+@pytest.mark.e2e
 def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str) -> None:
     args = args_for(tmp_path, installed)
     assert run_cli("prewarm", *args, "--local").returncode == 0
@@ -107,6 +109,7 @@ def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str
     assert "compile_options differs" not in cold.stdout
 
 
+@pytest.mark.e2e
 def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
                                                                  installed: str) -> None:
     launched = run_cli("launch", *args_for(tmp_path, installed, "cache.enforce=false"),
@@ -149,6 +152,7 @@ def make(config, mesh):
 '''
 
 
+@pytest.mark.e2e
 def test_a_target_that_does_not_fit_its_function_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "my_factory.py").write_text(FACTORY)
     args = ["verify", str(CONFIG), "--local", f"run.out_dir={tmp_path / 'runs'}",
@@ -165,6 +169,7 @@ def test_a_target_that_does_not_fit_its_function_is_one_line(tmp_path: Path) -> 
     assert "Traceback" not in launched.stderr
 
 
+@pytest.mark.e2e
 def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(
         tmp_path: Path) -> None:
     result = run_cli("launch", str(CONFIG), "--local", "--no-prewarm",
@@ -175,6 +180,7 @@ def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(
     assert "the training job wrote no init report" in result.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.slurm
 def test_unchanged_trainer_hits_on_slurm(tmp_path: Path, installed: str) -> None:
     ensure_cluster()

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jsp_trainer.train import ModelConfig, init_state, make_optimizer, make_step
+
 from launcher.config import Config
 from prewarm.step import CompileTarget, StepBundle
 

@@ -18,25 +18,33 @@ from pathlib import Path
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.injob.guard import CacheGuard
-from launcher.injob.recorder import InitRecorder, InitReport, restart_count
+from launcher.injob.place import Place
+from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.rundir import TRAIN, report_path
-from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.entries import written_since
 from launcher.store.manifest import latest_for_run, read_manifest
+from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import append_usage
 
 log = logging.getLogger("jaxwarm.hook")
 
 
 def config_from_env(config: Config | str | Path | None = None) -> Config:
-    """The job's config: the given one, or the pinned copy the launcher named in JAXWARM_CONFIG."""
+    """The job's config: the given one, or the pinned copy the launcher named in JAXWARM_CONFIG.
+
+    The pinned copy is used as pinned: its paths were resolved once, at launch, and every
+    job, rank and restart must see those very strings (on a node where part of the path is
+    a symlink, e.g. autofs, resolving again gives another string, hence another cache dir).
+    Only a YAML file passed by hand, which no launch resolved, is resolved here."""
     if isinstance(config, Config):
         return config
-    path = config or os.environ.get("JAXWARM_CONFIG")
-    if not path:
+    if config is not None:
+        return resolve_paths(load_config(config))
+    pinned = os.environ.get("JAXWARM_CONFIG")
+    if not pinned:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
-    return resolve_paths(load_config(path))
+    return load_config(pinned)
 
 
 def note_written_entries(cache_dir: str, report: InitReport, since: float) -> None:
@@ -94,7 +102,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         if current != value:
             jax.config.update(name, value)
 
-    restart = restart_count()
+    restart = Place.here().restart
     report = InitReport(
         job=job, restart_count=restart, process_index=-1, process_count=0,
         cache_dir=config.cache.dir, init_budget_s=config.init_budget_s,

@@ -15,17 +15,29 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from launcher.files import atomic_write
 from launcher.injob.guard import CacheGuard
 from launcher.jaxkey.components import explain
-from launcher.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
-                                 EVENT_BACKEND_COMPILE, EVENT_HIT, EVENT_LOOKUP, EVENT_LOWERED,
-                                 EVENT_RETRIEVAL, EVENT_SAVED, HIT_OR_MISS, LOWERING,
-                                 LOWERING_LOGGER, is_hit)
+from launcher.jaxkey.logs import (
+    CACHE_KEY_LOGGER,
+    COMPILER_LOGGER,
+    COMPONENT,
+    EVENT_BACKEND_COMPILE,
+    EVENT_HIT,
+    EVENT_LOOKUP,
+    EVENT_LOWERED,
+    EVENT_RETRIEVAL,
+    EVENT_SAVED,
+    HIT_OR_MISS,
+    LOWERING,
+    LOWERING_LOGGER,
+    is_hit,
+)
 from launcher.jaxkey.predict import in_probe
 
 log = logging.getLogger("jaxwarm.recorder")
@@ -94,11 +106,6 @@ class InitReport:
         data["over_budget"] = (self.time_to_first_step_s is not None
                                and self.time_to_first_step_s > self.init_budget_s)
         return data
-
-
-def restart_count() -> int:
-    """Which attempt of the job this is: 0, then 1, 2, ... after each SLURM requeue."""
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 def process_start_time() -> float:

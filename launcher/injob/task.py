@@ -17,11 +17,12 @@ this wrapper in each task and follows the job (its timeout requeue is turned off
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
+
+from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.task")
 
@@ -51,7 +52,7 @@ class TaskCommand:
         while self._child.poll() is None:
             time.sleep(0.2)
         code = self._child.returncode
-        if self._stopping == WARNING and int(os.environ.get("SLURM_PROCID", "0")) == 0:
+        if self._stopping == WARNING and Place.here().process_id == 0:
             self._requeue()
         if code != 0 and self._stopping is None:
             raise TaskFailed(f"{self.argv[0]} exited with status {code}")
@@ -67,8 +68,8 @@ class TaskCommand:
             self._child.send_signal(forwarded)
 
     def _requeue(self) -> None:
-        job_id = os.environ["SLURM_JOB_ID"]
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        place = Place.here()
+        job_id, restarts = place.slurm_job_id, place.restart
         if restarts >= self.max_requeues:
             log.warning("jaxwarm: not requeueing job %s: it already restarted %d time(s), "
                         "max_requeues=%d", job_id, restarts, self.max_requeues)

@@ -12,8 +12,13 @@ Importing the package (or any of these modules) does not import jax.
 """
 
 from launcher.jaxkey.components import COMPONENTS, differing_components, explain
-from launcher.jaxkey.predict import (KeyNotComputed, KeyPrediction, explain_difference,
-                                    in_probe, predict_key)
+from launcher.jaxkey.predict import (
+    KeyNotComputed,
+    KeyPrediction,
+    explain_difference,
+    in_probe,
+    predict_key,
+)
 from launcher.jaxkey.versions import TESTED_JAX_VERSIONS, TESTED_RANGE, UnsupportedJaxVersion
 
 __all__ = ["COMPONENTS", "KeyNotComputed", "KeyPrediction", "TESTED_JAX_VERSIONS",

@@ -23,10 +23,12 @@ _LIKELY_CAUSES: dict[str, str] = {
     "computation": (
         "the traced program differs: an input's sharding (or a missing sharding on a dummy "
         "batch), donation, a static argument, a weak-typed Python scalar where weak typing "
-        "changes a dtype (e.g. an int8 input plus a Python int), jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
+        "changes a dtype (e.g. an int8 input plus a Python int), "
+        "jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
         "mesh shape/axis names/axis types (from jax 0.9 jax.make_mesh defaults to Explicit, "
         "Mesh(...) to Auto) or device order. Moving code to another file or line does not "
-        "matter (debug info is stripped) unless jax_compilation_cache_include_metadata_in_key is on"
+        "matter (debug info is stripped) unless "
+        "jax_compilation_cache_include_metadata_in_key is on"
     ),
     "jax_lib version": "the jaxlib version differs (jax and jaxlib are released in lockstep)",
     "backend version": (

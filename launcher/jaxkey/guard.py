@@ -12,13 +12,18 @@ naming the version instead of a traceback from deep inside jax. A jax that fails
 from __future__ import annotations
 
 import functools
-import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
-from launcher.jaxkey.versions import (UnsupportedJaxVersion, in_range, installed,
-                                     unsupported_message, version_problem)
+from launcher.errors import say
+from launcher.jaxkey.versions import (
+    UnsupportedJaxVersion,
+    in_range,
+    installed,
+    unsupported_message,
+    version_problem,
+)
 
-EXIT_ERROR = 2
 Main = TypeVar("Main", bound=Callable[..., int])
 
 
@@ -29,20 +34,16 @@ def jax_job(main: Main) -> Main:
     def guarded(*args: object, **kwargs: object) -> int:
         problem = version_problem()
         if problem:
-            return _fail(problem)
+            return say(problem)
         try:
             return main(*args, **kwargs)
         except UnsupportedJaxVersion as exc:
-            return _fail(str(exc))
+            return say(str(exc))
         except (ImportError, AttributeError) as exc:
             versions = installed()
             if versions is None or in_range(versions.jax):
                 raise
-            return _fail(unsupported_message(versions.jax, f"{type(exc).__name__}: {exc}"))
+            return say(unsupported_message(versions.jax, f"{type(exc).__name__}: {exc}"))
 
     return guarded  # type: ignore[return-value]
 
-
-def _fail(message: str) -> int:
-    print(f"jaxwarm: error: {message}", file=sys.stderr, flush=True)
-    return EXIT_ERROR

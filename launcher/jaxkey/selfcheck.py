@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.errors import EXIT_ERROR
 from launcher.jaxkey.components import COMPONENTS
 from launcher.jaxkey.entryformat import CACHE_SUFFIX
-from launcher.jaxkey.guard import EXIT_ERROR, jax_job
+from launcher.jaxkey.guard import jax_job
 from launcher.jaxkey.predict import KeyNotComputed, predict_key
 
 EXIT_INEXACT = 1

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 
+from launcher.errors import UserError
+
 log = logging.getLogger("jaxwarm.jaxkey")
 
 # Each of these runs the key-variation matrix, the demo and a bundle round trip in
@@ -29,7 +31,7 @@ ALLOW_UNTESTED_ENV = "JAXWARM_ALLOW_UNTESTED_JAX"
 AUTOTUNE_PATH_LEAVES_KEY = (0, 11)
 
 
-class UnsupportedJaxVersion(RuntimeError):
+class UnsupportedJaxVersion(UserError, RuntimeError):
     """The installed jax is outside the tested range, or lacks what the key probe needs."""
 
 
@@ -41,8 +43,8 @@ class JaxVersions:
 
 def release(version: str) -> tuple[int, ...]:
     """'0.12.0.1' -> (0, 12, 0, 1); pre/dev suffixes ('0.13.0rc1') are dropped."""
-    return tuple(int(part) for part in re.match(r"[\d.]*", version).group().split(".")
-                 if part)
+    leading = re.split(r"[^\d.]", version, maxsplit=1)[0]
+    return tuple(int(part) for part in leading.split(".") if part)
 
 
 @functools.cache

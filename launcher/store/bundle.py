@@ -22,13 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, NonNegativeInt, convert
+from launcher.errors import UserError
 from launcher.files import atomic_path, staged_files
-from launcher.store.integrity import entry_problem
-from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from launcher.store.entries import (CACHE_SUFFIX, atime_path, entry_path, is_entry_key,
-                                    jax_lock, scan, sha256_file)
 from launcher.jaxkey.entryformat import encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
+from launcher.store.entries import (
+    CACHE_SUFFIX,
+    atime_path,
+    entry_path,
+    is_entry_key,
+    jax_lock,
+    scan,
+    sha256_file,
+)
+from launcher.store.integrity import entry_problem
+from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
@@ -37,7 +45,7 @@ MAX_META_BYTES = 64 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class BundleError(Exception):
+class BundleError(UserError):
     """A bundle that cannot be exported or imported; the message is one line."""
 
 
@@ -184,7 +192,8 @@ def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
         targets = [path for key in todo
                    for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
         with staged_files(targets, publish_under=jax_lock(cache_dir)) as temps:
-            for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2]):
+            for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2],
+                                                         strict=True):
                 entry_tmp.write_bytes(read_member(tar, source, key, item))
                 atime_tmp.write_bytes(encode_atime(time.time_ns()))
     recorded = [record for key, item in todo.items()

@@ -12,14 +12,14 @@ import re
 import time
 from pathlib import Path
 
-from launcher.store.bundle import export_bundle, import_bundle
 from launcher.config import CacheConfig, Config, ConfigError, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
+from launcher.store.bundle import export_bundle, import_bundle
+from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
 from launcher.store.integrity import check_and_quarantine
 from launcher.store.manifest import latest_for_run, read_manifest
-from launcher.store.security import check_cache_dir, prepare_cache_dir
-from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
 from launcher.store.prune import prune
+from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import KeyHistory, key_histories, read_usage
 
 _SIZE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[KMGT]?i?B?)?$", re.IGNORECASE)

@@ -23,9 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.files import is_held, locked
+from launcher.jaxkey.entryformat import (
+    ATIME_SUFFIX,
+    CACHE_SUFFIX,
+    JAX_LOCK,
+    decode_atime,
+    encode_atime,
+)
 from launcher.store.usage import KeyHistory, key_histories, read_usage
-from launcher.jaxkey.entryformat import (ATIME_SUFFIX, CACHE_SUFFIX, JAX_LOCK, decode_atime,
-                                        encode_atime)
 
 log = logging.getLogger("jaxwarm.store")
 

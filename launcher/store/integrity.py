@@ -19,11 +19,21 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
-from launcher.store.manifest import read_manifest
 from launcher.environment import is_remote
-from launcher.store.entries import (CACHE_SUFFIX, QUARANTINE_DIR, NotAnEntry, entry_path, file_kind,
-                                    jax_lock, read_entry, remove_entry, scan, written_since)
+from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
+from launcher.store.entries import (
+    CACHE_SUFFIX,
+    QUARANTINE_DIR,
+    NotAnEntry,
+    entry_path,
+    file_kind,
+    jax_lock,
+    read_entry,
+    remove_entry,
+    scan,
+    written_since,
+)
+from launcher.store.manifest import read_manifest
 from launcher.store.usage import append_usage, key_histories, read_usage, records_entry
 
 log = logging.getLogger("jaxwarm.store")
@@ -115,8 +125,9 @@ def warm_problem(cache_dir: str, key: str) -> str | None:
     """Why the entry of `key` would not load; None when it is WARM. The one check behind
     `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
     with its size gets the quick check (within verify's 10 ms: only this key's records are
-    parsed); any other gets the full check once, and when intact its checksum and size are recorded, so the next check is
-    quick. Remote dirs are looked up through etils.epath, as JAX reads them."""
+    parsed); any other gets the full check once, and when intact its checksum and size are
+    recorded, so the next check is quick. Remote dirs are looked up through etils.epath,
+    as JAX reads them."""
     if is_remote(cache_dir):
         from etils import epath
         return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"

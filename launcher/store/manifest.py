@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import ConfigError, convert
+from launcher.errors import UserError
 from launcher.files import atomic_write, locked
 from launcher.store.entries import is_entry_key
 
@@ -51,7 +52,7 @@ def manifest_path(cache_dir: str | Path) -> Path:
     return Path(cache_dir) / MANIFEST_NAME
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A manifest that cannot be read, phrased as one line naming the file."""
 
 

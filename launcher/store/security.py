@@ -4,8 +4,8 @@ So a cache dir anyone else can write is a way to run code as the user on every n
 refuses a dir (or a parent, unless it has the sticky bit like /tmp) that is writable by
 everyone, and a dir owned by another user, unless the config names the group that shares it
 (`cache.trusted_group`): then the dir must belong to that group and nobody outside it may
-write. A group-writable dir is refused unless its group is that trusted group. New dirs are created 0700 (0770 plus setgid for a trusted group, so new files inherit
-the group).
+write. A group-writable dir is refused unless its group is that trusted group. New dirs are
+created 0700 (0770 plus setgid for a trusted group, so new files inherit the group).
 """
 
 from __future__ import annotations

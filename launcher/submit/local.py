@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import IO
 
 from launcher.config import Config, TopologyConfig
-from launcher.flow import EXIT_ERROR, Outcome
-from launcher.injob.distributed import process_variables
 from launcher.environment import merge_environment
-from launcher.submit.jobs import JobSpec
+from launcher.flow import EXIT_ERROR, Outcome
+from launcher.injob.place import process_variables
 from launcher.rundir import log_path
+from launcher.submit.jobs import JobSpec
 
 log = logging.getLogger("jaxwarm.local")
 

@@ -20,10 +20,10 @@ from typing import Any
 from launcher.config import Config, ConfigError, convert
 from launcher.files import atomic_write
 from launcher.flow import Outcome
+from launcher.injob.task import TaskCommand
 from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
 from launcher.submit.jobs import JobSpec
 from launcher.submit.sbatch import array_layout, array_setup_lines, directives, setup_lines
-from launcher.injob.task import TaskCommand
 
 log = logging.getLogger("jaxwarm.slurm")
 
@@ -117,7 +117,7 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
         executor = make_executor(first, folder,
                                  array_setup_lines([job.env for _, job in members]), options)
         handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
-        for (config, _), handle in zip(members, handles):
+        for (config, _), handle in zip(members, handles, strict=True):
             job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])
             log.info("submitted prewarm of %s as array task %s (logs: %s)", config.source,

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
+from launcher.errors import UserError
 
 log = logging.getLogger("jaxwarm.checkpoint")
 
 KEEP = 2
 
 
-class ConfigChanged(RuntimeError):
+class ConfigChanged(UserError, RuntimeError):
     """The checkpoint was written under another config: resuming would be silently wrong."""
 
 

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from launcher.config import Config
 from prewarm.specs import sharded_specs
@@ -105,7 +106,8 @@ def state_shardings(shapes: State, args: ModelArgs, mesh: Mesh) -> State:
     replicated = NamedSharding(mesh, P())
     params = param_shardings(args, mesh)
     by_path = {path: (leaf.shape, sharding) for (path, leaf), sharding in zip(
-        jax.tree_util.tree_flatten_with_path(shapes["params"])[0], jax.tree.leaves(params))}
+        jax.tree_util.tree_flatten_with_path(shapes["params"])[0], jax.tree.leaves(params),
+        strict=True)}
 
     def like_param(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> NamedSharding:
         for start in range(len(path)):

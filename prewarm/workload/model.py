@@ -21,10 +21,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from launcher.config import (Config, ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt,
-                             convert)
+from launcher.config import (
+    Config,
+    ConfigError,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    convert,
+)
 
 Params = dict[str, Any]
 

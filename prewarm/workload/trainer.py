@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.config import Config, ConfigError, load_config
+from launcher.config import Config, load_config
+from launcher.environment import resolve_paths
 from launcher.injob.hook import config_from_env
 from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
-from launcher.environment import resolve_paths
-from launcher.jaxkey.guard import jax_job
-from prewarm.step import start_job
+from prewarm.bootstrap import job_main, start_job
 from prewarm.workload import checkpoint
 from prewarm.workload.data import make_global_batch
 
@@ -116,17 +115,13 @@ def train(config: Config, stop: StopRequest) -> int:
     return 0
 
 
-@jax_job
 def main(argv: list[str] | None = None) -> int:
+    """Bad input (a config error, a changed config under a checkpoint, a stuck lock) ends
+    with one line and exit 2, through the same wrapper as the prewarm and verify jobs."""
     # First thing: a stop signal that arrives during start-up must not kill the process.
     stop = StopRequest()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        config = parse_args(argv)
-        return train(config, stop)
-    except (ConfigError, checkpoint.ConfigChanged) as exc:
-        log.error("jaxwarm-train: error: %s", exc)
-        return 2
+    return job_main(lambda: train(parse_args(argv), stop))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""How every job of a run starts and ends: the prewarm job, the verify job and the trainer.
+
+Kept apart from `prewarm.step` (the protocol a user's adapter imports) because starting a
+job needs the in-job hook and, through it, the cache store: an adapter that only builds a
+`StepBundle` should not load them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jax.sharding import Mesh
+
+from launcher.config import Config
+from launcher.errors import run_main
+from launcher.injob.distributed import initialize
+from launcher.injob.hook import enable_cache
+from launcher.injob.recorder import InitRecorder
+from launcher.jaxkey.guard import jax_job
+from prewarm.step import StepBundle, build_step
+
+
+def job_main(main: Callable[[], int]) -> int:
+    """Run a job's main so that bad input (an untested jax, a missing factory function, a
+    broken manifest, a stuck lock, a full disk) ends it with one line and exit 2, as the
+    launcher's errors do; only a bug shows a traceback."""
+    return run_main(jax_job(main))
+
+
+def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:
+    """How every job of a run starts, in the order that matters: join jax.distributed, turn
+    the cache on and start the init report (before the first compile), build mesh and step.
+    Prewarm, verify and the trainer all start here, so they lower the same program."""
+    initialize()
+    recorder = enable_cache(config, job=job)
+    mesh, bundle = build_step(config)
+    return recorder, mesh, bundle

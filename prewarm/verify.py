@@ -10,11 +10,9 @@ GPU every rank shares its key, and on CPU only process 0 can ever hit.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +20,7 @@ from launcher.config import Config
 from launcher.files import atomic_write
 from launcher.injob.recorder import InitRecorder
 from launcher.injob.hook import config_from_env
+from launcher.records import Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.misses import explain_miss
 from launcher.store.manifest import read_manifest
@@ -31,17 +30,6 @@ from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
 
 log = logging.getLogger("jaxwarm.verify")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    function: str
-    key: str
-    warm: bool
-    lower_s: float
-    predict_s: float
-    explanation: list[str] = field(default_factory=list)
-    components: dict[str, str] = field(default_factory=dict)
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
@@ -84,8 +72,7 @@ def verify_targets(targets: list[CompileTarget], config: Config,
 
 def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"process_index": process, "functions": [asdict(v) for v in verdicts]}
-    atomic_write(path, json.dumps(data, indent=1) + "\n")
+    atomic_write(path, dumps(VerifyResult(process, verdicts), indent=1) + "\n")
 
 
 def main() -> int:

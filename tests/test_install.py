@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.rundir import report_path
 from tests.conftest import DEMO, REPO
 
 
@@ -39,6 +40,5 @@ def test_installed_wheel_renders_and_runs_the_demo_elsewhere(tmp_path: Path) -> 
     demo = run(venv / "bin" / "jaxwarm", "launch", DEMO, "--local", "train.steps=1",
                "run.out_dir=runs", "cache.dir=cache", cwd=elsewhere)
     assert "jit_train_step: HIT on process 0" in demo.stdout
-    report = json.loads((elsewhere / "runs" / "demo" / "reports" / "train-r0-p0.json")
-                        .read_text())
+    report = json.loads(report_path(elsewhere / "runs" / "demo", "train", 0, 0).read_text())
     assert report["hits"] >= 1

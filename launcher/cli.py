@@ -7,7 +7,6 @@ config, overrides, entrypoint lookup and the run dir all come first.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import sys
@@ -18,6 +17,7 @@ from launcher import flow, selfcheck
 from launcher.config import Config, ConfigError, load_config
 from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
+from launcher.records import dumps
 from launcher.report import attempt_summaries, load_reports
 from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
@@ -188,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run dir (expected <out_dir>/<run name>)")
     if args.json:
-        print(json.dumps(load_reports(args.run_dir), indent=1))
+        print(dumps(load_reports(args.run_dir), indent=1))
         return 0
     pinned = pinned_config(args.run_dir)
     if not pinned.is_file():

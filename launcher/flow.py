@@ -9,7 +9,6 @@ local one runs them here, the SLURM one through submitit.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,11 @@ from launcher.report import (
     format_table,
     format_verdicts,
     load_reports,
+    load_verdicts,
     missing_train_report,
     summarize,
 )
-from launcher.rundir import PREWARM, VERIFY, verify_result_path
+from launcher.rundir import PREWARM, VERIFY
 from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest
 from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
@@ -117,7 +117,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
 
 def print_verdicts(config: Config) -> int:
     """Process 0's verify result: WARM/COLD lines; 0 when every function is warm, else 1."""
-    verdicts = json.loads(verify_result_path(config.run_dir, 0).read_text())["functions"]
-    for line in format_verdicts(verdicts):
+    result = load_verdicts(config.run_dir)
+    for line in format_verdicts(result.functions):
         print(line)
-    return 0 if all(v["warm"] for v in verdicts) else EXIT_COLD
+    return 0 if result.warm else EXIT_COLD

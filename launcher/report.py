@@ -6,38 +6,48 @@ so the table shows every process as it is instead of summarising the run as "hit
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from launcher.injob.guard import CHANGE_PREFIX
-from launcher.rundir import JOBS, TRAIN, reports_dir
+from launcher.config import ConfigError
+from launcher.records import (
+    SETTING_CHANGED,
+    FunctionRecord,
+    InitReport,
+    Verdict,
+    VerifyResult,
+    from_json,
+    parse_json,
+    read_record,
+)
+from launcher.rundir import TRAIN, parse_report_path, reports_dir, verify_result_path
 from launcher.store.manifest import ManifestEntry
 from launcher.store.misses import explain_miss
 
 log = logging.getLogger("jaxwarm.report")
 
-_REPORT_NAME = re.compile(r"^(?P<job>[a-z]+)-r(?P<restart>\d+)-p(?P<process>\d+)\.json$")
-_JOB_ORDER = {job: order for order, job in enumerate(JOBS)}
 
-
-def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every report of a run, in job, restart, process order."""
+def load_reports(run_dir: str | Path) -> list[InitReport]:
+    """Every readable report of a run, in job, restart, process order; an unreadable or
+    malformed one is skipped with one line naming it (`records.read_record`)."""
     found = []
     for path in reports_dir(run_dir).glob("*.json"):
-        match = _REPORT_NAME.match(path.name)
-        if match:
-            try:
-                report = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                log.warning("skipping %s: not a readable report (%s)", path, exc)
-                continue
-            found.append((_JOB_ORDER.get(match["job"], 9), int(match["restart"]),
-                          int(match["process"]), report))
-    return [report for *_, report in sorted(found, key=lambda item: item[:3])]
+        name = parse_report_path(path)
+        if name is not None and (report := read_record(InitReport, path)) is not None:
+            found.append((name.order, report))
+    return [report for _, report in sorted(found, key=lambda item: item[0])]
+
+
+def load_verdicts(run_dir: str | Path) -> VerifyResult:
+    """The verify job's answer for the run; unlike a report among many, it is the one file
+    the command answers from, so an unreadable one is an error naming it."""
+    path = verify_result_path(run_dir)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{path}: the verify job wrote no result ({exc.strerror})") from None
+    return from_json(VerifyResult, parse_json(text, str(path)), str(path))
 
 
 def short_key(key: str | None) -> str:
@@ -52,10 +62,10 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _status(report: dict[str, Any]) -> str:
-    if report["job"] == "prewarm" or report["time_to_first_step_s"] is None:
+def _status(report: InitReport) -> str:
+    if report.job == "prewarm" or report.time_to_first_step_s is None:
         return ""
-    return "OVER BUDGET" if report["over_budget"] else "ok"
+    return "OVER BUDGET" if report.over_budget else "ok"
 
 
 @dataclass(frozen=True)
@@ -73,58 +83,58 @@ class Targets:
         return cls(frozenset(manifest),
                    frozenset((e.function, e.signature) for e in manifest.values()))
 
-    def __contains__(self, fn: dict[str, Any]) -> bool:
-        if fn["key"] in self.keys:
+    def __contains__(self, fn: FunctionRecord) -> bool:
+        if fn.key in self.keys:
             return True
-        signature = fn.get("signature")
-        return any(None in (signature, known) or known == signature
-                   for name, known in self.functions if name == fn["name"])
+        return any(None in (fn.signature, known) or known == fn.signature
+                   for name, known in self.functions if name == fn.name)
 
 
-def _outcome(fn: dict[str, Any]) -> str:
-    if fn["key"] is None:
+def _outcome(fn: FunctionRecord) -> str:
+    if fn.key is None:
         return "NO-CACHE"
-    return "HIT" if fn["hit"] else "MISS"
+    return "HIT" if fn.hit else "MISS"
 
 
-def _where(r: dict[str, Any]) -> str:
-    return f"{r['job']:<7} r{r['restart_count']} p{r['process_index']}"
+def _where(r: InitReport) -> str:
+    return f"{r.job:<7} r{r.restart_count} p{r.process_index}"
 
 
-def _shared_names(functions: list[dict[str, Any]]) -> set[str]:
+def _shared_names(functions: list[FunctionRecord]) -> set[str]:
     """Names that more than one function of a process carries (told apart by signature)."""
     seen: dict[str, set[str | None]] = {}
     for fn in functions:
-        seen.setdefault(fn["name"], set()).add(fn.get("signature"))
+        seen.setdefault(fn.name, set()).add(fn.signature)
     return {name for name, signatures in seen.items() if len(signatures) > 1}
 
 
-def function_lines(r: dict[str, Any], targets: Targets, threshold_s: float,
+def function_lines(r: InitReport, targets: Targets, threshold_s: float,
                    show_all: bool) -> list[str]:
     """One process's compiles: the prewarmed targets and every compile of at least
     `threshold_s` (what JAX would store), then the rest as one line unless `show_all`."""
-    shared = _shared_names(r["functions"])
-    lines, small = [], []
-    for fn in r["functions"]:
+    shared = _shared_names(r.functions)
+    lines: list[str] = []
+    small: list[float] = []
+    for fn in r.functions:
         target = fn in targets
-        if not (target or show_all or fn["seconds"] >= threshold_s):
-            small.append(fn["seconds"])
+        if not (target or show_all or fn.seconds >= threshold_s):
+            small.append(fn.seconds)
             continue
-        name = fn["name"]
+        name = fn.name
         if name in shared:
-            name += f" [{fn.get('signature') or '?'}]"
+            name += f" [{fn.signature or '?'}]"
         tag = "prewarmed" if target else ""
-        lines.append(f"  {_where(r)}  {name:<28} {_outcome(fn):<8} {fn['seconds']:8.2f} s  "
-                     f"{short_key(fn['key'])}  {tag}".rstrip())
+        lines.append(f"  {_where(r)}  {name:<28} {_outcome(fn):<8} {fn.seconds:8.2f} s  "
+                     f"{short_key(fn.key)}  {tag}".rstrip())
     if small:
         lines.append(f"  {_where(r)}  + {len(small)} small compile(s) under {threshold_s:g} s "
                      f"(not prewarmed, not stored), {sum(small):.2f} s in all; --all lists them")
-    for warning in r.get("warnings", []):
-        lines.append(f"  WARNING {_where(r)}: {warning}")
+    for warning in r.warnings:
+        lines.append(f"  WARNING {_where(r)}: {warning.text}")
     return lines
 
 
-def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: float,
+def format_table(reports: list[InitReport], targets: Targets, threshold_s: float,
                  show_all: bool = False) -> str:
     """The init report as text: a summary row per process, then per-function rows."""
     if not reports:
@@ -133,11 +143,10 @@ def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: f
               "retrieval_s", "first_step_s", "budget_s", "init")
     rows = [header]
     for r in reports:
-        rows.append((r["job"], str(r["restart_count"]), str(r["process_index"]),
-                     str(r["lookups"]), str(r["hits"]), str(r["misses"]),
-                     _seconds(r["backend_compile_s"]), _seconds(r["retrieval_s"]),
-                     _seconds(r["time_to_first_step_s"]), f"{r['init_budget_s']:.0f}",
-                     _status(r)))
+        rows.append((r.job, str(r.restart_count), str(r.process_index), str(r.lookups),
+                     str(r.hits), str(r.misses), _seconds(r.backend_compile_s),
+                     _seconds(r.retrieval_s), _seconds(r.time_to_first_step_s),
+                     f"{r.init_budget_s:.0f}", _status(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in rows]
@@ -149,60 +158,60 @@ def format_table(reports: list[dict[str, Any]], targets: Targets, threshold_s: f
     return "\n".join(lines)
 
 
-def moved_cache_dir(report: dict[str, Any]) -> bool:
+def moved_cache_dir(report: InitReport) -> bool:
     """Whether the process ended up on another cache dir than the one jaxwarm gave it (a
     trainer's own, followed under `cache.enforce: false`): then that is why it missed."""
-    given = report["environment"].get("JAX_COMPILATION_CACHE_DIR", report["cache_dir"])
-    return report["cache_dir"] != given
+    given = report.environment.get("JAX_COMPILATION_CACHE_DIR", report.cache_dir)
+    return report.cache_dir != given
 
 
-def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
+def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
               run: str) -> list[str]:
     """Headline lines: what the latest training attempt did with the prewarmed targets on
     process 0 (hit, and how much that saved; or miss, and why, against the same target
     only), and any cache setting the trainer changed."""
-    train = [r for r in reports if r["job"] == TRAIN]
+    train = [r for r in reports if r.job == TRAIN]
     if not train:
         return []
-    latest = max(r["restart_count"] for r in train)
-    attempt = [r for r in train if r["restart_count"] == latest]
+    latest = max(r.restart_count for r in train)
+    attempt = [r for r in train if r.restart_count == latest]
     targets = Targets.of(manifest)
-    lines, settings = [], []
+    lines: list[str] = []
+    settings: list[str] = []
     for report in attempt:
-        if report["process_index"] != 0:
+        if report.process_index != 0:
             continue
-        settings += [line for line in report.get("warnings", [])
-                     if line.startswith(CHANGE_PREFIX)]
-        for fn in report["functions"]:
-            if fn["key"] is None or fn not in targets:
+        settings += [w.text for w in report.warnings if w.kind == SETTING_CHANGED]
+        for fn in report.functions:
+            if fn.key is None or fn not in targets:
                 continue
-            entry = manifest.get(fn["key"])
-            if fn["hit"]:
+            entry = manifest.get(fn.key)
+            if fn.hit:
                 saved = "" if entry is None else (
                     f"; prewarm compiled it in {entry.compile_s:.2f} s, "
-                    f"so this saved {entry.compile_s - fn['seconds']:.2f} s")
-                lines.append(f"{fn['name']}: HIT on process 0 (restart {latest}), "
-                             f"loaded in {fn['seconds']:.2f} s{saved}")
+                    f"so this saved {entry.compile_s - fn.seconds:.2f} s")
+                lines.append(f"{fn.name}: HIT on process 0 (restart {latest}), "
+                             f"loaded in {fn.seconds:.2f} s{saved}")
             else:
-                lines.append(f"{fn['name']}: MISS on process 0 (restart {latest}), "
-                             f"compiled in {fn['seconds']:.2f} s")
+                lines.append(f"{fn.name}: MISS on process 0 (restart {latest}), "
+                             f"compiled in {fn.seconds:.2f} s")
                 if moved_cache_dir(report):
                     lines.append(f"  why: this process looked its entries up in "
-                                 f"{report['cache_dir']}, the trainer's cache dir (below)")
+                                 f"{report.cache_dir}, the trainer's cache dir (below)")
                 lines.extend(f"  why: {line}" for line in explain_miss(
-                    fn["name"], fn["components"], manifest, run=run,
-                    process_count=report["process_count"], signature=fn.get("signature")))
-    others = [r for r in attempt if r["process_index"] != 0]
-    if others and not any(r["hits"] for r in others):
+                    fn.name, fn.components, manifest, run=run,
+                    process_count=report.process_count, signature=fn.signature))
+    others = [r for r in attempt if r.process_index != 0]
+    if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
     return lines + settings
 
 
-def missing_train_report(reports: list[dict[str, Any]]) -> list[str]:
+def missing_train_report(reports: list[InitReport]) -> list[str]:
     """What it means when the training job ran but wrote no init report."""
-    if any(r["job"] == TRAIN for r in reports):
+    if any(r.job == TRAIN for r in reports):
         return []
     return [("the training job wrote no init report: none of its processes lowered a "
             "function with jaxwarm's recorder installed (it stopped before its first compile, "
@@ -211,23 +220,23 @@ def missing_train_report(reports: list[dict[str, Any]]) -> list[str]:
             "prewarmed entries or even used jaxwarm's cache dir")]
 
 
-def format_verdicts(verdicts: list[dict[str, Any]]) -> list[str]:
+def format_verdicts(verdicts: list[Verdict]) -> list[str]:
     """verify's answer per function: WARM or COLD, the key, the cost, and why when cold."""
     lines = []
     for v in verdicts:
-        lines.append(f"{'WARM' if v['warm'] else 'COLD'}  {v['function']}  {v['key']}  "
-                     f"(lowering {v['lower_s']:.2f} s + key {1e3 * v['predict_s']:.1f} ms)")
-        lines.extend(f"      why: {line}" for line in v["explanation"])
+        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}  "
+                     f"(lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms)")
+        lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
 
 
-def attempt_summaries(reports: list[dict[str, Any]]) -> list[str]:
+def attempt_summaries(reports: list[InitReport]) -> list[str]:
     """One line per attempt of the training job (restart 0, 1, ...), from process 0."""
     lines = []
     for r in reports:
-        if r["job"] == TRAIN and r["process_index"] == 0:
-            lines.append(f"attempt r{r['restart_count']}: {r['hits']} hit(s) of {r['lookups']} "
-                         f"lookup(s) on process 0, compile {r['backend_compile_s']:.2f} s, "
-                         f"first step {_seconds(r['time_to_first_step_s'])} s "
-                         f"of a {r['init_budget_s']:.0f} s budget {_status(r)}")
+        if r.job == TRAIN and r.process_index == 0:
+            lines.append(f"attempt r{r.restart_count}: {r.hits} hit(s) of {r.lookups} "
+                         f"lookup(s) on process 0, compile {r.backend_compile_s:.2f} s, "
+                         f"first step {_seconds(r.time_to_first_step_s)} s "
+                         f"of a {r.init_budget_s:.0f} s budget {_status(r)}")
     return lines

@@ -10,6 +10,8 @@ Pure paths: both the submit side and the code inside a job import it.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
@@ -34,11 +36,41 @@ def reports_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "reports"
 
 
+@dataclass(frozen=True)
+class ReportName:
+    """Whose init report a file is: the job, its attempt (SLURM's restart count), the process."""
+
+    job: str
+    restart: int
+    process: int
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """verify, prewarm, train (the order they run), then attempt, then process."""
+        return (JOBS.index(self.job) if self.job in JOBS else len(JOBS), self.restart,
+                self.process)
+
+
+# The report file name, spelled once: `report_path` formats it, `parse_report_path` reads it.
+_REPORT_FILE = "{job}-r{restart}-p{process}.json"
+_REPORT_NAME = re.compile(_REPORT_FILE.replace(".", r"\.").format(
+    job=r"(?P<job>[a-z]+)", restart=r"(?P<restart>\d+)", process=r"(?P<process>\d+)"))
+
+
 def report_path(run_dir: str | Path, job: str, restart: int, process: int) -> Path:
-    return reports_dir(run_dir) / f"{job}-r{restart}-p{process}.json"
+    return reports_dir(run_dir) / _REPORT_FILE.format(job=job, restart=restart, process=process)
 
 
-def verify_result_path(run_dir: str | Path, process: int) -> Path:
+def parse_report_path(path: str | Path) -> ReportName | None:
+    """The inverse of `report_path`: whose report the file is, or None when it is not one."""
+    match = _REPORT_NAME.fullmatch(Path(path).name)
+    if match is None:
+        return None
+    return ReportName(match["job"], int(match["restart"]), int(match["process"]))
+
+
+def verify_result_path(run_dir: str | Path, process: int = 0) -> Path:
+    """The verify job's verdicts of one process; process 0's are the run's."""
     return Path(run_dir) / "verify" / f"p{process}.json"
 
 

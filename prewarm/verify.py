@@ -10,12 +10,10 @@ GPU every rank shares its key, and on CPU only process 0 can ever hit.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import InitRecorder
 from launcher.jaxkey.predict import predict_key
+from launcher.records import Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.integrity import warm_problem
 from launcher.store.manifest import read_manifest
@@ -33,17 +32,6 @@ from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.verify")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    function: str
-    key: str
-    warm: bool
-    lower_s: float
-    predict_s: float
-    explanation: list[str] = field(default_factory=list)
-    components: dict[str, str] = field(default_factory=dict)
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
@@ -86,8 +74,7 @@ def verify_targets(targets: list[CompileTarget], config: Config,
 
 def write_result(path: Path, verdicts: list[Verdict], process: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"process_index": process, "functions": [asdict(v) for v in verdicts]}
-    atomic_write(path, json.dumps(data, indent=1) + "\n")
+    atomic_write(path, dumps(VerifyResult(process, verdicts), indent=1) + "\n")
 
 
 def main() -> int:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import report_path
 from tests.conftest import DEMO, run_cli
 
 pytestmark = pytest.mark.e2e
 
 
 def report(run_dir: Path, job: str, process: int, restart: int = 0) -> dict:
-    return json.loads((run_dir / "reports" / f"{job}-r{restart}-p{process}.json").read_text())
+    return json.loads(report_path(run_dir, job, restart, process).read_text())
 
 
 def function(report: dict, name: str) -> dict:
@@ -89,7 +90,7 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
-    assert not (run_dir / "reports" / "prewarm-r0-p0.json").exists()
+    assert not report_path(run_dir, "prewarm", 0, 0).exists()
     train = report(run_dir, "train", 0)
     assert not function(train, "jit_train_step")["hit"]
     assert train["hits"] == 0 and train["backend_compile_s"] > 0

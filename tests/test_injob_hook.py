@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.records import RECOMPILED
+from launcher.rundir import report_path
 from tests.conftest import DEMO
 from tests.jaxproc import run_jax
 
@@ -47,11 +49,11 @@ def test_double_compile_is_flagged_with_the_differing_component(tmp_path: Path) 
     run_jax(DOUBLE_COMPILE, devices=8, args=(
         str(DEMO), f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'cache'}",
         "cache.min_compile_time_secs=0"))
-    report = json.loads((tmp_path / "demo" / "reports" / "train-r0-p0.json").read_text())
+    report = json.loads(report_path(tmp_path / "demo", "train", 0, 0).read_text())
     steps = [fn for fn in report["functions"] if fn["name"] == "jit_train_step"]
     assert len(steps) == 2 and steps[0]["key"] != steps[1]["key"]
-    assert len(report["warnings"]) == 1
-    assert "'jit_train_step' was compiled twice" in report["warnings"][0]
-    assert "computation differs" in report["warnings"][0]
+    assert [w["kind"] for w in report["warnings"]] == [RECOMPILED]
+    assert "'jit_train_step' was compiled twice" in report["warnings"][0]["text"]
+    assert "computation differs" in report["warnings"][0]["text"]
     assert (tmp_path / "cache").is_dir()
     assert report["time_to_first_step_s"] > 0 and report["cache_dir"] == str(tmp_path / "cache")

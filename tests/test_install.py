@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import report_path
 from tests.conftest import DEMO, REPO
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +44,5 @@ def test_installed_wheel_renders_and_runs_the_demo_elsewhere(tmp_path: Path) -> 
     demo = run(venv / "bin" / "jaxwarm", "launch", DEMO, "--local", "train.steps=1",
                "run.out_dir=runs", "cache.dir=cache", cwd=elsewhere)
     assert "jit_train_step: HIT on process 0" in demo.stdout
-    report = json.loads((elsewhere / "runs" / "demo" / "reports" / "train-r0-p0.json")
-                        .read_text())
+    report = json.loads(report_path(elsewhere / "runs" / "demo", "train", 0, 0).read_text())
     assert report["hits"] >= 1

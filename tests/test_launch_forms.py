@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.records import SETTING_CHANGED
+from launcher.rundir import report_path
 from tests.conftest import REPO, run_cli
 
 FORMS = REPO / "tests" / "launchforms"
@@ -48,13 +50,13 @@ def launch(tmp_path: Path, cache: Path, entrypoint: dict,
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "first step done at" in output and f"(out {tmp_path / 'own'})" in output, output
-    report = json.loads((tmp_path / "runs" / "forms" / "reports" / "train-r0-p0.json")
-                        .read_text())
+    report = json.loads(report_path(tmp_path / "runs" / "forms", "train", 0, 0).read_text())
     assert "jit_tiny_step" in [fn["name"] for fn in report["functions"]], report
     # The guard caught both of the trainer's settings and kept jaxwarm's dir in force.
+    changed = [w["text"] for w in report["warnings"] if w["kind"] == SETTING_CHANGED]
     assert any(w.startswith(DIR_CHANGED) and "cache.enforce is on" in w
-               for w in report["warnings"]), report["warnings"]
-    assert any(w.startswith(THRESHOLD_CHANGED) for w in report["warnings"]), report["warnings"]
+               for w in changed), report["warnings"]
+    assert any(w.startswith(THRESHOLD_CHANGED) for w in changed), report["warnings"]
     assert report["cache_dir"] == str(cache)
     assert DIR_CHANGED in result.stdout  # the launch's own summary says it too
     assert "wrote no init report" not in output

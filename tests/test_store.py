@@ -4,6 +4,7 @@ size/age parsing, and the environment rules for size caps and remote dirs."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import stat
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from launcher.config import load_config
 from launcher.environment import jax_options, job_environment
+from launcher.records import parse_usage_line
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
 from launcher.store.commands import parse_age, parse_size
@@ -40,22 +42,27 @@ def test_prune_removes_least_recently_used_until_it_fits_and_spares_pinned() -> 
     assert choose_victims(entries, max_bytes=1000, older_than_s=None, pinned=set(), now=50) == []
 
 
+def usage(*lines: dict) -> list:
+    return [parse_usage_line(json.dumps(line), f"usage:{n}") for n, line in enumerate(lines, 1)]
+
+
 def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() -> None:
-    records = [
+    records = usage(
         {"time": 1, "run": "r", "job": "prewarm", "restart": 0,
-         "functions": [{"key": "jit_f-1", "hit": False, "sha256": "aa"}]},
+         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "aa"}]},
         {"time": 2, "run": "r", "job": "train", "restart": 0,
-         "functions": [{"key": "jit_f-1", "hit": True}]},
+         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": True}]},
         {"time": 3, "event": "quarantined", "key": "jit_f-1"},
-    ]
+    )
     history = key_histories(records)["jit_f-1"]
     assert (history.hits, history.misses, history.last_used) == (1, 1, 2)
     assert history.used_by == ["r (prewarm r0)", "r (train r0)"]
     assert history.sha256 is None and history.removed
-    rewritten = key_histories(records + [{"time": 4, "run": "r", "job": "train", "restart": 1,
-                                          "functions": [{"key": "jit_f-1", "hit": False,
-                                                         "sha256": "bb"}]}])["jit_f-1"]
-    assert rewritten.sha256 == "bb" and rewritten.written_by == "r (train r1)"
+    rewritten = key_histories(records + usage(
+        {"time": 4, "run": "r", "job": "train", "restart": 1,
+         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]}))
+    assert rewritten["jit_f-1"].sha256 == "bb"
+    assert rewritten["jit_f-1"].written_by == "r (train r1)"
 
 
 def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:

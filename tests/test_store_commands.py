@@ -18,6 +18,7 @@ import pytest
 
 from launcher.config import load_config
 from launcher.jaxkey.entryformat import ZSTD_MAGIC
+from launcher.rundir import report_path
 from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import read_manifest
@@ -45,7 +46,7 @@ def job_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> lis
 
 
 def init_report(tmp_path: Path, run: str = "demo", job: str = "train") -> dict:
-    return json.loads((tmp_path / "runs" / run / "reports" / f"{job}-r0-p0.json").read_text())
+    return json.loads(report_path(tmp_path / "runs" / run, job, 0, 0).read_text())
 
 
 def step_record(report: dict) -> dict:

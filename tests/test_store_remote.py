@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
+from launcher.rundir import report_path
 from tests.conftest import DEMO, run_cli
 from tests.jaxproc import free_port
 
@@ -58,8 +59,7 @@ def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
             "step.args.n_layers=1", "cache.min_compile_time_secs=0", "train.steps=2"]
     result = run_cli("launch", *args)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    reports = tmp_path / "runs" / "demo" / "reports"
-    train = json.loads((reports / "train-r0-p0.json").read_text())
+    train = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
     step = [f for f in train["functions"] if f["name"] == "jit_train_step"][-1]
     assert step["hit"], train["functions"]
     assert train["environment"]["JAX_COMPILATION_CACHE_DIR"] == f"s3://{BUCKET}/cache"

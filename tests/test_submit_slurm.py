@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import report_path
 from launcher.submit.slurm import job_state, read_jobs
 from tests.conftest import DEMO, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
@@ -36,7 +37,7 @@ def args_for(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def report(run_dir: Path, restart: int, job: str = "train") -> dict:
-    return json.loads((run_dir / "reports" / f"{job}-r{restart}-p0.json").read_text())
+    return json.loads(report_path(run_dir, job, restart, 0).read_text())
 
 
 def step_hit(report: dict) -> bool:
@@ -131,7 +132,7 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180,
              "the first training steps")
     subprocess.run(["scontrol", "requeue", job_id], check=True)
-    restart_report = run_dir / "reports" / "train-r1-p0.json"
+    restart_report = report_path(run_dir, "train", 1, 0)
     wait_for(lambda: restart_report.exists(), 240, "the restart's init report")
     subprocess.run(["scancel", job_id], check=True)
     first, restart = report(run_dir, 0), report(run_dir, 1)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.report import Targets, function_lines
+from launcher.records import SETTING_CHANGED
+from launcher.rundir import report_path
 from tests.conftest import REPO, run_cli
 from tests.slurm_cluster import ensure_cluster
 
@@ -51,8 +52,13 @@ def layout(processes: int) -> tuple[str, str]:
 
 
 def report(tmp_path: Path, job: str = "train", process: int = 0) -> dict:
-    path = tmp_path / "runs" / RUN / "reports" / f"{job}-r0-p{process}.json"
-    return json.loads(path.read_text())
+    return json.loads(report_path(tmp_path / "runs" / RUN, job, 0, process).read_text())
+
+
+def settings_changed(data: dict) -> list[str]:
+    """The report's warnings that the trainer changed jaxwarm's cache dir."""
+    return [w["text"] for w in data["warnings"]
+            if w["kind"] == SETTING_CHANGED and w["text"].startswith(DIR_CHANGED)]
 
 
 def step_records(data: dict) -> list[dict]:
@@ -74,7 +80,7 @@ def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
     assert train["first_step_from"] == "the first execution of jit_step"
     assert train["time_to_first_step_s"] > 0
     # Its own cache dir is caught in one line, and jaxwarm's stayed in force.
-    changed = [w for w in train["warnings"] if w.startswith(DIR_CHANGED)]
+    changed = settings_changed(train)
     assert len(changed) == 1 and "cache.enforce is on" in changed[0], train["warnings"]
     assert train["cache_dir"] == str(tmp_path / "cache")
     assert changed[0] in stdout
@@ -116,29 +122,12 @@ def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
                        "--local")
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     train = report(tmp_path)
-    changed = [w for w in train["warnings"] if w.startswith(DIR_CHANGED)]
+    changed = settings_changed(train)
     assert len(changed) == 1 and "jaxwarm follows the trainer" in changed[0]
     assert train["cache_dir"] == str(tmp_path / "trainer" / "jax-cache")
     assert not step_records(train)[0]["hit"]
     assert "jit_step: MISS on process 0" in launched.stdout
     assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in launched.stdout
-
-
-def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
-    fn = {"name": "jit_step", "key": "jit_step-ab", "hit": True, "seconds": 0.02,
-          "signature": "s1"}
-    other = {**fn, "key": "jit_step-cd", "hit": False, "seconds": 0.2, "signature": "s2"}
-    small = [{"name": f"jit_op{i}", "key": f"jit_op{i}-ef", "hit": False, "seconds": 0.01,
-              "signature": None} for i in range(40)]
-    big = {**small[0], "name": "jit_init", "seconds": 3.0}
-    process = {"job": "train", "restart_count": 0, "process_index": 0,
-               "functions": [*small, fn, other, big]}
-    targets = Targets(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
-    lines = function_lines(process, targets, 0.5, show_all=False)
-    assert [line.split()[3] for line in lines[:-1]] == ["jit_step", "jit_init"]
-    assert "jit_step [s1]" in lines[0] and lines[0].endswith("prewarmed")
-    assert "+ 41 small compile(s) under 0.5 s" in lines[-1] and "0.60 s in all" in lines[-1]
-    assert len(function_lines(process, targets, 0.5, show_all=True)) == 43
 
 
 FACTORY = '''

@@ -24,7 +24,7 @@ from launcher.rundir import TRAIN, report_path
 from launcher.store.entries import written_since
 from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.security import check_cache_dir, prepare_cache_dir
-from launcher.store.usage import append_usage
+from launcher.store.usage import append_usage, job_usage
 
 log = logging.getLogger("jaxwarm.hook")
 
@@ -55,22 +55,6 @@ def note_written_entries(cache_dir: str, report: InitReport, since: float) -> No
             written = written_since(cache_dir, record.key, since)
             if written:
                 record.sha256, record.size = written
-
-
-def usage_record(config: Config, report: InitReport) -> dict:
-    """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
-    or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
-    functions = []
-    for record in report.functions:
-        if record.key is None:
-            continue
-        item = {"name": record.name, "key": record.key, "hit": record.hit,
-                "seconds": round(record.seconds, 3)}
-        if record.sha256:
-            item["sha256"], item["size"] = record.sha256, record.size
-        functions.append(item)
-    return {"run": config.run.name, "run_dir": str(config.run_dir), "config": config.source,
-            "job": report.job, "restart": report.restart_count, "functions": functions}
 
 
 _active: InitRecorder | None = None
@@ -144,7 +128,7 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
-            lambda done: append_usage(config.cache.dir, usage_record(config, done))]
+            lambda done: append_usage(config.cache.dir, job_usage(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)

@@ -9,14 +9,12 @@ through only what would have been shown anyway, so recording adds no output.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,27 +37,18 @@ from launcher.jaxkey.logs import (
     is_hit,
 )
 from launcher.jaxkey.predict import in_probe
+from launcher.records import (
+    RECOMPILED,
+    SETTING_CHANGED,
+    FunctionRecord,
+    InitReport,
+    ReportWarning,
+    dumps,
+)
 
 log = logging.getLogger("jaxwarm.recorder")
 
 FIRST_STEP_POLL_S = 0.005
-
-
-@dataclass
-class FunctionRecord:
-    """One compile request: a cache lookup (hit or miss) or a compile with the cache off."""
-
-    name: str
-    key: str | None
-    hit: bool
-    seconds: float = 0.0
-    components: dict[str, str] = field(default_factory=dict)
-    # Of the entry this process wrote (process 0, local cache): what `cache verify` checks.
-    sha256: str | None = None
-    size: int | None = None
-    # Hash of the abstract input types (global shapes and dtypes) it was lowered for: tells
-    # two functions of one name apart, and a target's miss from another function's compile.
-    signature: str | None = None
 
 
 def module_name(label: str) -> str:
@@ -73,39 +62,6 @@ def module_name(label: str) -> str:
 def signature_of(avals: str) -> str:
     """A short stable id of a function's abstract input types, as JAX prints them."""
     return hashlib.sha256(avals.encode()).hexdigest()[:12]
-
-
-@dataclass
-class InitReport:
-    job: str
-    restart_count: int
-    process_index: int
-    process_count: int
-    cache_dir: str
-    init_budget_s: float
-    lookups: int = 0
-    hits: int = 0
-    backend_compile_s: float = 0.0
-    retrieval_s: float = 0.0
-    compile_time_saved_s: float = 0.0
-    time_to_first_step_s: float | None = None
-    # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
-    first_step_from: str | None = None
-    # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
-    environment: dict[str, str] = field(default_factory=dict)
-    functions: list[FunctionRecord] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def misses(self) -> int:
-        return self.lookups - self.hits
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["misses"] = self.misses
-        data["over_budget"] = (self.time_to_first_step_s is not None
-                               and self.time_to_first_step_s > self.init_budget_s)
-        return data
 
 
 def process_start_time() -> float:
@@ -246,7 +202,8 @@ class InitRecorder:
         if lines:
             import jax
             with self._lock:
-                self.report.warnings.extend(lines)
+                self.report.warnings.extend(ReportWarning(SETTING_CHANGED, line)
+                                            for line in lines)
                 self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
 
     def _finish_function(self, fun_name: str, duration: float) -> FunctionRecord:
@@ -278,7 +235,7 @@ class InitRecorder:
                 message = (f"'{record.name}' was compiled twice in this process under "
                            f"different cache keys (e.g. an AOT compile from a dummy input, "
                            f"then the real call): " + "; ".join(reasons))
-                self.report.warnings.append(message)
+                self.report.warnings.append(ReportWarning(RECOMPILED, message))
                 self._warned.add(record.name)
                 log.warning("%s", message)
                 return
@@ -348,6 +305,6 @@ class InitRecorder:
         if self.path is None:
             return None
         with self._lock:
-            data = self.report.to_json()
+            text = dumps(self.report, indent=1) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return atomic_write(self.path, json.dumps(data, indent=1) + "\n")
+        return atomic_write(self.path, text)

@@ -7,13 +7,14 @@ export and import need a config, which says what the run needs and where it runs
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import CacheConfig, Config, ConfigError, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
+from launcher.records import JobUsage, dumps
 from launcher.store.bundle import export_bundle, import_bundle
 from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
 from launcher.store.integrity import check_and_quarantine
@@ -117,7 +118,23 @@ def require_config(config: Config | None, target: str, action: str) -> Config:
     return config
 
 
-def entry_rows(cache_dir: str) -> list[dict]:
+@dataclass(frozen=True)
+class EntryRow:
+    """One entry as `cache ls` shows it (and prints with --json)."""
+
+    function: str
+    key: str
+    size: int
+    age_s: float
+    last_used_s: float
+    pinned: bool
+    produced_by: str | None
+    used_by: list[str]
+    hits: int
+    misses: int
+
+
+def entry_rows(cache_dir: str) -> list[EntryRow]:
     histories = key_histories(read_usage(cache_dir))
     manifest = read_manifest(cache_dir)
     now = time.time()
@@ -125,66 +142,89 @@ def entry_rows(cache_dir: str) -> list[dict]:
     for entry in scan(cache_dir, histories):
         history = histories.get(entry.key, KeyHistory())
         made = manifest.get(entry.key)
-        rows.append({
-            "function": entry.function, "key": entry.key, "size": entry.size,
-            "age_s": now - entry.created, "last_used_s": now - entry.last_used,
-            "pinned": made is not None,
+        rows.append(EntryRow(
+            function=entry.function, key=entry.key, size=entry.size,
+            age_s=now - entry.created, last_used_s=now - entry.last_used,
+            pinned=made is not None,
             # The usage log knows the latest writer (e.g. a run that rewrote a quarantined
             # entry); the manifest knows the prewarm, for entries written before the log.
-            "produced_by": history.written_by or (f"{made.run} (prewarm)" if made else None),
-            "used_by": history.used_by, "hits": history.hits, "misses": history.misses})
-    return sorted(rows, key=lambda r: (r["function"], r["last_used_s"]))
+            produced_by=history.written_by or (f"{made.run} (prewarm)" if made else None),
+            used_by=history.used_by, hits=history.hits, misses=history.misses))
+    return sorted(rows, key=lambda r: (r.function, r.last_used_s))
 
 
 def cmd_ls(cache_dir: str) -> list[str]:
     rows = entry_rows(cache_dir)
     lines = []
-    for function in sorted({r["function"] for r in rows}):
-        group = [r for r in rows if r["function"] == function]
+    for function in sorted({r.function for r in rows}):
+        group = [r for r in rows if r.function == function]
         lines.append(f"{function}: {len(group)} entr{'y' if len(group) == 1 else 'ies'}, "
-                     f"{human_size(sum(r['size'] for r in group))}")
+                     f"{human_size(sum(r.size for r in group))}")
         for row in group:
-            suffix = row["key"].rsplit("-", 1)[-1][:12]
+            suffix = row.key.rsplit("-", 1)[-1][:12]
             lines.append(
-                f"  {suffix}  {human_size(row['size']):>9}  age {human_age(row['age_s']):>4}  "
-                f"last used {human_age(row['last_used_s']):>4} ago"
-                f"{'  pinned' if row['pinned'] else ''}"
-                f"  made by {row['produced_by'] or 'unknown'}"
-                f"  used by {', '.join(row['used_by']) or 'nobody yet'}")
+                f"  {suffix}  {human_size(row.size):>9}  age {human_age(row.age_s):>4}  "
+                f"last used {human_age(row.last_used_s):>4} ago"
+                f"{'  pinned' if row.pinned else ''}"
+                f"  made by {row.produced_by or 'unknown'}"
+                f"  used by {', '.join(row.used_by) or 'nobody yet'}")
     return lines or [f"{cache_dir}: no entries"]
 
 
-def cache_stats(cache_dir: str) -> dict:
+@dataclass(frozen=True)
+class JobStart:
+    """One job start of the usage log, as `cache stats` lists the latest ones."""
+
+    time: float
+    run: str
+    job: str
+    restart: int
+    hits: int
+    lookups: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What `cache stats` shows (and prints with --json)."""
+
+    cache_dir: str
+    entries: int
+    total_bytes: int
+    functions: int
+    pinned: int
+    quarantined: int
+    jobs_recorded: int
+    lookups: int
+    hits: int
+    history: list[JobStart]
+
+
+def cache_stats(cache_dir: str) -> CacheStats:
     entries: list[Entry] = scan(cache_dir)
-    records = [r for r in read_usage(cache_dir) if "functions" in r]
+    jobs = [r for r in read_usage(cache_dir) if isinstance(r, JobUsage)]
     quarantine = Path(cache_dir) / QUARANTINE_DIR
-    return {
-        "cache_dir": cache_dir,
-        "entries": len(entries),
-        "total_bytes": sum(e.size for e in entries),
-        "functions": len({e.function for e in entries}),
-        "pinned": len(set(read_manifest(cache_dir)) & {e.key for e in entries}),
-        "quarantined": len(list(quarantine.glob("*-cache.*[0-9]"))) if quarantine.is_dir() else 0,
-        "jobs_recorded": len(records),
-        "lookups": sum(len(r["functions"]) for r in records),
-        "hits": sum(f.get("hit", False) for r in records for f in r["functions"]),
-        "history": [{"time": r["time"], "run": r.get("run"), "job": r.get("job"),
-                     "restart": r.get("restart"),
-                     "hits": sum(f.get("hit", False) for f in r["functions"]),
-                     "lookups": len(r["functions"])} for r in records[-10:]],
-    }
+    history = [JobStart(time=r.time, run=r.run, job=r.job, restart=r.restart,
+                        hits=sum(f.hit for f in r.functions), lookups=len(r.functions))
+               for r in jobs]
+    return CacheStats(
+        cache_dir=cache_dir, entries=len(entries), total_bytes=sum(e.size for e in entries),
+        functions=len({e.function for e in entries}),
+        pinned=len(set(read_manifest(cache_dir)) & {e.key for e in entries}),
+        quarantined=len(list(quarantine.glob("*-cache.*[0-9]"))) if quarantine.is_dir() else 0,
+        jobs_recorded=len(jobs), lookups=sum(item.lookups for item in history),
+        hits=sum(item.hits for item in history), history=history[-10:])
 
 
-def format_stats(stats: dict) -> list[str]:
-    lines = [f"{stats['cache_dir']}: {stats['entries']} entries of {stats['functions']} "
-             f"function(s), {human_size(stats['total_bytes'])}, {stats['pinned']} pinned by a "
-             f"manifest, {stats['quarantined']} quarantined",
-             f"history: {stats['jobs_recorded']} job start(s) recorded, {stats['hits']} hit(s) "
-             f"in {stats['lookups']} lookup(s)"]
-    for item in stats["history"]:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(item["time"]))
-        lines.append(f"  {when}  {item['run']} {item['job']} r{item['restart']}: "
-                     f"{item['hits']}/{item['lookups']} hit")
+def format_stats(stats: CacheStats) -> list[str]:
+    lines = [f"{stats.cache_dir}: {stats.entries} entries of {stats.functions} "
+             f"function(s), {human_size(stats.total_bytes)}, {stats.pinned} pinned by a "
+             f"manifest, {stats.quarantined} quarantined",
+             f"history: {stats.jobs_recorded} job start(s) recorded, {stats.hits} hit(s) "
+             f"in {stats.lookups} lookup(s)"]
+    for item in stats.history:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(item.time))
+        lines.append(f"  {when}  {item.run} {item.job} r{item.restart}: "
+                     f"{item.hits}/{item.lookups} hit")
     return lines
 
 
@@ -197,12 +237,12 @@ def run(args: argparse.Namespace) -> int:
     action = args.cache_command
     if action == "ls":
         if args.json:
-            print(json.dumps(entry_rows(cache_dir), indent=1))
+            print(dumps(entry_rows(cache_dir), indent=1))
         else:
             print("\n".join(cmd_ls(cache_dir)))
     elif action == "stats":
         stats = cache_stats(cache_dir)
-        print(json.dumps(stats, indent=1) if args.json else "\n".join(format_stats(stats)))
+        print(dumps(stats, indent=1) if args.json else "\n".join(format_stats(stats)))
     elif action == "prune":
         return cmd_prune(args, cache_dir)
     elif action == "verify":

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from launcher.environment import is_remote
 from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
+from launcher.records import EntryChecked, EntryQuarantined
 from launcher.store.entries import (
     CACHE_SUFFIX,
     QUARANTINE_DIR,
@@ -139,8 +140,7 @@ def warm_problem(cache_dir: str, key: str) -> str | None:
     if problem is None:
         written = written_since(cache_dir, key, 0.0)
         if written is not None:
-            append_usage(cache_dir, {"event": "checked", "key": key, "sha256": written[0],
-                                     "size": written[1]})
+            append_usage(cache_dir, EntryChecked(key, *written))
     return problem
 
 
@@ -174,7 +174,7 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
             return None
     destination.with_suffix(destination.suffix + ".json").write_text(
         json.dumps({"key": check.key, "problem": check.problem, "time": time.time()}) + "\n")
-    append_usage(cache_dir, {"event": "quarantined", "key": check.key, "problem": check.problem})
+    append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
     log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination
 

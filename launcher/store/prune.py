@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from launcher.records import EntryPruned
 from launcher.store.entries import Entry, in_flight, jax_lock, remove_entry, scan
 from launcher.store.manifest import read_manifest
 from launcher.store.usage import append_usage, key_histories, read_usage
@@ -46,5 +47,5 @@ def prune(cache_dir: str | Path, *, max_bytes: int | None = None,
                                  pinned=pinned | busy, now=time.time())
         removed = [v for v in victims if remove_entry(cache_dir, v.key)]
     for entry in removed:
-        append_usage(cache_dir, {"event": "pruned", "key": entry.key, "size": entry.size})
+        append_usage(cache_dir, EntryPruned(entry.key, entry.size))
     return removed

@@ -9,16 +9,25 @@ job (not a prewarm) wrote.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config import Config, ConfigError
 from launcher.files import locked
+from launcher.records import (
+    EntryChecked,
+    InitReport,
+    JobUsage,
+    UsageRecord,
+    UsedFunction,
+    dumps,
+    parse_usage_line,
+    to_json,
+)
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -29,35 +38,69 @@ def usage_path(cache_dir: str | Path) -> Path:
     return Path(cache_dir) / USAGE_LOG
 
 
-def append_usage(cache_dir: str | Path, record: dict[str, Any]) -> None:
-    """One JSON line, appended under a lock so concurrent jobs never interleave lines."""
+def _compact(data: Any) -> Any:
+    """Without the unset (None) fields: a hit carries no checksum, and a line without
+    "sha256" is one a warm check of its key need not parse (`records_entry`)."""
+    if isinstance(data, dict):
+        return {key: _compact(value) for key, value in data.items() if value is not None}
+    if isinstance(data, list):
+        return [_compact(item) for item in data]
+    return data
+
+
+def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
+    """One JSON line, appended under a lock so concurrent jobs never interleave lines. After
+    a torn last line (a writer killed mid-line) it starts a new line, so that one bad line
+    does not take this record with it."""
     path = usage_path(cache_dir)
-    line = json.dumps({"time": time.time(), **record}, sort_keys=True) + "\n"
+    line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            end = os.fstat(fd).st_size
+            if end and os.pread(fd, 1, end - 1) != b"\n":
+                line = "\n" + line
             os.write(fd, line.encode())
         finally:
             os.close(fd)
 
 
+def job_usage(config: Config, report: InitReport) -> JobUsage:
+    """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
+    or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
+    return JobUsage(
+        run=config.run.name, run_dir=str(config.run_dir), config=config.source, job=report.job,
+        restart=report.restart_count,
+        functions=[UsedFunction(name=record.name, key=record.key, hit=record.hit,
+                                seconds=round(record.seconds, 3), sha256=record.sha256 or None,
+                                size=record.size if record.sha256 else None)
+                   for record in report.functions if record.key is not None])
+
+
+_skipped: set[str] = set()
+
+
 def read_usage(cache_dir: str | Path,
-               keep: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
-    """The usage log in order; a torn last line (a job killed mid-write) is skipped. With
-    `keep`, only the lines it accepts are parsed: a warm check of one key must not pay for
-    parsing a log with one line per job ever run."""
+               keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
+    """The usage log in order. A line that is not a usage record (a torn last line of a job
+    killed mid-write, a line from another tool) is skipped with one log line naming the
+    file and line. With `keep`, only the lines it accepts are parsed: a warm check of one
+    key must not pay for parsing a log with one line per job ever run."""
+    path = usage_path(cache_dir)
     try:
-        lines = usage_path(cache_dir).read_text(errors="replace").splitlines()
+        lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
     records = []
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         if keep is not None and not keep(line):
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.debug("skipping a torn line in %s", usage_path(cache_dir))
+            records.append(parse_usage_line(line, f"{path}:{number}"))
+        except ConfigError as exc:
+            if str(exc) not in _skipped:  # one command reads the log more than once
+                _skipped.add(str(exc))
+                log.warning("skipping %s", exc)
     return records
 
 
@@ -83,29 +126,24 @@ class KeyHistory:
     removed: bool = False
 
 
-def key_histories(records: list[dict[str, Any]]) -> dict[str, KeyHistory]:
+def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
     histories: dict[str, KeyHistory] = {}
     for record in records:
-        if record.get("event") in ("quarantined", "pruned"):
-            history = histories.setdefault(record["key"], KeyHistory())
+        if isinstance(record, JobUsage):
+            for function in record.functions:
+                history = histories.setdefault(function.key, KeyHistory())
+                history.last_used = record.time
+                history.hits += function.hit
+                history.misses += not function.hit
+                if record.user not in history.used_by:
+                    history.used_by.append(record.user)
+                if function.sha256:
+                    history.written_by, history.sha256, history.size, history.removed = \
+                        record.user, function.sha256, function.size, False
+            continue
+        history = histories.setdefault(record.key, KeyHistory())
+        if isinstance(record, EntryChecked):
+            history.sha256, history.size, history.removed = record.sha256, record.size, False
+        else:  # quarantined or pruned
             history.sha256, history.size, history.removed = None, None, True
-            continue
-        if record.get("event") == "checked":
-            history = histories.setdefault(record["key"], KeyHistory())
-            history.sha256, history.size, history.removed = \
-                record["sha256"], record["size"], False
-            continue
-        user = f"{record.get('run', '?')} ({record.get('job', '?')} r{record.get('restart', 0)})"
-        for function in record.get("functions", []):
-            if not function.get("key"):
-                continue
-            history = histories.setdefault(function["key"], KeyHistory())
-            history.last_used = record["time"]
-            history.hits += bool(function.get("hit"))
-            history.misses += not function.get("hit")
-            if user not in history.used_by:
-                history.used_by.append(user)
-            if function.get("sha256"):
-                history.written_by, history.sha256, history.size, history.removed = \
-                    user, function["sha256"], function.get("size"), False
     return histories

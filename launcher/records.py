@@ -1,0 +1,258 @@
+"""The files jaxwarm writes and reads back, one typed record each: the init report (with its
+function records and warnings), verify's verdicts, the lines of the cache's usage log.
+
+Written with `to_json`/`dumps`, read back through `launcher.config.convert`, the converter
+that reads the config and the manifest: types come from the annotations, so a file with a
+missing key or a wrong type is one line naming the file (and line) and the key. Readers of
+files that many jobs write are lenient per record (`read_record`, `parse_usage_line`): a bad
+report or usage line is skipped with that line logged, never fatal to the command reading
+the others. Output is standard JSON: no NaN or Infinity, which other tools cannot read.
+
+Pure: both the submit side and the code inside a job import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from launcher.config import ConfigError, convert
+
+log = logging.getLogger("jaxwarm.records")
+
+R = TypeVar("R")
+
+# The kinds of warning an init report carries.
+SETTING_CHANGED = "setting_changed"  # the trainer changed a cache setting jaxwarm made
+RECOMPILED = "recompiled"  # one function compiled twice under different keys
+
+
+@dataclass(frozen=True)
+class ReportWarning:
+    """Something a job did that costs its hits, said once: `kind` for code to match on,
+    `text` for the user."""
+
+    kind: str
+    text: str
+
+
+@dataclass
+class FunctionRecord:
+    """One compile request: a cache lookup (hit or miss) or a compile with the cache off."""
+
+    name: str
+    key: str | None
+    hit: bool
+    seconds: float = 0.0
+    components: dict[str, str] = field(default_factory=dict)
+    # Of the entry this process wrote (process 0, local cache): what `cache verify` checks.
+    sha256: str | None = None
+    size: int | None = None
+    # Hash of the abstract input types (global shapes and dtypes) it was lowered for: tells
+    # two functions of one name apart, and a target's miss from another function's compile.
+    signature: str | None = None
+
+
+@dataclass
+class InitReport:
+    """What the persistent cache did during one process's init:
+    `reports/<job>-r<restart>-p<process>.json` (`launcher.rundir.report_path`)."""
+
+    # Written for the reader's convenience, recomputed from the rest when read back.
+    DERIVED: ClassVar[tuple[str, ...]] = ("misses", "over_budget")
+
+    job: str
+    restart_count: int
+    process_index: int
+    process_count: int
+    cache_dir: str
+    init_budget_s: float
+    lookups: int = 0
+    hits: int = 0
+    backend_compile_s: float = 0.0
+    retrieval_s: float = 0.0
+    compile_time_saved_s: float = 0.0
+    time_to_first_step_s: float | None = None
+    # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
+    first_step_from: str | None = None
+    # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
+    environment: dict[str, str] = field(default_factory=dict)
+    functions: list[FunctionRecord] = field(default_factory=list)
+    warnings: list[ReportWarning] = field(default_factory=list)
+
+    @property
+    def misses(self) -> int:
+        return self.lookups - self.hits
+
+    @property
+    def over_budget(self) -> bool:
+        return self.time_to_first_step_s is not None and \
+            self.time_to_first_step_s > self.init_budget_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self),
+                **{name: getattr(self, name) for name in self.DERIVED}}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """verify's answer for one function: WARM or COLD under its predicted key, and why."""
+
+    function: str
+    key: str
+    warm: bool
+    lower_s: float
+    predict_s: float
+    explanation: list[str] = field(default_factory=list)
+    components: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verify job's answer for the run: `verify/p0.json` (`rundir.verify_result_path`)."""
+
+    process_index: int
+    functions: list[Verdict]
+
+    @property
+    def warm(self) -> bool:
+        return all(verdict.warm for verdict in self.functions)
+
+
+# -- the usage log: one line per job's process 0, and one per entry event -----------------
+
+@dataclass(frozen=True)
+class UsedFunction:
+    """One lookup of a job, as the usage log keeps it."""
+
+    name: str
+    key: str
+    hit: bool
+    seconds: float = 0.0
+    # Of the entry this job wrote (a miss it stored): what `cache verify` checks against.
+    sha256: str | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """Which keys process 0 of a job looked up, hit or wrote, after its first step."""
+
+    run: str
+    job: str
+    restart: int = 0
+    functions: list[UsedFunction] = field(default_factory=list)
+    run_dir: str | None = None
+    config: str | None = None
+    time: float = field(default_factory=time.time)
+
+    @property
+    def user(self) -> str:
+        return f"{self.run} ({self.job} r{self.restart})"
+
+
+@dataclass(frozen=True)
+class EntryChecked:
+    """An entry nobody had recorded was fully checked and found intact: its checksum and
+    size, so that the next warm check of it is the quick one."""
+
+    key: str
+    sha256: str
+    size: int
+    event: str = "checked"
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class EntryQuarantined:
+    key: str
+    problem: str | None = None
+    event: str = "quarantined"
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class EntryPruned:
+    key: str
+    size: int | None = None
+    event: str = "pruned"
+    time: float = field(default_factory=time.time)
+
+
+UsageRecord = JobUsage | EntryChecked | EntryQuarantined | EntryPruned
+USAGE_EVENTS: dict[str, type] = {"checked": EntryChecked, "quarantined": EntryQuarantined,
+                                 "pruned": EntryPruned}
+
+
+def parse_usage_line(line: str, source: str) -> UsageRecord:
+    """One line of the usage log as its record, or ConfigError naming `source` (the file
+    and line) and what is wrong. Lines with an `event` are entry events, others job lines."""
+    data = parse_json(line, source)
+    event = data.get("event") if isinstance(data, dict) else None
+    if event is None:
+        return from_json(JobUsage, data, source)
+    if event not in USAGE_EVENTS:
+        raise ConfigError(f"{source}: event: expected one of {', '.join(USAGE_EVENTS)}, "
+                          f"got {event!r}")
+    return from_json(USAGE_EVENTS[event], data, source)
+
+
+# -- reading and writing --------------------------------------------------------------------
+
+def to_json(data: Any) -> Any:
+    """Records (alone, or in lists and dicts) as plain JSON data, derived fields included."""
+    if hasattr(data, "to_json"):
+        return data.to_json()
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.asdict(data)
+    if isinstance(data, (list, tuple)):
+        return [to_json(item) for item in data]
+    if isinstance(data, dict):
+        return {key: to_json(value) for key, value in data.items()}
+    return data
+
+
+def dumps(data: Any, **options: Any) -> str:
+    """Standard JSON text of records or plain data: a NaN or infinity is a ValueError here,
+    not a file other tools cannot parse."""
+    return json.dumps(to_json(data), allow_nan=False, **options)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not standard JSON")
+
+
+def parse_json(text: str, source: str) -> Any:
+    """JSON text as data, or ConfigError naming `source` (NaN and Infinity are refused)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not valid JSON ({exc})") from None
+
+
+def from_json(cls: type[R], data: Any, source: str) -> R:
+    """A record of type `cls` from parsed JSON, through the config's converter (ConfigError
+    naming `source` and the key when it does not fit); derived fields are dropped first."""
+    if isinstance(data, dict):
+        derived = getattr(cls, "DERIVED", ())
+        data = {k: v for k, v in data.items() if k not in derived}
+    return convert(cls, data, "", source)
+
+
+def read_record(cls: type[R], path: Path) -> R | None:
+    """The record in the file at `path`, or None (logged in one line naming the file and
+    what is wrong) when it is unreadable or not a `cls`: one bad file among many (a job
+    killed while writing, a file from another version) never stops the reader."""
+    try:
+        return from_json(cls, parse_json(path.read_text(errors="replace"), str(path)),
+                         str(path))
+    except OSError as exc:
+        log.warning("skipping %s: cannot read it (%s)", path, exc.strerror)
+    except ConfigError as exc:
+        log.warning("skipping %s", exc)
+    return None

@@ -1,0 +1,190 @@
+"""What `jaxwarm report`, `verify` and `cache ls|stats` print, rendered from fixture files
+(tests/fixtures: a run's init reports and verify result, a cache's manifest), with no JAX and
+no job: the typed records jaxwarm reads back, and readers that skip a bad file or usage line
+with one line naming it instead of failing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError
+from launcher.records import (
+    SETTING_CHANGED,
+    EntryChecked,
+    EntryPruned,
+    FunctionRecord,
+    InitReport,
+    JobUsage,
+    UsedFunction,
+    dumps,
+    from_json,
+)
+from launcher.report import (
+    Targets,
+    format_table,
+    format_verdicts,
+    function_lines,
+    load_reports,
+    load_verdicts,
+    summarize,
+)
+from launcher.rundir import ReportName, parse_report_path, report_path
+from launcher.store.commands import cache_stats, entry_rows
+from launcher.store.manifest import read_manifest
+from launcher.store.usage import append_usage, key_histories, read_usage, usage_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUN, CACHE = FIXTURES / "run", FIXTURES / "cache"
+STEP = "jit_train_step-" + "a" * 64
+
+
+def test_report_paths_are_formatted_and_parsed_by_one_spelling() -> None:
+    path = report_path(RUN, "train", 2, 13)
+    assert path == RUN / "reports" / "train-r2-p13.json"
+    assert parse_report_path(path) == ReportName("train", 2, 13)
+    assert parse_report_path(RUN / "reports" / "notes.json") is None
+    assert parse_report_path("train-r2-p13.json.tmp") is None
+
+
+def test_reports_load_in_run_order_and_a_malformed_one_is_skipped_by_name(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "jaxwarm"):
+        reports = load_reports(RUN)
+    assert [(r.job, r.process_index) for r in reports] == \
+        [("prewarm", 0), ("prewarm", 1), ("train", 0), ("train", 1)]
+    assert all(isinstance(fn, FunctionRecord) for r in reports for fn in r.functions)
+    [skipped] = caplog.messages
+    assert "train-r0-p2.json" in skipped and "restart_count" in skipped
+    assert "expected an integer" in skipped
+
+
+def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> None:
+    lines = summarize(load_reports(RUN), read_manifest(CACHE), "demo")
+    assert lines[0] == ("jit_train_step: HIT on process 0 (restart 0), loaded in 0.23 s; "
+                        "prewarm compiled it in 6.84 s, so this saved 6.61 s")
+    assert lines[1].startswith("process 1: no hits; on CPU JAX hashes")
+    assert lines[2].startswith("the trainer set jax_persistent_cache_min_compile_time_secs")
+    assert len(lines) == 3
+
+
+def test_a_miss_is_explained_by_the_component_that_differs() -> None:
+    reports = load_reports(RUN)
+    train = next(r for r in reports if (r.job, r.process_index) == ("train", 0))
+    step = train.functions[0]
+    missed = dataclasses.replace(step, hit=False, seconds=7.2, key="jit_train_step-" + "f" * 64,
+                                 components={**step.components, "XLA flags": "changed"})
+    train.functions[0] = missed
+    lines = summarize(reports, read_manifest(CACHE), "demo")
+    assert lines[0] == "jit_train_step: MISS on process 0 (restart 0), compiled in 7.20 s"
+    assert lines[1].startswith(f"  why: prewarmed as {STEP} by run 'demo'; XLA flags differs")
+
+
+def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> None:
+    reports = load_reports(RUN)
+    text = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5)
+    rows = text.splitlines()
+    assert rows[0].split() == ["job", "restart", "proc", "lookups", "hits", "misses",
+                               "compile_s", "retrieval_s", "first_step_s", "budget_s", "init"]
+    assert rows[3].split() == ["train", "0", "0", "3", "1", "2", "0.06", "0.23", "10.99",
+                               "1800", "ok"]
+    assert rows[1].split()[-1] == "1800"  # a prewarm has no budget verdict
+    assert "  train   r0 p0  jit_train_step               HIT          0.23 s  " \
+           "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in rows
+    assert "  train   r0 p0  + 2 small compile(s) under 0.5 s (not prewarmed, not stored), " \
+           "0.06 s in all; --all lists them" in rows
+    assert any(row.startswith("  WARNING train   r0 p0: the trainer set ") for row in rows)
+    everything = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5, show_all=True)
+    assert "NO-CACHE" in everything and "small compile" not in everything
+
+
+def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
+    fn = FunctionRecord(name="jit_step", key="jit_step-ab", hit=True, seconds=0.02,
+                        signature="s1")
+    other = dataclasses.replace(fn, key="jit_step-cd", hit=False, seconds=0.2, signature="s2")
+    small = [FunctionRecord(name=f"jit_op{i}", key=f"jit_op{i}-ef", hit=False, seconds=0.01)
+             for i in range(40)]
+    big = dataclasses.replace(small[0], name="jit_init", seconds=3.0)
+    process = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
+                         cache_dir="/c", init_budget_s=60.0,
+                         functions=[*small, fn, other, big])
+    targets = Targets(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
+    lines = function_lines(process, targets, 0.5, show_all=False)
+    assert [line.split()[3] for line in lines[:-1]] == ["jit_step", "jit_init"]
+    assert "jit_step [s1]" in lines[0] and lines[0].endswith("prewarmed")
+    assert "+ 41 small compile(s) under 0.5 s" in lines[-1] and "0.60 s in all" in lines[-1]
+    assert len(function_lines(process, targets, 0.5, show_all=True)) == 43
+
+
+def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
+    result = load_verdicts(RUN)
+    assert not result.warm
+    lines = format_verdicts(result.functions)
+    assert lines[0] == f"WARM  jit_train_step  {STEP}  (lowering 0.37 s + key 8.0 ms)"
+    assert lines[1].startswith("COLD  jit_init_state  jit_init_state-dddd")
+    assert lines[2].startswith("      why: prewarmed as jit_init_state-cccc")
+    broken = tmp_path / "verify" / "p0.json"
+    broken.parent.mkdir()
+    broken.write_text('{"process_index": 0, "functions": [{"function": 3}]}')
+    with pytest.raises(ConfigError, match=r"p0.json: functions\[0\].function: expected a string"):
+        load_verdicts(tmp_path)
+
+
+def test_report_json_is_standard_and_round_trips(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    reports = load_reports(RUN)
+    text = dumps(reports, indent=1)
+    again = [from_json(InitReport, item, "again") for item in json.loads(text)]
+    assert again == reports
+    assert json.loads(text)[2]["warnings"][0]["kind"] == SETTING_CHANGED
+    with pytest.raises(ValueError):
+        dumps({"age_s": math.inf})
+    # A report with NaN in it (not JSON other tools read) is skipped, not rendered.
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    path = report_path(run, "train", 0, 0)
+    path.write_text(path.read_text().replace('"time_to_first_step_s": 10.99',
+                                             '"time_to_first_step_s": NaN'))
+    with caplog.at_level(logging.WARNING, "jaxwarm"):
+        assert [(r.job, r.process_index) for r in load_reports(run)] == \
+            [("prewarm", 0), ("prewarm", 1), ("train", 1)]
+    assert any("train-r0-p0.json" in m and "NaN" in m for m in caplog.messages)
+
+
+def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
+        UsedFunction(name="jit_train_step", key=STEP, hit=False, seconds=7.0, sha256="e" * 64,
+                     size=5)]))
+    with usage_path(tmp_path).open("a") as log:
+        log.write('[1,2]\n{"event":"pruned"}\n{"event":"eaten","key":"k"}\n'
+                  '{"run": "demo", "job": "train", "functions": [{"name": 1}]}\n{"torn": ')
+    append_usage(tmp_path, EntryPruned(STEP, 5))
+    append_usage(tmp_path, EntryChecked(STEP, "f" * 64, 5))
+    (tmp_path / f"{STEP}-cache").write_bytes(b"x" * 5)
+    with caplog.at_level(logging.WARNING, "jaxwarm"):
+        records = read_usage(tmp_path)
+        rows, stats = entry_rows(str(tmp_path)), cache_stats(str(tmp_path))
+    assert [type(r).__name__ for r in records] == ["JobUsage", "EntryPruned", "EntryChecked"]
+    history = key_histories(records)[STEP]
+    assert (history.sha256, history.written_by) == ("f" * 64, "demo (train r0)")
+    skipped = [m for m in caplog.messages if "jaxwarm-usage.jsonl" in m]
+    for number, why in ((2, "expected a mapping"), (3, "missing required key 'key'"),
+                        (4, "event: expected one of checked, quarantined, pruned"),
+                        (5, "functions[0].name: expected a string"), (6, "not valid JSON")):
+        assert any(f"jaxwarm-usage.jsonl:{number}: " in m and why in m for m in skipped), \
+            (number, skipped)
+    assert [r.used_by for r in rows] == [["demo (train r0)"]]
+    assert (stats.jobs_recorded, stats.lookups, stats.hits) == (1, 1, 0)
+    json.loads(dumps(stats))  # --json prints it as standard JSON
+    # A job line without a written entry carries no checksum field: a warm check of its key
+    # need not parse it.
+    append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
+        UsedFunction(name="jit_train_step", key=STEP, hit=True)]))
+    assert '"sha256"' not in usage_path(tmp_path).read_text().splitlines()[-1]

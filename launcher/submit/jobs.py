@@ -155,7 +155,8 @@ def check_callable(config: Config, spec: str, origin: str | None, tree: ast.Modu
         return
     positional = [*node.args.posonlyargs, *node.args.args]
     required = [a.arg for a in positional[:len(positional) - len(node.args.defaults)]]
-    keyword_only = [a.arg for a, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True)
+    keyword_only = [a.arg for a, default
+                    in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True)
                     if default is None]
     if len(required) > 1 or keyword_only:
         required += keyword_only

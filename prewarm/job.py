@@ -52,6 +52,7 @@ class Target:
     lower_s: float
     key: str | None
     is_step: bool
+    compiler_options: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,10 @@ class Compiled:
     failure: str | None = None
 
 
-def predicted_key(lowered: object) -> str | None:
+def predicted_key(lowered: object, compiler_options: dict[str, Any] | None) -> str | None:
     """The adapter's key, to cross-check against JAX's; None where the adapter cannot run."""
     try:
-        return predict_key(lowered).key
+        return predict_key(lowered, compiler_options).key
     except (UnsupportedJaxVersion, KeyNotComputed) as exc:
         log.warning("%s; prewarming without the key cross-check", exc)
         return None
@@ -94,7 +95,8 @@ def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
         start = time.perf_counter()
         item = lower_target(target, source)
         lowered.append(Target(target.name, item, time.perf_counter() - start,
-                              predicted_key(item), target.is_step))
+                              predicted_key(item, target.compiler_options), target.is_step,
+                              target.compiler_options))
     return lowered
 
 
@@ -193,7 +195,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
     for target in targets:
         with writer_lock(config.cache.dir, target.key, is_writer):
             since = time.time()
-            target.lowered.compile()
+            target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
             failure = record_compile(config, target, record, since) if is_writer else None
         if target.key is not None and record.key is not None and target.key != record.key:

@@ -45,14 +45,15 @@ class Verdict:
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
-          signature: Callable[[str], str | None] = lambda _: None) -> Verdict:
+          signature: Callable[[str], str | None] = lambda _: None,
+          compiler_options: dict[str, Any] | None = None) -> Verdict:
     """One function's verdict. Only a COLD one reads the whole manifest, to explain the miss
     against the same target (`run` first, then the same layout; `signature` tells functions
     of one name apart): a WARM verdict costs the key prediction and a check of its entry."""
     import jax
 
     start = time.perf_counter()
-    prediction = predict_key(lowered)
+    prediction = predict_key(lowered, compiler_options)
     predict_s = time.perf_counter() - start
     problem = warm_problem(cache_dir, prediction.key)
     warm = problem is None
@@ -78,7 +79,8 @@ def verify_targets(targets: list[CompileTarget], config: Config,
         start = time.perf_counter()
         lowered = lower_target(target, config.source)
         verdicts.append(judge(lowered, config.cache.dir, time.perf_counter() - start,
-                              run=config.run.name, signature=recorder.signature))
+                              run=config.run.name, signature=recorder.signature,
+                              compiler_options=target.compiler_options))
     return verdicts
 
 

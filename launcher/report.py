@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.injob.guard import CHANGE_PREFIX
+from launcher.jaxkey.globalopts import MISS_PREFIX
 from launcher.rundir import JOBS, TRAIN, reports_dir
 from launcher.store.manifest import ManifestEntry
 from launcher.store.misses import explain_miss
@@ -172,7 +173,7 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
         if report["process_index"] != 0:
             continue
         settings += [line for line in report.get("warnings", [])
-                     if line.startswith(CHANGE_PREFIX)]
+                     if line.startswith((CHANGE_PREFIX, MISS_PREFIX))]
         for fn in report["functions"]:
             if fn["key"] is None or fn not in targets:
                 continue
@@ -191,7 +192,8 @@ def summarize(reports: list[dict[str, Any]], manifest: dict[str, ManifestEntry],
                                  f"{report['cache_dir']}, the trainer's cache dir (below)")
                 lines.extend(f"  why: {line}" for line in explain_miss(
                     fn["name"], fn["components"], manifest, run=run,
-                    process_count=report["process_count"], signature=fn.get("signature")))
+                    process_count=report["process_count"], signature=fn.get("signature"),
+                    global_options=fn.get("global_options")))
     others = [r for r in attempt if r["process_index"] != 0]
     if others and not any(r["hits"] for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

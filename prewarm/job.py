@@ -25,7 +25,7 @@ import sys
 import time
 from contextlib import nullcontext
 from typing import Any, ContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.environment import is_remote
 from launcher.files import locked
@@ -36,6 +36,7 @@ from launcher.injob.hook import config_from_env
 from launcher.rundir import PREWARM
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
 from launcher.injob.recorder import FunctionRecord, InitRecorder
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -53,6 +54,8 @@ class Target:
     key: str | None
     is_step: bool
     compiler_options: dict[str, Any] | None = None
+    # The process-global JAX settings it was lowered under (what the run must match).
+    global_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
         item = lower_target(target, source)
         lowered.append(Target(target.name, item, time.perf_counter() - start,
                               predicted_key(item, target.compiler_options), target.is_step,
-                              target.compiler_options))
+                              target.compiler_options, global_options()))
     return lowered
 
 
@@ -154,7 +157,8 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          is_step=target.is_step, written=written is not None,
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
-                         size=written[1] if written else None)
+                         size=written[1] if written else None,
+                         global_options=target.global_options)
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,

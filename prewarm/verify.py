@@ -26,6 +26,7 @@ from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.misses import explain_miss
 from launcher.store.manifest import read_manifest
 from launcher.store.integrity import warm_problem
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import predict_key
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, job_main, lower_target, start_job
@@ -63,7 +64,8 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
         explanation = explain_miss(
             prediction.module_name, prediction.components,
             read_manifest(cache_dir, strict=False), run=run,
-            process_count=jax.process_count(), signature=signature(prediction.module_name))
+            process_count=jax.process_count(), signature=signature(prediction.module_name),
+            global_options=global_options(), job="verify")
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,

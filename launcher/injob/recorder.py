@@ -22,6 +22,8 @@ from typing import Any, Callable
 from launcher.files import atomic_write
 from launcher.injob.guard import CacheGuard
 from launcher.jaxkey.components import explain
+from launcher.jaxkey.globalopts import differences, options_line
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.logs import (CACHE_KEY_LOGGER, COMPILER_LOGGER, COMPONENT,
                                  EVENT_BACKEND_COMPILE, EVENT_HIT, EVENT_LOOKUP, EVENT_LOWERED,
                                  EVENT_RETRIEVAL, EVENT_SAVED, HIT_OR_MISS, LOWERING,
@@ -48,6 +50,8 @@ class FunctionRecord:
     # Hash of the abstract input types (global shapes and dtypes) it was lowered for: tells
     # two functions of one name apart, and a target's miss from another function's compile.
     signature: str | None = None
+    # The process-global JAX settings in force at its lowering (launcher.jaxkey.globalopts).
+    global_options: dict[str, str] = field(default_factory=dict)
 
 
 def module_name(label: str) -> str:
@@ -153,6 +157,10 @@ class InitRecorder:
         self._signatures: dict[str, str] = {}
         self._pending: FunctionRecord | None = None
         self._warned: set[str] = set()
+        self._options: dict[str, str] = {}
+        # The global JAX settings each prewarmed function (by name) was lowered under: a miss
+        # of one of them under other settings is said as the settings that differ.
+        self.prewarmed_options: dict[str, dict[str, str]] = {}
         # Called once the process knows its index (e.g. the cache dir's safety checks).
         self.on_bind: list[Callable[[InitRecorder], None]] = []
         # (name, abstract signature) of the functions whose first execution ends the first
@@ -209,6 +217,9 @@ class InitRecorder:
         if event == EVENT_LOWERED:
             self._check_settings()
             self.bind()
+            options = global_options()
+            with self._lock:
+                self._options = options
             return
         with self._lock:
             if event == EVENT_RETRIEVAL:
@@ -227,7 +238,8 @@ class InitRecorder:
             elif match := HIT_OR_MISS.match(message):
                 self._pending = FunctionRecord(
                     name=match["name"], key=match["key"], hit=is_hit(match),
-                    components=self._components, signature=self._signatures.get(match["name"]))
+                    components=self._components, signature=self._signatures.get(match["name"]),
+                    global_options=self._options)
                 self._components = {}
             elif match := LOWERING.match(message):
                 self._signatures[module_name(match["name"])] = signature_of(match["avals"])
@@ -253,8 +265,21 @@ class InitRecorder:
         if not record.hit:
             self.report.backend_compile_s += duration
         self._check_recompile(record)
+        self._check_global_options(record)
         self.report.functions.append(record)
         return record
+
+    def _check_global_options(self, record: FunctionRecord) -> None:
+        """Say once which global JAX settings differ when a prewarmed function misses."""
+        prewarmed = self.prewarmed_options.get(record.name)
+        if record.hit or record.key is None or not prewarmed or \
+                f"options:{record.name}" in self._warned:
+            return
+        lines = differences(prewarmed, record.global_options)
+        if lines:
+            self._warned.add(f"options:{record.name}")
+            self.report.warnings.append(options_line(record.name, lines))
+            log.warning("jaxwarm: %s", self.report.warnings[-1])
 
     def _check_recompile(self, record: FunctionRecord) -> None:
         """Warn once when one function is compiled again under another key: the

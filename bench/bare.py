@@ -22,7 +22,7 @@ def main() -> int:
         jax.config.update(name, value)
     _, bundle = build_step(config)
     for target in bundle.compile_targets():
-        target.lower().compile()
+        target.lower().compile(target.compiler_options)
     return 0
 
 

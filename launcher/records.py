@@ -30,6 +30,8 @@ R = TypeVar("R")
 # The kinds of warning an init report carries.
 SETTING_CHANGED = "setting_changed"  # the trainer changed a cache setting jaxwarm made
 RECOMPILED = "recompiled"  # one function compiled twice under different keys
+# a prewarmed function missed under other process-global JAX settings than the prewarm's
+OPTIONS_DIFFER = "options_differ"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class FunctionRecord:
     # Hash of the abstract input types (global shapes and dtypes) it was lowered for: tells
     # two functions of one name apart, and a target's miss from another function's compile.
     signature: str | None = None
+    # The process-global JAX settings in force at its lowering (launcher.jaxkey.globalopts).
+    global_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

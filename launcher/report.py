@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.records import (
+    OPTIONS_DIFFER,
     SETTING_CHANGED,
     FunctionRecord,
     InitReport,
@@ -181,7 +182,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     for report in attempt:
         if report.process_index != 0:
             continue
-        settings += [w.text for w in report.warnings if w.kind == SETTING_CHANGED]
+        settings += [w.text for w in report.warnings
+                     if w.kind in (SETTING_CHANGED, OPTIONS_DIFFER)]
         for fn in report.functions:
             if fn.key is None or fn not in targets:
                 continue
@@ -200,7 +202,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                                  f"{report.cache_dir}, the trainer's cache dir (below)")
                 lines.extend(f"  why: {line}" for line in explain_miss(
                     fn.name, fn.components, manifest, run=run,
-                    process_count=report.process_count, signature=fn.signature))
+                    process_count=report.process_count, signature=fn.signature,
+                    global_options=fn.global_options))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

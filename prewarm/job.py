@@ -24,7 +24,7 @@ import logging
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config import Config
@@ -32,6 +32,7 @@ from launcher.environment import is_remote
 from launcher.files import locked
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from launcher.rundir import PREWARM
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
@@ -53,6 +54,9 @@ class Target:
     lower_s: float
     key: str | None
     is_step: bool
+    compiler_options: dict[str, Any] | None = None
+    # The process-global JAX settings it was lowered under (what the run must match).
+    global_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,10 @@ class Compiled:
     failure: str | None = None
 
 
-def predicted_key(lowered: object) -> str | None:
+def predicted_key(lowered: object, compiler_options: dict[str, Any] | None) -> str | None:
     """The adapter's key, to cross-check against JAX's; None where the adapter cannot run."""
     try:
-        return predict_key(lowered).key
+        return predict_key(lowered, compiler_options).key
     except (UnsupportedJaxVersion, KeyNotComputed) as exc:
         log.warning("%s; prewarming without the key cross-check", exc)
         return None
@@ -95,7 +99,8 @@ def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
         start = time.perf_counter()
         item = lower_target(target, source)
         lowered.append(Target(target.name, item, time.perf_counter() - start,
-                              predicted_key(item), target.is_step))
+                              predicted_key(item, target.compiler_options), target.is_step,
+                              target.compiler_options, global_options()))
     return lowered
 
 
@@ -153,7 +158,8 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          is_step=target.is_step, written=written is not None,
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
-                         size=written[1] if written else None)
+                         size=written[1] if written else None,
+                         global_options=target.global_options)
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
@@ -194,7 +200,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
     for target in targets:
         with writer_lock(config.cache.dir, target.key, is_writer):
             since = time.time()
-            target.lowered.compile()
+            target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
             failure = record_compile(config, target, record, since) if is_writer else None
         if target.key is not None and record.key is not None and target.key != record.key:

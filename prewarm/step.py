@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,16 @@ class CompileTarget:
         so they are not warned about.
     is_step: whether the end of its first execution is the first step, for a trainer that
         never calls mark_first_step() (False for init and other set-up functions).
+    context: what the trainer lowers its step inside, entered in order around `lower()`:
+        `jax.set_mesh(mesh)` (bare PartitionSpecs, `jax.sharding.reshard`), flax's
+        `nn.logical_axis_rules(rules)`, any context manager the traced code reads. The
+        lowered program depends on them, so a prewarm without them lowers another program
+        or fails. Give each as a zero-argument callable that returns the context manager
+        (`lambda: jax.set_mesh(mesh)`): it is called for each lowering, and most context
+        managers can be entered once only. A context manager itself is accepted too, for a
+        target lowered once per process (as the prewarm and verify jobs do).
+    compiler_options: XLA options the trainer passes to `lowered.compile(...)` (e.g.
+        MaxText's `compile_xla_flags`); they enter the compile options, so the key.
     """
 
     name: str
@@ -50,9 +61,17 @@ class CompileTarget:
     kwargs: dict[str, Any] = field(default_factory=dict)
     uncommitted: tuple[int | str, ...] = ()
     is_step: bool = True
+    context: tuple[AbstractContextManager[Any] | Callable[[], AbstractContextManager[Any]],
+                   ...] = ()
+    compiler_options: dict[str, Any] | None = None
 
     def lower(self) -> Any:
-        return self.function.lower(*self.args, **self.kwargs)
+        """`function.lower(*args, **kwargs)` inside the target's context managers."""
+        with ExitStack() as stack:
+            for item in self.context:
+                stack.enter_context(item if isinstance(item, AbstractContextManager)
+                                    else item())
+            return self.function.lower(*self.args, **self.kwargs)
 
 
 @dataclass(frozen=True)

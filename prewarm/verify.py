@@ -21,6 +21,7 @@ from launcher.config import Config
 from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import InitRecorder
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import predict_key
 from launcher.records import Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
@@ -35,14 +36,15 @@ log = logging.getLogger("jaxwarm.verify")
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
-          signature: Callable[[str], str | None] = lambda _: None) -> Verdict:
+          signature: Callable[[str], str | None] = lambda _: None,
+          compiler_options: dict[str, Any] | None = None) -> Verdict:
     """One function's verdict. Only a COLD one reads the whole manifest, to explain the miss
     against the same target (`run` first, then the same layout; `signature` tells functions
     of one name apart): a WARM verdict costs the key prediction and a check of its entry."""
     import jax
 
     start = time.perf_counter()
-    prediction = predict_key(lowered)
+    prediction = predict_key(lowered, compiler_options)
     predict_s = time.perf_counter() - start
     problem = warm_problem(cache_dir, prediction.key)
     warm = problem is None
@@ -52,7 +54,8 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
         explanation = explain_miss(
             prediction.module_name, prediction.components,
             read_manifest(cache_dir, strict=False), run=run,
-            process_count=jax.process_count(), signature=signature(prediction.module_name))
+            process_count=jax.process_count(), signature=signature(prediction.module_name),
+            global_options=global_options(), job="verify")
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
@@ -68,7 +71,8 @@ def verify_targets(targets: list[CompileTarget], config: Config,
         start = time.perf_counter()
         lowered = lower_target(target, config.source)
         verdicts.append(judge(lowered, config.cache.dir, time.perf_counter() - start,
-                              run=config.run.name, signature=recorder.signature))
+                              run=config.run.name, signature=recorder.signature,
+                              compiler_options=target.compiler_options))
     return verdicts
 
 

@@ -5,7 +5,8 @@ Any trainer can call it. Under the launcher the environment already carries the 
 started by hand gets the same cache, refuses a process whose environment points elsewhere
 (JAX silently ignores a second cache dir), creates the dir from process 0, and starts the
 init-report recorder. A trainer that does not call it gets the same recorder from the
-launcher (`install_recorder`, run by `launcher.injob.call` before the trainer's main).
+launcher (`install_recorder`, run by `launcher.injob.boot` when the trainer imports jax,
+whatever the launch form).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.rundir import TRAIN, report_path
 from launcher.store.entries import written_since
-from launcher.store.manifest import latest_for_run, read_manifest
+from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
 from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import append_usage, job_usage
 
@@ -64,7 +65,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
                      recompile_warn_s: float = 1.0) -> InitRecorder:
     """Apply the config's cache settings and start the init report, touching no device.
 
-    This is what runs before a wrapped trainer's own code (`launcher.injob.call`): the
+    This is what runs before a wrapped trainer's own code (`launcher.injob.boot`): the
     trainer may still call `jax.distributed.initialize()` itself, so the process's index
     is learnt at its first lowering (`InitRecorder.bind`). One recorder per process: a
     later `enable_cache()` (a trainer that calls it, under the wrapper) gets this one.
@@ -100,16 +101,16 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     return recorder
 
 
-def prewarmed_steps(config: Config) -> set[tuple[str, str | None]]:
-    """The step functions this run's prewarm compiled: the first execution of one of them
-    ends the first step of a trainer that does not call mark_first_step()."""
+def prewarmed(config: Config) -> list[ManifestEntry]:
+    """What this run's prewarm compiled: the first execution of one of its steps ends the
+    first step of a trainer that does not call mark_first_step(), and a miss of one of
+    them is checked against the global JAX settings it was lowered under."""
     try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
         manifest = read_manifest(config.cache.dir, strict=False)
     except OSError as exc:
         log.warning("no time to first step without mark_first_step(): %s", exc)
-        return set()
-    return {(entry.function, entry.signature)
-            for entry in latest_for_run(manifest, config.run.name) if entry.is_step}
+        return []
+    return latest_for_run(manifest, config.run.name)
 
 
 def on_bind(config: Config, recorder: InitRecorder) -> None:
@@ -124,7 +125,10 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
         else:
             check_cache_dir(Path(config.cache.dir), config.cache, config.source)
         if report.job == TRAIN:
-            recorder.step_functions = prewarmed_steps(config)
+            entries = prewarmed(config)
+            recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
+            recorder.prewarmed_options = {e.function: e.global_options for e in entries
+                                          if e.global_options}
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),

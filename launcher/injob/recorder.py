@@ -21,6 +21,8 @@ from typing import Any
 from launcher.files import atomic_write
 from launcher.injob.guard import CacheGuard
 from launcher.jaxkey.components import explain
+from launcher.jaxkey.globalopts import differences, options_line
+from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.logs import (
     CACHE_KEY_LOGGER,
     COMPILER_LOGGER,
@@ -38,6 +40,7 @@ from launcher.jaxkey.logs import (
 )
 from launcher.jaxkey.predict import in_probe
 from launcher.records import (
+    OPTIONS_DIFFER,
     RECOMPILED,
     SETTING_CHANGED,
     FunctionRecord,
@@ -116,6 +119,10 @@ class InitRecorder:
         self._signatures: dict[str, str] = {}
         self._pending: FunctionRecord | None = None
         self._warned: set[str] = set()
+        self._options: dict[str, str] = {}
+        # The global JAX settings each prewarmed function (by name) was lowered under: a miss
+        # of one of them under other settings is said as the settings that differ.
+        self.prewarmed_options: dict[str, dict[str, str]] = {}
         # Called once the process knows its index (e.g. the cache dir's safety checks).
         self.on_bind: list[Callable[[InitRecorder], None]] = []
         # (name, abstract signature) of the functions whose first execution ends the first
@@ -172,6 +179,9 @@ class InitRecorder:
         if event == EVENT_LOWERED:
             self._check_settings()
             self.bind()
+            options = global_options()
+            with self._lock:
+                self._options = options
             return
         with self._lock:
             if event == EVENT_RETRIEVAL:
@@ -190,7 +200,8 @@ class InitRecorder:
             elif match := HIT_OR_MISS.match(message):
                 self._pending = FunctionRecord(
                     name=match["name"], key=match["key"], hit=is_hit(match),
-                    components=self._components, signature=self._signatures.get(match["name"]))
+                    components=self._components, signature=self._signatures.get(match["name"]),
+                    global_options=self._options)
                 self._components = {}
             elif match := LOWERING.match(message):
                 self._signatures[module_name(match["name"])] = signature_of(match["avals"])
@@ -217,8 +228,22 @@ class InitRecorder:
         if not record.hit:
             self.report.backend_compile_s += duration
         self._check_recompile(record)
+        self._check_global_options(record)
         self.report.functions.append(record)
         return record
+
+    def _check_global_options(self, record: FunctionRecord) -> None:
+        """Say once which global JAX settings differ when a prewarmed function misses."""
+        prewarmed = self.prewarmed_options.get(record.name)
+        if record.hit or record.key is None or not prewarmed or \
+                f"options:{record.name}" in self._warned:
+            return
+        lines = differences(prewarmed, record.global_options)
+        if lines:
+            self._warned.add(f"options:{record.name}")
+            warning = ReportWarning(OPTIONS_DIFFER, options_line(record.name, lines))
+            self.report.warnings.append(warning)
+            log.warning("jaxwarm: %s", warning.text)
 
     def _check_recompile(self, record: FunctionRecord) -> None:
         """Warn once when one function is compiled again under another key: the

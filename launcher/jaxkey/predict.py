@@ -100,8 +100,10 @@ def check_jax() -> None:
         raise UnsupportedJaxVersion(problem)
 
 
-def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:
-    """The persistent-cache key JAX will look up when `lowered.compile()` runs now.
+def predict_key(lowered: jax.stages.Lowered,
+                compiler_options: dict[str, Any] | None = None) -> KeyPrediction:
+    """The persistent-cache key JAX will look up when `lowered.compile(compiler_options)`
+    runs now (the options enter the compile options, so the key).
 
     It is computed by JAX itself with the current config (cache dir, xla caches, ...) and
     environment (XLA_FLAGS, sys.argv), so call it with the run's settings in place.
@@ -112,7 +114,7 @@ def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:
     if not isinstance(lowered, jax.stages.Lowered):
         raise TypeError(f"predict_key needs a jax.stages.Lowered, got {type(lowered).__name__}")
     start = time.perf_counter()
-    key, lines = _probe(lowered)
+    key, lines = _probe(lowered, compiler_options)
     components = {match["component"]: match["hash"]
                   for match in map(logs.COMPONENT.match, lines) if match}
     prediction = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
@@ -121,8 +123,9 @@ def predict_key(lowered: jax.stages.Lowered) -> KeyPrediction:
     return prediction
 
 
-def _probe(lowered: Any) -> tuple[str, list[str]]:
-    """Run `lowered.compile()` up to JAX's key; the key and the cache_key log lines."""
+def _probe(lowered: Any, compiler_options: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """Run `lowered.compile(compiler_options)` up to JAX's key; the key and the cache_key
+    log lines."""
     from jax._src import compilation_cache, compiler
 
     _check_seam(compilation_cache, compiler)
@@ -149,7 +152,7 @@ def _probe(lowered: Any) -> tuple[str, list[str]]:
         compilation_cache.is_cache_used = is_cache_used
         _probing.active = True
         try:
-            lowered.compile()
+            lowered.compile(compiler_options)
         except _KeyComputed:
             return keys[0], lines
         except _CacheNotUsed:

@@ -46,6 +46,8 @@ class ManifestEntry:
     # first execution is the run's first step (not an init function).
     signature: str | None = None
     is_step: bool = True
+    # The process-global JAX settings it was lowered under (launcher.jaxkey.globalopts).
+    global_options: dict[str, str] = field(default_factory=dict)
 
 
 def manifest_path(cache_dir: str | Path) -> Path:

@@ -8,17 +8,21 @@ adapter's JAX knowledge (`launcher.jaxkey.components`: the components and their 
 from __future__ import annotations
 
 from launcher.jaxkey.components import differing_components, explain
+from launcher.jaxkey.globalopts import differences
 from launcher.store.manifest import ManifestEntry
 
 
 def explain_miss(function: str, components: dict[str, str],
                  manifest: dict[str, ManifestEntry], *, run: str | None = None,
-                 process_count: int | None = None, signature: str | None = None) -> list[str]:
+                 process_count: int | None = None, signature: str | None = None,
+                 global_options: dict[str, str] | None = None, job: str = "run") -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
     as the component it shows up in); this run's entries first, then the closest others
-    (fewest differences, then newest)."""
+    (fewest differences, then newest). First of all, the process-global JAX settings that
+    differ from those the function was prewarmed under (`global_options`, this `job`'s),
+    since they can change its input types too (the PRNG implementation)."""
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -26,7 +30,10 @@ def explain_miss(function: str, components: dict[str, str],
                  f"is part of the program)") if others else ""
         return [f"no prewarm of {function} is recorded in the manifest{known}: "
                 f"run `jaxwarm prewarm`"]
+    settings = settings_differences(named, run, global_options or {}, job)
     same = [e for e in named if signature is None or e.signature in (None, signature)]
+    if settings and not same:
+        return settings
     if not same:
         return [f"no prewarmed target has these input types: this is another function named "
                 f"{function} than the one prewarmed, so it was not prewarmed"]
@@ -43,4 +50,18 @@ def explain_miss(function: str, components: dict[str, str],
     if not lines:
         return [f"the manifest lists {closest.key} but its cache entry is gone "
                 f"(pruned or deleted): run `jaxwarm prewarm` again"]
-    return [f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0], *lines[1:]]
+    return [*settings, f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0],
+            *lines[1:]]
+
+
+def settings_differences(named: list[ManifestEntry], run: str | None,
+                         global_options: dict[str, str], job: str) -> list[str]:
+    """The global JAX settings that differ from those of the newest prewarm of the function
+    (this run's first), as one line each; none when either side recorded none."""
+    recorded = [e for e in named if e.global_options]
+    if not recorded or not global_options:
+        return []
+    newest = max(recorded, key=lambda e: (e.run == run, e.created))
+    lines = differences(newest.global_options, global_options, job)
+    return [f"{line} (prewarmed by run {newest.run!r}; the step factory must apply the same "
+            f"process-global JAX settings as the trainer)" for line in lines]

@@ -1,0 +1,67 @@
+"""The trainer's process-global JAX settings are part of the contract: the prewarm records
+them with each manifest entry, and when the run's differ (here the PRNG implementation,
+which also changes the key's shape, so the step looks like another function), the training
+job, verify and the report name the option instead of "another function named ..."."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+from tests.test_launch_forms import FORMS, write_config
+
+NAMED = "jax_default_prng_impl differs: prewarm threefry2x32, {job} unsafe_rbg"
+
+
+def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
+    config = write_config(tmp_path, tmp_path / "cache", {"module": "tinytrain"}, [FORMS])
+    data = json.loads(config.read_text())
+    data["entrypoint"]["args"] += ["--prng", "unsafe_rbg"]  # the factory does not set it
+    config.write_text(json.dumps(data))
+
+    prewarmed = run_cli("prewarm", str(config), "--local")
+    assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
+    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
+    entry, = manifest["entries"].values()
+    assert entry["global_options"]["jax_default_prng_impl"] == "threefry2x32"
+
+    verified = run_cli("verify", str(config), "--local", "step.args={prng: unsafe_rbg}")
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert NAMED.format(job="verify") in verified.stdout, verified.stdout
+    assert "another function named" not in verified.stdout
+
+    launched = run_cli("launch", str(config), "--local", "--no-prewarm")
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    train = json.loads((tmp_path / "runs" / "forms" / "reports" / "train-r0-p0.json")
+                       .read_text())
+    assert any(NAMED.format(job="run") in w for w in train["warnings"]), train["warnings"]
+    assert NAMED.format(job="run") in launched.stdout
+
+    shown = run_cli("report", str(tmp_path / "runs" / "forms"))
+    assert NAMED.format(job="run") in shown.stdout, shown.stdout
+
+
+def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
+    from launcher.store.manifest import ManifestEntry
+    from launcher.store.misses import explain_miss
+
+    prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
+               "LIBTPU_INIT_ARGS": ""}
+    entry = ManifestEntry(function="jit_step", key="jit_step-" + "a" * 64, run="r", config="c",
+                          compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
+                          process_count=1, components={"computation": "1"}, signature="s1",
+                          global_options=prewarm)
+    manifest = {entry.key: entry}
+    run = {**prewarm, "jax_default_prng_impl": "unsafe_rbg", "LIBTPU_INIT_ARGS": "--x=1"}
+    other_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
+                               signature="s2", global_options=run)
+    assert [line.split(" (prewarmed by")[0] for line in other_types] == [
+        "jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg",
+        "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1"]
+    same_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
+                              signature="s1", global_options=run)
+    assert same_types[:2] == other_types and "computation differs" in same_types[2]
+    # Without recorded settings (an older manifest), the old answer.
+    assert "another function named" in explain_miss(
+        "jit_step", {"computation": "2"}, manifest, signature="s2")[0]

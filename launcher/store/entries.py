@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from launcher.files import is_held, locked
 from launcher.jaxkey.entryformat import (
@@ -43,6 +44,10 @@ WRITER_LOCKS = "jaxwarm-locks"
 ENTRY_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*-[0-9a-f]{64}")
 # No entry JAX writes comes near this; a bigger "entry" is not read into memory.
 MAX_ENTRY_BYTES = 4 << 30
+# An entry's payload is capped at PAYLOAD_RATIO times its compressed size (at least
+# MIN_PAYLOAD_CAP): serialized executables compress a few times, a zlib bomb 1000 times.
+PAYLOAD_RATIO = 64
+MIN_PAYLOAD_CAP = 64 << 20
 
 
 class NotAnEntry(ValueError):
@@ -86,10 +91,10 @@ def atime_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}{ATIME_SUFFIX}"
 
 
-def read_entry(path: Path) -> bytes:
-    """The bytes of a regular entry file, read without following a symlink or blocking on a
-    FIFO, and bounded (a link to /dev/zero or a huge file is refused, not read). Raises
-    FileNotFoundError, or NotAnEntry saying what is there instead."""
+def open_entry(path: Path) -> BinaryIO:
+    """A regular entry file opened for reading, without following a symlink or blocking on a
+    FIFO, and bounded (a link to /dev/zero or a huge file is refused, not opened). Raises
+    FileNotFoundError, or NotAnEntry saying what is there instead. Read it in blocks."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -97,14 +102,23 @@ def read_entry(path: Path) -> bytes:
             raise
         kind = "a symlink" if path.is_symlink() else exc.strerror
         raise NotAnEntry(f"not a regular file ({kind})") from None
-    with os.fdopen(fd, "rb") as source:
-        info = os.fstat(fd)
-        if not stat_module.S_ISREG(info.st_mode):
-            raise NotAnEntry(f"not a regular file ({file_kind(info.st_mode)})")
-        if info.st_size > MAX_ENTRY_BYTES:
-            raise NotAnEntry(f"{info.st_size} bytes, more than any JAX entry "
-                             f"({MAX_ENTRY_BYTES} bytes)")
-        return source.read(MAX_ENTRY_BYTES + 1)
+    source = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    problem = None
+    if not stat_module.S_ISREG(info.st_mode):
+        problem = f"not a regular file ({file_kind(info.st_mode)})"
+    elif info.st_size > MAX_ENTRY_BYTES:
+        problem = f"{info.st_size} bytes, more than any JAX entry ({MAX_ENTRY_BYTES} bytes)"
+    if problem:
+        source.close()
+        raise NotAnEntry(problem)
+    return source
+
+
+def payload_limit(size: int) -> int:
+    """The most an entry of `size` compressed bytes may decompress to: far above what JAX's
+    executables reach, far below what a crafted stream (zeros, 1000:1) claims."""
+    return max(MIN_PAYLOAD_CAP, PAYLOAD_RATIO * size)
 
 
 def file_kind(mode: int) -> str:

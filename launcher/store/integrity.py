@@ -13,14 +13,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import stat
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from launcher.environment import is_remote
-from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
+from launcher.jaxkey.entryformat import (
+    BLOCK_BYTES,
+    HEAD_BYTES,
+    TIME_BYTES,
+    PayloadTooBig,
+    looks_like_entry,
+    payload_size,
+)
 from launcher.records import EntryChecked, EntryQuarantined
 from launcher.store.entries import (
     CACHE_SUFFIX,
@@ -29,7 +38,8 @@ from launcher.store.entries import (
     entry_path,
     file_kind,
     jax_lock,
-    read_entry,
+    open_entry,
+    payload_limit,
     remove_entry,
     scan,
     written_since,
@@ -60,28 +70,56 @@ class Recorded:
     size: int | None
 
 
+class _Tap:
+    """An entry file read once, in blocks, by the decompressor: hashes what passes through
+    and notes whether any byte was non-zero."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self.source, self.digest, self.nonzero = source, hashlib.sha256(), False
+
+    def read(self, size: int = BLOCK_BYTES) -> bytes:
+        data = self.source.read(min(size if size >= 0 else BLOCK_BYTES, BLOCK_BYTES))
+        self.digest.update(data)
+        self.nonzero = self.nonzero or bool(data.strip(b"\0"))
+        return data
+
+    def drain(self) -> None:
+        while self.read():
+            pass
+
+
 def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     """Why the entry at `path` cannot be loaded safely; None when it is intact. The full
-    check: it reads and decompresses the whole entry."""
+    check: it reads and decompresses the whole entry, in bounded blocks, and refuses a
+    payload beyond `payload_limit` of its size (a decompression bomb)."""
     try:
-        data = read_entry(path)
+        source = open_entry(path)
     except FileNotFoundError:
         return "missing"
     except NotAnEntry as exc:
         return str(exc)
-    if not data:
-        return "empty file (a torn or interrupted write)"
-    if not data.strip(b"\0"):
-        return f"all {len(data)} bytes are zero"
-    try:
-        payload = decompress(data)
-    except (zlib.error, ValueError) as exc:
-        return f"does not decompress ({exc})"
-    except Exception as exc:  # zstandard raises its own error type
-        return f"does not decompress ({type(exc).__name__}: {exc})"
-    if len(payload) <= TIME_BYTES:
-        return f"decompresses to {len(payload)} bytes: no executable after the header"
-    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+    with source:
+        size = os.fstat(source.fileno()).st_size
+        if not size:
+            return "empty file (a torn or interrupted write)"
+        tap = _Tap(source)
+        payload, problem = 0, None
+        try:
+            payload = payload_size(tap, payload_limit(size))
+        except PayloadTooBig as exc:
+            return str(exc)
+        except (zlib.error, ValueError) as exc:
+            problem = f"does not decompress ({exc})"
+        except Exception as exc:  # zstandard raises its own error type
+            problem = f"does not decompress ({type(exc).__name__}: {exc})"
+        tap.drain()
+    if not tap.nonzero:
+        return f"all {size} bytes are zero"
+    if problem:
+        return problem
+    if payload <= TIME_BYTES:
+        return f"decompresses to {payload} bytes: no executable after the header"
+    if expected_sha256 is not None and tap.digest.hexdigest() != expected_sha256:
         return "sha256 differs from the one recorded when it was written"
     return None
 

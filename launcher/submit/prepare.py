@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import Config, ConfigError
+from launcher.config import Config, ConfigError, load_yaml
 from launcher.environment import is_remote, resolve_paths
 from launcher.files import atomic_write, locked
 from launcher.rundir import lock_path, pinned_config
@@ -56,10 +56,10 @@ def adopt_run_dir(config: Config) -> Path:
     this very config, since its requeued jobs read it. Call under the run dir's lock."""
     path = pinned_config(config.run_dir)
     try:
-        pinned = yaml.safe_load(path.read_text())
+        pinned = load_yaml(path.read_text(), str(path))
     except FileNotFoundError:
         return write_run_dir(config)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, ConfigError) as exc:
         raise ConfigError(f"{config.source}: run.name: {path} cannot be read ({exc}); "
                           f"render writes no pinned config over it") from None
     if pinned != config.to_dict():

@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import types
 import typing
@@ -173,6 +174,14 @@ class Config:
 
 
 _PLATFORMS = ("cpu", "gpu")
+# URL schemes a cache dir may have: JAX reaches them through etils.epath (the remote extra).
+REMOTE_SCHEMES = ("s3", "gs")
+# JAX options the cache section sets (see launcher.environment.jax_options), by cache key.
+CACHE_OPTIONS = {"jax_compilation_cache_dir": "dir",
+                 "jax_persistent_cache_min_compile_time_secs": "min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes": "min_entry_size_bytes",
+                 "jax_persistent_cache_enable_xla_caches": "xla_caches",
+                 "jax_compilation_cache_max_size": "max_size"}
 _AXIS_TYPES = ("auto", "explicit")
 # Patterns are matched with fullmatch: `$` would accept a trailing newline.
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -445,9 +454,13 @@ def _validate(config: Config) -> None:
     if config.run.name in ("", ".", "..") or "/" in config.run.name:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
                          f"got {config.run.name!r}")
-    if not config.cache.dir:
-        fail("cache.dir", "expected a directory path, got an empty string (which would mean "
-                          "the working directory)")
+    if not config.cache.dir or os.path.normpath(config.cache.dir) == ".":
+        fail("cache.dir", f"expected a directory path, got {config.cache.dir!r} (which would "
+                          f"mean the working directory)")
+    scheme, sep, _ = config.cache.dir.partition("://")
+    if sep and scheme not in REMOTE_SCHEMES:
+        fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
+                          f" URL, got a {scheme}:// URL")
     if not config.mesh.axes:
         fail("mesh.axes", "expected at least one axis")
     mesh_size = math.prod(config.mesh.axes.values())
@@ -485,6 +498,10 @@ def _validate(config: Config) -> None:
         if not _JAX_OPTION.fullmatch(option):
             fail(f"jax.{option}", "expected a JAX option name like "
                                   "'jax_default_matmul_precision'")
+        if option in CACHE_OPTIONS:
+            fail(f"jax.{option}", f"the cache section owns this option (every job gets it from "
+                                  f"there, and the cache dir is checked before any job runs); "
+                                  f"set cache.{CACHE_OPTIONS[option]} instead")
     if not _SLURM_TIME.fullmatch(config.slurm.time):
         fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
     if config.slurm.signal not in _SIGNALS:

@@ -23,7 +23,12 @@ from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.rundir import TRAIN, report_path
 from launcher.store.entries import written_since
 from launcher.store.manifest import latest_for_run, read_manifest
-from launcher.store.security import check_cache_dir, prepare_cache_dir
+from launcher.store.security import (
+    DirIdentity,
+    check_cache_dir,
+    prepare_cache_dir,
+    recheck_cache_dir,
+)
 from launcher.store.usage import append_usage, job_usage
 
 log = logging.getLogger("jaxwarm.hook")
@@ -120,9 +125,10 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     report = recorder.report
     if not is_remote(config.cache.dir):
         if report.process_index == 0:
-            prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
+            checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
-            check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+            checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+        recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
         if report.job == TRAIN:
             recorder.step_functions = prewarmed_steps(config)
     if report.process_index == 0 and not is_remote(config.cache.dir):
@@ -132,6 +138,21 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
+
+
+def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:
+    """Whatever dir JAX is about to use passes the cache-dir checks again: the config's must
+    still be the very dir checked at the start, and one the trainer set instead (with
+    cache.enforce off) gets the same checks before JAX reads code from it."""
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if not current or is_remote(str(current)):
+        return
+    if current == config.cache.dir:
+        recheck_cache_dir(Path(current), config.cache, config.source, checked)
+    else:
+        check_cache_dir(Path(current), config.cache, f"{config.source} (set by the trainer)")
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,

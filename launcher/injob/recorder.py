@@ -124,6 +124,9 @@ class InitRecorder:
         self._watching = False
         # Called with the report once the first step is done (e.g. the cache's usage log).
         self.after_first_step: list[Callable[[InitReport], None]] = []
+        # Called at the end of each lowering, right before JAX computes the key and looks it
+        # up (e.g. the cache dir re-check); an exception stops that compile.
+        self.before_lookup: list[Callable[[], None]] = []
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -172,6 +175,8 @@ class InitRecorder:
         if event == EVENT_LOWERED:
             self._check_settings()
             self.bind()
+            for check in self.before_lookup:
+                check()
             return
         with self._lock:
             if event == EVENT_RETRIEVAL:

@@ -29,7 +29,7 @@ from typing import Any
 
 from launcher.config import Config
 from launcher.environment import is_remote
-from launcher.files import locked
+from launcher.files import locked, make_dir
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
@@ -84,7 +84,7 @@ def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> AbstractCon
     if not is_writer or key is None or is_remote(cache_dir):
         return nullcontext()
     path = writer_lock_path(cache_dir, key)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
+    make_dir(path.parent)
     return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
+from launcher.files import GROUP_UMASK
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
@@ -80,6 +81,10 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     import jax
 
     config = config_from_env(config)
+    if config.cache.trusted_group is not None:
+        # What JAX creates in the shared cache (entries, atime files, its .lockfile) must be
+        # readable and writable by every member of the group, like jaxwarm's own files.
+        os.umask(GROUP_UMASK)
     options = jax_options(config)
     for name, value in options.items():
         current = getattr(jax.config, name)

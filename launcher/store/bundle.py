@@ -24,7 +24,7 @@ from typing import Any
 
 from launcher.config import Config, NonNegativeInt, convert
 from launcher.errors import UserError
-from launcher.files import atomic_path, staged_files
+from launcher.files import atomic_path, modes_in, staged_files
 from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
 from launcher.store.entries import (
@@ -208,7 +208,8 @@ def import_bundle(source: Path, config: Config,
         check_total(source, cache_dir, sum(item.size for item in todo.values()), max_bytes)
         targets = [path for key in todo
                    for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
-        with staged_files(targets, publish_under=jax_lock(cache_dir)) as temps:
+        with staged_files(targets, modes_in(cache_dir)[0] | 0o044,
+                          publish_under=jax_lock(cache_dir)) as temps:
             for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2],
                                                          strict=True):
                 copy_member(tar, members[key], entry_tmp, source, key, item)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from launcher.files import is_held, locked
+from launcher.files import atomic_write, is_held, locked, modes_in
 from launcher.jaxkey.entryformat import (
     ATIME_SUFFIX,
     CACHE_SUFFIX,
@@ -219,7 +219,8 @@ def ensure_atime_files(cache_dir: str | Path) -> int:
         for entry in scan(cache_dir, histories={}):
             atime = atime_path(cache_dir, entry.key)
             if not atime.exists():
-                atime.write_bytes(encode_atime(int(entry.last_used * 1e9)))
+                atomic_write(atime, encode_atime(int(entry.last_used * 1e9)),
+                             modes_in(cache_dir)[0])
                 added += 1
     if added:
         log.info("%s: added JAX atime files for %d entr%s written without a size cap",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launcher.environment import is_remote
+from launcher.files import atomic_write, make_dir, modes_in
 from launcher.jaxkey.entryformat import (
     BLOCK_BYTES,
     HEAD_BYTES,
@@ -203,15 +204,15 @@ def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
 
 def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
     """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh."""
-    folder = Path(cache_dir) / QUARANTINE_DIR
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = make_dir(Path(cache_dir) / QUARANTINE_DIR)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     destination = folder / f"{check.key}-cache.{stamp}"
     with jax_lock(cache_dir):
         if not remove_entry(cache_dir, check.key, destination):
             return None
-    destination.with_suffix(destination.suffix + ".json").write_text(
-        json.dumps({"key": check.key, "problem": check.problem, "time": time.time()}) + "\n")
+    atomic_write(destination.with_suffix(destination.suffix + ".json"),
+                 json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
+                 + "\n", modes_in(folder)[0])
     append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
     log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination

@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.config import ConfigError, convert
 from launcher.errors import UserError
-from launcher.files import atomic_write, locked
+from launcher.files import atomic_write, locked, modes_in
 from launcher.store.entries import is_entry_key
 
 log = logging.getLogger("jaxwarm.store")
@@ -103,7 +103,7 @@ def set_aside(path: Path, problem: str) -> Path:
     """Move a broken manifest out of the way, with a note of why, so writing can go on."""
     aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
     path.rename(aside)
-    aside.with_name(aside.name + ".why").write_text(problem + "\n")
+    atomic_write(aside.with_name(aside.name + ".why"), problem + "\n", modes_in(path.parent)[0])
     log.warning("%s; moved it to %s and started a new one", problem, aside)
     return aside
 
@@ -121,7 +121,8 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
         current.update({entry.key: entry for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n",
+                     mode=modes_in(path.parent)[0])
     return path
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher.config import CacheConfig, ConfigError
+from launcher.files import GROUP_DIR, PRIVATE_DIR
 
-PRIVATE_MODE = 0o700
-SHARED_MODE = 0o2770
+PRIVATE_MODE = PRIVATE_DIR
+SHARED_MODE = GROUP_DIR
 
 
 class DirIdentity(NamedTuple):

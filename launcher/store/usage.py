@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, ConfigError
-from launcher.files import locked
+from launcher.files import locked, modes_in, writing
 from launcher.records import (
     EntryChecked,
     InitReport,
@@ -55,12 +55,13 @@ def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
     path = usage_path(cache_dir)
     line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, modes_in(path.parent)[0])
         try:
             end = os.fstat(fd).st_size
             if end and os.pread(fd, 1, end - 1) != b"\n":
                 line = "\n" + line
-            os.write(fd, line.encode())
+            with writing(path, "a record to the cache's usage log"):
+                os.write(fd, line.encode())
         finally:
             os.close(fd)
 

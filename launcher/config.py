@@ -144,6 +144,9 @@ class TrainConfig:
     checkpoint_every: NonNegativeInt = 0
     seed: NonNegativeInt = 0
     log_every: PositiveInt = 1
+    # Stop a training job whose first step has not come this long after it started (local
+    # runner; the job's process 0 report marks the first step). None: wait as long as it takes.
+    first_step_timeout_s: PositiveFloat | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class Config:
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
     init_budget_s: PositiveFloat = 1800.0
+    # How long a job's processes get to exit after SIGTERM/SIGINT before SIGKILL (local runner).
+    stop_grace_s: PositiveFloat = 30.0
     # Where the config came from; used in error messages, never written back.
     source: str = field(default="<config>", compare=False)
 

@@ -91,19 +91,18 @@ class LockTimeout(UserError, RuntimeError):
 
 @contextmanager
 def staged_files(paths: Sequence[Path], mode: int = 0o644,
-                 publish_under: AbstractContextManager[object] | None = None
-                 ) -> Iterator[list[Path]]:
+                 publish_under: AbstractContextManager[object] | None = None,
+                 what: str = "it") -> Iterator[list[Path]]:
     """Temp paths next to each of `paths` to write to. When the block succeeds, each is
     synced and renamed over its path (inside `publish_under`, e.g. a lock, held only for
     the renames); when it fails, every temp is removed and no path changed: all or nothing."""
     temps: list[Path] = []
-    what = paths[0] if len(paths) == 1 else f"{len(paths)} files in {paths[0].parent}"
     try:
         for path in paths:
             fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             os.close(fd)
             temps.append(Path(name))
-        with writing(paths[0] if len(paths) == 1 else paths[0].parent, f"{what} (staged)"):
+        with writing(paths[0] if len(paths) == 1 else paths[0].parent, what):
             yield temps
             for tmp in temps:
                 with tmp.open("rb+") as written:  # on disk before it becomes visible
@@ -119,18 +118,19 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
 
 
 @contextmanager
-def atomic_path(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+def atomic_path(path: str | Path, mode: int = 0o644, what: str = "it") -> Iterator[Path]:
     """A temp path next to `path` to write to; renamed over `path` when the block succeeds,
     removed when it fails, so `path` is the old file or the whole new one, never torn.
     For writers that need a file name (tarfile); `atomic_write` is the short form."""
-    with staged_files([Path(path)], mode) as (tmp,):
+    with staged_files([Path(path)], mode, what=what) as (tmp,):
         yield tmp
 
 
-def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644) -> Path:
+def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644,
+                 what: str = "it") -> Path:
     """Write `data` to `path` so readers see the old file or the new one, never a torn one
     (a full disk or a kill leaves the old file and no temp file behind)."""
-    with atomic_path(path, mode) as tmp:
+    with atomic_path(path, mode, what) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     return Path(path)
 

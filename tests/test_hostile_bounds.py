@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-import tarfile
 import hashlib
 import subprocess
 import sys
+import tarfile
 import zlib
 from pathlib import Path
 
@@ -20,8 +20,15 @@ from launcher.config import YAML_MAX_DEPTH, ConfigError, load_config
 from launcher.store.entries import MIN_PAYLOAD_CAP
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot
-from tests.test_hostile_bundle import (entry_bytes, good, import_into, item, key, meta,
-                                       write_bundle)
+from tests.test_hostile_bundle import (
+    entry_bytes,
+    good,
+    import_into,
+    item,
+    key,
+    meta,
+    write_bundle,
+)
 
 
 @functools.cache

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import grp
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,6 @@ from launcher.store.security import check_cache_dir, recheck_cache_dir
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 from tests.jaxproc import jax_env
-
-import subprocess
-import sys
 
 
 def refused(tmp_path: Path, *overrides: str) -> str:

@@ -209,7 +209,8 @@ def import_bundle(source: Path, config: Config,
         targets = [path for key in todo
                    for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
         with staged_files(targets, modes_in(cache_dir)[0] | 0o044,
-                          publish_under=jax_lock(cache_dir)) as temps:
+                          publish_under=jax_lock(cache_dir),
+                          what=f"the entries of {source}") as temps:
             for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2],
                                                          strict=True):
                 copy_member(tar, members[key], entry_tmp, source, key, item)

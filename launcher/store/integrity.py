@@ -212,7 +212,7 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
             return None
     atomic_write(destination.with_suffix(destination.suffix + ".json"),
                  json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
-                 + "\n", modes_in(folder)[0])
+                 + "\n", modes_in(folder)[0], what="the note of why the entry was quarantined")
     append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
     log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination

@@ -122,7 +122,7 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n",
-                     mode=modes_in(path.parent)[0])
+                     mode=modes_in(path.parent)[0], what="the prewarm manifest")
     return path
 
 

@@ -204,6 +204,22 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
     return compiled
 
 
+def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
+    """With `cache.max_size`, JAX evicts least recently used entries while writing the next
+    one: an entry this prewarm wrote (process 0 checksummed it) that is gone by the end was
+    evicted by the cap, and the run would miss it; that is a failure, said as such."""
+    if config.cache.max_size == -1 or is_remote(config.cache.dir):
+        return compiled
+    need = sum(item.record.size or 0 for item in compiled)
+    return [dataclasses.replace(item, failure=(
+                f"JAX evicted it to keep the cache within cache.max_size="
+                f"{config.cache.max_size} bytes; this prewarm's entries need {need} bytes: "
+                f"raise cache.max_size"))
+            if item.failure is None and item.record.sha256 is not None
+            and not entry_path(config.cache.dir, item.record.key).exists() else item
+            for item in compiled]
+
+
 def describe(item: Compiled, min_compile_time_s: float) -> str:
     record = item.record
     if item.failure is not None:
@@ -234,7 +250,8 @@ def main() -> int:
     cold = [target for target, is_warm in zip(targets, warm, strict=True) if not is_warm]
     if not cold:
         log.info("every function is WARM: nothing to compile")
-    compiled = compile_targets(recorder, cold, config, jax.process_index() == 0)
+    compiled = evictions(config, compile_targets(recorder, cold, config,
+                                                 jax.process_index() == 0))
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()

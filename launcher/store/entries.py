@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import stat as stat_module
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ MAX_ENTRY_BYTES = 4 << 30
 # MIN_PAYLOAD_CAP): serialized executables compress a few times, a zlib bomb 1000 times.
 PAYLOAD_RATIO = 64
 MIN_PAYLOAD_CAP = 64 << 20
+# Nodes sharing a cache dir disagree on the time by a little; a file time further ahead than
+# this is no evidence of use.
+CLOCK_SKEW_S = 300.0
 
 
 class NotAnEntry(ValueError):
@@ -164,11 +168,22 @@ def read_atime(cache_dir: str | Path, key: str) -> float | None:
         return None
 
 
+def plausible(moment: float, now: float) -> float | None:
+    """A file time as evidence of use: one from the future (a skewed clock, a crafted atime
+    file or mtime) says nothing, so it would otherwise keep the entry forever in LRU order
+    and from `--older-than`; within CLOCK_SKEW_S of now it is read as now."""
+    if moment <= now:
+        return moment
+    return now if moment <= now + CLOCK_SKEW_S else None
+
+
 def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
-    """Every entry in the dir, oldest use first. Tolerates entries vanishing mid-scan. Only
+    """Every entry in the dir, oldest use first (an entry with no plausible time of use
+    first of all). Tolerates entries vanishing mid-scan. Only
     regular files named like a JAX entry count; anything else under `*-cache` (a directory,
     a FIFO, a symlink) is skipped with a line, never read or removed."""
     histories = histories if histories is not None else key_histories(read_usage(cache_dir))
+    now = time.time()
     entries = []
     for path in Path(cache_dir).glob(f"*{CACHE_SUFFIX}"):
         key = path.name[:-len(CACHE_SUFFIX)]
@@ -182,9 +197,11 @@ def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) 
             log.warning("skipping %s: %s, not a JAX entry", path, file_kind(stat.st_mode))
             continue
         history = histories.get(key)
-        uses = [t for t in (read_atime(cache_dir, key), history and history.last_used) if t]
-        entries.append(Entry(key=key, path=path, size=stat.st_size, created=stat.st_mtime,
-                             last_used=max([stat.st_mtime, *uses])))
+        times = (stat.st_mtime, read_atime(cache_dir, key), history and history.last_used)
+        uses = [use for use in (plausible(moment, now) for moment in times if moment)
+                if use is not None]
+        entries.append(Entry(key=key, path=path, size=stat.st_size,
+                             created=min(stat.st_mtime, now), last_used=max(uses, default=0.0)))
     return sorted(entries, key=lambda e: (e.last_used, e.key))
 
 

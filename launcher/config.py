@@ -460,8 +460,9 @@ def _validate(config: Config) -> None:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
                          f"got {config.run.name!r}")
     if not config.cache.dir or os.path.normpath(config.cache.dir) == ".":
-        fail("cache.dir", f"expected a directory path, got {config.cache.dir!r} (which would "
-                          f"mean the working directory)")
+        got = repr(config.cache.dir) if config.cache.dir else "an empty string"
+        fail("cache.dir", f"expected a directory path, got {got} (which would mean the "
+                          f"working directory)")
     scheme, sep, _ = config.cache.dir.partition("://")
     if sep and scheme not in REMOTE_SCHEMES:
         fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"

@@ -35,8 +35,20 @@ from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from launcher.rundir import PREWARM
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
-from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
-from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
+from launcher.store.integrity import (
+    BEING_WRITTEN,
+    Check,
+    entry_problem,
+    quarantine,
+    warm_problem,
+)
+from launcher.store.manifest import (
+    ManifestEntry,
+    manifest_path,
+    read_manifest,
+    record_entries,
+    uses_entries,
+)
 from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
@@ -122,23 +134,29 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
 
 def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
     """Why each target's entry would not load (None: WARM), from process 0. A torn or
-    corrupt entry is quarantined (JAX never replaces one); an intact entry no manifest
-    records (its prewarm was killed before recording it) is pinned now."""
+    corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
+    the full check now finds corrupt; one being written by another prewarm is left alone
+    (its compile waits for that writer's lock, then loads it). An intact entry no manifest
+    records (its prewarm was killed before recording it) is pinned now, and one another
+    run recorded is recorded as used by this run too."""
     cache_dir = config.cache.dir
-    problems = [warm_problem(cache_dir, t.key) if t.key else "no predicted key"
-                for t in targets]
+    problems = [warm_problem(cache_dir, t.key, recheck_missed=True) if t.key
+                else "no predicted key" for t in targets]
     if is_remote(cache_dir):
         return problems
     for target, problem in zip(targets, problems, strict=True):
-        if problem not in (None, "missing", "no predicted key"):
+        if problem not in (None, "missing", "no predicted key", BEING_WRITTEN):
             quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
     manifest = read_manifest(cache_dir, strict=False)
+    warm = [target for target, problem in zip(targets, problems, strict=True)
+            if problem is None]
     found = [manifest_entry(config, target, function_of(target.key), target.key, 0.0,
                             written_since(cache_dir, target.key, 0.0))
-             for target, problem in zip(targets, problems, strict=True)
-             if problem is None and target.key not in manifest]
+             for target in warm if target.key not in manifest]
     if found:
         record_entries(cache_dir, found)
+    uses_entries(cache_dir, [manifest[t.key] for t in warm if t.key in manifest],
+                 config.run.name)
     return problems
 
 

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
+from launcher.environment import is_remote
 from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import InitRecorder
 from launcher.jaxkey.predict import predict_key
 from launcher.records import Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
-from launcher.store.integrity import warm_problem
+from launcher.store.integrity import MISSED_NOTE, missed_since_check, warm_problem
 from launcher.store.manifest import read_manifest
 from launcher.store.misses import explain_miss
 from prewarm.bootstrap import job_main, start_job
@@ -47,7 +48,8 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
     problem = warm_problem(cache_dir, prediction.key)
     warm = problem is None
     if warm:
-        explanation = []
+        explanation = [MISSED_NOTE] if not is_remote(cache_dir) and \
+            missed_since_check(cache_dir, prediction.key) else []
     elif problem == "missing":
         explanation = explain_miss(
             prediction.module_name, prediction.components,

@@ -45,6 +45,7 @@ def zlib_bomb() -> bytes:
 
 
 
+@pytest.mark.e2e
 def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
         tmp_path: Path) -> None:
     holes = tmp_path.parent / f"{tmp_path.name}-sparse"
@@ -68,6 +69,7 @@ def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.e2e
 def test_a_member_claiming_more_than_the_file_holds_is_refused(tmp_path: Path) -> None:
     bundle = write_bundle(tmp_path / "b.tar", meta({key(1): item(entry_bytes(1))}), [good(1)])
     with tarfile.open(bundle) as tar:
@@ -81,6 +83,7 @@ def test_a_member_claiming_more_than_the_file_holds_is_refused(tmp_path: Path) -
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.e2e
 def test_a_compressed_bundle_is_refused_unread(tmp_path: Path) -> None:
     """A 60 KB gzip that would expand to 64 MiB of tar: refused by its first bytes."""
     bundle = tmp_path / "bomb.tar.gz"
@@ -92,6 +95,7 @@ def test_a_compressed_bundle_is_refused_unread(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.e2e
 def test_an_import_beyond_the_limit_needs_max_bytes(tmp_path: Path) -> None:
     entries = {key(n): item(entry_bytes(n)) for n in (1, 2)}
     bundle = write_bundle(tmp_path / "b.tar", meta(entries), [good(1), good(2)])
@@ -108,6 +112,7 @@ def test_an_import_beyond_the_limit_needs_max_bytes(tmp_path: Path) -> None:
     assert "imported 2 entries" in result.stdout
 
 
+@pytest.mark.e2e
 def test_a_zlib_bomb_in_a_bundle_is_refused(tmp_path: Path) -> None:
     bomb = key(7)
     bundle = write_bundle(tmp_path / "b.tar", meta({key(1): item(entry_bytes(1)),
@@ -125,6 +130,7 @@ def verify_under_ulimit(cache: Path, kib: int) -> subprocess.CompletedProcess[st
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_verify_quarantines_a_zlib_bomb_and_reads_entries_in_blocks(tmp_path: Path) -> None:
     """Under a 1 GB address-space limit (less than the 4 GiB + 1 one read used to ask for,
     and than the bomb's payload), verify still checks every entry and names the bomb."""
@@ -176,6 +182,7 @@ def test_yaml_that_expands_nests_or_repeats_is_one_line(tmp_path: Path, text: st
     assert fragment in message and "\n" not in message
 
 
+@pytest.mark.e2e
 def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     body = DEMO.read_text().replace("step:\n", f"{laughs(9)}\nstep:\n", 1)

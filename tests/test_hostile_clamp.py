@@ -12,10 +12,11 @@ import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from launcher.config import load_config
 from launcher.jaxkey.entryformat import encode_atime
 from launcher.store.manifest import ManifestEntry, record_entries
-from prewarm.job import Compiled, evictions
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -33,6 +34,7 @@ def entry(cache: Path, n: int, mtime: float) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
         tmp_path: Path) -> None:
     cache = tmp_path / "cache"
@@ -54,6 +56,7 @@ def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
     assert fresh.exists() and not future.exists()
 
 
+@pytest.mark.e2e
 def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
@@ -70,6 +73,8 @@ def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> No
 
 
 def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) -> None:
+    from prewarm.job import Compiled, evictions  # imports jax: only in the test that needs it
+
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     kept = entry(cache, 2, time.time())

@@ -39,6 +39,7 @@ def cli(*args: str, stdout_to: str = "") -> subprocess.CompletedProcess[str]:
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.e2e
 def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
@@ -79,6 +80,7 @@ def fill(directory: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.e2e
 def test_a_full_disk_names_the_file_being_written(full_disk: Path) -> None:
     cache = full_disk / "cache"
     cache.mkdir(mode=0o700)

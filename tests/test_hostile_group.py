@@ -62,6 +62,7 @@ def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[st
                           capture_output=True, text=True, timeout=900, check=False)
 
 
+@pytest.mark.e2e
 def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     group, first, second, base = team
     shared = base / "team"  # the group's dir: the first member's, group-writable

@@ -46,6 +46,7 @@ def test_every_other_way_to_a_cache_dir_is_one_line(tmp_path: Path, override: st
     assert message.startswith(f"{DEMO}: ") and fragment in message, message
 
 
+@pytest.mark.e2e
 def test_a_jax_section_cache_dir_is_refused_by_render_and_launch(tmp_path: Path) -> None:
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o777)
@@ -71,6 +72,7 @@ def groups_of_root() -> tuple[int, int]:
     return gids[0], gids[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a dir another group")
 def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
         tmp_path: Path) -> None:
@@ -136,6 +138,7 @@ sys.exit(1)
 '''
 
 
+@pytest.mark.e2e
 def test_a_job_refuses_a_dir_swapped_between_two_compiles(tmp_path: Path) -> None:
     """The one JAX process of this file: the in-job re-check runs before each lookup."""
     proc = subprocess.run([sys.executable, "-c", SWAP_IN_JOB, str(DEMO),

@@ -15,8 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
+
+pytestmark = pytest.mark.e2e
 
 # Writes its pid, then loops; with IGNORE it ignores SIGTERM and SIGINT.
 SLEEPER = r'''
@@ -66,8 +70,8 @@ def wrapped(pid_file: Path, mode: str = "OBEY") -> str:
 def launch_args(tmp_path: Path, command: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", "--no-prewarm",
             "--no-check-cache", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", f"entrypoint.command=[sh, -c, {json.dumps(command)}]",
-            *extra]
+            f"cache.dir={tmp_path / 'cache'}",
+            f"entrypoint.command=[sh, -c, {json.dumps(command)}]", *extra]
 
 
 def test_a_trainer_without_a_first_step_is_stopped_with_one_line(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ from launcher.files import GROUP_UMASK
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.records import EntryMissed
 from launcher.rundir import TRAIN, report_path
-from launcher.store.entries import written_since
+from launcher.store.entries import entry_path, written_since
 from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.security import (
     DirIdentity,
@@ -51,6 +52,20 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
     return load_config(pinned)
+
+
+def note_missed_entries(config: Config, report: InitReport, since: float) -> None:
+    """A miss on a key whose entry was in the cache before this process started means JAX
+    could not load that entry (JAX never replaces it): say so, and record it in the usage
+    log, so the next prewarm checks the entry in full and replaces it if it is corrupt."""
+    for record in report.functions:
+        if record.key is None or record.hit or record.sha256 is not None:
+            continue
+        path = entry_path(config.cache.dir, record.key)
+        if path.exists() and written_since(config.cache.dir, record.key, since) is None:
+            log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
+                        "it); the next prewarm checks it in full", record.name, path)
+            append_usage(config.cache.dir, EntryMissed(record.key, config.run.name))
 
 
 def note_written_entries(cache_dir: str, report: InitReport, since: float) -> None:
@@ -139,6 +154,7 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
+            lambda done: note_missed_entries(config, done, recorder.start_time),
             lambda done: append_usage(config.cache.dir, job_usage(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,

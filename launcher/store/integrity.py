@@ -38,6 +38,7 @@ from launcher.store.entries import (
     NotAnEntry,
     entry_path,
     file_kind,
+    in_flight,
     jax_lock,
     open_entry,
     payload_limit,
@@ -161,22 +162,43 @@ def quick_problem(path: Path, size: int) -> str | None:
     return None
 
 
-def warm_problem(cache_dir: str, key: str) -> str | None:
+BEING_WRITTEN = "being written by a running prewarm (its writer lock is held)"
+MISSED_NOTE = ("WARM by size, but a previous run missed it; the next prewarm checks it in "
+               "full (and compiles it again if it is corrupt)")
+
+
+def missed_since_check(cache_dir: str | Path, key: str) -> bool:
+    """Whether a job missed `key` although its entry was there, and no full check, rewrite
+    or quarantine of it came after (only this key's lines of the usage log are parsed)."""
+    history = key_histories(read_usage(cache_dir, records_entry(key))).get(key)
+    return history is not None and history.missed
+
+
+def warm_problem(cache_dir: str, key: str, *, recheck_missed: bool = False) -> str | None:
     """Why the entry of `key` would not load; None when it is WARM. The one check behind
     `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
     with its size gets the quick check (within verify's 10 ms: only this key's records are
     parsed); any other gets the full check once, and when intact its checksum and size are
-    recorded, so the next check is quick. Remote dirs are looked up through etils.epath,
-    as JAX reads them."""
+    recorded, so the next check is quick. With `recheck_missed` (the prewarm), an entry a
+    job missed although it was there (`missed_since_check`) gets the full check too, so a
+    corrupt entry of the right size is found and replaced. An entry whose writer lock is held
+    is being written: `BEING_WRITTEN`, never quarantined. Remote dirs are looked up through
+    etils.epath, as JAX reads them."""
     if is_remote(cache_dir):
         from etils import epath
         return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"
+    if in_flight(cache_dir, key):
+        return BEING_WRITTEN
     path = entry_path(cache_dir, key)
     known = recorded_entries(cache_dir, strict=False, key=key).get(key)
-    if known is not None and known.size is not None:
+    missed = recheck_missed and missed_since_check(cache_dir, key)
+    if known is not None and known.size is not None and not missed:
         return quick_problem(path, known.size)
     problem = entry_problem(path, known.sha256 if known else None)
     if problem is None:
+        if missed:
+            log.warning("%s: a job missed it, but it is intact in full (sha256 and "
+                        "decompression); the miss had another cause", key)
         written = written_since(cache_dir, key, 0.0)
         if written is not None:
             append_usage(cache_dir, EntryChecked(key, *written))
@@ -186,12 +208,15 @@ def warm_problem(cache_dir: str, key: str) -> str | None:
 def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
                   strict: bool = True) -> list[Check]:
     """Check the given keys (default: every entry in the dir); `strict` as in
-    `recorded_entries`."""
+    `recorded_entries`. An entry being written (its writer lock held) is left alone."""
     recorded = recorded_entries(cache_dir, strict)
     if keys is None:
         keys = [entry.key for entry in scan(cache_dir, histories={})]
     checks = []
     for key in keys:
+        if in_flight(cache_dir, key):
+            log.info("%s: %s; not checking it now", key, BEING_WRITTEN)
+            continue
         path = entry_path(cache_dir, key)
         known = recorded.get(key)
         problem = entry_problem(path, known.sha256 if known else None)

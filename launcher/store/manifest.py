@@ -8,6 +8,7 @@ a half-written file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -46,6 +47,12 @@ class ManifestEntry:
     # first execution is the run's first step (not an init function).
     signature: str | None = None
     is_step: bool = True
+    # Every other run whose prewarm found this entry WARM and uses it (`run` wrote it): its
+    # pre-run check and `cache export` include the entry too. Older manifests have none.
+    runs: list[str] = field(default_factory=list)
+
+    def used_by(self, run: str) -> bool:
+        return run == self.run or run in self.runs
 
 
 def manifest_path(cache_dir: str | Path) -> Path:
@@ -118,7 +125,7 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
         except ManifestError as exc:
             set_aside(path, str(exc))
             current = {}
-        current.update({entry.key: entry for entry in entries})
+        current.update({entry.key: merged(current.get(entry.key), entry) for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n",
@@ -126,12 +133,30 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
     return path
 
 
+def merged(old: ManifestEntry | None, new: ManifestEntry) -> ManifestEntry:
+    """A new record of a key keeps the runs that used the old one (a rewrite after a
+    quarantine must not make another run's entry invisible to it)."""
+    if old is None:
+        return new
+    runs = [run for run in dict.fromkeys([old.run, *old.runs, *new.runs]) if run != new.run]
+    return dataclasses.replace(new, runs=runs)
+
+
+def uses_entries(cache_dir: str | Path, entries: list[ManifestEntry], run: str) -> None:
+    """Record that `run` uses these entries (its prewarm found them WARM), so that its
+    pre-run check and `cache export` include them; a no-op for entries it already uses."""
+    new = [dataclasses.replace(entry, runs=[*entry.runs, run])
+           for entry in entries if not entry.used_by(run)]
+    if new:
+        record_entries(cache_dir, new)
+
+
 def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[ManifestEntry]:
     """The newest entry per function that run `run`'s prewarms recorded: what its next job
     expects to load (older keys of the same function are from an earlier step or setup)."""
     latest: dict[str, ManifestEntry] = {}
     for entry in manifest.values():
-        if entry.run == run and (entry.function not in latest
+        if entry.used_by(run) and (entry.function not in latest
                                  or entry.created > latest[entry.function].created):
             latest[entry.function] = entry
     return sorted(latest.values(), key=lambda e: e.function)

@@ -125,7 +125,8 @@ def recheck_cache_dir(path: Path, cache: CacheConfig, source: str,
     if checked is not None and identity != checked:
         raise ConfigError(f"{source}: cache.dir: {path} is not the directory checked when "
                           f"the job started (it was replaced: device/inode {checked.device}/"
-                          f"{checked.inode}, now {_describe(identity)}); refusing to load code from it")
+                          f"{checked.inode}, now {_describe(identity)}); refusing to load code "
+                          f"from it")
     return identity
 
 

@@ -20,6 +20,7 @@ from launcher.config import Config, ConfigError
 from launcher.files import locked, modes_in, writing
 from launcher.records import (
     EntryChecked,
+    EntryMissed,
     InitReport,
     JobUsage,
     UsageRecord,
@@ -125,6 +126,8 @@ class KeyHistory:
     sha256: str | None = None
     size: int | None = None
     removed: bool = False
+    # A job missed the entry although it was there, and nothing checked it in full since.
+    missed: bool = False
 
 
 def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
@@ -141,10 +144,15 @@ def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
                 if function.sha256:
                     history.written_by, history.sha256, history.size, history.removed = \
                         record.user, function.sha256, function.size, False
+                    history.missed = False
             continue
         history = histories.setdefault(record.key, KeyHistory())
-        if isinstance(record, EntryChecked):
+        if isinstance(record, EntryMissed):
+            history.missed = True
+        elif isinstance(record, EntryChecked):
             history.sha256, history.size, history.removed = record.sha256, record.size, False
+            history.missed = False
         else:  # quarantined or pruned
             history.sha256, history.size, history.removed = None, None, True
+            history.missed = False
     return histories

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
+from launcher.environment import size_cap
 from launcher.records import (
     SETTING_CHANGED,
     FunctionRecord,
@@ -200,7 +201,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                                  f"{report.cache_dir}, the trainer's cache dir (below)")
                 lines.extend(f"  why: {line}" for line in explain_miss(
                     fn.name, fn.components, manifest, run=run,
-                    process_count=report.process_count, signature=fn.signature))
+                    process_count=report.process_count, signature=fn.signature,
+                    max_size=size_cap(report.environment)))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

@@ -36,6 +36,7 @@ log = logging.getLogger("jaxwarm.verify")
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
+          max_size: int = -1,
           signature: Callable[[str], str | None] = lambda _: None) -> Verdict:
     """One function's verdict. Only a COLD one reads the whole manifest, to explain the miss
     against the same target (`run` first, then the same layout; `signature` tells functions
@@ -54,7 +55,8 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
         explanation = explain_miss(
             prediction.module_name, prediction.components,
             read_manifest(cache_dir, strict=False), run=run,
-            process_count=jax.process_count(), signature=signature(prediction.module_name))
+            process_count=jax.process_count(), signature=signature(prediction.module_name),
+            max_size=max_size)
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
@@ -70,7 +72,8 @@ def verify_targets(targets: list[CompileTarget], config: Config,
         start = time.perf_counter()
         lowered = lower_target(target, config.source)
         verdicts.append(judge(lowered, config.cache.dir, time.perf_counter() - start,
-                              run=config.run.name, signature=recorder.signature))
+                              run=config.run.name, max_size=config.cache.max_size,
+                              signature=recorder.signature))
     return verdicts
 
 

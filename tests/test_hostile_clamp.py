@@ -15,8 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.config import load_config
+from launcher.environment import size_cap
 from launcher.jaxkey.entryformat import encode_atime
 from launcher.store.manifest import ManifestEntry, record_entries
+from launcher.store.misses import explain_miss
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -86,3 +88,15 @@ def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) 
     assert evicted.failure is not None and kept.exists() and present.failure is None
     assert "JAX evicted it to keep the cache within cache.max_size=1000 bytes; this " \
            "prewarm's entries need 1200 bytes" in evicted.failure
+
+
+def test_a_miss_of_an_evicted_entry_is_named_as_eviction() -> None:
+    entry = ManifestEntry(function="jit_f1", key=key(1), run="demo", config=str(DEMO),
+                          compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
+                          process_count=1, components={"computation": "ab"})
+    capped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
+                          max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"}))
+    assert "with cache.max_size=1000 bytes JAX evicts least recently used entries" in capped[0]
+    uncapped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
+                            max_size=size_cap({}))
+    assert "(pruned or deleted)" in uncapped[0]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
+import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,7 +21,7 @@ from launcher.errors import one_line
 from launcher.flow import EXIT_ERROR, Backend
 from launcher.records import dumps
 from launcher.report import attempt_summaries, load_reports
-from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
+from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir, unfinished
 from launcher.store import commands as cache_commands
 from launcher.submit import local, slurm
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
@@ -181,6 +183,11 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"  reason {state.reason}  log {job.log_path()}")
     for line in attempt_summaries(load_reports(args.run_dir)):
         print(line)
+    pinned = pinned_config(args.run_dir)
+    if any(job.name == TRAIN for job in jobs) and pinned.is_file():
+        problem = unfinished(args.run_dir, load_config(pinned).train.steps)
+        if problem:  # sacct says COMPLETED for a trainer that exits 0 early
+            print(f"{TRAIN}: {problem}")
     return 0
 
 
@@ -195,6 +202,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
     flow.print_report(args.run_dir, load_config(pinned), show_all=args.all)
     return 0
+
+
+def closed_stdout() -> int:
+    """The reader of stdout went away (`jaxwarm cache ls | head -1`): end quietly, as a
+    command killed by SIGPIPE does, without Python's own complaint at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return commands.get(args.command, cmd_jobs)(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return closed_stdout()
     except Exception as exc:
         if args.verbose:
             raise

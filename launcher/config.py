@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import types
 import typing
@@ -143,6 +144,9 @@ class TrainConfig:
     checkpoint_every: NonNegativeInt = 0
     seed: NonNegativeInt = 0
     log_every: PositiveInt = 1
+    # Stop a training job whose first step has not come this long after it started (local
+    # runner; the job's process 0 report marks the first step). None: wait as long as it takes.
+    first_step_timeout_s: PositiveFloat | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ class Config:
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
     init_budget_s: PositiveFloat = 1800.0
+    # How long a job's processes get to exit after SIGTERM/SIGINT before SIGKILL (local runner).
+    stop_grace_s: PositiveFloat = 30.0
     # Where the config came from; used in error messages, never written back.
     source: str = field(default="<config>", compare=False)
 
@@ -173,6 +179,14 @@ class Config:
 
 
 _PLATFORMS = ("cpu", "gpu")
+# URL schemes a cache dir may have: JAX reaches them through etils.epath (the remote extra).
+REMOTE_SCHEMES = ("s3", "gs")
+# JAX options the cache section sets (see launcher.environment.jax_options), by cache key.
+CACHE_OPTIONS = {"jax_compilation_cache_dir": "dir",
+                 "jax_persistent_cache_min_compile_time_secs": "min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes": "min_entry_size_bytes",
+                 "jax_persistent_cache_enable_xla_caches": "xla_caches",
+                 "jax_compilation_cache_max_size": "max_size"}
 _AXIS_TYPES = ("auto", "explicit")
 # Patterns are matched with fullmatch: `$` would accept a trailing newline.
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -182,7 +196,10 @@ _JAX_OPTION = re.compile(r"jax_[a-z0-9_]+")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls (NEL among them), Unicode line and paragraph separators, and the bidi
+# marks, embeddings, overrides and isolates (RLO makes a line display other than it reads).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
 # Variables the job environment owns: a user value would make prewarm and run disagree.
 _MANAGED_ENV = re.compile(r"JAX_.*|XLA_FLAGS|JAXWARM_.*")
 # Sections (by key prefix) whose numbers may be written where a string is expected.
@@ -202,14 +219,86 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     return parse_config(parse_yaml(text, source), source, overrides)
 
 
-def parse_yaml(text: str, source: str) -> dict[str, Any]:
+# Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are
+# allowed, but what they expand to counts against the budget ("billion laughs" is refused at
+# once instead of filling memory), and nesting is refused before Python's recursion limit.
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 64
+
+
+class YamlRefused(yaml.YAMLError):
+    """A YAML document jaxwarm will not read: `line` and `problem` make the one line."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader with a node budget that counts alias expansions, a nesting limit, and no
+    duplicate keys (YAML would keep the last one silently: a second `cache:` section would
+    replace the first)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._weights: dict[int, int] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        self._depth += 1
+        if self._depth > YAML_MAX_DEPTH:
+            raise YamlRefused(self.peek_event().start_mark.line + 1,
+                              f"nested more than {YAML_MAX_DEPTH} levels deep")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        weight = self._weights.get(id(node))
+        if weight is None:  # a new node (an alias returns one already weighed)
+            children = node.value if isinstance(node, yaml.CollectionNode) else []
+            if isinstance(node, yaml.MappingNode):
+                children = [part for pair in children for part in pair]
+            weight = 1 + sum(self._weights.get(id(child), 1) for child in children)
+            self._weights[id(node)] = weight
+        if weight > YAML_MAX_NODES:
+            raise YamlRefused(node.start_mark.line + 1,
+                              f"expands to more than {YAML_MAX_NODES} values (aliases "
+                              f"repeating anchors); refusing it")
+        return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise YamlRefused(line, f"duplicate key {key!r} (first at line {seen[key]}); "
+                                        f"YAML would silently keep only the last one")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:map", _BoundedLoader.construct_yaml_map)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Any YAML jaxwarm reads (configs, overrides, pinned configs), through the bounded
+    loader; every problem is one ConfigError naming the file and line."""
     try:
-        raw = yaml.safe_load(text)
+        return yaml.load(text, Loader=_BoundedLoader)
+    except YamlRefused as exc:
+        raise ConfigError(f"{source}:{exc.line}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    raw = load_yaml(text, source)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -247,8 +336,8 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
             child = node[part] = dict(child)
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value else ""
-    except yaml.YAMLError:
+        node[parts[-1]] = load_yaml(value, f"{source}: override {key}") if value else ""
+    except ConfigError:
         node[parts[-1]] = value
 
 
@@ -323,7 +412,7 @@ def convert(tp: Any, value: Any, key: str, source: str) -> Any:
             value = str(value)
         if isinstance(value, str):
             if _CONTROL.search(value):
-                fail(f"expected a single line without control characters, got {value!r}")
+                fail(f"expected a single line without control characters, got {ascii(value)}")
             return value
     fail(f"expected {_name(tp)}, got {_describe(value)}")
 
@@ -370,9 +459,14 @@ def _validate(config: Config) -> None:
     if config.run.name in ("", ".", "..") or "/" in config.run.name:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
                          f"got {config.run.name!r}")
-    if not config.cache.dir:
-        fail("cache.dir", "expected a directory path, got an empty string (which would mean "
-                          "the working directory)")
+    if not config.cache.dir or os.path.normpath(config.cache.dir) == ".":
+        got = repr(config.cache.dir) if config.cache.dir else "an empty string"
+        fail("cache.dir", f"expected a directory path, got {got} (which would mean the "
+                          f"working directory)")
+    scheme, sep, _ = config.cache.dir.partition("://")
+    if sep and scheme not in REMOTE_SCHEMES:
+        fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
+                          f" URL, got a {scheme}:// URL")
     if not config.mesh.axes:
         fail("mesh.axes", "expected at least one axis")
     mesh_size = math.prod(config.mesh.axes.values())
@@ -410,6 +504,10 @@ def _validate(config: Config) -> None:
         if not _JAX_OPTION.fullmatch(option):
             fail(f"jax.{option}", "expected a JAX option name like "
                                   "'jax_default_matmul_precision'")
+        if option in CACHE_OPTIONS:
+            fail(f"jax.{option}", f"the cache section owns this option (every job gets it from "
+                                  f"there, and the cache dir is checked before any job runs); "
+                                  f"set cache.{CACHE_OPTIONS[option]} instead")
     if not _SLURM_TIME.fullmatch(config.slurm.time):
         fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
     if config.slurm.signal not in _SIGNALS:

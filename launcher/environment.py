@@ -82,6 +82,17 @@ def xla_flags(config: Config) -> str:
     return " ".join(flags)
 
 
+def variable_of(option: str) -> str:
+    """The environment variable JAX reads a `jax_*` option from."""
+    return f"JAX_{option[len('jax_'):].upper()}"
+
+
+def size_cap(environment: dict[str, str]) -> int:
+    """The cache size cap a job ran with (from its recorded environment); -1 for none."""
+    value = environment.get(variable_of("jax_compilation_cache_max_size"), "-1")
+    return int(value) if value.lstrip("-").isdigit() else -1
+
+
 def env_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -94,8 +105,7 @@ def job_environment(config: Config, config_path: str | Path) -> dict[str, str]:
     `config` must already be path-resolved (see `resolve_paths`) and `config_path` is the
     pinned copy that jobs read. Pure: same inputs, same dict, in a stable order.
     """
-    env = {f"JAX_{name[len('jax_'):].upper()}": env_value(value)
-           for name, value in jax_options(config).items()}
+    env = {variable_of(name): env_value(value) for name, value in jax_options(config).items()}
     env["JAX_PLATFORMS"] = PLATFORM_NAMES[config.topology.platform]
     env["XLA_FLAGS"] = xla_flags(config)
     env["JAXWARM_CONFIG"] = str(config_path)

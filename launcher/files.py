@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -31,14 +32,67 @@ LOCK_TIMEOUT_S = 60.0
 HOLDER_SUFFIX = ".holder"
 
 
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+GROUP_FILE, GROUP_DIR = 0o660, 0o2770
+# The umask of a job on a group-shared cache: what JAX itself creates there gets group rw.
+GROUP_UMASK = 0o007
+
+
+def modes_in(directory: str | Path) -> tuple[int, int]:
+    """(file mode, dir mode) for what jaxwarm creates in `directory`. A dir shared with its
+    group on purpose (setgid and group-writable, as a cache with `cache.trusted_group` is
+    made) gets group read/write files and setgid dirs, so every member can read, lock,
+    append to and replace them; any other gets private ones."""
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        return PRIVATE_FILE, PRIVATE_DIR
+    if mode & stat.S_ISGID and mode & stat.S_IWGRP:
+        return GROUP_FILE, GROUP_DIR
+    return PRIVATE_FILE, PRIVATE_DIR
+
+
+def make_dir(path: Path) -> Path:
+    """Create `path` (if missing) with the mode `modes_in` gives its parent; the mode is set
+    explicitly, since mkdir's is filtered by the umask."""
+    try:
+        path.mkdir(mode=modes_in(path.parent)[1])
+    except FileExistsError:
+        return path
+    os.chmod(path, modes_in(path.parent)[1])
+    return path
+
+
+class WriteFailed(UserError, OSError):
+    """A write the system refused (full disk, quota, read-only, permission), phrased as the
+    one line the user sees: the file and what was being written."""
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+@contextmanager
+def writing(path: str | Path, what: str) -> Iterator[None]:
+    """Name `path` and `what` in an OSError of the block that names no file (os.write on a
+    full disk says only "No space left on device")."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise WriteFailed(exc.errno, f"{path}: {exc.strerror} while writing {what}") from exc
+
+
 class LockTimeout(UserError, RuntimeError):
     """A lock was not released within its timeout; the message names the holder."""
 
 
 @contextmanager
 def staged_files(paths: Sequence[Path], mode: int = 0o644,
-                 publish_under: AbstractContextManager[object] | None = None
-                 ) -> Iterator[list[Path]]:
+                 publish_under: AbstractContextManager[object] | None = None,
+                 what: str = "it") -> Iterator[list[Path]]:
     """Temp paths next to each of `paths` to write to. When the block succeeds, each is
     synced and renamed over its path (inside `publish_under`, e.g. a lock, held only for
     the renames); when it fails, every temp is removed and no path changed: all or nothing."""
@@ -48,11 +102,12 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
             fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             os.close(fd)
             temps.append(Path(name))
-        yield temps
-        for tmp in temps:
-            with tmp.open("rb+") as written:  # on disk before it becomes visible
-                os.fsync(written.fileno())
-            os.chmod(tmp, mode)
+        with writing(paths[0] if len(paths) == 1 else paths[0].parent, what):
+            yield temps
+            for tmp in temps:
+                with tmp.open("rb+") as written:  # on disk before it becomes visible
+                    os.fsync(written.fileno())
+                os.chmod(tmp, mode)
         with publish_under or nullcontext():
             for tmp, path in zip(temps, paths, strict=True):
                 os.replace(tmp, path)
@@ -63,18 +118,19 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
 
 
 @contextmanager
-def atomic_path(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+def atomic_path(path: str | Path, mode: int = 0o644, what: str = "it") -> Iterator[Path]:
     """A temp path next to `path` to write to; renamed over `path` when the block succeeds,
     removed when it fails, so `path` is the old file or the whole new one, never torn.
     For writers that need a file name (tarfile); `atomic_write` is the short form."""
-    with staged_files([Path(path)], mode) as (tmp,):
+    with staged_files([Path(path)], mode, what=what) as (tmp,):
         yield tmp
 
 
-def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644) -> Path:
+def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644,
+                 what: str = "it") -> Path:
     """Write `data` to `path` so readers see the old file or the new one, never a torn one
     (a full disk or a kill leaves the old file and no temp file behind)."""
-    with atomic_path(path, mode) as tmp:
+    with atomic_path(path, mode, what) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     return Path(path)
 
@@ -98,7 +154,7 @@ def is_held(lock_path: str | Path) -> bool:
     waiter in `locked` just retries), and creates no lock file that was not there."""
     if not Path(lock_path).exists():
         return False
-    lock = FileLock(str(lock_path), timeout=0)
+    lock = FileLock(str(lock_path), timeout=0, mode=modes_in(Path(lock_path).parent)[0])
     try:
         lock.acquire()
     except Timeout:
@@ -116,7 +172,7 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
     holder is recorded next to the lock while it is held.
     """
     lock_path = Path(lock_path)
-    lock = FileLock(str(lock_path), timeout=0)
+    lock = FileLock(str(lock_path), timeout=0, mode=modes_in(lock_path.parent)[0])
     deadline = time.monotonic() + timeout_s
     announced = False
     while True:
@@ -139,9 +195,13 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
     holder = _holder_path(lock_path)
     try:
         try:
-            holder.write_text(json.dumps({
-                "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])}))
+            holder.unlink(missing_ok=True)  # a stale note, maybe another group member's
+            fd = os.open(holder, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                         modes_in(holder.parent)[0])
+            with os.fdopen(fd, "w") as note:
+                note.write(json.dumps({
+                    "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                    "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])}))
         except OSError:
             pass  # a read-only holder note must not stop the work the lock protects
         yield

@@ -162,8 +162,8 @@ class JobUsage:
 
 @dataclass(frozen=True)
 class EntryChecked:
-    """An entry nobody had recorded was fully checked and found intact: its checksum and
-    size, so that the next warm check of it is the quick one."""
+    """An entry was fully checked and found intact (one nobody had recorded, or one a job
+    missed): its checksum and size, so that the next warm check of it is the quick one."""
 
     key: str
     sha256: str
@@ -181,6 +181,18 @@ class EntryQuarantined:
 
 
 @dataclass(frozen=True)
+class EntryMissed:
+    """A job missed an entry that was in the cache before it started (JAX could not load
+    it): the next prewarm checks it in full instead of trusting its size, and quarantines
+    and compiles it again when it is corrupt."""
+
+    key: str
+    run: str | None = None
+    event: str = "missed"
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
 class EntryPruned:
     key: str
     size: int | None = None
@@ -188,9 +200,9 @@ class EntryPruned:
     time: float = field(default_factory=time.time)
 
 
-UsageRecord = JobUsage | EntryChecked | EntryQuarantined | EntryPruned
+UsageRecord = JobUsage | EntryChecked | EntryQuarantined | EntryPruned | EntryMissed
 USAGE_EVENTS: dict[str, type] = {"checked": EntryChecked, "quarantined": EntryQuarantined,
-                                 "pruned": EntryPruned}
+                                 "pruned": EntryPruned, "missed": EntryMissed}
 
 
 def parse_usage_line(line: str, source: str) -> UsageRecord:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
+from launcher.environment import size_cap
 from launcher.records import (
     OPTIONS_DIFFER,
     SETTING_CHANGED,
@@ -203,7 +204,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 lines.extend(f"  why: {line}" for line in explain_miss(
                     fn.name, fn.components, manifest, run=run,
                     process_count=report.process_count, signature=fn.signature,
-                    global_options=fn.global_options))
+                    global_options=fn.global_options,
+                    max_size=size_cap(report.environment)))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

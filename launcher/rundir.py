@@ -10,6 +10,7 @@ Pure paths: both the submit side and the code inside a job import it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +90,32 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 
 def metrics_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "metrics.jsonl"
+
+
+def step_reached(run_dir: str | Path) -> int | None:
+    """The last step the trainer logged in the run's metrics (jaxwarm-train logs every
+    `log_every` steps, the last step, and the step it checkpoints at when told to stop);
+    None when it logged none (another trainer, or no step run)."""
+    try:
+        lines = metrics_path(run_dir).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a torn or foreign line
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
+
+
+def unfinished(run_dir: str | Path, steps: int) -> str | None:
+    """Why a training job that exited 0 did not do its configured steps; None if it did
+    (or its trainer logs no steps)."""
+    reached = step_reached(run_dir)
+    if reached is None or reached >= steps:
+        return None
+    return (f"training is unfinished: it stopped at step {reached} of {steps} (metrics in "
+            f"{metrics_path(run_dir)}); relaunch the same command to resume from its last "
+            f"checkpoint")

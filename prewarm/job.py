@@ -29,15 +29,27 @@ from typing import Any
 
 from launcher.config import Config
 from launcher.environment import is_remote
-from launcher.files import locked
+from launcher.files import locked, make_dir
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
 from launcher.rundir import PREWARM
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
-from launcher.store.integrity import Check, entry_problem, quarantine, warm_problem
-from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest, record_entries
+from launcher.store.integrity import (
+    BEING_WRITTEN,
+    Check,
+    entry_problem,
+    quarantine,
+    warm_problem,
+)
+from launcher.store.manifest import (
+    ManifestEntry,
+    manifest_path,
+    read_manifest,
+    record_entries,
+    uses_entries,
+)
 from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
@@ -88,7 +100,7 @@ def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> AbstractCon
     if not is_writer or key is None or is_remote(cache_dir):
         return nullcontext()
     path = writer_lock_path(cache_dir, key)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
+    make_dir(path.parent)
     return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
 
@@ -127,23 +139,29 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
 
 def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
     """Why each target's entry would not load (None: WARM), from process 0. A torn or
-    corrupt entry is quarantined (JAX never replaces one); an intact entry no manifest
-    records (its prewarm was killed before recording it) is pinned now."""
+    corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
+    the full check now finds corrupt; one being written by another prewarm is left alone
+    (its compile waits for that writer's lock, then loads it). An intact entry no manifest
+    records (its prewarm was killed before recording it) is pinned now, and one another
+    run recorded is recorded as used by this run too."""
     cache_dir = config.cache.dir
-    problems = [warm_problem(cache_dir, t.key) if t.key else "no predicted key"
-                for t in targets]
+    problems = [warm_problem(cache_dir, t.key, recheck_missed=True) if t.key
+                else "no predicted key" for t in targets]
     if is_remote(cache_dir):
         return problems
     for target, problem in zip(targets, problems, strict=True):
-        if problem not in (None, "missing", "no predicted key"):
+        if problem not in (None, "missing", "no predicted key", BEING_WRITTEN):
             quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
     manifest = read_manifest(cache_dir, strict=False)
+    warm = [target for target, problem in zip(targets, problems, strict=True)
+            if problem is None]
     found = [manifest_entry(config, target, function_of(target.key), target.key, 0.0,
                             written_since(cache_dir, target.key, 0.0))
-             for target, problem in zip(targets, problems, strict=True)
-             if problem is None and target.key not in manifest]
+             for target in warm if target.key not in manifest]
     if found:
         record_entries(cache_dir, found)
+    uses_entries(cache_dir, [manifest[t.key] for t in warm if t.key in manifest],
+                 config.run.name)
     return problems
 
 
@@ -210,6 +228,22 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
     return compiled
 
 
+def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
+    """With `cache.max_size`, JAX evicts least recently used entries while writing the next
+    one: an entry this prewarm wrote (process 0 checksummed it) that is gone by the end was
+    evicted by the cap, and the run would miss it; that is a failure, said as such."""
+    if config.cache.max_size == -1 or is_remote(config.cache.dir):
+        return compiled
+    need = sum(item.record.size or 0 for item in compiled)
+    return [dataclasses.replace(item, failure=(
+                f"JAX evicted it to keep the cache within cache.max_size="
+                f"{config.cache.max_size} bytes; this prewarm's entries need {need} bytes: "
+                f"raise cache.max_size"))
+            if item.failure is None and item.record.sha256 is not None
+            and not entry_path(config.cache.dir, item.record.key).exists() else item
+            for item in compiled]
+
+
 def describe(item: Compiled, min_compile_time_s: float) -> str:
     record = item.record
     if item.failure is not None:
@@ -240,7 +274,8 @@ def main() -> int:
     cold = [target for target, is_warm in zip(targets, warm, strict=True) if not is_warm]
     if not cold:
         log.info("every function is WARM: nothing to compile")
-    compiled = compile_targets(recorder, cold, config, jax.process_index() == 0)
+    compiled = evictions(config, compile_targets(recorder, cold, config,
+                                                 jax.process_index() == 0))
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
+from launcher.environment import is_remote
 from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import InitRecorder
@@ -25,7 +26,7 @@ from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import predict_key
 from launcher.records import Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
-from launcher.store.integrity import warm_problem
+from launcher.store.integrity import MISSED_NOTE, missed_since_check, warm_problem
 from launcher.store.manifest import read_manifest
 from launcher.store.misses import explain_miss
 from prewarm.bootstrap import job_main, start_job
@@ -36,6 +37,7 @@ log = logging.getLogger("jaxwarm.verify")
 
 
 def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = None,
+          max_size: int = -1,
           signature: Callable[[str], str | None] = lambda _: None,
           compiler_options: dict[str, Any] | None = None) -> Verdict:
     """One function's verdict. Only a COLD one reads the whole manifest, to explain the miss
@@ -49,13 +51,14 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
     problem = warm_problem(cache_dir, prediction.key)
     warm = problem is None
     if warm:
-        explanation = []
+        explanation = [MISSED_NOTE] if not is_remote(cache_dir) and \
+            missed_since_check(cache_dir, prediction.key) else []
     elif problem == "missing":
         explanation = explain_miss(
             prediction.module_name, prediction.components,
             read_manifest(cache_dir, strict=False), run=run,
             process_count=jax.process_count(), signature=signature(prediction.module_name),
-            global_options=global_options(), job="verify")
+            global_options=global_options(), job="verify", max_size=max_size)
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,
@@ -71,7 +74,8 @@ def verify_targets(targets: list[CompileTarget], config: Config,
         start = time.perf_counter()
         lowered = lower_target(target, config.source)
         verdicts.append(judge(lowered, config.cache.dir, time.perf_counter() - start,
-                              run=config.run.name, signature=recorder.signature,
+                              run=config.run.name, max_size=config.cache.max_size,
+                              signature=recorder.signature,
                               compiler_options=target.compiler_options))
     return verdicts
 

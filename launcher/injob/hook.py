@@ -18,13 +18,20 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
+from launcher.files import GROUP_UMASK
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.records import EntryMissed
 from launcher.rundir import TRAIN, report_path
-from launcher.store.entries import written_since
+from launcher.store.entries import entry_path, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
-from launcher.store.security import check_cache_dir, prepare_cache_dir
+from launcher.store.security import (
+    DirIdentity,
+    check_cache_dir,
+    prepare_cache_dir,
+    recheck_cache_dir,
+)
 from launcher.store.usage import append_usage, job_usage
 
 log = logging.getLogger("jaxwarm.hook")
@@ -46,6 +53,20 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
     return load_config(pinned)
+
+
+def note_missed_entries(config: Config, report: InitReport, since: float) -> None:
+    """A miss on a key whose entry was in the cache before this process started means JAX
+    could not load that entry (JAX never replaces it): say so, and record it in the usage
+    log, so the next prewarm checks the entry in full and replaces it if it is corrupt."""
+    for record in report.functions:
+        if record.key is None or record.hit or record.sha256 is not None:
+            continue
+        path = entry_path(config.cache.dir, record.key)
+        if path.exists() and written_since(config.cache.dir, record.key, since) is None:
+            log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
+                        "it); the next prewarm checks it in full", record.name, path)
+            append_usage(config.cache.dir, EntryMissed(record.key, config.run.name))
 
 
 def note_written_entries(cache_dir: str, report: InitReport, since: float) -> None:
@@ -76,6 +97,10 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     import jax
 
     config = config_from_env(config)
+    if config.cache.trusted_group is not None:
+        # What JAX creates in the shared cache (entries, atime files, its .lockfile) must be
+        # readable and writable by every member of the group, like jaxwarm's own files.
+        os.umask(GROUP_UMASK)
     options = jax_options(config)
     for name, value in options.items():
         current = getattr(jax.config, name)
@@ -121,9 +146,10 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     report = recorder.report
     if not is_remote(config.cache.dir):
         if report.process_index == 0:
-            prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
+            checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
-            check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+            checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+        recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
         if report.job == TRAIN:
             entries = prewarmed(config)
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
@@ -132,10 +158,26 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
+            lambda done: note_missed_entries(config, done, recorder.start_time),
             lambda done: append_usage(config.cache.dir, job_usage(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
+
+
+def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:
+    """Whatever dir JAX is about to use passes the cache-dir checks again: the config's must
+    still be the very dir checked at the start, and one the trainer set instead (with
+    cache.enforce off) gets the same checks before JAX reads code from it."""
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if not current or is_remote(str(current)):
+        return
+    if current == config.cache.dir:
+        recheck_cache_dir(Path(current), config.cache, config.source, checked)
+    else:
+        check_cache_dir(Path(current), config.cache, f"{config.source} (set by the trainer)")
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,

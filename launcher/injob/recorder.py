@@ -131,6 +131,9 @@ class InitRecorder:
         self._watching = False
         # Called with the report once the first step is done (e.g. the cache's usage log).
         self.after_first_step: list[Callable[[InitReport], None]] = []
+        # Called at the end of each lowering, right before JAX computes the key and looks it
+        # up (e.g. the cache dir re-check); an exception stops that compile.
+        self.before_lookup: list[Callable[[], None]] = []
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -182,6 +185,8 @@ class InitRecorder:
             options = global_options()
             with self._lock:
                 self._options = options
+            for check in self.before_lookup:
+                check()
             return
         with self._lock:
             if event == EVENT_RETRIEVAL:

@@ -9,7 +9,10 @@ and eviction holds `<dir>/.lockfile`.
 
 from __future__ import annotations
 
+import itertools
 import zlib
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
@@ -19,16 +22,66 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 TIME_BYTES = 4
 
 
-def decompress(data: bytes) -> bytes:
-    """JAX's entry payload, whichever compressor wrote it (zstd when importable, else zlib)."""
-    if data.startswith(ZSTD_MAGIC):
+# Decompression runs in blocks of this many output bytes, so checking an entry holds at most
+# a block in memory whatever the entry claims.
+BLOCK_BYTES = 1 << 20
+
+
+class PayloadTooBig(ValueError):
+    """The stream decompresses to more than the cap: a decompression bomb, not an entry."""
+
+
+def payload_size(source: BinaryIO, limit: int) -> int:
+    """How many bytes JAX's entry payload decompresses to, read from `source` block by block
+    (whichever compressor wrote it: zstd when importable, else zlib). Raises PayloadTooBig
+    past `limit` output bytes, ValueError (or the compressor's error) for a broken stream."""
+    head = source.read(len(ZSTD_MAGIC))
+    if head == ZSTD_MAGIC:
         try:
             import zstandard
         except ImportError:
             raise ValueError("zstd-compressed, and the zstandard package is not installed "
                              "here to check it") from None
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
-    return zlib.decompress(data)
+        reader = zstandard.ZstdDecompressor().stream_reader(_Prefixed(head, source))
+        return _count(iter(lambda: reader.read(BLOCK_BYTES), b""), limit)
+    decompressor = zlib.decompressobj()
+
+    def blocks() -> Iterator[bytes]:
+        for chunk in itertools.chain([head], iter(lambda: source.read(BLOCK_BYTES), b"")):
+            pending = chunk
+            while True:
+                out = decompressor.decompress(pending, BLOCK_BYTES)
+                yield out
+                pending = decompressor.unconsumed_tail
+                if not pending and len(out) < BLOCK_BYTES:
+                    break
+    size = _count(blocks(), limit)
+    if not decompressor.eof:
+        raise ValueError("incomplete or truncated stream")
+    return size
+
+
+def _count(blocks: Iterable[bytes], limit: int) -> int:
+    size = 0
+    for block in blocks:
+        size += len(block)
+        if size > limit:
+            raise PayloadTooBig(f"decompresses to more than {limit} bytes (a decompression "
+                                f"bomb, not a JAX entry)")
+    return size
+
+
+class _Prefixed:
+    """`source` with `head`, already read from it, put back in front."""
+
+    def __init__(self, head: bytes, source: BinaryIO) -> None:
+        self.head, self.source = head, source
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            data, self.head = self.head, b""
+            return data
+        return self.source.read(size)
 
 
 # Enough of an entry's first bytes to tell whether it starts like what JAX writes.

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import tarfile
 import time
 from dataclasses import asdict, dataclass
@@ -23,11 +24,12 @@ from typing import Any
 
 from launcher.config import Config, NonNegativeInt, convert
 from launcher.errors import UserError
-from launcher.files import atomic_path, staged_files
-from launcher.jaxkey.entryformat import encode_atime
+from launcher.files import atomic_path, modes_in, staged_files
+from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
 from launcher.store.entries import (
     CACHE_SUFFIX,
+    MAX_ENTRY_BYTES,
     atime_path,
     entry_path,
     is_entry_key,
@@ -43,6 +45,10 @@ BUNDLE_VERSION = 1
 ENTRIES = "entries"
 MAX_META_BYTES = 64 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# What one import may add unless `--max-bytes` says more: well above a model's executables.
+DEFAULT_IMPORT_LIMIT = 16 << 30
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x28\xb5\x2f\xfd", "zstd"))
 
 
 class BundleError(UserError):
@@ -117,8 +123,10 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
                           f"{MAX_META_BYTES} bytes")
     try:
         meta = convert(BundleMeta, json.loads(tar.extractfile(member).read()), "", BUNDLE_META)
-    except (ValueError, tarfile.TarError) as exc:  # ConfigError is a ValueError
-        raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
+    except (ValueError, RecursionError, tarfile.TarError) as exc:  # ConfigError: a ValueError
+        raise BundleError(f"{source}: not a valid jaxwarm bundle "
+                          f"({exc if not isinstance(exc, RecursionError) else 'nested too deep'})"
+                          ) from None
     if meta.version != BUNDLE_VERSION:
         raise BundleError(f"{source}: bundle format {meta.version}, this jaxwarm reads "
                           f"{BUNDLE_VERSION}")
@@ -166,20 +174,27 @@ def refusal(meta: BundleMeta, config: Config) -> str | None:
     return None
 
 
-def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
+def import_bundle(source: Path, config: Config,
+                  max_bytes: int = DEFAULT_IMPORT_LIMIT) -> tuple[list[str], list[str]]:
     """Copy the bundle's entries into the config's cache; returns (added, already present).
 
-    All or nothing: every entry is staged next to its place and checked against the
-    bundle's size and checksum first; only when all passed are they published, by rename
-    under JAX's lock with their atime files, so a running job never sees a partial entry
-    and a size-capped writer finds the atime file it expects.
+    Bounded by what the bundle is, not by what it claims: only a plain tar is read (a
+    compressed one could expand without limit), every member must lie within the file (no
+    sparse member), and each entry's size and the total are checked against the limits and
+    the free space before any byte is written. All or nothing: every entry is staged next
+    to its place, copied in blocks and checked (size, checksum, a full decompression under
+    the entry's payload cap); only when all passed are they published, by rename under
+    JAX's lock with their atime files, so a running job never sees a partial entry and a
+    size-capped writer finds the atime file it expects.
     """
     cache_dir = Path(config.cache.dir)
     if not source.is_file():  # a FIFO or a device would be read forever
         raise BundleError(f"{source}: not a regular file; expected a bundle from "
                           f"`jaxwarm cache export`")
+    refuse_compressed(source)
     try:
-        tar = tarfile.open(source)
+        tar = tarfile.open(source, "r:")
+        tar.getmembers()  # every header read (and checked) once, here
     except (OSError, tarfile.TarError) as exc:
         raise BundleError(f"{source}: cannot read bundle ({exc})") from None
     with tar:
@@ -189,12 +204,16 @@ def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
             raise BundleError(f"{source}: refusing to import: {reason}")
         present = {entry.key for entry in scan(cache_dir, histories={})}
         todo = {key: item for key, item in meta.entries.items() if key not in present}
+        members = {key: checked_member(tar, source, key, item) for key, item in todo.items()}
+        check_total(source, cache_dir, sum(item.size for item in todo.values()), max_bytes)
         targets = [path for key in todo
                    for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
-        with staged_files(targets, publish_under=jax_lock(cache_dir)) as temps:
+        with staged_files(targets, modes_in(cache_dir)[0] | 0o044,
+                          publish_under=jax_lock(cache_dir),
+                          what=f"the entries of {source}") as temps:
             for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2],
                                                          strict=True):
-                entry_tmp.write_bytes(read_member(tar, source, key, item))
+                copy_member(tar, members[key], entry_tmp, source, key, item)
                 atime_tmp.write_bytes(encode_atime(time.time_ns()))
     recorded = [record for key, item in todo.items()
                 if (record := manifest_record(source, key, item)) is not None]
@@ -203,21 +222,67 @@ def import_bundle(source: Path, config: Config) -> tuple[list[str], list[str]]:
     return list(todo), sorted(present & set(meta.entries))
 
 
-def read_member(tar: tarfile.TarFile, source: Path, key: str, item: BundleItem) -> bytes:
-    """An entry's bytes from the bundle: a regular member of the recorded size and checksum
-    (a link or device member is refused, and nothing beyond the recorded size is read)."""
+def refuse_compressed(source: Path) -> None:
+    """A bundle is a plain tar (its entries are compressed already): a gzip, bzip2, xz or
+    zstd stream around it could expand without bound, so it is refused, not read."""
+    with source.open("rb") as head:
+        start = head.read(6)
+    kind = next((name for magic, name in _COMPRESSED if start.startswith(magic)), None)
+    if kind:
+        raise BundleError(f"{source}: a {kind}-compressed file; `jaxwarm cache import` reads "
+                          f"the plain tar `cache export` writes (decompress it first)")
+
+
+def checked_member(tar: tarfile.TarFile, source: Path, key: str,
+                   item: BundleItem) -> tarfile.TarInfo:
+    """The tar member of an entry: a regular, non-sparse file of the listed size, no bigger
+    than any JAX entry, whose bytes lie within the bundle file (a header cannot claim more
+    data than the file holds). Checked before anything is written."""
     name = f"{ENTRIES}/{key}{CACHE_SUFFIX}"
     try:
         member = tar.getmember(name)
     except KeyError:
         raise BundleError(f"{source}: entry {key} is listed but missing") from None
-    if not member.isreg():
-        raise BundleError(f"{source}: {name} is not a regular file (a link or device); "
-                          f"refusing the bundle")
+    if not member.isreg() or member.issparse():
+        raise BundleError(f"{source}: {name} is not a regular file (a link, device or sparse "
+                          f"member); refusing the bundle")
     if member.size != item.size:
         raise BundleError(f"{source}: {name} is {member.size} bytes, the bundle lists "
                           f"{item.size} (damaged bundle)")
-    data = tar.extractfile(member).read(item.size)
-    if hashlib.sha256(data).hexdigest() != item.sha256:
+    if item.size > MAX_ENTRY_BYTES:
+        raise BundleError(f"{source}: {name} is {item.size} bytes, more than any JAX entry "
+                          f"({MAX_ENTRY_BYTES} bytes); refusing the bundle")
+    if member.offset_data + member.size > source.stat().st_size:
+        raise BundleError(f"{source}: {name} claims {member.size} bytes, more than the file "
+                          f"holds (damaged or crafted bundle)")
+    return member
+
+
+def check_total(source: Path, cache_dir: Path, total: int, max_bytes: int) -> None:
+    if total > max_bytes:
+        raise BundleError(f"{source}: its new entries are {total} bytes, more than the import "
+                          f"limit of {max_bytes} bytes (raise it with --max-bytes)")
+    free = shutil.disk_usage(cache_dir).free
+    if total > free:
+        raise BundleError(f"{source}: its new entries are {total} bytes, {cache_dir} has "
+                          f"{free} bytes free")
+
+
+def copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, source: Path,
+                key: str, item: BundleItem) -> None:
+    """Copy an entry from the bundle to `target` in blocks (nothing beyond the listed size is
+    read), then check it in full: the listed checksum, and a decompression within the
+    entry's payload cap (a zlib bomb is refused, not imported)."""
+    reader = tar.extractfile(member)
+    digest = hashlib.sha256()
+    left = item.size
+    with target.open("wb") as out:
+        while left and (block := reader.read(min(left, BLOCK_BYTES))):
+            digest.update(block)
+            out.write(block)
+            left -= len(block)
+    if digest.hexdigest() != item.sha256:
         raise BundleError(f"{source}: entry {key} does not match its checksum (damaged bundle)")
-    return data
+    problem = entry_problem(target, item.sha256)
+    if problem:
+        raise BundleError(f"{source}: entry {key}: {problem}; refusing the bundle")

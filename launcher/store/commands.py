@@ -15,7 +15,7 @@ from pathlib import Path
 from launcher.config import CacheConfig, Config, ConfigError, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
 from launcher.records import JobUsage, dumps
-from launcher.store.bundle import export_bundle, import_bundle
+from launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
 from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
 from launcher.store.integrity import check_and_quarantine
 from launcher.store.manifest import latest_for_run, read_manifest
@@ -92,6 +92,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     importer = actions.add_parser("import", help="add a bundle's entries to a config's cache")
     importer.add_argument("bundle", type=Path)
     target(importer)
+    importer.add_argument("--max-bytes", type=parse_size, default=DEFAULT_IMPORT_LIMIT,
+                          help=f"refuse a bundle adding more than this (default "
+                               f"{DEFAULT_IMPORT_LIMIT >> 30}G)")
 
 
 def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config | None]:
@@ -259,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     elif action == "import":
         config = require_config(config, args.target, action)
         prepare_cache_dir(Path(cache_dir), config.cache, config.source)
-        added, present = import_bundle(args.bundle, config)
+        added, present = import_bundle(args.bundle, config, args.max_bytes)
         print(f"imported {len(added)} entr{'y' if len(added) == 1 else 'ies'} into "
               f"{cache_dir} ({len(present)} already there)")
     return 0

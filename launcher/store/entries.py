@@ -17,12 +17,14 @@ import logging
 import os
 import re
 import stat as stat_module
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from launcher.files import is_held, locked
+from launcher.files import atomic_write, is_held, locked, modes_in
 from launcher.jaxkey.entryformat import (
     ATIME_SUFFIX,
     CACHE_SUFFIX,
@@ -43,6 +45,13 @@ WRITER_LOCKS = "jaxwarm-locks"
 ENTRY_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*-[0-9a-f]{64}")
 # No entry JAX writes comes near this; a bigger "entry" is not read into memory.
 MAX_ENTRY_BYTES = 4 << 30
+# An entry's payload is capped at PAYLOAD_RATIO times its compressed size (at least
+# MIN_PAYLOAD_CAP): serialized executables compress a few times, a zlib bomb 1000 times.
+PAYLOAD_RATIO = 64
+MIN_PAYLOAD_CAP = 64 << 20
+# Nodes sharing a cache dir disagree on the time by a little; a file time further ahead than
+# this is no evidence of use.
+CLOCK_SKEW_S = 300.0
 
 
 class NotAnEntry(ValueError):
@@ -86,10 +95,10 @@ def atime_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}{ATIME_SUFFIX}"
 
 
-def read_entry(path: Path) -> bytes:
-    """The bytes of a regular entry file, read without following a symlink or blocking on a
-    FIFO, and bounded (a link to /dev/zero or a huge file is refused, not read). Raises
-    FileNotFoundError, or NotAnEntry saying what is there instead."""
+def open_entry(path: Path) -> BinaryIO:
+    """A regular entry file opened for reading, without following a symlink or blocking on a
+    FIFO, and bounded (a link to /dev/zero or a huge file is refused, not opened). Raises
+    FileNotFoundError, or NotAnEntry saying what is there instead. Read it in blocks."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -97,14 +106,23 @@ def read_entry(path: Path) -> bytes:
             raise
         kind = "a symlink" if path.is_symlink() else exc.strerror
         raise NotAnEntry(f"not a regular file ({kind})") from None
-    with os.fdopen(fd, "rb") as source:
-        info = os.fstat(fd)
-        if not stat_module.S_ISREG(info.st_mode):
-            raise NotAnEntry(f"not a regular file ({file_kind(info.st_mode)})")
-        if info.st_size > MAX_ENTRY_BYTES:
-            raise NotAnEntry(f"{info.st_size} bytes, more than any JAX entry "
-                             f"({MAX_ENTRY_BYTES} bytes)")
-        return source.read(MAX_ENTRY_BYTES + 1)
+    source = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    problem = None
+    if not stat_module.S_ISREG(info.st_mode):
+        problem = f"not a regular file ({file_kind(info.st_mode)})"
+    elif info.st_size > MAX_ENTRY_BYTES:
+        problem = f"{info.st_size} bytes, more than any JAX entry ({MAX_ENTRY_BYTES} bytes)"
+    if problem:
+        source.close()
+        raise NotAnEntry(problem)
+    return source
+
+
+def payload_limit(size: int) -> int:
+    """The most an entry of `size` compressed bytes may decompress to: far above what JAX's
+    executables reach, far below what a crafted stream (zeros, 1000:1) claims."""
+    return max(MIN_PAYLOAD_CAP, PAYLOAD_RATIO * size)
 
 
 def file_kind(mode: int) -> str:
@@ -150,11 +168,22 @@ def read_atime(cache_dir: str | Path, key: str) -> float | None:
         return None
 
 
+def plausible(moment: float, now: float) -> float | None:
+    """A file time as evidence of use: one from the future (a skewed clock, a crafted atime
+    file or mtime) says nothing, so it would otherwise keep the entry forever in LRU order
+    and from `--older-than`; within CLOCK_SKEW_S of now it is read as now."""
+    if moment <= now:
+        return moment
+    return now if moment <= now + CLOCK_SKEW_S else None
+
+
 def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
-    """Every entry in the dir, oldest use first. Tolerates entries vanishing mid-scan. Only
+    """Every entry in the dir, oldest use first (an entry with no plausible time of use
+    first of all). Tolerates entries vanishing mid-scan. Only
     regular files named like a JAX entry count; anything else under `*-cache` (a directory,
     a FIFO, a symlink) is skipped with a line, never read or removed."""
     histories = histories if histories is not None else key_histories(read_usage(cache_dir))
+    now = time.time()
     entries = []
     for path in Path(cache_dir).glob(f"*{CACHE_SUFFIX}"):
         key = path.name[:-len(CACHE_SUFFIX)]
@@ -168,9 +197,11 @@ def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) 
             log.warning("skipping %s: %s, not a JAX entry", path, file_kind(stat.st_mode))
             continue
         history = histories.get(key)
-        uses = [t for t in (read_atime(cache_dir, key), history and history.last_used) if t]
-        entries.append(Entry(key=key, path=path, size=stat.st_size, created=stat.st_mtime,
-                             last_used=max([stat.st_mtime, *uses])))
+        times = (stat.st_mtime, read_atime(cache_dir, key), history and history.last_used)
+        uses = [use for use in (plausible(moment, now) for moment in times if moment)
+                if use is not None]
+        entries.append(Entry(key=key, path=path, size=stat.st_size,
+                             created=min(stat.st_mtime, now), last_used=max(uses, default=0.0)))
     return sorted(entries, key=lambda e: (e.last_used, e.key))
 
 
@@ -205,7 +236,8 @@ def ensure_atime_files(cache_dir: str | Path) -> int:
         for entry in scan(cache_dir, histories={}):
             atime = atime_path(cache_dir, entry.key)
             if not atime.exists():
-                atime.write_bytes(encode_atime(int(entry.last_used * 1e9)))
+                atomic_write(atime, encode_atime(int(entry.last_used * 1e9)),
+                             modes_in(cache_dir)[0])
                 added += 1
     if added:
         log.info("%s: added JAX atime files for %d entr%s written without a size cap",

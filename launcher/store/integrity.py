@@ -13,14 +13,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import stat
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from launcher.environment import is_remote
-from launcher.jaxkey.entryformat import HEAD_BYTES, TIME_BYTES, decompress, looks_like_entry
+from launcher.files import atomic_write, make_dir, modes_in
+from launcher.jaxkey.entryformat import (
+    BLOCK_BYTES,
+    HEAD_BYTES,
+    TIME_BYTES,
+    PayloadTooBig,
+    looks_like_entry,
+    payload_size,
+)
 from launcher.records import EntryChecked, EntryQuarantined
 from launcher.store.entries import (
     CACHE_SUFFIX,
@@ -28,8 +38,10 @@ from launcher.store.entries import (
     NotAnEntry,
     entry_path,
     file_kind,
+    in_flight,
     jax_lock,
-    read_entry,
+    open_entry,
+    payload_limit,
     remove_entry,
     scan,
     written_since,
@@ -60,28 +72,56 @@ class Recorded:
     size: int | None
 
 
+class _Tap:
+    """An entry file read once, in blocks, by the decompressor: hashes what passes through
+    and notes whether any byte was non-zero."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self.source, self.digest, self.nonzero = source, hashlib.sha256(), False
+
+    def read(self, size: int = BLOCK_BYTES) -> bytes:
+        data = self.source.read(min(size if size >= 0 else BLOCK_BYTES, BLOCK_BYTES))
+        self.digest.update(data)
+        self.nonzero = self.nonzero or bool(data.strip(b"\0"))
+        return data
+
+    def drain(self) -> None:
+        while self.read():
+            pass
+
+
 def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     """Why the entry at `path` cannot be loaded safely; None when it is intact. The full
-    check: it reads and decompresses the whole entry."""
+    check: it reads and decompresses the whole entry, in bounded blocks, and refuses a
+    payload beyond `payload_limit` of its size (a decompression bomb)."""
     try:
-        data = read_entry(path)
+        source = open_entry(path)
     except FileNotFoundError:
         return "missing"
     except NotAnEntry as exc:
         return str(exc)
-    if not data:
-        return "empty file (a torn or interrupted write)"
-    if not data.strip(b"\0"):
-        return f"all {len(data)} bytes are zero"
-    try:
-        payload = decompress(data)
-    except (zlib.error, ValueError) as exc:
-        return f"does not decompress ({exc})"
-    except Exception as exc:  # zstandard raises its own error type
-        return f"does not decompress ({type(exc).__name__}: {exc})"
-    if len(payload) <= TIME_BYTES:
-        return f"decompresses to {len(payload)} bytes: no executable after the header"
-    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+    with source:
+        size = os.fstat(source.fileno()).st_size
+        if not size:
+            return "empty file (a torn or interrupted write)"
+        tap = _Tap(source)
+        payload, problem = 0, None
+        try:
+            payload = payload_size(tap, payload_limit(size))
+        except PayloadTooBig as exc:
+            return str(exc)
+        except (zlib.error, ValueError) as exc:
+            problem = f"does not decompress ({exc})"
+        except Exception as exc:  # zstandard raises its own error type
+            problem = f"does not decompress ({type(exc).__name__}: {exc})"
+        tap.drain()
+    if not tap.nonzero:
+        return f"all {size} bytes are zero"
+    if problem:
+        return problem
+    if payload <= TIME_BYTES:
+        return f"decompresses to {payload} bytes: no executable after the header"
+    if expected_sha256 is not None and tap.digest.hexdigest() != expected_sha256:
         return "sha256 differs from the one recorded when it was written"
     return None
 
@@ -122,22 +162,43 @@ def quick_problem(path: Path, size: int) -> str | None:
     return None
 
 
-def warm_problem(cache_dir: str, key: str) -> str | None:
+BEING_WRITTEN = "being written by a running prewarm (its writer lock is held)"
+MISSED_NOTE = ("WARM by size, but a previous run missed it; the next prewarm checks it in "
+               "full (and compiles it again if it is corrupt)")
+
+
+def missed_since_check(cache_dir: str | Path, key: str) -> bool:
+    """Whether a job missed `key` although its entry was there, and no full check, rewrite
+    or quarantine of it came after (only this key's lines of the usage log are parsed)."""
+    history = key_histories(read_usage(cache_dir, records_entry(key))).get(key)
+    return history is not None and history.missed
+
+
+def warm_problem(cache_dir: str, key: str, *, recheck_missed: bool = False) -> str | None:
     """Why the entry of `key` would not load; None when it is WARM. The one check behind
     `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
     with its size gets the quick check (within verify's 10 ms: only this key's records are
     parsed); any other gets the full check once, and when intact its checksum and size are
-    recorded, so the next check is quick. Remote dirs are looked up through etils.epath,
-    as JAX reads them."""
+    recorded, so the next check is quick. With `recheck_missed` (the prewarm), an entry a
+    job missed although it was there (`missed_since_check`) gets the full check too, so a
+    corrupt entry of the right size is found and replaced. An entry whose writer lock is held
+    is being written: `BEING_WRITTEN`, never quarantined. Remote dirs are looked up through
+    etils.epath, as JAX reads them."""
     if is_remote(cache_dir):
         from etils import epath
         return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"
+    if in_flight(cache_dir, key):
+        return BEING_WRITTEN
     path = entry_path(cache_dir, key)
     known = recorded_entries(cache_dir, strict=False, key=key).get(key)
-    if known is not None and known.size is not None:
+    missed = recheck_missed and missed_since_check(cache_dir, key)
+    if known is not None and known.size is not None and not missed:
         return quick_problem(path, known.size)
     problem = entry_problem(path, known.sha256 if known else None)
     if problem is None:
+        if missed:
+            log.warning("%s: a job missed it, but it is intact in full (sha256 and "
+                        "decompression); the miss had another cause", key)
         written = written_since(cache_dir, key, 0.0)
         if written is not None:
             append_usage(cache_dir, EntryChecked(key, *written))
@@ -147,12 +208,15 @@ def warm_problem(cache_dir: str, key: str) -> str | None:
 def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
                   strict: bool = True) -> list[Check]:
     """Check the given keys (default: every entry in the dir); `strict` as in
-    `recorded_entries`."""
+    `recorded_entries`. An entry being written (its writer lock held) is left alone."""
     recorded = recorded_entries(cache_dir, strict)
     if keys is None:
         keys = [entry.key for entry in scan(cache_dir, histories={})]
     checks = []
     for key in keys:
+        if in_flight(cache_dir, key):
+            log.info("%s: %s; not checking it now", key, BEING_WRITTEN)
+            continue
         path = entry_path(cache_dir, key)
         known = recorded.get(key)
         problem = entry_problem(path, known.sha256 if known else None)
@@ -165,15 +229,15 @@ def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
 
 def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
     """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh."""
-    folder = Path(cache_dir) / QUARANTINE_DIR
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = make_dir(Path(cache_dir) / QUARANTINE_DIR)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     destination = folder / f"{check.key}-cache.{stamp}"
     with jax_lock(cache_dir):
         if not remove_entry(cache_dir, check.key, destination):
             return None
-    destination.with_suffix(destination.suffix + ".json").write_text(
-        json.dumps({"key": check.key, "problem": check.problem, "time": time.time()}) + "\n")
+    atomic_write(destination.with_suffix(destination.suffix + ".json"),
+                 json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
+                 + "\n", modes_in(folder)[0], what="the note of why the entry was quarantined")
     append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
     log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination

@@ -8,6 +8,7 @@ a half-written file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from launcher.config import ConfigError, convert
 from launcher.errors import UserError
-from launcher.files import atomic_write, locked
+from launcher.files import atomic_write, locked, modes_in
 from launcher.store.entries import is_entry_key
 
 log = logging.getLogger("jaxwarm.store")
@@ -48,6 +49,12 @@ class ManifestEntry:
     is_step: bool = True
     # The process-global JAX settings it was lowered under (launcher.jaxkey.globalopts).
     global_options: dict[str, str] = field(default_factory=dict)
+    # Every other run whose prewarm found this entry WARM and uses it (`run` wrote it): its
+    # pre-run check and `cache export` include the entry too. Older manifests have none.
+    runs: list[str] = field(default_factory=list)
+
+    def used_by(self, run: str) -> bool:
+        return run == self.run or run in self.runs
 
 
 def manifest_path(cache_dir: str | Path) -> Path:
@@ -105,7 +112,7 @@ def set_aside(path: Path, problem: str) -> Path:
     """Move a broken manifest out of the way, with a note of why, so writing can go on."""
     aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
     path.rename(aside)
-    aside.with_name(aside.name + ".why").write_text(problem + "\n")
+    atomic_write(aside.with_name(aside.name + ".why"), problem + "\n", modes_in(path.parent)[0])
     log.warning("%s; moved it to %s and started a new one", problem, aside)
     return aside
 
@@ -120,11 +127,30 @@ def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
         except ManifestError as exc:
             set_aside(path, str(exc))
             current = {}
-        current.update({entry.key: entry for entry in entries})
+        current.update({entry.key: merged(current.get(entry.key), entry) for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n",
+                     mode=modes_in(path.parent)[0], what="the prewarm manifest")
     return path
+
+
+def merged(old: ManifestEntry | None, new: ManifestEntry) -> ManifestEntry:
+    """A new record of a key keeps the runs that used the old one (a rewrite after a
+    quarantine must not make another run's entry invisible to it)."""
+    if old is None:
+        return new
+    runs = [run for run in dict.fromkeys([old.run, *old.runs, *new.runs]) if run != new.run]
+    return dataclasses.replace(new, runs=runs)
+
+
+def uses_entries(cache_dir: str | Path, entries: list[ManifestEntry], run: str) -> None:
+    """Record that `run` uses these entries (its prewarm found them WARM), so that its
+    pre-run check and `cache export` include them; a no-op for entries it already uses."""
+    new = [dataclasses.replace(entry, runs=[*entry.runs, run])
+           for entry in entries if not entry.used_by(run)]
+    if new:
+        record_entries(cache_dir, new)
 
 
 def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[ManifestEntry]:
@@ -132,7 +158,7 @@ def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[Manifes
     expects to load (older keys of the same function are from an earlier step or setup)."""
     latest: dict[str, ManifestEntry] = {}
     for entry in manifest.values():
-        if entry.run == run and (entry.function not in latest
+        if entry.used_by(run) and (entry.function not in latest
                                  or entry.created > latest[entry.function].created):
             latest[entry.function] = entry
     return sorted(latest.values(), key=lambda e: e.function)

@@ -15,14 +15,17 @@ from launcher.store.manifest import ManifestEntry
 def explain_miss(function: str, components: dict[str, str],
                  manifest: dict[str, ManifestEntry], *, run: str | None = None,
                  process_count: int | None = None, signature: str | None = None,
-                 global_options: dict[str, str] | None = None, job: str = "run") -> list[str]:
+                 global_options: dict[str, str] | None = None, job: str = "run",
+                 max_size: int = -1) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
     as the component it shows up in); this run's entries first, then the closest others
     (fewest differences, then newest). First of all, the process-global JAX settings that
     differ from those the function was prewarmed under (`global_options`, this `job`'s),
-    since they can change its input types too (the PRNG implementation)."""
+    since they can change its input types too (the PRNG implementation). With a size cap
+    (`max_size`), an entry the manifest lists that is gone is most likely JAX's own LRU
+    eviction, and is named as that."""
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -47,6 +50,11 @@ def explain_miss(function: str, components: dict[str, str],
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     lines = explain(closest.components, components)
+    if not lines and max_size > 0:
+        return [f"the manifest lists {closest.key} but its cache entry is gone: with "
+                f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
+                f"stay within it (or it was pruned or deleted); raise cache.max_size and run "
+                f"`jaxwarm prewarm` again"]
     if not lines:
         return [f"the manifest lists {closest.key} but its cache entry is gone "
                 f"(pruned or deleted): run `jaxwarm prewarm` again"]

@@ -14,11 +14,20 @@ import grp
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from launcher.config import CacheConfig, ConfigError
+from launcher.files import GROUP_DIR, PRIVATE_DIR
 
-PRIVATE_MODE = 0o700
-SHARED_MODE = 0o2770
+PRIVATE_MODE = PRIVATE_DIR
+SHARED_MODE = GROUP_DIR
+
+
+class DirIdentity(NamedTuple):
+    """Which directory a path named when it was checked."""
+
+    device: int
+    inode: int
 
 
 def trusted_gid(cache: CacheConfig, source: str) -> int | None:
@@ -53,11 +62,18 @@ def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
     return None
 
 
-def parent_problem(info: os.stat_result) -> str | None:
-    """A parent anyone may write (and without the sticky bit) lets them swap the dir."""
+def parent_problem(info: os.stat_result, gid: int | None) -> str | None:
+    """A parent others may write (and without the sticky bit) lets them swap the dir: anyone
+    for a world-writable one, every member of its group for a group-writable one, unless that
+    group is the trusted group. Pure."""
     mode = stat.S_IMODE(info.st_mode)
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
         return f"is writable by every user without the sticky bit (mode {mode:04o})"
+    if mode & stat.S_IWGRP and info.st_gid != gid:
+        return (f"is writable by group {info.st_gid} without the sticky bit (mode {mode:04o}) "
+                f"and cache.trusted_group does not name that group")
     return None
 
 
@@ -70,37 +86,63 @@ def write_problem(path: Path) -> str | None:
     return f"{what} read-only for you; jobs could neither write nor lock entries there"
 
 
-def check_cache_dir(path: Path, cache: CacheConfig, source: str, writing: bool = False) -> None:
+def check_cache_dir(path: Path, cache: CacheConfig, source: str,
+                    writing: bool = False) -> DirIdentity | None:
     """Refuse an unsafe existing cache dir or parent with one line naming file and key.
 
     The parents are checked along the path as written and along the path it resolves to,
     so a symlink cannot lead into a dir anyone may replace. With `writing` (a launch), a
-    dir this user cannot write is refused here too, before any job starts."""
+    dir this user cannot write is refused here too, before any job starts. Returns the
+    identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`."""
     gid = trusted_gid(cache, source)
     path = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
-        problem = parent_problem(parent.stat()) if parent.exists() else None
+        problem = parent_problem(parent.stat(), gid) if parent.exists() else None
         if problem:
             raise ConfigError(f"{source}: cache.dir: parent {parent} {problem}: anyone could "
                               f"replace the cache that every rank executes")
+    identity = None
     if path.exists():
-        problem = dir_problem(path.stat(), os.geteuid(), gid)
+        info = path.stat()
+        problem = dir_problem(info, os.geteuid(), gid)
         if problem:
             raise ConfigError(f"{source}: cache.dir: {path} {problem}; refusing to run code "
                               f"from it")
+        identity = DirIdentity(info.st_dev, info.st_ino)
     problem = write_problem(path) if writing else None
     if problem:
         raise ConfigError(f"{source}: cache.dir: {path} {problem}")
+    return identity
 
 
-def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> None:
-    """Check the dir, then create it (and missing parents) with a safe mode."""
-    check_cache_dir(path, cache, source)
-    if path.exists():
-        return
+def recheck_cache_dir(path: Path, cache: CacheConfig, source: str,
+                      checked: DirIdentity | None) -> DirIdentity | None:
+    """The same checks again right before JAX opens the dir (each cache lookup of a job),
+    and the dir must still be the one checked then: a dir swapped in between (a rename by
+    whoever can write a parent) is refused, not loaded from."""
+    identity = check_cache_dir(path, cache, source)
+    if checked is not None and identity != checked:
+        raise ConfigError(f"{source}: cache.dir: {path} is not the directory checked when "
+                          f"the job started (it was replaced: device/inode {checked.device}/"
+                          f"{checked.inode}, now {_describe(identity)}); refusing to load code "
+                          f"from it")
+    return identity
+
+
+def _describe(identity: DirIdentity | None) -> str:
+    return "missing" if identity is None else f"{identity.device}/{identity.inode}"
+
+
+def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> DirIdentity | None:
+    """Check the dir, then create it (and missing parents) with a safe mode; returns the
+    identity of the dir as checked or created."""
+    identity = check_cache_dir(path, cache, source)
+    if identity is not None:
+        return identity
     gid = trusted_gid(cache, source)
     path.mkdir(mode=PRIVATE_MODE if gid is None else SHARED_MODE, parents=True, exist_ok=True)
     if gid is not None:
         os.chown(path, -1, gid)
         os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask
+    return check_cache_dir(path, cache, source)

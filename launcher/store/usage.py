@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, ConfigError
-from launcher.files import locked
+from launcher.files import locked, modes_in, writing
 from launcher.records import (
     EntryChecked,
+    EntryMissed,
     InitReport,
     JobUsage,
     UsageRecord,
@@ -55,12 +56,13 @@ def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
     path = usage_path(cache_dir)
     line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, modes_in(path.parent)[0])
         try:
             end = os.fstat(fd).st_size
             if end and os.pread(fd, 1, end - 1) != b"\n":
                 line = "\n" + line
-            os.write(fd, line.encode())
+            with writing(path, "a record to the cache's usage log"):
+                os.write(fd, line.encode())
         finally:
             os.close(fd)
 
@@ -124,6 +126,8 @@ class KeyHistory:
     sha256: str | None = None
     size: int | None = None
     removed: bool = False
+    # A job missed the entry although it was there, and nothing checked it in full since.
+    missed: bool = False
 
 
 def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
@@ -140,10 +144,15 @@ def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
                 if function.sha256:
                     history.written_by, history.sha256, history.size, history.removed = \
                         record.user, function.sha256, function.size, False
+                    history.missed = False
             continue
         history = histories.setdefault(record.key, KeyHistory())
-        if isinstance(record, EntryChecked):
+        if isinstance(record, EntryMissed):
+            history.missed = True
+        elif isinstance(record, EntryChecked):
             history.sha256, history.size, history.removed = record.sha256, record.size, False
+            history.missed = False
         else:  # quarantined or pruned
             history.sha256, history.size, history.removed = None, None, True
+            history.missed = False
     return histories

@@ -3,12 +3,17 @@
 Each process gets the job environment plus its place in `jax.distributed` (coordinator on
 127.0.0.1, a free port), exactly what a SLURM task gets from the job script. The processes
 run in their own session so that a terminal's Ctrl-C reaches them once, through the runner,
-which forwards INT/TERM/USR1/USR2 to every process and stops the rest when one fails.
+which forwards INT/TERM/USR1/USR2 to every process and stops the rest when one fails. Each
+process runs under `launcher.submit.supervise`, which signals its whole process group (a
+shell wrapper's children too), escalates to SIGKILL after `stop_grace_s`, and ends the group
+when the launcher dies. A training job whose first step does not come within
+`train.first_step_timeout_s` is stopped the same way.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -25,13 +30,13 @@ from launcher.config import Config, TopologyConfig
 from launcher.environment import merge_environment
 from launcher.flow import EXIT_ERROR, Outcome
 from launcher.injob.place import process_variables
-from launcher.rundir import log_path
+from launcher.rundir import TRAIN, log_path, report_path, unfinished
 from launcher.submit.jobs import JobSpec
 
 log = logging.getLogger("jaxwarm.local")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-STOP_GRACE_S = 30.0
+SUPERVISOR = "launcher.submit.supervise"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -42,6 +47,9 @@ class JobResult:
     failed_process: int | None = None
     log_tail: str = ""
     signal_received: int | None = None
+    # Why jaxwarm stopped the job itself (no first step in time), or why a job that exited 0
+    # did not do its work (training unfinished).
+    problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,11 +89,16 @@ def _echo(stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
 class LocalJob:
     """The processes of one job; `run()` blocks until all exit."""
 
-    def __init__(self, job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True):
+    def __init__(self, job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True,
+                 grace_s: float = 30.0, first_step_timeout_s: float | None = None):
         self.job = job
         self.topology = topology
         self.run_dir = run_dir
         self.echo = echo
+        self.grace_s = grace_s
+        self.first_step_timeout_s = first_step_timeout_s if job.name == TRAIN else None
+        self.started = 0.0
+        self.problem: str | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.echoes: list[threading.Thread] = []
         self.signal_received: int | None = None
@@ -93,6 +106,8 @@ class LocalJob:
     def start(self) -> None:
         coordinator = f"127.0.0.1:{free_port()}"
         count = self.topology.num_processes
+        self.started = time.time()
+        argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", "--", *self.job.argv]
         base = merge_environment(dict(os.environ), self.job.env)
         for index in range(count):
             env = dict(base)
@@ -103,7 +118,7 @@ class LocalJob:
             sink = path.open("wb")
             echo = self.echo and index == 0
             proc = subprocess.Popen(
-                self.job.argv, env=env, stdin=subprocess.DEVNULL,
+                argv, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if echo else sink, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent)
             if echo:
@@ -132,11 +147,25 @@ class LocalJob:
                     pass
 
     def _stop_rest(self) -> None:
+        """SIGTERM every process; each supervisor SIGKILLs its group after the grace."""
         self._send(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
-            time.sleep(0.1)
-        self._send(signal.SIGKILL)
+
+    def _check_first_step(self) -> None:
+        """Stop a training job whose process 0 has not reported its first step in time (the
+        recorder writes the report at the first step; an older one is another launch's)."""
+        if self.first_step_timeout_s is None or self.problem is not None or \
+                time.time() < self.started + self.first_step_timeout_s:
+            return
+        try:
+            if report_path(self.run_dir, self.job.name, 0, 0).stat().st_mtime >= self.started:
+                self.first_step_timeout_s = None
+                return
+        except FileNotFoundError:
+            pass
+        self.problem = (f"{self.job.name}: no first step within {self.first_step_timeout_s:g} "
+                        f"s (train.first_step_timeout_s); stopped the job")
+        log.error("%s", self.problem)
+        self._stop_rest()
 
     def wait(self) -> JobResult:
         result = self._wait_processes()
@@ -146,6 +175,7 @@ class LocalJob:
 
     def _wait_processes(self) -> JobResult:
         while True:
+            self._check_first_step()
             codes = [p.poll() for p in self.procs]
             failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
             if failed is not None:
@@ -155,9 +185,10 @@ class LocalJob:
                     proc.wait()
                 path = log_path(self.run_dir, self.job.name, failed)
                 return JobResult(self.job.name, codes[failed] or 1, failed,
-                                 f"{path}:\n{tail(path)}", self.signal_received)
+                                 f"{path}:\n{tail(path)}", self.signal_received, self.problem)
             if all(c == 0 for c in codes):
-                return JobResult(self.job.name, 0, signal_received=self.signal_received)
+                return JobResult(self.job.name, 0, signal_received=self.signal_received,
+                                 problem=self.problem)
             time.sleep(0.1)
 
     def run(self) -> JobResult:
@@ -172,11 +203,21 @@ class LocalJob:
                 signal.signal(signum, handler)
 
 
-def run_job(job: JobSpec, topology: TopologyConfig, run_dir: Path, echo: bool = True) -> JobResult:
-    return LocalJob(job, topology, run_dir, echo=echo).run()
+def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
+    result = LocalJob(job, config.topology, config.run_dir, echo=echo,
+                      grace_s=config.stop_grace_s,
+                      first_step_timeout_s=config.train.first_step_timeout_s).run()
+    if job.name == TRAIN and result.ok and result.problem is None and \
+            result.signal_received is None:
+        problem = unfinished(config.run_dir, config.train.steps)
+        if problem:
+            return dataclasses.replace(result, problem=f"{job.name}: {problem}")
+    return result
 
 
 def outcome(result: JobResult) -> Outcome:
+    if result.problem is not None:
+        return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
         return Outcome(result.name, False,
                        f"{result.name} stopped after a forwarded signal; relaunch the same "
@@ -200,8 +241,9 @@ class LocalBackend:
     def submit(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
         results: list[JobResult] = []
         for job in jobs:
-            results.append(run_job(job, config.topology, config.run_dir))
-            if not results[-1].ok or results[-1].signal_received is not None:
+            results.append(run_job(job, config))
+            if not results[-1].ok or results[-1].signal_received is not None or \
+                    results[-1].problem is not None:
                 break
         return results
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import Config, ConfigError
+from launcher.config import Config, ConfigError, load_yaml
 from launcher.environment import is_remote, resolve_paths
 from launcher.files import atomic_write, locked
 from launcher.rundir import lock_path, pinned_config
@@ -35,7 +35,22 @@ def resolve_run(config: Config, base: Path | None = None) -> tuple[Config, Path]
         check_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
                         config.cache, config.source, writing=True)
     config = resolve_paths(config, base)
+    refuse_small_cap(config)
     return config, pinned_config(config.run_dir)
+
+
+def refuse_small_cap(config: Config) -> None:
+    """A `cache.max_size` below what the run's prewarm wrote would have JAX's own LRU evict
+    the run's entries while writing them (the step then misses, for no visible reason)."""
+    if config.cache.max_size == -1 or is_remote(config.cache.dir):
+        return
+    entries = latest_for_run(read_manifest(config.cache.dir, strict=False), config.run.name)
+    need = sum(entry.size or 0 for entry in entries)
+    if need > config.cache.max_size:
+        raise ConfigError(f"{config.source}: cache.max_size: {config.cache.max_size} bytes is "
+                          f"less than the {need} bytes of the {len(entries)} entries run "
+                          f"{config.run.name!r} prewarms; JAX would evict them to stay under "
+                          f"it and the run would miss. Raise it (or -1: no cap)")
 
 
 def write_run_dir(config: Config) -> Path:
@@ -56,10 +71,10 @@ def adopt_run_dir(config: Config) -> Path:
     this very config, since its requeued jobs read it. Call under the run dir's lock."""
     path = pinned_config(config.run_dir)
     try:
-        pinned = yaml.safe_load(path.read_text())
+        pinned = load_yaml(path.read_text(), str(path))
     except FileNotFoundError:
         return write_run_dir(config)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, ConfigError) as exc:
         raise ConfigError(f"{config.source}: run.name: {path} cannot be read ({exc}); "
                           f"render writes no pinned config over it") from None
     if pinned != config.to_dict():

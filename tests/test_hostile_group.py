@@ -1,0 +1,108 @@
+"""Class 3 of issue 17: a cache shared with `cache.trusted_group` works for the whole group.
+Two non-root users of one group (created here, removed after) use one cache: the first
+prewarms, the second launches (prewarm, train), verifies and prunes. Every file and dir
+jaxwarm (or JAX, in its jobs) creates there is group read/write, every dir setgid."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.files import GROUP_DIR, make_dir, modes_in
+from tests.conftest import DEMO, REPO
+
+SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists(),
+    reason="needs root, useradd and /usr/bin/python3.11 to run two non-root users")
+
+
+@pytest.fixture
+def team() -> Iterator[tuple[str, str, str, Path]]:
+    """(group, first user, second user, a 0755 base dir under /tmp); all removed after."""
+    tag = f"{os.getpid() % 100000}"
+    group, users = f"jwg{tag}", [f"jwa{tag}", f"jwb{tag}"]
+    base = Path(tempfile.mkdtemp(prefix="jaxwarm-group-", dir="/tmp"))
+    base.chmod(0o755)
+    subprocess.run(["groupadd", group], check=True)
+    try:
+        for user in users:
+            subprocess.run(["useradd", "-M", "-N", "-g", group, "-s", "/bin/sh", user],
+                           check=True)
+            home = base / f"home-{user}"
+            home.mkdir()
+            shutil.chown(home, user, group)
+        yield group, users[0], users[1], base
+    finally:
+        for user in users:
+            subprocess.run(["userdel", user], check=False)
+        subprocess.run(["groupdel", group], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`jaxwarm ARGS` as `user`, with the user's own group only (as a login gives it)."""
+    group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(base / f"home-{user}"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]]),
+           "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([str(SYSTEM_PYTHON), "-m", "launcher.cli", *args], cwd=base,
+                          user=user, group=group, extra_groups=[group], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.e2e
+def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
+    group, first, second, base = team
+    shared = base / "team"  # the group's dir: the first member's, group-writable
+    shared.mkdir()
+    shutil.chown(shared, first, group)
+    shared.chmod(0o2770)
+    cache = shared / "cache"
+    common = [f"cache.dir={cache}", f"cache.trusted_group={group}",
+              "cache.min_compile_time_secs=0", "topology.processes_per_node=1",
+              "topology.devices_per_process=8", "train.steps=2"]
+    made = as_user(first, base, "prewarm", str(DEMO), "--local",
+                   f"run.out_dir={base / f'home-{first}' / 'runs'}", *common)
+    assert made.returncode == 0, made.stderr[-3000:]
+    launched = as_user(second, base, "launch", str(DEMO), "--local",
+                       f"run.out_dir={base / f'home-{second}' / 'runs'}", *common)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "Permission denied" not in launched.stderr
+    checked = as_user(second, base, "cache", "verify", str(DEMO), *common)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    pruned = as_user(second, base, "cache", "prune", str(DEMO), *common, "--max-size", "0",
+                     "--include-pinned")
+    assert pruned.returncode == 0, pruned.stderr[-3000:]
+    assert "pruned" in pruned.stdout and not list(cache.glob("*-cache"))
+    owners = set()
+    for path in [cache, *cache.rglob("*")]:
+        info = path.lstat()
+        owners.add(info.st_uid)
+        mode = stat.S_IMODE(info.st_mode)
+        if path.is_dir():
+            assert mode & GROUP_DIR == GROUP_DIR, (path, oct(mode))
+        else:
+            assert mode & 0o060 == 0o060, (path, oct(mode))
+    assert len(owners) == 2  # both members wrote there
+
+
+def test_modes_follow_the_dir(tmp_path: Path) -> None:
+    private = make_dir(tmp_path / "private")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700 and modes_in(private)[0] == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2770)
+    inner = make_dir(shared / "jaxwarm-locks")
+    assert stat.S_IMODE(inner.stat().st_mode) == 0o2770 and modes_in(shared)[0] == 0o660

@@ -1,0 +1,130 @@
+"""Class 5 of issue 17: every process ends. A trainer that never reaches its first step is
+stopped (train.first_step_timeout_s); one that ignores SIGTERM/SIGINT is killed after the
+grace period; a trainer behind a shell wrapper that does not `exec` is signalled with the
+wrapper, and a SIGKILLed launcher leaves no orphan; a training job that exits 0 before its
+configured steps is reported unfinished with the step reached. No JAX: the trainers here
+are small Python loops behind `sh -c`, run by the real launcher and supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, REPO
+from tests.hostile import snapshot
+
+pytestmark = pytest.mark.e2e
+
+# Writes its pid, then loops; with IGNORE it ignores SIGTERM and SIGINT.
+SLEEPER = r'''
+import os, signal, sys, time
+if sys.argv[2] == "IGNORE":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+with open(sys.argv[1], "a") as out:
+    out.write(f"{os.getpid()}\n")
+while True:
+    time.sleep(0.2)
+'''
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is not running
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout: float = 120.0) -> bool:
+    """Poll for an outcome; the timeout only bounds a broken run, nothing is timed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def wrapped(pid_file: Path, mode: str = "OBEY") -> str:
+    """A shell wrapper without `exec`: the trainer is the shell's child, not the job's."""
+    script = pid_file.with_name("sleeper.py")
+    script.write_text(SLEEPER)
+    return f"{sys.executable} {script} {pid_file} {mode}; echo wrapper done"
+
+
+def launch_args(tmp_path: Path, command: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", "--no-prewarm",
+            "--no-check-cache", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}",
+            f"entrypoint.command=[sh, -c, {json.dumps(command)}]", *extra]
+
+
+def test_a_trainer_without_a_first_step_is_stopped_with_one_line(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    result = subprocess.run(launch_args(tmp_path, wrapped(pid_file), "train.first_step_timeout_s=2",
+                                        "stop_grace_s=2"),
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "train: no first step within 2 s (train.first_step_timeout_s); stopped the job" \
+        in result.stderr
+    assert len(pids(pid_file)) == 2 and not any(alive(p) for p in pids(pid_file))
+
+
+def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    launcher = subprocess.Popen(launch_args(tmp_path, wrapped(pid_file, "IGNORE"),
+                                            "stop_grace_s=1"),
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        assert wait_until(lambda: len(pids(pid_file)) == 2)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert "did not stop within 1 s of SIGTERM; killing its process group" in err
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert not any(alive(p) for p in pids(pid_file))
+
+
+def test_a_killed_launcher_leaves_no_orphan_behind_a_shell_wrapper(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    launcher = subprocess.Popen(launch_args(tmp_path, wrapped(pid_file), "stop_grace_s=1"),
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: len(pids(pid_file)) == 2)
+        launcher.kill()
+        launcher.wait()
+        assert wait_until(lambda: not any(alive(p) for p in pids(pid_file)))
+    finally:
+        for pid in pids(pid_file):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> None:
+    """Exit 0 at step 3 of 10 (what a trainer does after its requeues ran out)."""
+    metrics = tmp_path / "runs" / "demo" / "metrics.jsonl"
+    command = f"echo '{{\"step\": 3, \"loss\": 1.0}}' >> {metrics}"
+    before = snapshot(REPO / "configs")
+    result = subprocess.run(launch_args(tmp_path, command, "train.steps=10"), cwd=REPO,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "train: training is unfinished: it stopped at step 3 of 10" in result.stderr
+    assert snapshot(REPO / "configs") == before

@@ -35,7 +35,7 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     train = json.loads((tmp_path / "runs" / "forms" / "reports" / "train-r0-p0.json")
                        .read_text())
-    assert any(NAMED.format(job="run") in w for w in train["warnings"]), train["warnings"]
+    assert any(NAMED.format(job="run") in w["text"] for w in train["warnings"]), train["warnings"]
     assert NAMED.format(job="run") in launched.stdout
 
     shown = run_cli("report", str(tmp_path / "runs" / "forms"))

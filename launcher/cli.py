@@ -1,7 +1,6 @@
-"""`jaxwarm`: launch, prewarm and report. The edge where config errors become exit codes.
-
-Everything that can be wrong with the input is checked before the first process starts:
-config, overrides, entrypoint lookup and the run dir all come first.
+"""`jaxwarm`: the command line. It parses the arguments and hands them on: the launch flow
+(checks, lock, pin, cache check, jobs, report) is `launcher.flow`, for every backend, and
+errors become one line and an exit code in `launcher.errors`.
 """
 
 from __future__ import annotations
@@ -9,29 +8,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import signal
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 
 from launcher import flow, selfcheck
-from launcher.config import Config, ConfigError, load_config
-from launcher.errors import one_line
-from launcher.flow import EXIT_ERROR, Backend
+from launcher.config import ConfigError, load_config
+from launcher.errors import run_main
 from launcher.records import dumps
-from launcher.report import attempt_summaries, load_reports
-from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir, unfinished
+from launcher.report import load_reports
+from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
 from launcher.store import commands as cache_commands
-from launcher.submit import local, slurm
-from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job
-from launcher.submit.prepare import (
-    adopt_run_dir,
-    holding_run_dir,
-    prepare_cache,
-    resolve_run,
-    write_run_dir,
-)
+from launcher.submit.backend import choose_backend
+from launcher.submit.jobs import prewarm_job, train_job
+from launcher.submit.prepare import adopt_run_dir, holding_run_dir, resolve_run
 from launcher.submit.sbatch import render
 
 log = logging.getLogger("jaxwarm")
@@ -84,80 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def choose_backend(requested: str | None) -> Backend:
-    if requested is None:
-        requested = "slurm" if shutil.which("sbatch") else "local"
-    return slurm.SlurmBackend() if requested == "slurm" else local.LocalBackend()
-
-
-def prewarm_many_on_slurm(args: argparse.Namespace, runs: list[tuple[Config, JobSpec]]) -> int:
-    jobs = slurm.submit_prewarm_array(runs)
-    slurm.print_submitted(jobs)
-    if not args.wait:
-        return 0
-    states = slurm.follow(jobs)
-    failed = [f"{job.job_id} {states[job.job_id]}" for job in jobs
-              if states[job.job_id] != "COMPLETED"]
-    if failed:
-        log.error("prewarm jobs did not complete: %s", ", ".join(failed))
-        return 1
-    return 0
-
-
 def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """Config files and KEY=VALUE overrides, in any order after the first config."""
     configs = [args.config] + [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
-    if len(configs) > 1 and args.command != "prewarm":
-        raise ConfigError(f"{configs[1]}: '{args.command}' takes one config "
-                          f"(only 'prewarm' takes several); overrides look like KEY.SUB=VALUE")
     return configs, overrides
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    paths, overrides = split_positionals(args)
-    # Every config is checked and every job built before anything is written or started.
-    configs = [load_config(path, overrides) for path in paths]
-    for config in configs:
-        check_modules(config)
-    backend = choose_backend(args.backend)
-    runs = [resolve_run(config) for config in configs]
-    refuse_shared_run_dirs([config for config, _ in runs])
-    plans = [flow.plan(args.command, config, pinned, not getattr(args, "no_prewarm", False))
-             for config, pinned in runs]
-    with ExitStack() as held:
-        for config, _ in runs:
-            held.enter_context(holding_run_dir(config))
-            if isinstance(backend, slurm.SlurmBackend):
-                slurm.refuse_active_jobs(config)
-        for config, _ in runs:
-            write_run_dir(config)
-            log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
-                     config.cache.dir, backend.name)
-            prepare_cache(config, not args.no_check_cache)
-        if isinstance(backend, slurm.SlurmBackend) and args.command == "prewarm" \
-                and len(configs) > 1:
-            return prewarm_many_on_slurm(
-                args, [(config, jobs[0]) for (config, _), jobs in zip(runs, plans, strict=True)])
-        worst = 0
-        for (config, _), jobs in zip(runs, plans, strict=True):
-            code = flow.run(args.command, config, jobs, backend,
-                            wait=getattr(args, "wait", False))
-            worst = max(worst, code)
-            if code and args.command != "prewarm":
-                break
-        return worst
-
-
-def refuse_shared_run_dirs(configs: list[Config]) -> None:
-    """Two configs of one `prewarm` in one run dir would pin over each other's config."""
-    seen: dict[Path, Config] = {}
-    for config in configs:
-        first = seen.setdefault(config.run_dir, config)
-        if first is not config:
-            raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is also "
-                              f"the run dir of {first.source}; give each config its own "
-                              f"run.name")
+    configs, overrides = split_positionals(args)
+    request = flow.Request(args.command, configs, overrides,
+                           prewarm=not getattr(args, "no_prewarm", False),
+                           check_cache=not args.no_check_cache,
+                           wait=getattr(args, "wait", False))
+    return flow.launch(request, choose_backend(args.backend))
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -174,21 +104,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    jobs = slurm.read_jobs(args.run_dir)
-    if not jobs:
-        raise ConfigError(f"{args.run_dir}: no SLURM jobs recorded for this run dir")
-    for job in jobs:
-        state = slurm.job_state(job.job_id)
-        print(f"{job.name:<8} job {job.job_id:<8} {state.state:<11} restarts {state.restarts}"
-              f"  reason {state.reason}  log {job.log_path()}")
-    for line in attempt_summaries(load_reports(args.run_dir)):
-        print(line)
-    pinned = pinned_config(args.run_dir)
-    if any(job.name == TRAIN for job in jobs) and pinned.is_file():
-        problem = unfinished(args.run_dir, load_config(pinned).train.steps)
-        if problem:  # sacct says COMPLETED for a trainer that exits 0 early
-            print(f"{TRAIN}: {problem}")
-    return 0
+    # Only SLURM jobs outlive the launch that started them.
+    return flow.status(args.run_dir, choose_backend("slurm"))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -223,19 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="jaxwarm: %(message)s")
+    commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
+                "cache": cache_commands.run, "doctor": lambda _: selfcheck.doctor()}
+    command = commands.get(args.command, cmd_jobs)
+    # -v shows a bug's traceback; without it a bug is one line that names itself a bug.
     try:
-        commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
-                    "cache": cache_commands.run, "doctor": lambda _: selfcheck.doctor()}
-        return commands.get(args.command, cmd_jobs)(args)
-    except KeyboardInterrupt:
-        return 130
+        return run_main(lambda: command(args), bugs_as_one_line=not args.verbose)
     except BrokenPipeError:
         return closed_stdout()
-    except Exception as exc:
-        if args.verbose:
-            raise
-        print(f"jaxwarm: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The one job environment every job, rank and restart gets, built from the config alone.
 
-The persistent-cache key hashes the cache path string (through the XLA autotune dir in the
-compile options), XLA_FLAGS and every JAX option that changes the lowering. So the prewarm
-job and the training job must see byte-identical values: this module is the only place that
-produces them, and `resolve_paths` fixes the path strings once, before any job starts.
+The persistent-cache key hashes XLA_FLAGS and every JAX option that changes the lowering,
+and before jax 0.11 also the cache path string (through the XLA autotune dir in the compile
+options; `launcher.jaxkey.versions.cache_path_in_key`). So the prewarm job and the training
+job must see byte-identical values: this module is the only place that produces them, and
+`resolve_paths` fixes the path strings once, at launch; jobs read them from the pinned
+config as they are, never resolving them again.
 """
 
 from __future__ import annotations

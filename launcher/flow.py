@@ -1,22 +1,29 @@
-"""The one launch flow, for every backend: checks -> cache check -> prewarm -> train -> report.
+"""The one launch flow, for every backend and for one config or several.
+
+checks -> run-dir lock -> pin -> cache check -> jobs -> report. Every input is checked
+before anything is written or started (config, overrides, entrypoint, run dirs, jobs of an
+earlier launch still in the run dir); each run dir is held by its lock for the launch's whole
+life; the config is pinned into the run dir, the cache entries this run expects are checked,
+then the backend (`launcher.submit.backend`) submits the jobs and tells how each ended.
 
 The prewarm job verifies before it compiles (`prewarm.job`): a function whose entry is
 already in the cache is not compiled again, so a warm relaunch pays one short job (imports,
 lowering) on either backend, and `launch --slurm` keeps its one prewarm -> train chain.
-A backend only submits the jobs, follows them and tells how each ended (`Outcome`); the
-local one runs them here, the SLURM one through submitit.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from launcher.config import Config
+from launcher.config import Config, ConfigError, load_config
+from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from launcher.report import (
     Targets,
+    attempt_summaries,
     format_table,
     format_verdicts,
     load_reports,
@@ -24,40 +31,72 @@ from launcher.report import (
     missing_train_report,
     summarize,
 )
-from launcher.rundir import PREWARM, VERIFY
+from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, unfinished
 from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest
-from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from launcher.submit.backend import Backend
+from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job, verify_job
+from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
 
 log = logging.getLogger("jaxwarm.flow")
 
-EXIT_COLD = 1
-EXIT_ERROR = 2
+LAUNCH = "launch"
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """How one job ended, as the backend tells it."""
+class Request:
+    """What the command line asked for: `launch`, `prewarm` (one config or several) or
+    `verify`, with the options that change the flow."""
 
-    job: str
-    ok: bool
-    # One line for the user when the job did not complete (which process/job, its log).
-    detail: str = ""
-    # What `jaxwarm` exits with when this is the first job that did not complete.
-    exit_code: int = 1
+    command: str
+    configs: list[str]
+    overrides: list[str]
+    prewarm: bool = True
+    check_cache: bool = True
+    wait: bool = False
 
 
-class Backend(Protocol):
-    name: str
-    # True when submit() already ran the jobs to their end (local), False when it only
-    # queued them (SLURM): then the flow follows them only when asked to wait.
-    runs_in_foreground: bool
+def launch(request: Request, backend: Backend) -> int:
+    """The whole flow; the exit code of the command (the worst of its configs)."""
+    if len(request.configs) > 1 and request.command != PREWARM:
+        raise ConfigError(f"{request.configs[1]}: '{request.command}' takes one config "
+                          f"(only 'prewarm' takes several); overrides look like KEY.SUB=VALUE")
+    # Every config is checked and every job built before anything is written or started.
+    configs = [load_config(path, request.overrides) for path in request.configs]
+    for config in configs:
+        check_modules(config)
+    runs = [resolve_run(config) for config in configs]
+    refuse_shared_run_dirs([config for config, _ in runs])
+    plans = [(config, plan(request.command, config, pinned, request.prewarm))
+             for config, pinned in runs]
+    with ExitStack() as held:
+        for config, _ in plans:
+            held.enter_context(holding_run_dir(config))
+            backend.refuse_busy(config)
+        for config, _ in plans:
+            write_run_dir(config)
+            log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
+                     config.cache.dir, backend.name)
+            prepare_cache(config, request.check_cache)
+        if request.command == VERIFY:
+            # Beside the verify job: is the key prediction its verdicts rest on exact here?
+            with selfcheck(plans[0][1][0].env) as check:
+                code = finish(request, plans[0][0], backend, backend.submit(plans)[0])
+                return code if code == EXIT_ERROR else max(code, check.finish())
+        handles = backend.submit(plans)
+        return max(finish(request, config, backend, jobs)
+                   for (config, _), jobs in zip(plans, handles, strict=True))
 
-    def submit(self, config: Config, jobs: list[JobSpec]) -> list[Any]: ...
 
-    def follow(self, handles: list[Any]) -> list[Outcome]: ...
-
-    def hints(self, config: Config, handles: list[Any]) -> list[str]: ...
+def refuse_shared_run_dirs(configs: list[Config]) -> None:
+    """Two configs of one `prewarm` in one run dir would pin over each other's config."""
+    seen: dict[Path, Config] = {}
+    for config in configs:
+        first = seen.setdefault(config.run_dir, config)
+        if first is not config:
+            raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is also "
+                              f"the run dir of {first.source}; give each config its own "
+                              f"run.name")
 
 
 def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> list[JobSpec]:
@@ -66,38 +105,44 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
     if command == VERIFY:
         return [verify_job(config, pinned)]
     jobs = [prewarm_job(config, pinned)] if prewarm or command == PREWARM else []
-    if command == "launch":
+    if command == LAUNCH:
         jobs.append(train_job(config, pinned))
     return jobs
 
 
-def run(command: str, config: Config, jobs: list[JobSpec], backend: Backend, *,
-        wait: bool = False) -> int:
-    """Submit the planned jobs (`plan`) and follow them as the command asks."""
-    if command != VERIFY:
-        return run_jobs(command, config, backend, jobs, wait)
-    # Beside the verify job: is the key prediction its verdicts rest on exact on this JAX?
-    with selfcheck(jobs[0].env) as check:
-        code = run_jobs(command, config, backend, jobs, wait)
-        return code if code == EXIT_ERROR else max(code, check.finish())
-
-
-def run_jobs(command: str, config: Config, backend: Backend, jobs: list[JobSpec],
-             wait: bool) -> int:
-    handles = backend.submit(config, jobs)
-    if not (backend.runs_in_foreground or wait or command == VERIFY):
+def finish(request: Request, config: Config, backend: Backend, handles: list[Any]) -> int:
+    """Follow one config's submitted jobs as the command asks, then report."""
+    command = request.command
+    if not (backend.runs_in_foreground or request.wait or command == VERIFY):
         for line in backend.hints(config, handles):
             print(line)
-        return 0
+        return EXIT_OK
     outcomes = backend.follow(handles)
     failed = next((outcome for outcome in outcomes if not outcome.ok), None)
     if failed is not None:
         log.error("%s", failed.detail)
-        return EXIT_ERROR if command == VERIFY and failed.exit_code == 1 else failed.exit_code
+        return EXIT_ERROR if command == VERIFY and failed.exit_code == EXIT_FAILED \
+            else failed.exit_code
     if command == VERIFY:
         return print_verdicts(config)
-    print_report(config.run_dir, config, trained=command == "launch")
-    return 0
+    print_report(config.run_dir, config, trained=command == LAUNCH)
+    return EXIT_OK
+
+
+def status(run_dir: Path, backend: Backend) -> int:
+    """`jaxwarm status`: the state of each job the backend recorded, then each training
+    attempt's init summary."""
+    lines = backend.job_lines(run_dir)
+    if not lines:
+        raise ConfigError(f"{run_dir}: no {backend.name} jobs recorded for this run dir")
+    for line in lines + attempt_summaries(load_reports(run_dir)):
+        print(line)
+    pinned = pinned_config(run_dir)
+    if pinned.is_file():
+        problem = unfinished(run_dir, load_config(pinned).train.steps)
+        if problem:  # sacct says COMPLETED for a trainer that exits 0 early
+            print(f"{TRAIN}: {problem}")
+    return EXIT_OK
 
 
 def print_report(run_dir: Path, config: Config, show_all: bool = False,

@@ -55,3 +55,10 @@ def test_the_user_protocol_loads_no_store_and_no_hook() -> None:
     assert [name for name in ours if name.startswith(("launcher.store", "launcher.injob",
                                                       "launcher.submit"))] == []
     assert "prewarm.step" in ours
+
+
+def test_the_cli_knows_no_backend() -> None:
+    """`cli.py` parses arguments and maps errors to exit codes; which backend does what is
+    the flow's and the backends' business (`launcher.submit.backend`)."""
+    assert {m for m in imported_modules(REPO / "launcher" / "cli.py")
+            if m.startswith(("launcher.submit.local", "launcher.submit.slurm"))} == set()

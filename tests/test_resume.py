@@ -59,7 +59,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     stepped, lines = threading.Event(), []
     reader = threading.Thread(target=read_until, args=(launcher.stderr, lines, stepped, 3))
     reader.start()
-    assert stepped.wait(timeout=240), "".join(lines)[-3000:]
+    assert stepped.wait(timeout=600), "".join(lines)[-3000:]
     launcher.send_signal(signal.SIGTERM)
     reader.join(timeout=120)
     launcher.wait(timeout=120)

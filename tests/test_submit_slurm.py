@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import report_path
-from launcher.submit.slurm import job_state, read_jobs
+from launcher.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
 
@@ -60,7 +60,7 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     jobs = read_jobs(run_dir)
     assert [j.name for j in jobs] == ["prewarm", "train"]
     assert f"train: SLURM job {jobs[1].job_id}" in result.stdout
-    assert all(job_state(j.job_id).state == "COMPLETED" for j in jobs)
+    assert {s.state for s in job_states([j.job_id for j in jobs]).values()} == {"COMPLETED"}
     assert step_hit(report(run_dir, 0))
     assert report(run_dir, 0)["environment"] == report(run_dir, 0, "prewarm")["environment"]
     assert "jit_train_step: HIT on process 0" in result.stdout
@@ -150,7 +150,7 @@ def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:
     jobs = read_jobs(tmp_path / "runs" / "demo")
     assert f"prewarm job {jobs[0].job_id} ended FAILED" in result.stderr
     assert f"so train job {jobs[1].job_id} was cancelled" in result.stderr
-    assert job_state(jobs[1].job_id).state == "CANCELLED"
+    assert job_states([jobs[1].job_id])[jobs[1].job_id].state == "CANCELLED"
     assert "step.args.n_heads" in jobs[0].log_path().read_text()
 
 

@@ -28,9 +28,10 @@ from typing import IO
 
 from launcher.config import Config, TopologyConfig
 from launcher.environment import merge_environment
-from launcher.flow import EXIT_ERROR, Outcome
+from launcher.errors import EXIT_ERROR
 from launcher.injob.place import process_variables
 from launcher.rundir import TRAIN, log_path, report_path, unfinished
+from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
 
 log = logging.getLogger("jaxwarm.local")
@@ -238,7 +239,13 @@ class LocalBackend:
     name = "this machine"
     runs_in_foreground = True
 
-    def submit(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
+    def refuse_busy(self, config: Config) -> None:
+        """Nothing outlives a local launch, which holds the run dir's lock all along."""
+
+    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[JobResult]]:
+        return [self.run(config, jobs) for config, jobs in runs]
+
+    def run(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
         results: list[JobResult] = []
         for job in jobs:
             results.append(run_job(job, config))
@@ -251,4 +258,7 @@ class LocalBackend:
         return [outcome(result) for result in results]
 
     def hints(self, config: Config, results: list[JobResult]) -> list[str]:
+        return []
+
+    def job_lines(self, run_dir: Path) -> list[str]:
         return []

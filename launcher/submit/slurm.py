@@ -4,7 +4,9 @@ Each job is one submitit job of nodes x processes_per_node tasks, each task runn
 job's argv through `launcher.injob.task.TaskCommand`. The job environment is in the job script's
 setup lines (`launcher.submit.sbatch.setup_lines`), so requeues re-export it. The training job
 depends on the prewarm job (`afterok`, killed if the dependency fails). Submissions are
-recorded in `<run dir>/slurm/jobs.json` so `jaxwarm status` can find them later.
+recorded in `<run dir>/slurm/jobs.json` so `jaxwarm status` can find them later. Every
+question about a job's state goes through submitit's batched sacct watcher: one `sacct`
+call for all the jobs asked about.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import json
 import logging
 import subprocess
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, ConfigError, convert
 from launcher.files import atomic_write
-from launcher.flow import Outcome
 from launcher.injob.task import TaskCommand
 from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
+from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
 from launcher.submit.sbatch import array_layout, array_setup_lines, directives, setup_lines
 
@@ -101,14 +104,16 @@ def run_command(command: TaskCommand) -> int:
 
 def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[SubmittedJob]:
     """Prewarm several configs: one job array per group of configs with the same sbatch
-    layout (nodes, tasks, time, partition...), one array task per config."""
-    groups: dict[tuple, list[tuple[Config, JobSpec]]] = {}
-    for config, job in pinned:
-        groups.setdefault(array_layout(config), []).append((config, job))
-    submitted: list[SubmittedJob] = []
-    for members in groups.values():
+    layout (nodes, tasks, time, partition...), one array task per config. The submitted
+    jobs come back in the order of `pinned`."""
+    groups: dict[tuple, list[int]] = {}
+    for index, (config, _) in enumerate(pinned):
+        groups.setdefault(array_layout(config), []).append(index)
+    submitted: dict[int, SubmittedJob] = {}
+    for indices in groups.values():
+        members = [pinned[index] for index in indices]
         if len(members) == 1:
-            submitted += submit_jobs(members[0][0], [members[0][1]])
+            submitted[indices[0]] = submit_jobs(members[0][0], [members[0][1]])[0]
             continue
         first = members[0][0]
         folder = slurm_dir(first.run_dir, f"{PREWARM}-array")
@@ -117,13 +122,13 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
         executor = make_executor(first, folder,
                                  array_setup_lines([job.env for _, job in members]), options)
         handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
-        for (config, _), handle in zip(members, handles, strict=True):
+        for index, (config, _), handle in zip(indices, members, handles, strict=True):
             job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])
             log.info("submitted prewarm of %s as array task %s (logs: %s)", config.source,
                      handle.job_id, job.log_path())
-            submitted.append(job)
-    return submitted
+            submitted[index] = job
+    return [submitted[index] for index in range(len(pinned))]
 
 
 def record_jobs(run_dir: Path, jobs: list[SubmittedJob]) -> None:
@@ -144,31 +149,55 @@ def read_jobs(run_dir: Path) -> list[SubmittedJob]:
                           f"({exc}); it lists the jobs jaxwarm submitted") from None
 
 
-def parse_scontrol(line: str) -> dict[str, str]:
-    """`scontrol show job -o` output as a dict (values never contain spaces there)."""
-    return dict(item.split("=", 1) for item in line.split() if "=" in item)
-
-
-def job_state(job_id: str) -> JobState:
-    """State, restart count and reason; from scontrol while SLURM remembers the job, else sacct."""
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                           text=True)
-    if shown.returncode == 0 and shown.stdout.strip():
-        fields = parse_scontrol(shown.stdout.strip().splitlines()[0])
-        return JobState(fields.get("JobState", "UNKNOWN"), int(fields.get("Restarts", 0)),
-                        fields.get("Reason", "None"))
-    accounted = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-                               capture_output=True, text=True)
-    states = accounted.stdout.split()
-    return JobState(states[-1].split()[0] if states else "UNKNOWN", 0, "None")
-
-
 def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:
     """submitit's sacct watcher: one `sacct -j A -j B ...` call for every job being followed,
-    at 2, 4, 8 ... s after the last submission, then at most every `delay_s`."""
+    at 2, 4, 8 ... s after the last submission, then at most every `delay_s`. It also asks
+    each job's reason, and with --duplicates gets one record per attempt, so a requeued job's
+    restarts are counted from the same call."""
     from submitit.slurm.slurm import SlurmInfoWatcher
 
-    return SlurmInfoWatcher(delay_s=int(delay_s))
+    class RunWatcher(SlurmInfoWatcher):  # type: ignore[misc]
+        def _make_command(self) -> list[str] | None:
+            command = super()._make_command()
+            if command is None:
+                return None
+            command[command.index("-o") + 1] += ",Reason"
+            return [*command, "--duplicates"]
+
+        def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+            text = string if isinstance(string, str) else string.decode()
+            attempts = Counter(line.split("|", 1)[0] for line in text.splitlines()[1:]
+                               if line and "." not in line.split("|", 1)[0])
+            # The last record of a job is its latest attempt, and wins in submitit's dict.
+            return {job_id: {**stats, "Restarts": str(max(attempts[job_id] - 1, 0))}
+                    for job_id, stats in super().read_info(text).items()}
+
+    return RunWatcher(delay_s=int(delay_s))
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobState]:
+    """The state, restarts and reason of each job, from one batched sacct call. A job that
+    accounting does not know (yet, or any more) is UNKNOWN."""
+    sacct = watcher()
+    for job_id in job_ids:
+        sacct.register_job(job_id)
+    sacct.update()
+    states = {}
+    for job_id in job_ids:
+        info = sacct.get_info(job_id, mode="cache")
+        states[job_id] = JobState((info.get("State") or "UNKNOWN").split()[0],
+                                  int(info.get("Restarts") or 0), info.get("Reason") or "None")
+    return states
+
+
+def still_queued(job_ids: list[str]) -> set[str]:
+    """Of jobs accounting does not know yet (just submitted), those SLURM has queued or runs:
+    one squeue call."""
+    if not job_ids:
+        return set()
+    listed = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)],
+                            capture_output=True, text=True)
+    return set(listed.stdout.split()) & set(job_ids)
 
 
 def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, str]:
@@ -204,14 +233,23 @@ def why_cancelled(jobs: list[SubmittedJob], states: dict[str, str]) -> str | Non
 
 
 class SlurmBackend:
-    """Submits a run's jobs as one afterok chain; follows them through sacct."""
+    """Submits a run's jobs as one afterok chain (several configs of one prewarm: job arrays);
+    follows them through sacct."""
 
     name = "SLURM"
     runs_in_foreground = False
 
-    def submit(self, config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
-        submitted = submit_jobs(config, jobs)
-        print_submitted(submitted)
+    def refuse_busy(self, config: Config) -> None:
+        refuse_active_jobs(config)
+
+    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[SubmittedJob]]:
+        if len(runs) == 1:
+            submitted = [submit_jobs(*runs[0])]
+        else:  # one prewarm of several configs: one job each, in arrays by sbatch layout
+            submitted = [[job] for job in submit_prewarm_array(
+                [(config, jobs[0]) for config, jobs in runs])]
+        for jobs in submitted:
+            print_submitted(jobs)
         return submitted
 
     def follow(self, submitted: list[SubmittedJob]) -> list[Outcome]:
@@ -224,24 +262,28 @@ class SlurmBackend:
         return [f"follow with: jaxwarm status {config.run_dir}   "
                 f"or: tail -f {submitted[-1].log_path()}"]
 
+    def job_lines(self, run_dir: Path) -> list[str]:
+        jobs = read_jobs(run_dir)
+        states = job_states([job.job_id for job in jobs])
+        return [f"{job.name:<8} job {job.job_id:<8} {states[job.job_id].state:<11} restarts "
+                f"{states[job.job_id].restarts}  reason {states[job.job_id].reason}  "
+                f"log {job.log_path()}" for job in jobs]
+
 
 def refuse_active_jobs(config: Config) -> None:
     """A SLURM launch's own life ends at submission, but its jobs go on: a second launch of
     the run dir while they are queued or running would train into the same checkpoints.
-    One batched sacct call; a job accounting does not know yet (just submitted) is asked of
-    scontrol, and one that neither knows does not block."""
+    One batched sacct call; a job accounting does not know yet (just submitted) is looked
+    for in the queue (one squeue call), and one that neither knows does not block."""
     jobs = read_jobs(config.run_dir)
     if not jobs:
         return
-    sacct = watcher()
-    for job in jobs:
-        sacct.register_job(job.job_id)
-    sacct.update()
-    states = {job.job_id: sacct.get_state(job.job_id, mode="cache").split()[0] for job in jobs}
-    states.update({job_id: job_state(job_id).state for job_id, state in states.items()
-                   if state == "UNKNOWN"})
+    states = {job_id: state.state for job_id, state in
+              job_states([job.job_id for job in jobs]).items()}
+    queued = still_queued([job_id for job_id, state in states.items() if state == "UNKNOWN"])
+    states.update({job_id: "QUEUED" for job_id in queued})
     active = [f"{job.name} job {job.job_id} ({states[job.job_id]})" for job in jobs
-              if states[job.job_id] in ACTIVE_STATES]
+              if states[job.job_id] in ACTIVE_STATES | {"QUEUED"}]
     if active:
         raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} still has "
                           f"SLURM jobs queued or running: {', '.join(active)}; wait for them "

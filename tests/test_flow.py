@@ -1,0 +1,172 @@
+"""The launch flow with a fake backend (no process starts), in submitit's style: what the
+flow checks, holds and writes before a backend sees the jobs, what it hands the backend,
+and how outcomes become exit codes. Also the SLURM job script, against a golden file, and
+how the SLURM watcher reads sacct (fixture output)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import flow
+from launcher.config import Config, ConfigError, load_config
+from launcher.environment import job_environment
+from launcher.errors import EXIT_ERROR, EXIT_FAILED
+from launcher.files import LockTimeout, locked
+from launcher.rundir import lock_path, pinned_config
+from launcher.submit.backend import Outcome
+from launcher.submit.jobs import JobSpec
+from launcher.submit.sbatch import render
+from launcher.submit.slurm import watcher
+from tests.conftest import DEMO
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@dataclass
+class FakeBackend:
+    """Records what the flow asks; every job ends as `outcome` says."""
+
+    runs_in_foreground: bool = True
+    busy: str | None = None
+    outcome: Outcome | None = None
+    name: str = "fake"
+    calls: list[str] = field(default_factory=list)
+    submitted: list[list[tuple[str, list[str]]]] = field(default_factory=list)
+
+    def refuse_busy(self, config: Config) -> None:
+        # The flow holds the run dir's lock while it asks.
+        with pytest.raises(LockTimeout):
+            with locked(lock_path(config.run_dir), "test", timeout_s=0):
+                pass
+        self.calls.append(f"refuse_busy {config.run.name}")
+        if self.busy:
+            raise ConfigError(self.busy)
+
+    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[Any]]:
+        for config, _ in runs:  # pinned before any job is handed over
+            assert pinned_config(config.run_dir).is_file()
+        self.calls.append("submit")
+        self.submitted.append([(config.run.name, [job.name for job in jobs])
+                               for config, jobs in runs])
+        return [[job.name for job in jobs] for _, jobs in runs]
+
+    def follow(self, handles: list[Any]) -> list[Outcome]:
+        self.calls.append(f"follow {handles}")
+        return [self.outcome or Outcome(name, True) for name in handles]
+
+    def hints(self, config: Config, handles: list[Any]) -> list[str]:
+        return [f"follow {config.run.name} with: fake status"]
+
+    def job_lines(self, run_dir: Path) -> list[str]:
+        return [f"train job 1 RUNNING in {run_dir.name}"]
+
+
+def request(tmp_path: Path, command: str = "launch", *configs: Path, **options: Any):
+    return flow.Request(command, [str(c) for c in configs or (DEMO,)],
+                        [f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}"],
+                        **options)
+
+
+def test_launch_checks_holds_pins_then_submits_the_chain_and_reports(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    backend = FakeBackend()
+    assert flow.launch(request(tmp_path), backend) == 0
+    assert backend.calls == ["refuse_busy demo", "submit", "follow ['prewarm', 'train']"]
+    assert backend.submitted == [[("demo", ["prewarm", "train"])]]
+    # The report of a training job that wrote none says so.
+    assert "the training job wrote no init report" in capsys.readouterr().out
+    # The lock is released at the end.
+    with locked(lock_path(tmp_path / "runs" / "demo"), "test", timeout_s=0):
+        pass
+
+
+def test_a_busy_run_dir_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    backend = FakeBackend(busy="run dir busy")
+    with pytest.raises(ConfigError, match="run dir busy"):
+        flow.launch(request(tmp_path), backend)
+    assert "submit" not in backend.calls
+    assert not pinned_config(tmp_path / "runs" / "demo").exists()
+
+
+def test_bad_input_is_refused_before_the_backend_is_asked(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    with pytest.raises(ConfigError, match="only 'prewarm' takes several"):
+        flow.launch(request(tmp_path, "launch", DEMO, DEMO), backend)
+    with pytest.raises(ConfigError, match="step.factory: module 'nope' was not found"):
+        flow.launch(flow.Request("launch", [str(DEMO)], ["step.factory=nope:make"]), backend)
+    assert backend.calls == []
+
+
+def test_a_job_that_did_not_complete_sets_the_exit_code(tmp_path: Path) -> None:
+    failed = Outcome("prewarm", False, "prewarm failed: see its log", EXIT_FAILED)
+    assert flow.launch(request(tmp_path), FakeBackend(outcome=failed)) == EXIT_FAILED
+    interrupted = Outcome("train", False, "stopped by a signal", 128 + 15)
+    assert flow.launch(request(tmp_path), FakeBackend(outcome=interrupted)) == 143
+
+
+def test_a_failed_verify_job_is_an_error_not_a_cold_verdict(tmp_path: Path) -> None:
+    failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
+    backend = FakeBackend(outcome=failed)
+    assert flow.launch(request(tmp_path, "verify"), backend) == EXIT_ERROR
+    assert backend.submitted == [[("demo", ["verify"])]]
+
+
+def test_several_configs_of_one_prewarm_go_to_the_backend_at_once(tmp_path: Path) -> None:
+    second = tmp_path / "second.yaml"
+    second.write_text(DEMO.read_text().replace("name: demo", "name: second"))
+    backend = FakeBackend()
+    assert flow.launch(request(tmp_path, "prewarm", DEMO, second), backend) == 0
+    assert backend.submitted == [[("demo", ["prewarm"]), ("second", ["prewarm"])]]
+    assert backend.calls[:2] == ["refuse_busy demo", "refuse_busy second"]
+
+
+def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    backend = FakeBackend(runs_in_foreground=False)
+    assert flow.launch(request(tmp_path, "launch", prewarm=False), backend) == 0
+    assert backend.submitted == [[("demo", ["train"])]]
+    assert not [call for call in backend.calls if call.startswith("follow")]
+    assert "follow demo with: fake status" in capsys.readouterr().out
+    waiting = FakeBackend(runs_in_foreground=False)
+    assert flow.launch(request(tmp_path, "launch", wait=True), waiting) == 0
+    assert waiting.calls[-1] == "follow ['prewarm', 'train']"
+
+
+def test_status_asks_the_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert flow.status(tmp_path, FakeBackend()) == 0
+    assert f"train job 1 RUNNING in {tmp_path.name}" in capsys.readouterr().out
+
+
+def test_the_rendered_train_script_matches_the_golden_file() -> None:
+    """`jaxwarm render --job train` on a fixed config: the directives, the quoted
+    environment, the signal forwarding and the requeue. JAXWARM_UPDATE_GOLDEN=1 rewrites
+    the file after a deliberate change (review the diff)."""
+    config = load_config(DEMO, ["run.out_dir=/runs", "cache.dir=/shared/jax cache",
+                                "slurm.partition=gpu", "slurm.max_requeues=2",
+                                "env={WANDB_PROJECT: \"it's $HOME\"}"])
+    env = job_environment(config, "/runs/demo/config.yaml")
+    script = render(config, "train", ["jaxwarm-train"], env, Path("/runs/demo/slurm/train"))
+    golden = GOLDEN / "train.sbatch"
+    if os.environ.get("JAXWARM_UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text()
+
+
+def test_the_slurm_watcher_reads_state_reason_and_restarts_from_one_sacct_call() -> None:
+    sacct = watcher()
+    info = sacct.read_info(
+        "JobID|State|NodeList|Reason\n"
+        "41|REQUEUED|n1|None\n41.batch|CANCELLED|n1|\n"
+        "41|RUNNING|n[1-2]|None\n41.batch|RUNNING|n1|\n41.0|RUNNING|n[1-2]|\n"
+        "42|PENDING|None assigned|Dependency\n")
+    assert info["41"]["State"] == "RUNNING" and info["41"]["Restarts"] == "1"
+    assert info["42"]["Reason"] == "Dependency" and info["42"]["Restarts"] == "0"
+    sacct.register_job("41")
+    command = sacct._make_command()
+    assert "JobID,State,NodeList,Reason" in command
+    assert "--duplicates" in command

@@ -12,7 +12,6 @@ when the launcher dies. A training job whose first step does not come within
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -38,7 +37,6 @@ log = logging.getLogger("jaxwarm.local")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 SUPERVISOR = "launcher.submit.supervise"
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -68,14 +66,6 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to TERM the child if the runner itself dies (e.g. SIGKILL)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _echo(stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
@@ -121,7 +111,7 @@ class LocalJob:
             proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if echo else sink, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True)  # the supervisor asks for PDEATHSIG itself
             if echo:
                 thread = threading.Thread(target=_echo, daemon=True,
                                           args=(proc.stdout, sink, f"[{self.job.name} p0] "))

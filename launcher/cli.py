@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher import flow, selfcheck
@@ -144,8 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                 "cache": cache_commands.run, "doctor": lambda _: selfcheck.doctor()}
     command = commands.get(args.command, cmd_jobs)
     # -v shows a bug's traceback; without it a bug is one line that names itself a bug.
+    return run_main(lambda: quietly(command, args), bugs_as_one_line=not args.verbose)
+
+
+def quietly(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """The command, ending quietly when its stdout is closed (inside `run_main`, which would
+    say a BrokenPipeError as an error line)."""
     try:
-        return run_main(lambda: command(args), bugs_as_one_line=not args.verbose)
+        return command(args)
     except BrokenPipeError:
         return closed_stdout()
 

@@ -14,18 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher import flow, selfcheck
-from launcher.config import ConfigError, load_config
 from launcher.errors import run_main
-from launcher.records import dumps
-from launcher.report import load_reports
-from launcher.rundir import PREWARM, TRAIN, pinned_config, slurm_dir
+from launcher.rundir import PREWARM, TRAIN
 from launcher.store import commands as cache_commands
 from launcher.submit.backend import choose_backend
-from launcher.submit.jobs import prewarm_job, train_job
-from launcher.submit.prepare import adopt_run_dir, holding_run_dir, resolve_run
-from launcher.submit.sbatch import render
-
-log = logging.getLogger("jaxwarm")
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,16 +84,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Prints the script. Of the run dir it writes only what the script needs into a new
-    one (pinned config, log folder), never over a run that exists (`adopt_run_dir`)."""
-    config, pinned = resolve_run(load_config(args.config, args.overrides))
-    job = prewarm_job(config, pinned) if args.job == PREWARM else train_job(config, pinned)
-    log_dir = slurm_dir(config.run_dir, job.name)
-    with holding_run_dir(config):
-        adopt_run_dir(config)
-        log_dir.mkdir(parents=True, exist_ok=True)
-    print(render(config, job.name, job.argv, job.env, log_dir), end="")
-    return 0
+    return flow.render_script(args.config, args.overrides, args.job)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -110,16 +93,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if not args.run_dir.is_dir():
-        raise ConfigError(f"{args.run_dir}: no such run dir (expected <out_dir>/<run name>)")
-    if args.json:
-        print(dumps(load_reports(args.run_dir), indent=1))
-        return 0
-    pinned = pinned_config(args.run_dir)
-    if not pinned.is_file():
-        raise ConfigError(f"{args.run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
-    flow.print_report(args.run_dir, load_config(pinned), show_all=args.all)
-    return 0
+    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all)
 
 
 def closed_stdout() -> int:

@@ -60,6 +60,8 @@ def run_main(main: Callable[[], int], *, bugs_as_one_line: bool = False) -> int:
         return main()
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: no error, the caller ends quietly
     except Exception as exc:
         if not (bugs_as_one_line or is_user_error(exc)):
             raise

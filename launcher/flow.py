@@ -21,6 +21,7 @@ from typing import Any
 
 from launcher.config import Config, ConfigError, load_config
 from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from launcher.records import dumps
 from launcher.report import (
     Targets,
     attempt_summaries,
@@ -31,12 +32,19 @@ from launcher.report import (
     missing_train_report,
     summarize,
 )
-from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, unfinished
+from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, slurm_dir, unfinished
 from launcher.selfcheck import selfcheck
 from launcher.store.manifest import read_manifest
 from launcher.submit.backend import Backend
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job, verify_job
-from launcher.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
+from launcher.submit.prepare import (
+    adopt_run_dir,
+    holding_run_dir,
+    prepare_cache,
+    resolve_run,
+    write_run_dir,
+)
+from launcher.submit.sbatch import render
 
 log = logging.getLogger("jaxwarm.flow")
 
@@ -142,6 +150,34 @@ def status(run_dir: Path, backend: Backend) -> int:
         problem = unfinished(run_dir, load_config(pinned).train.steps)
         if problem:  # sacct says COMPLETED for a trainer that exits 0 early
             print(f"{TRAIN}: {problem}")
+    return EXIT_OK
+
+
+def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
+    """`jaxwarm render`: print a job's sbatch script. Of the run dir it writes only what the
+    script needs into a new one (pinned config, log folder), never over a run that exists
+    (`adopt_run_dir`)."""
+    config, pinned = resolve_run(load_config(config_path, overrides))
+    job = prewarm_job(config, pinned) if job_name == PREWARM else train_job(config, pinned)
+    log_dir = slurm_dir(config.run_dir, job.name)
+    with holding_run_dir(config):
+        adopt_run_dir(config)
+        log_dir.mkdir(parents=True, exist_ok=True)
+    print(render(config, job.name, job.argv, job.env, log_dir), end="")
+    return EXIT_OK
+
+
+def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False) -> int:
+    """`jaxwarm report`: a run's init reports, as the table or as one JSON list."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run dir (expected <out_dir>/<run name>)")
+    if as_json:
+        print(dumps(load_reports(run_dir), indent=1))
+        return EXIT_OK
+    pinned = pinned_config(run_dir)
+    if not pinned.is_file():
+        raise ConfigError(f"{run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
+    print_report(run_dir, load_config(pinned), show_all=show_all)
     return EXIT_OK
 
 

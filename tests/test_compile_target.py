@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEMO, run_cli
 
 FACTORY = '''
@@ -55,6 +57,7 @@ def make(config, mesh):
 '''
 
 
+@pytest.mark.e2e
 def test_a_target_lowered_in_its_context_with_compiler_options(tmp_path: Path) -> None:
     (tmp_path / "ctx_factory.py").write_text(FACTORY)
     args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",

@@ -38,6 +38,8 @@ def test_a_bug_keeps_its_traceback_unless_the_cli_asks_for_one_line(
     assert run_main(raising(KeyError("functions")), bugs_as_one_line=True) == EXIT_ERROR
     assert "a jaxwarm bug" in capsys.readouterr().err
     assert run_main(raising(KeyboardInterrupt())) == EXIT_INTERRUPTED
+    with pytest.raises(BrokenPipeError):  # a closed stdout: the CLI ends quietly
+        run_main(raising(BrokenPipeError(32, "Broken pipe")))
 
 
 def test_the_reference_trainer_ends_through_the_same_formatter(

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.test_launch_forms import FORMS, write_config
 
 NAMED = "jax_default_prng_impl differs: prewarm threefry2x32, {job} unsafe_rbg"
 
 
+@pytest.mark.e2e
 def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     config = write_config(tmp_path, tmp_path / "cache", {"module": "tinytrain"}, [FORMS])
     data = json.loads(config.read_text())

@@ -20,6 +20,8 @@ from launcher.records import SETTING_CHANGED
 from launcher.rundir import report_path
 from tests.conftest import REPO, run_cli
 
+pytestmark = pytest.mark.e2e
+
 FORMS = REPO / "tests" / "launchforms"
 DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
 THRESHOLD_CHANGED = "the trainer set jax_persistent_cache_min_compile_time_secs to 60.0"

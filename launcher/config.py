@@ -78,6 +78,12 @@ class CacheConfig:
     # When the trainer changes the cache settings after jaxwarm set them: put jaxwarm's back
     # before each lookup (true), or follow the trainer (false). Either way it is reported.
     enforce: bool = True
+    # A node-local dir the training job's JAX reads its entries from: one process per node
+    # copies the run's entries there from `dir` at job start (launcher/injob/stage.py).
+    # `$VAR`s in it are expanded on each node (e.g. $TMPDIR).
+    stage: str | None = None
+    # How long a node's other processes wait for that copy before they read `dir` instead.
+    stage_wait_s: PositiveFloat = 600.0
 
 
 @dataclass(frozen=True)
@@ -494,6 +500,16 @@ def _validate(config: Config) -> None:
                                   f"got {entry.module!r}")
     if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
         fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
+    stage = config.cache.stage
+    if stage is not None and not (os.path.isabs(stage) or stage.startswith("$")):
+        fail("cache.stage", f"expected an absolute path on each node's own disk (or one "
+                            f"starting with a $VARIABLE the node expands), got {stage!r}")
+    if stage is not None and sep:
+        fail("cache.stage", f"staging copies from a local or mounted cache dir; cache.dir is "
+                            f"a {scheme}:// URL")
+    if stage is not None and _within(stage, config.cache.dir):
+        fail("cache.stage", f"{stage} is inside cache.dir {config.cache.dir} (or contains "
+                            f"it); the node-local copy needs a dir of its own")
     if config.cache.max_size < -1 or config.cache.max_size == 0:
         fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, "
                                f"got {config.cache.max_size}")
@@ -524,6 +540,12 @@ def _validate(config: Config) -> None:
         if not _SBATCH_OPTION.fullmatch(name):
             fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
                                         "or 'gres'")
+
+
+def _within(one: str, other: str) -> bool:
+    """Whether either path (as written) is the other or inside it."""
+    one, other = os.path.normpath(one), os.path.normpath(other)
+    return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
 
 
 def _base(tp: Any) -> Any:

@@ -3,7 +3,8 @@
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
 reports), verify/p<process>.json (verify verdicts), slurm/<job>/ (submitit's job folders) with
-slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's), and
+slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's),
+stage/<attempt>-n<node>.json (what each node's staging of the cache did, `cache.stage`), and
 launch.lock (held by the launch that owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
 """
@@ -82,6 +83,12 @@ def slurm_dir(run_dir: str | Path, job: str) -> Path:
 
 def submitted_jobs_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "slurm" / "jobs.json"
+
+
+def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
+    """What one node's staging of the cache did in one attempt of the training job
+    (`launcher.injob.place.Place.attempt`): the node's other processes wait for it."""
+    return Path(run_dir) / "stage" / f"{attempt}-n{node}.json"
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

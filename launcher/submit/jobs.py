@@ -28,6 +28,7 @@ from launcher.environment import job_environment, merge_environment
 from launcher.injob.boot import BOOTSTRAP_DIR
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
+from launcher.store.staging import refuse_key_change
 
 log = logging.getLogger("jaxwarm.jobs")
 
@@ -295,6 +296,8 @@ def verify_job(config: Config, config_path: str | Path) -> JobSpec:
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The training job; refused where its node-local staging would change the key."""
+    refuse_key_change(config.cache, config.source)
     entry = entrypoint(config, config_path)
     env = job_environment(config, config_path)
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)

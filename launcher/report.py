@@ -6,6 +6,7 @@ so the table shows every process as it is instead of summarising the run as "hit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +257,17 @@ def format_verdicts(verdicts: list[Verdict]) -> list[str]:
                      f"(lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms)")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
+
+
+def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdict]:
+    """Verdicts with what the cache check found of their entries: the verify job's check of
+    a recorded entry is the quick one (its size), the cache check reads it in full, so an
+    entry it found corrupt (a same-size bit flip) is COLD, whatever its size says."""
+    return [dataclasses.replace(v, warm=False, explanation=[
+                f"its entry is in the cache but corrupt: {bad[v.key]} (found by the cache "
+                f"check, which reads it in full; the next prewarm or launch quarantines it "
+                f"and compiles it again)"])
+            if v.key in bad else v for v in verdicts]
 
 
 def attempt_summaries(reports: list[InitReport]) -> list[str]:

@@ -112,6 +112,9 @@ class InitReport:
     warnings: list[ReportWarning] = field(default_factory=list)
     # Node-local staging of the cache (training jobs with `cache.stage`); None without it.
     stage: Staging | None = None
+    # Seconds this process waited for jaxwarm's locks, by kind (manifest, usage log, compile
+    # of a key, JAX cache ...): `launcher.files.lock_waits`.
+    lock_wait_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def misses(self) -> int:

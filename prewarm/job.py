@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -30,6 +31,7 @@ from typing import Any
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked, make_dir
+from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.globalopts import snapshot as global_options
@@ -125,7 +127,7 @@ def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
     problems = (check_entries_of(targets, config) if jax.process_index() == 0
                 else ["decided by process 0"] * len(targets))
     warm = [problem is None for problem in problems]
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 and mocked_topology() is None:  # mocked: one process runs
         from jax.experimental import multihost_utils
         warm = [bool(flag) for flag in multihost_utils.broadcast_one_to_all(
             np.asarray(warm, dtype=np.bool_))]
@@ -177,7 +179,9 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
                          size=written[1] if written else None,
-                         global_options=target.global_options)
+                         global_options=target.global_options,
+                         mock_topology=mocked_topology(),
+                         xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
@@ -266,9 +270,10 @@ def main() -> int:
 
     config = config_from_env()
     recorder, mesh, bundle = start_job(config, PREWARM)
-    log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
+    mocked = mocked_topology()
+    log.info("prewarming %s on %d process(es) x %d device(s)%s, mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
-             dict(mesh.shape))
+             f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source)
     warm = warm_on_process_0(targets, config)
     cold = [target for target, is_warm in zip(targets, warm, strict=True) if not is_warm]

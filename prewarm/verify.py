@@ -11,6 +11,7 @@ GPU every rank shares its key, and on CPU only process 0 can ever hit.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -58,7 +59,8 @@ def judge(lowered: Any, cache_dir: str, lower_s: float, *, run: str | None = Non
             prediction.module_name, prediction.components,
             read_manifest(cache_dir, strict=False), run=run,
             process_count=jax.process_count(), signature=signature(prediction.module_name),
-            global_options=global_options(), job="verify", max_size=max_size)
+            global_options=global_options(), job="verify", max_size=max_size,
+            xla_flags=os.environ.get("XLA_FLAGS", ""))
     else:
         explanation = [f"its entry is in the cache but would not load: {problem}"]
     return Verdict(function=prediction.module_name, key=prediction.key, warm=warm,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment, merge_environment
+from launcher.gputarget import mock_environment
 from launcher.injob.boot import BOOTSTRAP_DIR
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
@@ -285,8 +286,10 @@ def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
 
 
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The prewarm job: the run's environment, plus the topology to mock when it compiles
+    for the run's layout on one node (`prewarm.layout: mock`)."""
     return JobSpec(PREWARM, [sys.executable, "-m", PREWARM_MODULE],
-                   job_environment(config, config_path))
+                   {**job_environment(config, config_path), **mock_environment(config, PREWARM)})
 
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:

@@ -239,3 +239,22 @@ def test_on_slurm_the_mocked_prewarm_is_one_node_and_refuses_a_node_without_a_gp
     mocked = next(i for i, line in enumerate(lines) if "the run's layout 2x1x1" in line)
     refusal = lines[mocked + 1]  # the job's own last line (submitit's report of it follows)
     assert refusal.startswith("jaxwarm: error: ") and "has no GPU (JAX could not" in refusal
+
+
+@pytest.mark.e2e
+def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
+    """The manifest keeps the XLA flags a prewarm compiled under (a mocked prewarm's
+    --xla_gpu_shard_autotuning=false among them on a GPU); a run without one of them is COLD,
+    and verify names the flag. On CPU, with a CPU flag."""
+    common = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+              f"cache.dir={tmp_path / 'cache'}", "topology.processes_per_node=1",
+              "topology.devices_per_process=8"]
+    flag = "--xla_cpu_enable_fast_math=false"
+    prewarmed = run_cli("prewarm", *common, f"xla_flags=[{flag}]")
+    assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
+    entries = read_manifest(tmp_path / "cache").values()
+    assert all(flag in entry.xla_flags.split() for entry in entries)
+    verified = run_cli("verify", *common, "run.name=without")
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert f"XLA flags differs: only the prewarm's XLA_FLAGS have {flag}; every XLA flag " \
+           f"is part of the key" in verified.stdout, verified.stdout

@@ -160,3 +160,12 @@ def test_a_newline_in_the_run_dir_is_refused() -> None:
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:
     with pytest.raises(ConfigError, match="cache.dir: expected a directory path, got an empty"):
         load_config(DEMO, ["cache.dir="])
+
+
+def test_mesh_axes_are_optional_when_the_factory_builds_the_mesh() -> None:
+    raw = demo_raw()
+    del raw["mesh"]
+    assert parse_config(raw, "x.yaml").mesh.axes is None
+    assert load_config(DEMO, ["mesh.axes=null"]).mesh.axes is None
+    with pytest.raises(ConfigError, match=r"mesh.axes: expected at least one axis \(or no "):
+        load_config(DEMO, ["mesh.axes={}"])

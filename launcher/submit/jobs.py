@@ -202,8 +202,12 @@ def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
     entry = config.entrypoint
     args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
     if entry.function is not None:
+        log.info("entrypoint.function: %s is called as a console script's main() or absl's "
+                 "main(argv), with jaxwarm's init recorder", entry.function)
         return Entrypoint(call_argv(sys.executable, [], "--function", entry.function, args))
     if entry.module is not None:
+        log.info("entrypoint.module: %s runs as python -m %s, with jaxwarm's init recorder",
+                 entry.module, entry.module)
         return Entrypoint(call_argv(sys.executable, [], "--module", entry.module, args))
     command = list(entry.command or [])
     script = console_script(config, command[0])

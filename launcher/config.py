@@ -104,8 +104,10 @@ class TopologyConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    # Axis name -> size, in mesh order (YAML mappings keep their order).
-    axes: dict[str, PositiveInt]
+    # Axis name -> size, in mesh order (YAML mappings keep their order). None: the step
+    # factory builds the trainer's own mesh and returns it (`StepBundle.mesh`), as a trainer
+    # that derives its mesh from its own parallelism settings (MaxText) must.
+    axes: dict[str, PositiveInt] | None = None
     # "auto" builds jax.sharding.Mesh; "explicit" uses jax.make_mesh's Explicit axes.
     # The two lower to different programs, so prewarm and run must agree.
     axis_types: str = "auto"
@@ -159,7 +161,7 @@ class TrainConfig:
 class Config:
     run: RunConfig
     step: StepConfig
-    mesh: MeshConfig
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     entrypoint: EntrypointConfig = field(default_factory=EntrypointConfig)
@@ -473,11 +475,12 @@ def _validate(config: Config) -> None:
     if sep and scheme not in REMOTE_SCHEMES:
         fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
                           f" URL, got a {scheme}:// URL")
-    if not config.mesh.axes:
-        fail("mesh.axes", "expected at least one axis")
-    mesh_size = math.prod(config.mesh.axes.values())
-    if mesh_size != topo.num_devices:
-        shape = " x ".join(f"{a}={s}" for a, s in config.mesh.axes.items())
+    axes = config.mesh.axes
+    if axes is not None and not axes:
+        fail("mesh.axes", "expected at least one axis (or no mesh.axes, when the step "
+                          "factory builds the mesh)")
+    if axes and (mesh_size := math.prod(axes.values())) != topo.num_devices:
+        shape = " x ".join(f"{a}={s}" for a, s in axes.items())
         fail("mesh.axes", f"{shape} is {mesh_size} devices, but topology has "
                           f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
                           f"{topo.processes_per_node} x devices_per_process "

@@ -20,7 +20,7 @@ The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, e
   autotune sub-cache saves of a compile.
 - mock: a 2-process layout (1 node x 2 processes x 1 GPU) prewarmed through JAX's mock GPU
   topology (`prewarm.layout: mock`, one process), then the real 2 processes on the one GPU:
-  verify (the key each rank predicts) and `bench.compile_only` (each rank's real lookup;
+  verify (process 0's verdict for the run) and `bench.compile_only` (each rank's real lookup;
   NCCL refuses two ranks of one communicator on one GPU, so no step runs): HIT on both
   ranks, or the key components that differ.
 - agreement: rank agreement's cost per function on a warm start, where this checkout has
@@ -128,9 +128,9 @@ def step_record(config: Config, process: int = 0) -> tuple[dict[str, Any], dict[
     return report, found[-1]
 
 
-def verdict(config: Config, process: int = 0) -> dict[str, Any]:
-    """The verify job's verdict of the step on one process."""
-    path = verify_result_path(config.run_dir, process)
+def verdict(config: Config) -> dict[str, Any]:
+    """The verify job's verdict of the step: process 0's, the run's."""
+    path = verify_result_path(config.run_dir)
     found = [v for v in read_json(path)["functions"] if v["function"] == STEP]
     if not found:
         raise BenchError(f"{path}: no verdict of {STEP}")
@@ -219,19 +219,19 @@ def mock(ctx: Context) -> dict[str, Any]:
     real_config, real_pinned = ctx.pin("mock-real", layout)
     run(JobSpec(TRAIN, [sys.executable, "-m", "bench.compile_only"],
                 job_environment(real_config, real_pinned)), real_config)
+    predicted = verdict(verify_config)  # process 0 decides for the run
     ranks = []
     for process in range(real_config.topology.num_processes):
-        predicted = verdict(verify_config, process)
         _, step = step_record(real_config, process)
-        ranks.append({"process": process, "verify": "WARM" if predicted["warm"] else "COLD",
-                      "verify_key": predicted["key"], "verify_why": predicted["explanation"],
-                      "key": step["key"], "hit": step["hit"],
+        ranks.append({"process": process, "key": step["key"], "hit": step["hit"],
                       "differing_components": differing_components(entry.components,
                                                                    step["components"])})
     differing = sorted({name for rank in ranks for name in rank["differing_components"]})
     return {"mocked": entry.mock_topology is not None, "mock_topology": entry.mock_topology,
             "prewarm_key": entry.key, "prewarm_compile_s": entry.compile_s,
-            "prewarm_process_count": entry.process_count, "ranks": ranks,
+            "prewarm_process_count": entry.process_count,
+            "verify": "WARM" if predicted["warm"] else "COLD", "verify_key": predicted["key"],
+            "verify_why": predicted["explanation"], "ranks": ranks,
             "hit_on_every_rank": all(rank["hit"] for rank in ranks),
             "differing_components": differing}
 

@@ -78,6 +78,12 @@ class CacheConfig:
     # When the trainer changes the cache settings after jaxwarm set them: put jaxwarm's back
     # before each lookup (true), or follow the trainer (false). Either way it is reported.
     enforce: bool = True
+    # A node-local dir the training job's JAX reads its entries from: one process per node
+    # copies the run's entries there from `dir` at job start (launcher/injob/stage.py).
+    # `$VAR`s in it are expanded on each node (e.g. $TMPDIR).
+    stage: str | None = None
+    # How long a node's other processes wait for that copy before they read `dir` instead.
+    stage_wait_s: PositiveFloat = 600.0
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,10 @@ class PrewarmConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    # Axis name -> size, in mesh order (YAML mappings keep their order).
-    axes: dict[str, PositiveInt]
+    # Axis name -> size, in mesh order (YAML mappings keep their order). None: the step
+    # factory builds the trainer's own mesh and returns it (`StepBundle.mesh`), as a trainer
+    # that derives its mesh from its own parallelism settings (MaxText) must.
+    axes: dict[str, PositiveInt] | None = None
     # "auto" builds jax.sharding.Mesh; "explicit" uses jax.make_mesh's Explicit axes.
     # The two lower to different programs, so prewarm and run must agree.
     axis_types: str = "auto"
@@ -161,7 +169,7 @@ class TrainConfig:
 class Config:
     run: RunConfig
     step: StepConfig
-    mesh: MeshConfig
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -484,11 +492,12 @@ def _validate(config: Config) -> None:
     if sep and scheme not in REMOTE_SCHEMES:
         fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
                           f" URL, got a {scheme}:// URL")
-    if not config.mesh.axes:
-        fail("mesh.axes", "expected at least one axis")
-    mesh_size = math.prod(config.mesh.axes.values())
-    if mesh_size != topo.num_devices:
-        shape = " x ".join(f"{a}={s}" for a, s in config.mesh.axes.items())
+    axes = config.mesh.axes
+    if axes is not None and not axes:
+        fail("mesh.axes", "expected at least one axis (or no mesh.axes, when the step "
+                          "factory builds the mesh)")
+    if axes and (mesh_size := math.prod(axes.values())) != topo.num_devices:
+        shape = " x ".join(f"{a}={s}" for a, s in axes.items())
         fail("mesh.axes", f"{shape} is {mesh_size} devices, but topology has "
                           f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
                           f"{topo.processes_per_node} x devices_per_process "
@@ -511,6 +520,16 @@ def _validate(config: Config) -> None:
                                   f"got {entry.module!r}")
     if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
         fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
+    stage = config.cache.stage
+    if stage is not None and not (os.path.isabs(stage) or stage.startswith("$")):
+        fail("cache.stage", f"expected an absolute path on each node's own disk (or one "
+                            f"starting with a $VARIABLE the node expands), got {stage!r}")
+    if stage is not None and sep:
+        fail("cache.stage", f"staging copies from a local or mounted cache dir; cache.dir is "
+                            f"a {scheme}:// URL")
+    if stage is not None and _within(stage, config.cache.dir):
+        fail("cache.stage", f"{stage} is inside cache.dir {config.cache.dir} (or contains "
+                            f"it); the node-local copy needs a dir of its own")
     if config.cache.max_size < -1 or config.cache.max_size == 0:
         fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, "
                                f"got {config.cache.max_size}")
@@ -564,6 +583,12 @@ def _validate_prewarm_layout(config: Config,
             fail(f"xla_flags[{i}]", f"prewarm.layout: mock gives every job "
                                     f"{MOCK_XLA_FLAGS[0]} (a mocked compile can hang with "
                                     f"sharded autotuning, openxla/xla #28959), got {flag!r}")
+
+
+def _within(one: str, other: str) -> bool:
+    """Whether either path (as written) is the other or inside it."""
+    one, other = os.path.normpath(one), os.path.normpath(other)
+    return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
 
 
 def _base(tp: Any) -> Any:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -97,6 +98,7 @@ class LocalJob:
 
     def start(self) -> None:
         coordinator = f"127.0.0.1:{free_port()}"
+        job_id = f"local-{uuid.uuid4().hex[:12]}"
         count = self.topology.num_processes
         self.started = time.time()
         argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", "--", *self.job.argv]
@@ -104,7 +106,7 @@ class LocalJob:
         for index in range(count):
             env = dict(base)
             if count > 1:
-                env.update(process_variables(coordinator, count, index))
+                env.update(process_variables(coordinator, count, index, job_id))
             path = log_path(self.run_dir, self.job.name, index)
             path.parent.mkdir(parents=True, exist_ok=True)
             sink = path.open("wb")

@@ -117,12 +117,14 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
 
 def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.jaxkey.predict import KeyPrediction
     from prewarm.job import Target, manifest_entry
 
     monkeypatch.setenv(MOCK_VARIABLE, "2x1x1")
     monkeypatch.setenv("XLA_FLAGS", SHARD_OFF)
     config = mocked()
-    target = Target("train_step", None, 0.5, "jit_train_step-" + "a" * 64, True)
+    key = "jit_train_step-" + "a" * 64
+    target = Target("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
     entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0, ("ab", 10))
     assert (entry.mock_topology, entry.xla_flags) == ("2x1x1", SHARD_OFF)
     record_entries(tmp_path, [entry])

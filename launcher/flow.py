@@ -74,6 +74,7 @@ def launch(request: Request, backend: Backend) -> int:
     configs = [load_config(path, request.overrides) for path in request.configs]
     for config in configs:
         check_modules(config)
+        backend.refuse_platform(config)
     runs = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
     plans = [(config, plan(request.command, config, pinned, request.prewarm))

@@ -229,7 +229,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                     fn.name, fn.components, manifest, run=run,
                     process_count=report.process_count, signature=fn.signature,
                     global_options=fn.global_options,
-                    max_size=size_cap(report.environment)))
+                    max_size=size_cap(report.environment),
+                    xla_flags=report.environment.get("XLA_FLAGS")))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

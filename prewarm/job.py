@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked, make_dir
+from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.rundir import PREWARM
@@ -114,7 +116,9 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
                          size=written[1] if written else None,
-                         global_options=target.global_options)
+                         global_options=target.global_options,
+                         mock_topology=mocked_topology(),
+                         xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
@@ -203,9 +207,10 @@ def main() -> int:
 
     config = config_from_env()
     recorder, mesh, bundle = start_job(config, PREWARM)
-    log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
+    mocked = mocked_topology()
+    log.info("prewarming %s on %d process(es) x %d device(s)%s, mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
-             dict(mesh.shape))
+             f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source, strict=False)
     decisions = decide(targets, config, recorder.signature, job="this prewarm",
                        repair=lambda found: repair(config, found))

@@ -30,7 +30,9 @@ from launcher.report import (
     load_reports,
     load_verdicts,
     missing_train_report,
+    phase_table,
     summarize,
+    warm_start_lines,
 )
 from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, slurm_dir, unfinished
 from launcher.selfcheck import selfcheck
@@ -187,13 +189,15 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = summarize(reports, manifest, config.run.name)
+    lines = summarize(reports, manifest, config.run.name) + warm_start_lines(reports)
     if trained:
         lines += missing_train_report(reports)
     for line in lines:
         print(line)
-    print(format_table(reports, Targets.of(manifest), config.cache.min_compile_time_secs,
-                       show_all))
+    targets = Targets.of(manifest)
+    print(format_table(reports, targets, config.cache.min_compile_time_secs, show_all))
+    for line in phase_table(reports, targets):
+        print(line)
 
 
 def print_verdicts(config: Config) -> int:

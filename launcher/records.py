@@ -62,6 +62,17 @@ class FunctionRecord:
     global_options: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class InitPhase:
+    """Part of a process's time to first step (`launcher.injob.phases`): `phase` is one of
+    imports, distributed, trace, lower, key prediction, compile, cache load, first step,
+    other; `function` the JAX module it was spent on (trace, lower, compile, cache load)."""
+
+    phase: str
+    seconds: float
+    function: str | None = None
+
+
 @dataclass
 class InitReport:
     """What the persistent cache did during one process's init:
@@ -88,6 +99,8 @@ class InitReport:
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
     warnings: list[ReportWarning] = field(default_factory=list)
+    # Where the time to first step went; they add up to it (empty before the first step).
+    phases: list[InitPhase] = field(default_factory=list)
 
     @property
     def misses(self) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.environment import size_cap
+from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
 from launcher.records import (
     OPTIONS_DIFFER,
     SETTING_CHANGED,
@@ -158,6 +159,77 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
     for r in reports:
         lines.extend(function_lines(r, targets, threshold_s, show_all))
     return "\n".join(lines)
+
+
+def phase_totals(report: InitReport) -> dict[str, float]:
+    """Seconds per init phase of one process (all functions together), in `phases.ORDER`."""
+    totals: dict[str, float] = {}
+    for phase in report.phases:
+        totals[phase.phase] = totals.get(phase.phase, 0.0) + phase.seconds
+    return {name: totals[name] for name in ORDER if name in totals}
+
+
+def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
+    """Where each process's time to first step went: one row per process, one column per
+    phase (they add up to `total`), then each prewarmed target's trace, lowering and
+    compile or load."""
+    timed = [r for r in reports if r.phases]
+    if not timed:
+        return []
+    columns = [name for name in ORDER if any(name in phase_totals(r) for r in timed)]
+    rows = [("job", "restart", "proc", *columns, "total")]
+    for r in timed:
+        totals = phase_totals(r)
+        rows.append((r.job, str(r.restart_count), str(r.process_index),
+                     *(_seconds(totals.get(name)) for name in columns),
+                     _seconds(sum(totals.values()))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["", "init phases (seconds from process start to the first step; they add up to "
+                 "the total):"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip() for row in rows]
+    for r in timed:
+        for name, parts in _target_phases(r, targets).items():
+            lines.append(f"  {_where(r)}  {name}: " + " + ".join(
+                f"{phase} {seconds:.2f}" for phase, seconds in parts))
+    return lines
+
+
+def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple[str, float]]]:
+    """The phases spent on each prewarmed target of a process, by function name."""
+    names = {name for name, _ in targets.functions} | \
+        {fn.name for fn in report.functions if fn in targets}
+    found: dict[str, list[tuple[str, float]]] = {}
+    for phase in report.phases:
+        if phase.function in names:
+            found.setdefault(phase.function, []).append((phase.phase, phase.seconds))
+    return found
+
+
+def warm_start_lines(reports: list[InitReport]) -> list[str]:
+    """Which phase dominates the latest warm start: the training attempt whose process 0
+    loaded a prewarmed function from the cache and compiled none of them."""
+    starts = [r for r in reports if r.job == TRAIN and r.process_index == 0 and r.phases
+              and r.hits and r.time_to_first_step_s]
+    if not starts:
+        return []
+    start = max(starts, key=lambda r: r.restart_count)
+    totals = phase_totals(start)
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    (top, seconds), rest = ranked[0], ranked[1:]
+    total = sum(totals.values())
+    lines = [f"warm start (train r{start.restart_count} p0): {total:.2f} s to the first step, "
+             f"most of it {top} ({seconds:.2f} s, {100 * seconds / total:.0f}%); then "
+             + ", ".join(f"{name} {value:.2f} s" for name, value in rest if value >= 0.005)]
+    if top == FIRST_STEP:
+        peers = [r for r in reports if r.job == TRAIN and r.restart_count == start.restart_count
+                 and r.process_index != 0 and r.phases]
+        slowest = max(peers, key=lambda r: phase_totals(r).get(COMPILE, 0.0), default=None)
+        compiled = 0.0 if slowest is None else phase_totals(slowest).get(COMPILE, 0.0)
+        if slowest is not None and compiled > phase_totals(start).get(LOAD, 0.0):
+            lines.append(f"  the first step's collectives wait for every process: process "
+                         f"{slowest.process_index} compiled for {compiled:.2f} s")
+    return lines
 
 
 def moved_cache_dir(report: InitReport) -> bool:

@@ -22,6 +22,8 @@ from launcher.files import GROUP_UMASK
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.mlperf import MlperfLog, MlperfUnavailable
+from launcher.mlperf import log_path as mlperf_log_path
 from launcher.records import EntryMissed
 from launcher.rundir import TRAIN, report_path
 from launcher.store.entries import entry_path, written_since
@@ -155,6 +157,8 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
             recorder.prewarmed_options = {e.function: e.global_options for e in entries
                                           if e.global_options}
+    if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
+        start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
@@ -163,6 +167,21 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
+
+
+def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
+    """MLPerf's init lines from process 0: `init_start` now (dated at the process's start),
+    `init_stop` and `run_start` at the first step (dated where the step's compile or load
+    ended). Without the package it says so once; training goes on."""
+    try:
+        lines = MlperfLog(mlperf_log_path(config.run_dir, recorder.report.restart_count),
+                          recorder.start_time)
+    except (MlperfUnavailable, OSError) as exc:
+        log.warning("jaxwarm: no MLPerf lines: %s", exc)
+        return
+    recorder.after_first_step.append(lambda report: lines.stop(
+        recorder.clock.first_step_start or recorder.start_time +
+        (report.time_to_first_step_s or 0.0)))
 
 
 def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:

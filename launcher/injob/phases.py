@@ -96,6 +96,8 @@ class PhaseClock:
         self._spans: list[Span] = []
         self._lock = threading.Lock()
         self.done = False
+        # Where the step's compile or load ended (the first step began), once finished.
+        self.first_step_start: float | None = None
 
     def add(self, span: Span) -> None:
         with self._lock:
@@ -123,6 +125,7 @@ class PhaseClock:
             step_end = self.step_end(end, step_functions) or self.step_end(end, set())
             if step_end is not None:
                 spans.append(Span(FIRST_STEP, step_end, end))
+            self.first_step_start = step_end
         with self._lock:
             self.done = True
         return partition(spans, self.start_time, end)

@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="prewarm the cache, then run the training job")
     _add_job_arguments(launch)
-    launch.add_argument("--no-prewarm", action="store_true", help="skip the prewarm job")
+    launch.add_argument("--prewarm", choices=flow.PREWARM_MODES, default=flow.AUTO,
+                        help="run the prewarm job always, never, or (auto, the default) "
+                             "unless a completed prewarm had this launch's fingerprint and "
+                             "its entries are intact")
+    launch.add_argument("--no-prewarm", dest="prewarm", action="store_const",
+                        const=flow.NEVER, help="the same as --prewarm never")
     launch.add_argument("--wait", action="store_true",
                         help="SLURM: follow the jobs and print the init report at the end")
     prewarm = commands.add_parser(
@@ -77,7 +82,7 @@ def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def cmd_jobs(args: argparse.Namespace) -> int:
     configs, overrides = split_positionals(args)
     request = flow.Request(args.command, configs, overrides,
-                           prewarm=not getattr(args, "no_prewarm", False),
+                           prewarm=getattr(args, "prewarm", flow.AUTO),
                            check_cache=not args.no_check_cache,
                            wait=getattr(args, "wait", False))
     return flow.launch(request, choose_backend(args.backend))

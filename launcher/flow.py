@@ -14,6 +14,7 @@ lowering) on either backend, and `launch --slurm` keeps its one prewarm -> train
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 
 from launcher import mlperf
 from launcher.config import Config, ConfigError, load_config
+from launcher.environment import is_remote
 from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from launcher.records import dumps
+from launcher.files import atomic_write
+from launcher.records import Fingerprint, PrewarmDecision, dumps, read_record
 from launcher.report import (
     Targets,
     attempt_summaries,
@@ -35,10 +38,22 @@ from launcher.report import (
     summarize,
     warm_start_lines,
 )
-from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, slurm_dir, unfinished
+from launcher.rundir import (
+    PREWARM,
+    TRAIN,
+    VERIFY,
+    mlperf_logs,
+    pinned_config,
+    prewarm_decision_path,
+    slurm_dir,
+    unfinished,
+)
 from launcher.selfcheck import selfcheck
+from launcher.store.integrity import missed_since_check, warm_problem
 from launcher.store.manifest import read_manifest
+from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
+from launcher.submit.fingerprint import differences, fingerprint
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job, verify_job
 from launcher.submit.prepare import (
     adopt_run_dir,
@@ -52,6 +67,8 @@ from launcher.submit.sbatch import render
 log = logging.getLogger("jaxwarm.flow")
 
 LAUNCH = "launch"
+ALWAYS, AUTO, NEVER = "always", "auto", "never"
+PREWARM_MODES = (ALWAYS, AUTO, NEVER)
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,8 @@ class Request:
     command: str
     configs: list[str]
     overrides: list[str]
-    prewarm: bool = True
+    # always, auto (without it when a completed prewarm had this fingerprint), never.
+    prewarm: str = AUTO
     check_cache: bool = True
     wait: bool = False
 
@@ -78,17 +96,26 @@ def launch(request: Request, backend: Backend) -> int:
         check_modules(config)
     runs = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
-    plans = [(config, plan(request.command, config, pinned, request.prewarm))
+    plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER))
              for config, pinned in runs]
+    prints = {config.run_dir: fingerprint(config, pinned, backend.name)
+              for config, pinned in runs} if request.command != VERIFY else {}
     with ExitStack() as held:
         for config, _ in plans:
             held.enter_context(holding_run_dir(config))
             backend.refuse_busy(config)
-        for config, _ in plans:
+        decided = []
+        for config, jobs in plans:
             write_run_dir(config)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
             prepare_cache(config, request.check_cache)
+            if request.command != VERIFY:
+                decision = decide_prewarm(request, config, prints[config.run_dir])
+                write_decision(config.run_dir, decision)
+                jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
+            decided.append((config, jobs))
+        plans = decided
         if request.command == VERIFY:
             # Beside the verify job: is the key prediction its verdicts rest on exact here?
             with selfcheck(plans[0][1][0].env) as check:
@@ -97,6 +124,77 @@ def launch(request: Request, backend: Backend) -> int:
         handles = backend.submit(plans)
         return max(finish(request, config, backend, jobs)
                    for (config, _), jobs in zip(plans, handles, strict=True))
+
+
+def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:
+    """Whether this launch runs its prewarm job, and why (logged, kept in the run dir, shown
+    by the report). With `auto`, not when a completed prewarm ran under the same
+    fingerprint (everything the launcher can know that enters the keys) and every entry it
+    left is intact: the training job's processes still look each function up under JAX's
+    own key, and report a miss by component as always."""
+    mode = ALWAYS if request.command == PREWARM else request.prewarm
+    if mode == NEVER:
+        decision = PrewarmDecision(mode, False, "--prewarm never: the training job compiles "
+                                                "what is not in the cache", found)
+    elif mode == ALWAYS:
+        why = "jaxwarm prewarm" if request.command == PREWARM else "--prewarm always"
+        decision = PrewarmDecision(mode, True, why, found)
+    else:
+        decision = auto_decision(config, found)
+    log.info("%s: prewarm job %s (%s): %s", config.source,
+             "runs" if decision.prewarm else "skipped", decision.mode, decision.why)
+    return decision
+
+
+def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
+    if is_remote(config.cache.dir):
+        return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
+                               found)
+    records = read_prewarms(config.cache.dir)
+    match = records.get(found.digest)
+    if match is None:
+        earlier = [r for r in records.values() if r.run == config.run.name] or \
+            list(records.values())
+        why = f"no completed prewarm has this fingerprint ({found.digest})"
+        if earlier:
+            last = earlier[-1]
+            why += (f"; since run {last.run!r}'s prewarm {ago(last.time)}: "
+                    + ", ".join(differences(last.fingerprint, found)))
+        return PrewarmDecision(AUTO, True, why, found)
+    for key in match.keys:
+        problem = warm_problem(config.cache.dir, key)
+        if problem is None and missed_since_check(config.cache.dir, key):
+            problem = "a job missed it; the prewarm checks it in full"
+        if problem is not None:
+            return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
+                                               f"prewarm, but entry {key}: {problem}", found)
+    return PrewarmDecision(AUTO, False, (
+        f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
+        f"{ago(match.time)} and its {len(match.keys)} entries are intact; the training "
+        f"job's processes check their keys as they load"), found)
+
+
+def ago(when: float) -> str:
+    seconds = max(time.time() - when, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def write_decision(run_dir: Path, decision: PrewarmDecision) -> None:
+    atomic_write(prewarm_decision_path(run_dir), dumps(decision, indent=1) + "\n")
+
+
+def decision_lines(run_dir: Path) -> list[str]:
+    """What the latest launch decided about its prewarm job, for the report."""
+    path = prewarm_decision_path(run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None:
+        return []
+    return [f"prewarm job: {'ran' if decision.prewarm else 'skipped'} "
+            f"(--prewarm {decision.mode}): {decision.why}"]
 
 
 def refuse_shared_run_dirs(configs: list[Config]) -> None:
@@ -190,7 +288,8 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = summarize(reports, manifest, config.run.name) + warm_start_lines(reports)
+    lines = [*decision_lines(run_dir), *summarize(reports, manifest, config.run.name),
+             *warm_start_lines(reports)]
     if trained:
         lines += missing_train_report(reports)
     for line in lines:
@@ -199,7 +298,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     print(format_table(reports, targets, config.cache.min_compile_time_secs, show_all))
     for line in phase_table(reports, targets):
         print(line)
-    logs = sorted(run_dir.glob("mlperf-r*.log"), key=lambda path: path.stat().st_mtime)
+    logs = mlperf_logs(run_dir)
     if config.report.mlperf and logs:  # the latest attempt's: its init against MLPerf's own checker
         print(mlperf.check_line(logs[-1], config.init_budget_s))
 

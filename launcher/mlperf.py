@@ -46,11 +46,6 @@ def _mllog() -> Any:
     return mllog
 
 
-def log_path(run_dir: str | Path, restart: int) -> Path:
-    """The MLPerf log of one attempt of the training job (a relaunch writes it afresh)."""
-    return Path(run_dir) / f"mlperf-r{restart}.log"
-
-
 class MlperfLog:
     """Process 0's MLPerf lines: `init_start` when made, `init_stop` and `run_start` at
     `stop()`. Its own logger (`jaxwarm.mlperf.lines`), so a trainer's own mllog set-up is

@@ -141,6 +141,44 @@ class VerifyResult:
         return all(verdict.warm for verdict in self.functions)
 
 
+# -- deciding whether a launch needs its prewarm job -----------------------------------------
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Everything the launcher can know, before any job, that enters the cache keys of a
+    run's step (`launcher.submit.fingerprint`): `parts` by name (versions as they are, the
+    rest as short hashes), `files` the hash of each source file the step factory's module
+    reaches, `digest` the hash of both."""
+
+    digest: str
+    parts: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrewarmDecision:
+    """Whether a launch ran its prewarm job, and why: `<run dir>/prewarm-decision.json`
+    (`rundir.prewarm_decision_path`). The prewarm job records `fingerprint` with the entries
+    it leaves, so that the next launch with the same fingerprint can go without it."""
+
+    mode: str  # always, auto, never
+    prewarm: bool
+    why: str
+    fingerprint: Fingerprint | None = None
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class PrewarmRecord:
+    """A prewarm that completed: the fingerprint it ran under and the keys of the entries it
+    left in the cache (compiled, or found intact), in `jaxwarm-prewarms.json`."""
+
+    fingerprint: Fingerprint
+    keys: list[str]
+    run: str
+    time: float = field(default_factory=time.time)
+
+
 # -- the usage log: one line per job's process 0, and one per entry event -----------------
 
 @dataclass(frozen=True)

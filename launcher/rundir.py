@@ -2,9 +2,11 @@
 
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
-reports), verify/p<process>.json (verify verdicts), slurm/<job>/ (submitit's job folders) with
-slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's), and
-launch.lock (held by the launch that owns the run dir).
+reports), verify/p<process>.json (verify verdicts), prewarm-decision.json (whether the launch
+ran the prewarm job, and why), mlperf-r<restart>.log (MLPerf's lines, with report.mlperf),
+slurm/<job>/ (submitit's job folders) with slurm/jobs.json (what was submitted),
+checkpoints/ and metrics.jsonl (the trainer's), and launch.lock (held by the launch that
+owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
 """
 
@@ -73,6 +75,21 @@ def parse_report_path(path: str | Path) -> ReportName | None:
 def verify_result_path(run_dir: str | Path, process: int = 0) -> Path:
     """The verify job's verdicts of one process; process 0's are the run's."""
     return Path(run_dir) / "verify" / f"p{process}.json"
+
+
+def prewarm_decision_path(run_dir: str | Path) -> Path:
+    """Whether the latest launch ran the prewarm job, why, and under which fingerprint."""
+    return Path(run_dir) / "prewarm-decision.json"
+
+
+def mlperf_log_path(run_dir: str | Path, restart: int) -> Path:
+    """The MLPerf lines of one attempt of the training job (a relaunch writes it afresh)."""
+    return Path(run_dir) / f"mlperf-r{restart}.log"
+
+
+def mlperf_logs(run_dir: str | Path) -> list[Path]:
+    """The run's MLPerf logs, the latest attempt's last."""
+    return sorted(Path(run_dir).glob("mlperf-r*.log"), key=lambda path: path.stat().st_mtime)
 
 
 def slurm_dir(run_dir: str | Path, job: str) -> Path:

@@ -34,7 +34,8 @@ from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder
 from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
-from launcher.rundir import PREWARM
+from launcher.records import PrewarmDecision, PrewarmRecord, read_record
+from launcher.rundir import PREWARM, prewarm_decision_path
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import (
     BEING_WRITTEN,
@@ -50,6 +51,7 @@ from launcher.store.manifest import (
     record_entries,
     uses_entries,
 )
+from launcher.store.prewarms import record_prewarm
 from prewarm.bootstrap import job_main, start_job
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
@@ -279,11 +281,41 @@ def main() -> int:
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
+    failed = any(item.failure for item in compiled)
     if is_remote(config.cache.dir):
         log.info("no manifest for a remote cache dir (it needs a local file lock)")
     elif jax.process_index() == 0:
         log.info("manifest: %s", manifest_path(config.cache.dir))
-    return 1 if any(item.failure for item in compiled) else 0
+        if not failed:
+            record_fingerprint(config, targets)
+    return 1 if failed else 0
+
+
+def record_fingerprint(config: Config, targets: list[Target]) -> None:
+    """Record that this prewarm completed under the fingerprint its launch computed (in the
+    run dir's decision), with the entries it leaves: a later launch with the same
+    fingerprint can go without a prewarm job. Not when this job runs another jax than the
+    launcher saw (its fingerprint would promise keys this job did not make)."""
+    import jax
+    import jaxlib
+
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return  # a job script submitted by hand: no launch computed a fingerprint
+    found = decision.fingerprint
+    here = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    if any(found.parts.get(name) != value for name, value in here.items()):
+        log.warning("this job runs jax %s / jaxlib %s but the launcher saw %s / %s: no "
+                    "fingerprint recorded, so every launch runs its prewarm job",
+                    here["jax"], here["jaxlib"], found.parts.get("jax"),
+                    found.parts.get("jaxlib"))
+        return
+    keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
+    record_prewarm(config.cache.dir, PrewarmRecord(found, keys, config.run.name))
+    log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
+             "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
+             else "ies")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.mlperf import MlperfLog, MlperfUnavailable
-from launcher.mlperf import log_path as mlperf_log_path
 from launcher.records import EntryMissed
-from launcher.rundir import TRAIN, report_path
+from launcher.rundir import TRAIN, mlperf_log_path, report_path
 from launcher.store.entries import entry_path, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
+from launcher.store.prewarms import forget_prewarms
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
@@ -157,6 +157,9 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
             recorder.prewarmed_options = {e.function: e.global_options for e in entries
                                           if e.global_options}
+            if report.process_index == 0:
+                recorder.after_first_step.append(
+                    lambda done: forget_missed_prewarms(config, entries, done))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):
@@ -167,6 +170,20 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
+
+
+def forget_missed_prewarms(config: Config, entries: list[ManifestEntry],
+                           report: InitReport) -> None:
+    """Process 0 looked a prewarmed function up under another key than its prewarm's: what
+    the login node's fingerprint promised does not hold (a GPU driver, a source it does not
+    reach). Forget that prewarm, so the next launch runs its prewarm job again."""
+    for entry in entries:
+        for record in report.functions:
+            if record.name == entry.function and record.signature == entry.signature and \
+                    record.key not in (None, entry.key) and not record.hit:
+                forget_prewarms(config.cache.dir, entry.key,
+                                f"{record.name} missed under key {record.key}, not the "
+                                f"prewarmed {entry.key}")
 
 
 def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:

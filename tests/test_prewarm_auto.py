@@ -91,6 +91,8 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
+        module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
     assert launch(tmp_path, "first", *factory).returncode == 0
     model = source / "mystep" / "model.py"

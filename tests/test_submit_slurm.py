@@ -68,19 +68,36 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: 2 hit(s)" in status.stdout
 
-    # A relaunch on the warm cache keeps its prewarm -> train chain; the prewarm job verifies,
-    # finds every function WARM, and ends without compiling them.
-    again = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
-                                        "topology.processes_per_node=1", "train.steps=2",
-                                        "run.name=warm"))
+    # A relaunch on the warm cache, same fingerprint (--prewarm auto): one job, the training
+    # job alone, which loads the step.
+    layout = ("--wait", "topology.nodes=2", "topology.processes_per_node=1", "train.steps=2")
+    again = run_cli("launch", *args_for(tmp_path, *layout, "run.name=warm"))
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     warm_dir = tmp_path / "runs" / "warm"
-    prewarm_job, _ = read_jobs(warm_dir)
-    assert "every function is WARM: nothing to compile" in prewarm_job.log_path().read_text()
-    prewarmed = report(warm_dir, 0, "prewarm")["functions"]
-    assert not [fn for fn in prewarmed if fn["name"] in ("jit_train_step", "jit_init_state")]
+    assert [j.name for j in read_jobs(warm_dir)] == ["train"]
     assert step_hit(report(warm_dir, 0))
-    assert "jit_train_step: HIT on process 0" in again.stdout
+    assert "prewarm job: skipped (--prewarm auto): the fingerprint" in again.stdout
+
+    # --prewarm always keeps the chain; the prewarm job verifies, finds every function WARM,
+    # and ends without compiling them.
+    always = run_cli("launch", *args_for(tmp_path, *layout, "run.name=always",
+                                         "--prewarm", "always"))
+    assert always.returncode == 0, always.stdout + always.stderr[-3000:]
+    always_dir = tmp_path / "runs" / "always"
+    prewarm_job, _ = read_jobs(always_dir)
+    assert "every function is WARM: nothing to compile" in prewarm_job.log_path().read_text()
+    prewarmed = report(always_dir, 0, "prewarm")["functions"]
+    assert not [fn for fn in prewarmed if fn["name"] in ("jit_train_step", "jit_init_state")]
+
+    # A changed config changes the fingerprint: the prewarm job is chained again.
+    changed = run_cli("launch", *args_for(tmp_path, *layout, "run.name=changed",
+                                          "xla_flags=[--xla_cpu_enable_fast_math=true]"))
+    assert changed.returncode == 0, changed.stdout + changed.stderr[-3000:]
+    changed_dir = tmp_path / "runs" / "changed"
+    assert [j.name for j in read_jobs(changed_dir)] == ["prewarm", "train"]
+    assert "prewarm job: ran (--prewarm auto): no completed prewarm has this fingerprint" \
+        in changed.stdout and "environment differs" in changed.stdout
+    assert step_hit(report(changed_dir, 0))
 
 
 def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:

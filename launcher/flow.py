@@ -1,14 +1,18 @@
 """The one launch flow, for every backend and for one config or several.
 
-checks -> run-dir lock -> pin -> cache check -> jobs -> report. Every input is checked
+checks -> run-dir lock -> pin -> cache check -> prewarm decision -> jobs -> report. Every
+input is checked
 before anything is written or started (config, overrides, entrypoint, run dirs, jobs of an
 earlier launch still in the run dir); each run dir is held by its lock for the launch's whole
 life; the config is pinned into the run dir, the cache entries this run expects are checked,
 then the backend (`launcher.submit.backend`) submits the jobs and tells how each ended.
 
 The prewarm job verifies before it compiles (`prewarm.job`): a function whose entry is
-already in the cache is not compiled again, so a warm relaunch pays one short job (imports,
-lowering) on either backend, and `launch --slurm` keeps its one prewarm -> train chain.
+already in the cache is not compiled again. Better still, with `--prewarm auto` (the
+default) a launch whose fingerprint (`launcher.submit.fingerprint`: what the login node can
+know that enters the keys) matches a completed prewarm's, with its entries intact, submits
+the training job alone: on SLURM no allocation, no queue wait, for a prewarm that would
+have found everything warm.
 """
 
 from __future__ import annotations

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print one JSON list")
     report.add_argument("--all", action="store_true",
                         help="list every compile, also the small ones summed up in one line")
+    report.add_argument("--plot", type=Path, metavar="PNG",
+                        help="also draw the init phases per process into a PNG "
+                             "(needs matplotlib: pip install 'jaxwarm[plot]')")
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     cache_commands.add_parser(commands)
@@ -98,7 +101,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all)
+    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all,
+                            plot=args.plot)
 
 
 def closed_stdout() -> int:

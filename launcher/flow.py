@@ -29,16 +29,24 @@ from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote
 from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from launcher.files import atomic_write
-from launcher.records import Fingerprint, PrewarmDecision, dumps, read_record
+from launcher.records import (
+    Fingerprint,
+    PrewarmDecision,
+    PrewarmProgress,
+    dumps,
+    read_record,
+)
 from launcher.report import (
     Targets,
     attempt_summaries,
+    duration,
     format_table,
     format_verdicts,
     load_reports,
     load_verdicts,
     missing_train_report,
     phase_table,
+    progress_line,
     summarize,
     warm_start_lines,
 )
@@ -49,6 +57,7 @@ from launcher.rundir import (
     mlperf_logs,
     pinned_config,
     prewarm_decision_path,
+    prewarm_progress_path,
     slurm_dir,
     unfinished,
 )
@@ -179,12 +188,7 @@ def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
 
 
 def ago(when: float) -> str:
-    seconds = max(time.time() - when, 0.0)
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+    return f"{duration(max(time.time() - when, 0.0))} ago"
 
 
 def write_decision(run_dir: Path, decision: PrewarmDecision) -> None:
@@ -248,7 +252,8 @@ def status(run_dir: Path, backend: Backend) -> int:
     lines = backend.job_lines(run_dir)
     if not lines:
         raise ConfigError(f"{run_dir}: no {backend.name} jobs recorded for this run dir")
-    for line in lines + attempt_summaries(load_reports(run_dir)):
+    for line in lines + prewarm_progress(run_dir, lines) + \
+            attempt_summaries(load_reports(run_dir)):
         print(line)
     pinned = pinned_config(run_dir)
     if pinned.is_file():
@@ -256,6 +261,18 @@ def status(run_dir: Path, backend: Backend) -> int:
         if problem:  # sacct says COMPLETED for a trainer that exits 0 early
             print(f"{TRAIN}: {problem}")
     return EXIT_OK
+
+
+def prewarm_progress(run_dir: Path, job_lines: list[str]) -> list[str]:
+    """For a prewarm job that is running: what it compiles, since when, and its ETA (its
+    process 0 keeps `prewarm-progress.json` up to date)."""
+    running = any(line.split()[:1] == [PREWARM] and "RUNNING" in line.split()[2:4]
+                  for line in job_lines)
+    path = prewarm_progress_path(run_dir)
+    progress = read_record(PrewarmProgress, path) if running and path.is_file() else None
+    if progress is None or progress.done:
+        return []
+    return [f"  {progress_line(progress, now=time.time())}"]
 
 
 def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
@@ -272,10 +289,20 @@ def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
     return EXIT_OK
 
 
-def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False) -> int:
-    """`jaxwarm report`: a run's init reports, as the table or as one JSON list."""
+def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
+                plot: Path | None = None) -> int:
+    """`jaxwarm report`: a run's init reports, as the table or as one JSON list; with
+    `plot`, also its init phases drawn into a PNG."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run dir (expected <out_dir>/<run name>)")
+    if plot is not None:
+        from launcher.plot import plot_init
+
+        config = load_config(pinned_config(run_dir))
+        plot_init(load_reports(run_dir), Targets.of(read_manifest(config.cache.dir,
+                                                                  strict=False)),
+                  config.init_budget_s, plot, f"run {config.run.name}")
+        log.info("init phases drawn into %s", plot)
     if as_json:
         print(dumps(load_reports(run_dir), indent=1))
         return EXIT_OK

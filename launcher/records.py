@@ -179,6 +179,20 @@ class PrewarmRecord:
     time: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True)
+class PrewarmProgress:
+    """Which target a running prewarm job compiles (`<run dir>/prewarm-progress.json`, for
+    `jaxwarm status`): since when, and how long the same function took last time on this
+    layout (None: never compiled here before)."""
+
+    function: str
+    index: int
+    count: int
+    started: float
+    last_s: float | None = None
+    done: bool = False
+
+
 # -- the usage log: one line per job's process 0, and one per entry event -----------------
 
 @dataclass(frozen=True)

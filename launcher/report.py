@@ -7,6 +7,7 @@ so the table shows every process as it is instead of summarising the run as "hit
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from launcher.records import (
     SETTING_CHANGED,
     FunctionRecord,
     InitReport,
+    PrewarmProgress,
     Verdict,
     VerifyResult,
     from_json,
@@ -63,6 +65,32 @@ def short_key(key: str | None) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def duration(seconds: float) -> str:
+    """`12.3 s`, `23 min 10 s`, `1 h 5 min`: how long, for a person."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def progress_line(progress: PrewarmProgress, now: float | None = None) -> str:
+    """What a prewarm compiles, with the ETA the last compile of the same function gives;
+    with `now`, also how long it has been at it (`jaxwarm status`)."""
+    if progress.done:
+        return "prewarm: every target compiled or loaded"
+    if progress.last_s is None:
+        known = "no earlier compile of it on this layout"
+    else:
+        eta = time.strftime("%H:%M:%S", time.localtime(progress.started + progress.last_s))
+        known = f"last time {duration(progress.last_s)} on this layout; ETA {eta}"
+    line = f"compiling {progress.function} ({progress.index} of {progress.count}; {known})"
+    if now is not None:
+        line += f", {duration(max(now - progress.started, 0.0))} elapsed"
+    return line
 
 
 def _status(report: InitReport) -> str:

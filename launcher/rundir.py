@@ -3,10 +3,10 @@
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
 reports), verify/p<process>.json (verify verdicts), prewarm-decision.json (whether the launch
-ran the prewarm job, and why), mlperf-r<restart>.log (MLPerf's lines, with report.mlperf),
-slurm/<job>/ (submitit's job folders) with slurm/jobs.json (what was submitted),
-checkpoints/ and metrics.jsonl (the trainer's), and launch.lock (held by the launch that
-owns the run dir).
+ran the prewarm job, and why), prewarm-progress.json (what it compiles),
+mlperf-r<restart>.log (MLPerf's lines, with report.mlperf), slurm/<job>/ (submitit's job
+folders) with slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the
+trainer's), and launch.lock (held by the launch that owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
 """
 
@@ -80,6 +80,11 @@ def verify_result_path(run_dir: str | Path, process: int = 0) -> Path:
 def prewarm_decision_path(run_dir: str | Path) -> Path:
     """Whether the latest launch ran the prewarm job, why, and under which fingerprint."""
     return Path(run_dir) / "prewarm-decision.json"
+
+
+def prewarm_progress_path(run_dir: str | Path) -> Path:
+    """Which target the running prewarm job compiles, for `jaxwarm status`."""
+    return Path(run_dir) / "prewarm-progress.json"
 
 
 def mlperf_log_path(run_dir: str | Path, restart: int) -> Path:

@@ -31,10 +31,10 @@ from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked, make_dir
 from launcher.injob.hook import config_from_env
-from launcher.injob.recorder import FunctionRecord, InitRecorder
+from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
 from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
-from launcher.records import PrewarmDecision, PrewarmRecord, read_record
+from launcher.records import PrewarmDecision, PrewarmProgress, PrewarmRecord, read_record
 from launcher.rundir import PREWARM, prewarm_decision_path
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import (
@@ -53,6 +53,7 @@ from launcher.store.manifest import (
 )
 from launcher.store.prewarms import record_prewarm
 from prewarm.bootstrap import job_main, start_job
+from prewarm.progress import compiling, finished, last_compile, progress_file
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
 
@@ -216,9 +217,20 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
                     is_writer: bool) -> list[Compiled]:
     """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
     records each entry as soon as it is written (`record_compile`)."""
+    import jax
+
     compiled = []
-    for target in targets:
-        with writer_lock(config.cache.dir, target.key, is_writer):
+    manifest = {} if is_remote(config.cache.dir) else read_manifest(config.cache.dir,
+                                                                     strict=False)
+    record_to = progress_file(config.run_dir, is_writer)
+    for index, target in enumerate(targets, 1):
+        function = function_of(target.key) if target.key else module_name(target.name)
+        last = last_compile(manifest, function, recorder.signature(function),
+                            jax.process_count())
+        progress = PrewarmProgress(function, index, len(targets), time.time(),
+                                   last.compile_s if last else None)
+        with compiling(progress, record_to), \
+                writer_lock(config.cache.dir, target.key, is_writer):
             since = time.time()
             target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
@@ -227,6 +239,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
         compiled.append(Compiled(target, record, failure))
+    finished(record_to, len(targets))
     return compiled
 
 

@@ -9,13 +9,12 @@ extra); without it, one line says how to get it.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.injob.phases import ORDER
 from launcher.records import InitReport
-from launcher.report import Targets, phase_totals
+from launcher.report import Targets, fold_phases
 
 # Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
 DPI = 100
@@ -32,35 +31,6 @@ def size_px(bars: int) -> tuple[int, int]:
     return WIDTH_PX, BASE_HEIGHT_PX + BAR_HEIGHT_PX * bars
 
 
-def _outcome(report: InitReport, targets: Targets) -> str:
-    prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
-    if not prewarmed:
-        return ""
-    return "warm" if all(fn.hit for fn in prewarmed) else "cold"
-
-
-def fold(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
-    """One bar per job attempt and outcome: the label and the median seconds per phase of
-    the processes that hit and missed the same functions."""
-    groups: dict[tuple, list[InitReport]] = {}
-    for report in reports:
-        if not report.phases:
-            continue
-        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions if fn in targets))
-        groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
-    bars = []
-    for (job, restart, _), members in groups.items():
-        processes = [r.process_index for r in members]
-        who = f"p{processes[0]}" if len(processes) == 1 else \
-            f"p{min(processes)}-{max(processes)} ({len(processes)} processes, median)"
-        state = _outcome(members[0], targets)
-        totals = [phase_totals(r) for r in members]
-        phases = {name: statistics.median(t.get(name, 0.0) for t in totals) for name in ORDER
-                  if any(name in t for t in totals)}
-        bars.append((f"{job} r{restart} {who}" + (f"  {state}" if state else ""), phases))
-    return bars
-
-
 def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
               path: Path, title: str) -> Path:
     """Draw the run's init phases into a PNG at `path`."""
@@ -70,7 +40,7 @@ def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'jaxwarm[plot]'") from None
-    bars = fold(reports, targets)
+    bars = fold_phases(reports, targets)
     if not bars:
         raise ConfigError(f"{title}: no init report with phases to plot (a job writes them "
                           f"at its first step)")

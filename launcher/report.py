@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,26 +199,65 @@ def phase_totals(report: InitReport) -> dict[str, float]:
     return {name: totals[name] for name in ORDER if name in totals}
 
 
+def _warm_or_cold(report: InitReport, targets: Targets) -> str:
+    prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
+    if not prewarmed:
+        return ""
+    return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+
+
+def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
+    """One row (or bar) per job attempt and outcome: its label and the median seconds per
+    phase of the processes that hit and missed the same prewarmed functions."""
+    groups: dict[tuple, list[InitReport]] = {}
+    for report in reports:
+        if not report.phases:
+            continue
+        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions if fn in targets))
+        groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
+    bars = []
+    for (job, restart, _), members in groups.items():
+        who = _processes([r.process_index for r in members])
+        state = _warm_or_cold(members[0], targets)
+        totals = [phase_totals(r) for r in members]
+        phases = {name: statistics.median(t.get(name, 0.0) for t in totals) for name in ORDER
+                  if any(name in t for t in totals)}
+        bars.append((f"{job} r{restart} {who}" + (f"  {state}" if state else ""), phases))
+    return bars
+
+
+def _processes(indices: list[int]) -> str:
+    """`p0`, `p1-63 (63 processes, median)`, `p1,4,9 (3 processes, median)`."""
+    if len(indices) == 1:
+        return f"p{indices[0]}"
+    first, last = min(indices), max(indices)
+    spans = f"{first}-{last}" if last - first + 1 == len(indices) else \
+        ",".join(map(str, sorted(indices)[:6])) + (",..." if len(indices) > 6 else "")
+    return f"p{spans} ({len(indices)} processes, median)"
+
+
 def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
-    """Where each process's time to first step went: one row per process, one column per
-    phase (they add up to `total`), then each prewarmed target's trace, lowering and
-    compile or load."""
+    """Where each process's time to first step went: one row per process (processes of one
+    attempt that hit and missed the same functions folded into one row of their medians),
+    one column per phase (they add up to `total`), then each prewarmed target's trace,
+    lowering and compile or load on process 0 of each attempt."""
     timed = [r for r in reports if r.phases]
     if not timed:
         return []
-    columns = [name for name in ORDER if any(name in phase_totals(r) for r in timed)]
-    rows = [("job", "restart", "proc", *columns, "total")]
-    for r in timed:
-        totals = phase_totals(r)
-        rows.append((r.job, str(r.restart_count), str(r.process_index),
-                     *(_seconds(totals.get(name)) for name in columns),
-                     _seconds(sum(totals.values()))))
+    folded = fold_phases(timed, targets)
+    columns = [name for name in ORDER if any(name in phases for _, phases in folded)]
+    rows = [("processes", *columns, "total")]
+    for label, phases in folded:
+        rows.append((label, *(_seconds(phases.get(name)) for name in columns),
+                     _seconds(sum(phases.values()))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["", "init phases (seconds from process start to the first step; they add up to "
                  "the total):"]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
               .rstrip() for row in rows]
     for r in timed:
+        if r.process_index != 0:
+            continue
         for name, parts in _target_phases(r, targets).items():
             lines.append(f"  {_where(r)}  {name}: " + " + ".join(
                 f"{phase} {seconds:.2f}" for phase, seconds in parts))

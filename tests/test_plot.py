@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config import ConfigError
-from launcher.plot import fold, plot_init, size_px
-from launcher.report import Targets, load_reports
+from launcher.plot import plot_init, size_px
+from launcher.report import Targets, fold_phases, load_reports
 from launcher.store.manifest import read_manifest
 from tests.conftest import run_cli
 
@@ -36,7 +36,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_the_picture_is_a_png_of_one_bar_per_process_outcome(tmp_path: Path) -> None:
     reports = load_reports(RUN)
     targets = Targets.of(read_manifest(CACHE))
-    bars = fold(reports, targets)
+    bars = fold_phases(reports, targets)
     # The fixture's training job: process 0 loaded the step (warm), process 1 compiled it.
     assert [label for label, _ in bars] == ["train r0 p0  warm", "train r0 p1  cold"]
     assert sum(bars[0][1].values()) == pytest.approx(10.99)
@@ -52,7 +52,7 @@ def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -
     for process in (2, 3):
         (run / "reports" / f"train-r0-p{process}.json").write_text(
             one.replace('"process_index": 1', f'"process_index": {process}'))
-    bars = fold(load_reports(run), Targets.of(read_manifest(CACHE)))
+    bars = fold_phases(load_reports(run), Targets.of(read_manifest(CACHE)))
     assert [label for label, _ in bars] == [
         "train r0 p0  warm", "train r0 p1-3 (3 processes, median)  cold"]
     path = plot_init(load_reports(run), Targets.of(read_manifest(CACHE)), 12.0,

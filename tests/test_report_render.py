@@ -195,13 +195,12 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
 def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_one() -> None:
     reports = load_reports(RUN)
     lines = phase_table(reports, Targets.of(read_manifest(CACHE)))
-    header = next(line for line in lines if line.startswith("job"))
-    assert header.split() == ["job", "restart", "proc", "imports", "distributed", "trace",
-                              "lower", "compile", "cache", "load", "first", "step", "other",
-                              "total"]
-    row = next(line.split() for line in lines
-               if line.startswith("train") and line.split()[2] == "0")
-    assert row[-1] == "10.99" and row[3] == "2.10" and row[-2] == "0.50"
+    header = next(line for line in lines if line.startswith("processes"))
+    assert header.split() == ["processes", "imports", "distributed", "trace", "lower",
+                              "compile", "cache", "load", "first", "step", "other", "total"]
+    row = next(line.split() for line in lines if line.startswith("train r0 p0  warm"))
+    assert row[-1] == "10.99" and row[4] == "2.10" and row[-2] == "0.50"
+    assert any(line.startswith("train r0 p1  cold") for line in lines)
     assert "  train   r0 p0  jit_train_step: trace 0.45 + lower 0.20 + cache load 0.23" in lines
     assert not any("jit_helper:" in line for line in lines)  # not a prewarmed target
     assert warm_start_lines(reports) == [

@@ -64,7 +64,7 @@ from launcher.rundir import (
 )
 from launcher.selfcheck import selfcheck
 from launcher.store.integrity import warm_check
-from launcher.store.manifest import read_manifest
+from launcher.store.manifest import read_manifest, uses_entries
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
 from launcher.submit.fingerprint import differences, fingerprint
@@ -128,6 +128,10 @@ def launch(request: Request, backend: Backend) -> int:
             if request.command != VERIFY:
                 decision = decide_prewarm(request, config, prints[config.run_dir])
                 write_decision(config.run_dir, decision)
+                if decision.keys:  # the run uses them as if its own prewarm had found them
+                    manifest = read_manifest(config.cache.dir, strict=False)
+                    uses_entries(config.cache.dir, [manifest[key] for key in decision.keys
+                                                    if key in manifest], config.run.name)
                 jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
             decided.append((config, jobs))
         plans = decided
@@ -186,7 +190,7 @@ def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
     return PrewarmDecision(AUTO, False, (
         f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
         f"{ago(match.time)} and its {len(match.keys)} entries are intact; the training "
-        f"job's processes check their keys as they load"), found)
+        f"job's processes check their keys as they load"), found, keys=match.keys)
 
 
 def ago(when: float) -> str:

@@ -193,6 +193,8 @@ class PrewarmDecision:
     why: str
     fingerprint: Fingerprint | None = None
     time: float = field(default_factory=time.time)
+    # Without a prewarm job: the entries of the recorded prewarm the launch relies on.
+    keys: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.injob.stage import node_cache_dir
 from launcher.mlperf import MlperfLog, MlperfUnavailable
-from launcher.records import EntryMissed, Staging
-from launcher.rundir import TRAIN, mlperf_log_path, report_path
-from launcher.store.entries import entry_path, written_since
+from launcher.records import EntryMissed, PrewarmDecision, Staging, read_record
+from launcher.rundir import TRAIN, mlperf_log_path, prewarm_decision_path, report_path
+from launcher.store.entries import entry_path, function_of, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
-from launcher.store.prewarms import forget_prewarms
+from launcher.store.prewarms import forget_prewarm, read_prewarms
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
@@ -189,7 +189,7 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> 
                                           if e.global_options}
             if report.process_index == 0:
                 recorder.after_first_step.append(
-                    lambda done: forget_missed_prewarms(config, entries, done))
+                    lambda done: forget_missed_prewarms(config, done))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):
@@ -210,18 +210,28 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> 
              report.process_count, report.restart_count)
 
 
-def forget_missed_prewarms(config: Config, entries: list[ManifestEntry],
-                           report: InitReport) -> None:
-    """Process 0 looked a prewarmed function up under another key than its prewarm's: what
-    the login node's fingerprint promised does not hold (a GPU driver, a source it does not
-    reach). Forget that prewarm, so the next launch runs its prewarm job again."""
-    for entry in entries:
-        for record in report.functions:
-            if record.name == entry.function and record.signature == entry.signature and \
-                    record.key not in (None, entry.key) and not record.hit:
-                forget_prewarms(config.cache.dir, entry.key,
-                                f"{record.name} missed under key {record.key}, not the "
-                                f"prewarmed {entry.key}")
+def forget_missed_prewarms(config: Config, report: InitReport) -> None:
+    """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
+    that prewarm's functions up under another key: what the login node's fingerprint
+    promised does not hold (a GPU driver, a module imported by a computed name). Forget
+    that record, so the next launch with this fingerprint runs its prewarm job again. (A
+    launch under another fingerprint that misses is no news: its decision said so.)"""
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return
+    digest = decision.fingerprint.digest
+    record = read_prewarms(config.cache.dir).get(digest)
+    if record is None:
+        return
+    promised = {function_of(key): key for key in record.keys}
+    for function in report.functions:
+        key = promised.get(function.name)
+        if key is not None and not function.hit and function.key not in (None, key):
+            forget_prewarm(config.cache.dir, digest, key,
+                           f"{function.name} missed under key {function.key}, not the "
+                           f"prewarmed {key}")
+            return
 
 
 def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:

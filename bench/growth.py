@@ -31,6 +31,7 @@ every other rank compiles it, both ways.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -83,7 +84,7 @@ class PeakMemory:
                 continue
             for process in processes:
                 try:
-                    kind = kind_of(" ".join(process.cmdline()))
+                    kind = kind_of(process.cmdline())
                     peak = high_water_mb(process.pid)
                 except (self.psutil.Error, OSError):
                     continue
@@ -99,12 +100,11 @@ class PeakMemory:
         return kinds
 
 
-def kind_of(command: str) -> str:
-    if "launcher.submit.supervise" in command:
-        return "supervisor"
-    if TRAINER in command or "launcher.injob.call" in command:
-        return "trainer"
-    return "launcher" if "launcher.cli" in command else "other"
+def kind_of(argv: list[str]) -> str:
+    """What a process of a launch is, from the module its Python runs (`-m MODULE`)."""
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    return {"launcher.submit.supervise": "supervisor", "launcher.injob.call": "trainer",
+            TRAINER: "trainer", "launcher.cli": "launcher"}.get(module, "other")
 
 
 def high_water_mb(pid: int) -> float:
@@ -207,8 +207,9 @@ def summarize(ranks: int, samples: list[dict[str, Any]], prewarm_locks: float
               ) -> dict[str, float]:
     """Medians over repetitions of each figure (per rank: median and slowest rank)."""
     def med(side: str, key: str, pick: Any = statistics.median) -> float:
-        return statistics.median(pick(sample[side][key]) if isinstance(sample[side][key], list)
-                                 else sample[side][key] for sample in samples)
+        values = [sample[side][key] for sample in samples]
+        return statistics.median((pick(v) if v else math.nan) if isinstance(v, list) else v
+                                 for v in values)
 
     row = {"ranks": ranks,
            "plain_first_step_s": med("plain", "first_step_s"),

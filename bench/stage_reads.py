@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, subprocess.CalledProcessError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
-    result["machine"] = machine()
+    result["machine"] = {**machine(), "layout": f"{args.nodes} SLURM nodes x 1 process x "
+                                                f"{DEVICES // args.nodes} CPU devices"}
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
     print(reads_table(result))
     print("load average (1, 5, 15 min): at start {}, at end {}".format(

@@ -117,19 +117,20 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
 
 def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from prewarm.job import manifest_entry
-    from prewarm.judge import Target
+    from launcher.jaxkey.predict import KeyPrediction
+    from prewarm.job import Target, manifest_entry
 
     monkeypatch.setenv(MOCK_VARIABLE, "2x1x1")
     monkeypatch.setenv("XLA_FLAGS", SHARD_OFF)
     config = mocked()
-    target, key = Target("train_step", None, 0.5, None), "jit_train_step-" + "a" * 64
-    entry = manifest_entry(config, target, "jit_train_step", key, 40.0, ("ab", 10))
+    key = "jit_train_step-" + "a" * 64
+    target = Target("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
+    entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0, ("ab", 10))
     assert (entry.mock_topology, entry.xla_flags) == ("2x1x1", SHARD_OFF)
     record_entries(tmp_path, [entry])
-    assert read_manifest(tmp_path)[key] == entry
+    assert read_manifest(tmp_path)[target.key] == entry
     monkeypatch.delenv(MOCK_VARIABLE)
-    assert manifest_entry(config, target, "f", key, 1.0, None).mock_topology is None
+    assert manifest_entry(config, target, "f", target.key, 1.0, None).mock_topology is None
 
 
 def mocked_entry(**fields: object) -> ManifestEntry:

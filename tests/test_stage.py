@@ -366,3 +366,35 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
     assert verify.returncode == 0, verify.stdout + verify.stderr
     launch(tmp_path, "--no-prewarm", "run.name=unstaged")
     assert {"jit_train_step", "jit_init_state"} <= hits(train_report(tmp_path, 0, "unstaged"))
+
+
+@pytest.mark.slurm
+@pytest.mark.e2e
+def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
+    """2 nodes x 2 processes: SLURM_LOCALID 0 of each node copies, its neighbour waits for
+    that copy, and every process's JAX reads its own node's dir (a dir per node name, as the
+    dev cluster's nodes share one disk)."""
+    from tests.slurm_cluster import ensure_cluster
+    ensure_cluster()
+    args = [str(DEMO), "--slurm", "--wait", f"cache.dir={tmp_path / 'cache'}",
+            "cache.xla_caches=none", "train.steps=1", "topology.nodes=2",
+            "topology.processes_per_node=2", "topology.devices_per_process=2"]
+    prewarm = run_cli("prewarm", *args, f"run.out_dir={tmp_path / 'prewarm'}", timeout=900)
+    assert prewarm.returncode == 0, prewarm.stderr[-3000:]
+    stage = tmp_path / "stage"
+    result = run_cli("launch", *args, "--no-prewarm", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.stage={stage}/$SLURMD_NODENAME", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reports = [train_report(tmp_path, process) for process in range(4)]
+    by_node: dict[int, list[dict]] = {}
+    for report in reports:
+        by_node.setdefault(report["stage"]["node"], []).append(report["stage"])
+    assert sorted(by_node) == [0, 1]
+    for stages in by_node.values():
+        assert sorted(s["stager"] for s in stages) == [False, True], stages
+        assert len({s["dir"] for s in stages}) == 1 and stages[0]["dir"].startswith(str(stage))
+        assert all(s["fallback"] is None for s in stages)
+    assert len({stages[0]["dir"] for stages in by_node.values()}) == 2  # a dir per node
+    assert hits(reports[0]) == {"jit_train_step", "jit_init_state"}
+    notes = sorted(p.name for p in (tmp_path / "runs" / "demo" / "stage").iterdir())
+    assert [name.rsplit("-", 1)[1] for name in notes] == ["n0.json", "n1.json"]

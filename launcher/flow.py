@@ -31,6 +31,7 @@ from launcher.report import (
     load_verdicts,
     missing_train_report,
     summarize,
+    with_cache_check,
 )
 from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, slurm_dir, unfinished
 from launcher.selfcheck import selfcheck
@@ -73,6 +74,7 @@ def launch(request: Request, backend: Backend) -> int:
     configs = [load_config(path, request.overrides) for path in request.configs]
     for config in configs:
         check_modules(config)
+        backend.refuse_platform(config)
     runs = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
     plans = [(config, plan(request.command, config, pinned, request.prewarm))
@@ -85,11 +87,11 @@ def launch(request: Request, backend: Backend) -> int:
             write_run_dir(config)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
-            prepare_cache(config, request.check_cache)
+            bad = prepare_cache(config, request.check_cache, repair=request.command != VERIFY)
         if request.command == VERIFY:
             # Beside the verify job: is the key prediction its verdicts rest on exact here?
             with selfcheck(plans[0][1][0].env) as check:
-                code = finish(request, plans[0][0], backend, backend.submit(plans)[0])
+                code = finish(request, plans[0][0], backend, backend.submit(plans)[0], bad)
                 return code if code == EXIT_ERROR else max(code, check.finish())
         handles = backend.submit(plans)
         return max(finish(request, config, backend, jobs)
@@ -118,8 +120,10 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
     return jobs
 
 
-def finish(request: Request, config: Config, backend: Backend, handles: list[Any]) -> int:
-    """Follow one config's submitted jobs as the command asks, then report."""
+def finish(request: Request, config: Config, backend: Backend, handles: list[Any],
+           bad: dict[str, str] | None = None) -> int:
+    """Follow one config's submitted jobs as the command asks, then report (verify's
+    verdicts with the entries the cache check found `bad`)."""
     command = request.command
     if not (backend.runs_in_foreground or request.wait or command == VERIFY):
         for line in backend.hints(config, handles):
@@ -132,7 +136,7 @@ def finish(request: Request, config: Config, backend: Backend, handles: list[Any
         return EXIT_ERROR if command == VERIFY and failed.exit_code == EXIT_FAILED \
             else failed.exit_code
     if command == VERIFY:
-        return print_verdicts(config)
+        return print_verdicts(config, bad or {})
     print_report(config.run_dir, config, trained=command == LAUNCH)
     return EXIT_OK
 
@@ -196,9 +200,10 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
                        show_all))
 
 
-def print_verdicts(config: Config) -> int:
-    """Process 0's verify result: WARM/COLD lines; 0 when every function is warm, else 1."""
-    result = load_verdicts(config.run_dir)
-    for line in format_verdicts(result.functions):
+def print_verdicts(config: Config, bad: dict[str, str]) -> int:
+    """Process 0's verify result, with the entries the cache check read in full and found
+    `bad` COLD: WARM/COLD lines; 0 when every function is warm, else 1."""
+    verdicts = with_cache_check(load_verdicts(config.run_dir).functions, bad)
+    for line in format_verdicts(verdicts):
         print(line)
-    return 0 if result.warm else EXIT_COLD
+    return 0 if all(v.warm for v in verdicts) else EXIT_COLD

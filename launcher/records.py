@@ -62,6 +62,28 @@ class FunctionRecord:
     global_options: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Staging:
+    """What node-local staging (`cache.stage`) gave one process of a training job: in its
+    init report, and the stager's own in `<run dir>/stage/<attempt>-n<node>.json`, which the
+    node's other processes wait for (`launcher.injob.stage`)."""
+
+    node: int
+    # Where this process's JAX reads and writes entries: the stage dir, or the shared cache
+    # dir when staging failed (`fallback` says why).
+    dir: str
+    # Whether this process did the node's copy (its first process) or waited for it.
+    stager: bool
+    copied: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    bytes_copied: int = 0
+    seconds: float = 0.0
+    waited_s: float = 0.0
+    fallback: str | None = None
+
+
 @dataclass
 class InitReport:
     """What the persistent cache did during one process's init:
@@ -88,6 +110,11 @@ class InitReport:
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
     warnings: list[ReportWarning] = field(default_factory=list)
+    # Node-local staging of the cache (training jobs with `cache.stage`); None without it.
+    stage: Staging | None = None
+    # Seconds this process waited for jaxwarm's locks, by kind (manifest, usage log, compile
+    # of a key, JAX cache ...): `launcher.files.lock_waits`.
+    lock_wait_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def misses(self) -> int:

@@ -6,6 +6,7 @@ so the table shows every process as it is instead of summarising the run as "hit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,9 +163,32 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
 
 def moved_cache_dir(report: InitReport) -> bool:
     """Whether the process ended up on another cache dir than the one jaxwarm gave it (a
-    trainer's own, followed under `cache.enforce: false`): then that is why it missed."""
-    given = report.environment.get("JAX_COMPILATION_CACHE_DIR", report.cache_dir)
+    trainer's own, followed under `cache.enforce: false`): then that is why it missed. A
+    staged process was given its node's copy."""
+    given = report.stage.dir if report.stage is not None else \
+        report.environment.get("JAX_COMPILATION_CACHE_DIR", report.cache_dir)
     return report.cache_dir != given
+
+
+def stage_lines(attempt: list[InitReport]) -> list[str]:
+    """Node-local staging in one training attempt: one line for the nodes that read their
+    own copy, one per node (and reason) that read the shared cache dir instead."""
+    staged = [r.stage for r in attempt if r.stage is not None]
+    copies = [s for s in staged if s.stager and s.fallback is None]
+    lines = []
+    if copies:
+        dirs = sorted({s.dir for s in copies})
+        where = dirs[0] if len(dirs) == 1 else f"{len(dirs)} dirs such as {dirs[0]}"
+        lines.append(
+            f"staging: {len(copies)} node(s) loaded the run's entries from their own copy "
+            f"({where}): {sum(len(s.copied) + len(s.replaced) for s in copies)} copied "
+            f"({sum(s.bytes_copied for s in copies)} bytes), "
+            f"{sum(len(s.reused) for s in copies)} already there, at most "
+            f"{max(s.seconds for s in copies):.2f} s per node")
+    fallbacks = sorted({(s.node, s.fallback) for s in staged if s.fallback is not None},
+                       key=lambda item: (item[0], str(item[1])))
+    lines += [f"staging: node {node} read the shared cache dir: {why}" for node, why in fallbacks]
+    return lines
 
 
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
@@ -205,13 +229,14 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                     fn.name, fn.components, manifest, run=run,
                     process_count=report.process_count, signature=fn.signature,
                     global_options=fn.global_options,
-                    max_size=size_cap(report.environment)))
+                    max_size=size_cap(report.environment),
+                    xla_flags=report.environment.get("XLA_FLAGS")))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    return lines + settings
+    return lines + stage_lines(attempt) + settings
 
 
 def missing_train_report(reports: list[InitReport]) -> list[str]:
@@ -233,6 +258,17 @@ def format_verdicts(verdicts: list[Verdict]) -> list[str]:
                      f"(lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms)")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
+
+
+def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdict]:
+    """Verdicts with what the cache check found of their entries: the verify job's check of
+    a recorded entry is the quick one (its size), the cache check reads it in full, so an
+    entry it found corrupt (a same-size bit flip) is COLD, whatever its size says."""
+    return [dataclasses.replace(v, warm=False, explanation=[
+                f"its entry is in the cache but corrupt: {bad[v.key]} (found by the cache "
+                f"check, which reads it in full; the next prewarm or launch quarantines it "
+                f"and compiles it again)"])
+            if v.key in bad else v for v in verdicts]
 
 
 def attempt_summaries(reports: list[InitReport]) -> list[str]:

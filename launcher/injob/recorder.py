@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.files import atomic_write
+from launcher.files import atomic_write, lock_waits
 from launcher.injob.guard import CacheGuard
 from launcher.jaxkey.components import explain
 from launcher.jaxkey.globalopts import differences, options_line
@@ -335,6 +335,7 @@ class InitRecorder:
         if self.path is None:
             return None
         with self._lock:
+            self.report.lock_wait_s = lock_waits()
             text = dumps(self.report, indent=1) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return atomic_write(self.path, text)

@@ -26,9 +26,11 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment, merge_environment
+from launcher.gputarget import mock_environment
 from launcher.injob.boot import BOOTSTRAP_DIR
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
+from launcher.store.staging import refuse_key_change
 
 log = logging.getLogger("jaxwarm.jobs")
 
@@ -310,8 +312,10 @@ def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
 
 
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The prewarm job: the run's environment, plus the topology to mock when it compiles
+    for the run's layout on one node (`prewarm.layout: mock`)."""
     return JobSpec(PREWARM, [sys.executable, "-m", PREWARM_MODULE],
-                   job_environment(config, config_path))
+                   {**job_environment(config, config_path), **mock_environment(config, PREWARM)})
 
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:
@@ -320,6 +324,8 @@ def verify_job(config: Config, config_path: str | Path) -> JobSpec:
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The training job; refused where its node-local staging would change the key."""
+    refuse_key_change(config.cache, config.source)
     entry = entrypoint(config, config_path)
     env = job_environment(config, config_path)
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)

@@ -8,6 +8,7 @@ through only what would have been shown anyway, so recording adds no output.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -64,6 +65,8 @@ from launcher.rundir import TRAIN
 log = logging.getLogger("jaxwarm.recorder")
 
 FIRST_STEP_POLL_S = 0.005
+# How long an exiting process waits for the first-step watcher to finish its bookkeeping.
+WATCHER_EXIT_S = 60.0
 
 
 def module_name(label: str) -> str:
@@ -143,6 +146,8 @@ class InitRecorder:
         # step when the trainer never says.
         self.step_functions: set[tuple[str, str | None]] = set()
         self._watching = False
+        # Set as the process exits: the watcher stops looking for a first execution.
+        self._exiting = threading.Event()
         # Called with the report once the first step is done (e.g. the cache's usage log).
         self.after_first_step: list[Callable[[InitReport], None]] = []
         # Called at the end of each lowering, right before JAX computes the key and looks it
@@ -322,16 +327,25 @@ class InitRecorder:
 
         self._watching = True
         before = {id(array) for array in jax.live_arrays()}
-        threading.Thread(target=self._wait_first_execution, args=(record.name, before),
-                         name="jaxwarm-first-step", daemon=True).start()
+        watcher = threading.Thread(target=self._wait_first_execution, args=(record.name, before),
+                                   name="jaxwarm-first-step", daemon=True)
+        watcher.start()
+        atexit.register(self._end_watch, watcher)
+
+    def _end_watch(self, watcher: threading.Thread) -> None:
+        """At exit, let the watcher finish (a first step that ended is still marked and its
+        bookkeeping done) instead of being killed inside a JAX call, which aborts the
+        process ("terminate called ...") of a trainer that exits right after its step."""
+        self._exiting.set()
+        watcher.join(timeout=WATCHER_EXIT_S)
 
     def _wait_first_execution(self, name: str, before: set[int]) -> None:
         import jax
 
         fresh: list[Any] = []
         while not fresh:
-            if self.report.time_to_first_step_s is not None:
-                return  # the trainer said it first
+            if self.report.time_to_first_step_s is not None or self._exiting.is_set():
+                return  # the trainer said it first, or the process ends without a step
             time.sleep(FIRST_STEP_POLL_S)
             fresh = [a for a in jax.live_arrays() if id(a) not in before]
         # One more look: the call may transfer uncommitted inputs just before it dispatches.

@@ -20,7 +20,8 @@ prewarm's). Then per repetition, each way once, in a fresh run dir:
 - *wall*: from starting the command (or the R processes) to the last exit;
 - *memory per rank*: the trainer's own peak RSS, and the peak RSS (VmHWM, sampled) of each
   jaxwarm process that is not a trainer: the per-rank supervisor and the launcher;
-- *report time*: `jaxwarm report RUN_DIR` (2R init reports), wall of a fresh process;
+- *report time*: `jaxwarm report RUN_DIR` (the training job's R init reports), wall of a
+  fresh process;
 - *lock waits*: what the init reports of every rank say they waited for jaxwarm's locks
   (manifest, usage log, per-key writer locks), summed over ranks, prewarm and training.
 

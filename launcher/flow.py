@@ -25,8 +25,10 @@ from launcher.records import dumps
 from launcher.report import (
     Targets,
     attempt_summaries,
+    first_step_lines,
     format_table,
     format_verdicts,
+    load_first_steps,
     load_reports,
     load_verdicts,
     missing_train_report,
@@ -190,7 +192,8 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = summarize(reports, manifest, config.run.name)
+    lines = summarize(reports, manifest, config.run.name) + \
+        first_step_lines(load_first_steps(run_dir))
     if trained:
         lines += missing_train_report(reports)
     for line in lines:

@@ -16,15 +16,24 @@ from launcher.environment import size_cap
 from launcher.records import (
     OPTIONS_DIFFER,
     SETTING_CHANGED,
+    FirstStep,
     FunctionRecord,
     InitReport,
     Verdict,
     VerifyResult,
     from_json,
+    parse_first_step,
     parse_json,
+    read_lines,
     read_record,
 )
-from launcher.rundir import TRAIN, parse_report_path, reports_dir, verify_result_path
+from launcher.rundir import (
+    TRAIN,
+    first_steps_path,
+    parse_report_path,
+    reports_dir,
+    verify_result_path,
+)
 from launcher.store.manifest import ManifestEntry
 from launcher.store.misses import explain_miss
 
@@ -213,6 +222,35 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
         lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
     return lines + settings
+
+
+def load_first_steps(run_dir: str | Path) -> list[FirstStep]:
+    """Every training attempt's first step, across launches of the run, in order."""
+    return read_lines(first_steps_path(run_dir), parse_first_step)
+
+
+def first_step_lines(history: list[FirstStep]) -> list[str]:
+    """The newest cold attempt (no hit on process 0) and the newest warm one of this run,
+    side by side; each attempt's last finding counts (a guess may be replaced)."""
+    attempts = sorted({step.started: step for step in history}.values(),
+                      key=lambda step: step.started)
+    if not attempts:
+        return []
+    newest = attempts[-1]
+    shown = [step for step in (next((s for s in reversed(attempts) if not s.hits), None),
+                               next((s for s in reversed(attempts) if s.hits), None)) if step]
+
+    def said(step: FirstStep) -> str:
+        return (f"{'warm' if step.hits else 'cold'} {step.seconds:.2f} s ({step.hits} of "
+                f"{step.lookups} lookups hit, restart {step.restart}"
+                f"{', newest' if step is newest else ''})")
+
+    lines = [f"time to first step on process 0, this run's attempts: "
+             f"{', '.join(said(step) for step in shown)}"]
+    if len({step.first_step_from for step in shown}) > 1:
+        lines += [f"  {'warm' if step.hits else 'cold'} first step: {step.first_step_from}"
+                  for step in shown]
+    return lines
 
 
 def missing_train_report(reports: list[InitReport]) -> list[str]:

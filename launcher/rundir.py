@@ -2,7 +2,8 @@
 
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
-reports), verify/p0.json (verify's verdicts: process 0 decides for the run), slurm/<job>/
+reports), first-steps.jsonl (every training attempt's time to first step, across launches),
+verify/p0.json (verify's verdicts: process 0 decides for the run), slurm/<job>/
 (submitit's job folders) with slurm/jobs.json (what was submitted), checkpoints/ and
 metrics.jsonl (the trainer's), and launch.lock (held by the launch that owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
@@ -35,6 +36,12 @@ def log_path(run_dir: str | Path, job: str, process: int) -> Path:
 
 def reports_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "reports"
+
+
+def first_steps_path(run_dir: str | Path) -> Path:
+    """Each training attempt's time to first step, kept across launches of the run (an init
+    report is replaced by the next launch's): cold and warm launches side by side."""
+    return Path(run_dir) / "first-steps.jsonl"
 
 
 @dataclass(frozen=True)

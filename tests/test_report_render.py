@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from launcher.config import ConfigError
+from launcher.jaxkey.logs import input_elements
 from launcher.records import (
     SETTING_CHANGED,
     EntryChecked,
     EntryPruned,
+    FirstStep,
     FunctionRecord,
     InitReport,
     JobUsage,
@@ -28,14 +30,16 @@ from launcher.records import (
 )
 from launcher.report import (
     Targets,
+    first_step_lines,
     format_table,
     format_verdicts,
     function_lines,
+    load_first_steps,
     load_reports,
     load_verdicts,
     summarize,
 )
-from launcher.rundir import ReportName, parse_report_path, report_path
+from launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
 from launcher.store.commands import cache_stats, entry_rows
 from launcher.store.manifest import read_manifest
 from launcher.store.usage import append_usage, key_histories, read_usage, usage_path
@@ -188,3 +192,28 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
     append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
         UsedFunction(name="jit_train_step", key=STEP, hit=True)]))
     assert '"sha256"' not in usage_path(tmp_path).read_text().splitlines()[-1]
+
+
+def test_cold_and_warm_attempts_are_shown_side_by_side(tmp_path: Path) -> None:
+    """The run dir's first-step history: each attempt's last finding (a guess replaced by a
+    later one), the newest cold and the newest warm attempt; how each first step was found
+    when they differ; a torn line skipped."""
+    guess = "the first execution of jit_step, the function with the largest inputs so far"
+    lines = [FirstStep(0, 100.0, 0.9, "the first execution of jit__lambda", 0, 2),
+             FirstStep(0, 100.0, 7.33, guess, 0, 7),  # the same attempt, later
+             FirstStep(0, 200.0, 1.62, "the first execution of jit_step", 7, 7)]
+    path = first_steps_path(tmp_path)
+    path.write_text("".join(dumps(line) + "\n" for line in lines) + '{"restart": 0, "sta')
+    history = load_first_steps(tmp_path)
+    assert history == lines
+    assert first_step_lines(history) == [
+        "time to first step on process 0, this run's attempts: cold 7.33 s (0 of 7 lookups "
+        "hit, restart 0), warm 1.62 s (7 of 7 lookups hit, restart 0, newest)",
+        f"  cold first step: {guess}",
+        "  warm first step: the first execution of jit_step"]
+    assert first_step_lines([]) == []
+
+
+def test_input_elements_are_counted_from_jax_s_lowering_line() -> None:
+    assert input_elements("(ShapedArray(bfloat16[4,5]), ShapedArray(uint32[2]), "
+                          "ShapedArray(key<fry>[]), ShapedArray(float32[]))") == 24

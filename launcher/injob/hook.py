@@ -18,14 +18,14 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
-from launcher.files import GROUP_UMASK
+from launcher.files import GROUP_UMASK, append_line
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
-from launcher.records import EntryMissed
-from launcher.rundir import TRAIN, report_path
+from launcher.records import EntryMissed, FirstStep, dumps
+from launcher.rundir import TRAIN, first_steps_path, report_path
 from launcher.store.entries import entry_path, written_since
-from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
+from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
@@ -121,21 +121,40 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         report, lambda process: report_path(config.run_dir, job, restart, process),
         recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
     recorder.on_bind.append(lambda bound: on_bind(config, bound))
-    atexit.register(recorder.write)
+    atexit.register(recorder.close)
     _active = recorder
     return recorder
 
 
-def prewarmed(config: Config) -> list[ManifestEntry]:
-    """What this run's prewarm compiled: the first execution of one of its steps ends the
-    first step of a trainer that does not call mark_first_step(), and a miss of one of
-    them is checked against the global JAX settings it was lowered under."""
+def watch_prewarmed(config: Config, recorder: InitRecorder) -> None:
+    """What a training job takes from the prewarm manifest. For a trainer that does not call
+    mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
+    signature: a run warm from another run's entries, or a cold run of a step prewarmed
+    before, is timed by the same function as this run's own prewarm), and, with none,
+    a guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions, whose miss is
+    checked against the global JAX settings they were lowered under."""
+    recorder.guess_first_step = True
     try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
         manifest = read_manifest(config.cache.dir, strict=False)
     except OSError as exc:
-        log.warning("no time to first step without mark_first_step(): %s", exc)
-        return []
-    return latest_for_run(manifest, config.run.name)
+        log.warning("the prewarm manifest cannot be read: %s", exc)
+        return
+    recorder.step_functions = {
+        (e.function, e.signature) for e in manifest.values()
+        if e.is_step and e.process_count == recorder.report.process_count}
+    recorder.prewarmed_options = {e.function: e.global_options
+                                  for e in latest_for_run(manifest, config.run.name)
+                                  if e.global_options}
+
+
+def record_first_step(config: Config, report: InitReport, started: float) -> None:
+    """Process 0's first step, in the run dir's history (`rundir.first_steps_path`)."""
+    path = first_steps_path(config.run_dir)
+    append_line(path, dumps(FirstStep(
+        restart=report.restart_count, started=started,
+        seconds=report.time_to_first_step_s or 0.0, first_step_from=report.first_step_from or "",
+        hits=report.hits, lookups=report.lookups)) + "\n", 0o644,
+        "the time to first step")
 
 
 def on_bind(config: Config, recorder: InitRecorder) -> None:
@@ -151,10 +170,12 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
             checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
         recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
         if report.job == TRAIN:
-            entries = prewarmed(config)
-            recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
-            recorder.prewarmed_options = {e.function: e.global_options for e in entries
-                                          if e.global_options}
+            watch_prewarmed(config, recorder)
+    elif report.job == TRAIN:
+        recorder.guess_first_step = True
+    if report.process_index == 0 and report.job == TRAIN:
+        recorder.on_first_step.append(
+            lambda done: record_first_step(config, done, recorder.start_time))
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),

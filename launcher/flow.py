@@ -192,7 +192,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = summarize(reports, manifest, config.run.name) + \
+    lines = summarize(reports, manifest, config.run.name, config.cache.dir) + \
         first_step_lines(load_first_steps(run_dir))
     if trained:
         lines += missing_train_report(reports)

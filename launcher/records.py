@@ -75,6 +75,8 @@ class InitReport:
     restart_count: int
     process_index: int
     process_count: int
+    # The cache dir JAX opened at the first lookup and used for the whole process: the
+    # config's, or under cache.enforce off one the trainer set before that lookup.
     cache_dir: str
     init_budget_s: float
     lookups: int = 0

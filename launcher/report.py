@@ -178,7 +178,7 @@ def moved_cache_dir(report: InitReport) -> bool:
 
 
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str) -> list[str]:
+              run: str, cache_dir: str | None = None) -> list[str]:
     """Headline lines: what the latest training attempt did with the prewarmed targets on
     process 0 (hit, and how much that saved; or miss, and why, against the same target
     only), and any cache setting the trainer changed."""
@@ -215,7 +215,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                     fn.name, fn.components, manifest, run=run,
                     process_count=report.process_count, signature=fn.signature,
                     global_options=fn.global_options,
-                    max_size=size_cap(report.environment)))
+                    max_size=size_cap(report.environment), cache_dir=cache_dir,
+                    looked_in=report.cache_dir))
     others = [r for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in others):
         which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK, append_line
-from launcher.injob.guard import CacheGuard
+from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.records import EntryMissed, FirstStep, dumps
@@ -119,7 +119,8 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         environment={k: v for k, v in sorted(os.environ.items()) if owned(k)})
     recorder = InitRecorder(
         report, lambda process: report_path(config.run_dir, job, restart, process),
-        recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
+        recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce,
+                                                  actor_of(job))).install()
     recorder.on_bind.append(lambda bound: on_bind(config, bound))
     atexit.register(recorder.close)
     _active = recorder
@@ -168,7 +169,8 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
             checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
             checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-        recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
+        actor = actor_of(report.job)
+        recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked, actor))
         if report.job == TRAIN:
             watch_prewarmed(config, recorder)
     elif report.job == TRAIN:
@@ -186,10 +188,16 @@ def on_bind(config: Config, recorder: InitRecorder) -> None:
              report.process_count, report.restart_count)
 
 
-def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:
+def actor_of(job: str) -> str:
+    """Whose code besides jaxwarm's runs in a job: the trainer's in the training job, the
+    step factory's in the prewarm and verify jobs."""
+    return TRAINER if job == TRAIN else STEP_FACTORY
+
+
+def recheck_before_lookup(config: Config, checked: DirIdentity | None, actor: str) -> None:
     """Whatever dir JAX is about to use passes the cache-dir checks again: the config's must
-    still be the very dir checked at the start, and one the trainer set instead (with
-    cache.enforce off) gets the same checks before JAX reads code from it."""
+    still be the very dir checked at the start, and one the trainer (or a step factory) set
+    instead, with cache.enforce off, gets the same checks before JAX reads code from it."""
     import jax
 
     current = jax.config.jax_compilation_cache_dir
@@ -198,7 +206,7 @@ def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:
     if current == config.cache.dir:
         recheck_cache_dir(Path(current), config.cache, config.source, checked)
     else:
-        check_cache_dir(Path(current), config.cache, f"{config.source} (set by the trainer)")
+        check_cache_dir(Path(current), config.cache, f"{config.source} (set by {actor})")
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,

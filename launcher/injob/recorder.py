@@ -54,6 +54,8 @@ from launcher.records import (
 log = logging.getLogger("jaxwarm.recorder")
 
 FIRST_STEP_POLL_S = 0.005
+# At exit, how long a watcher may still take to see the execution it waits on end.
+WATCHER_JOIN_S = 60.0
 
 
 def module_name(label: str) -> str:
@@ -164,6 +166,8 @@ class InitRecorder:
         self._watching_step = False
         self._guess: tuple[int, int] = (0, -1)  # (serial, input elements) of the candidate
         self._init_ended = False
+        self._watchers: list[threading.Thread] = []
+        self._closing = threading.Event()
         # Called with the report once init is over, after the first step (e.g. the cache's
         # usage log; see `_end_init`)...
         self.after_first_step: list[Callable[[InitReport], None]] = []
@@ -211,6 +215,8 @@ class InitRecorder:
             return
         with self._lock:
             if event == EVENT_LOOKUP:
+                if not self.report.lookups:
+                    self._opened_cache()
                 self.report.lookups += 1
             elif event == EVENT_HIT:
                 self.report.hits += 1
@@ -252,16 +258,22 @@ class InitRecorder:
                 self._signatures[name] = signature_of(match["avals"])
                 self._input_elements[name] = input_elements(match["avals"])
 
+    def _opened_cache(self) -> None:
+        """At the first lookup JAX opens its cache dir, and keeps it for the process: that
+        dir (the config's, or under cache.enforce off one the trainer set) is the one the
+        report names, and what a miss is explained against."""
+        import jax
+
+        self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
+
     def _check_settings(self) -> None:
         if self.guard is None:
             return
         lines = self.guard.check(looked_up=self.report.lookups > 0)
         if lines:
-            import jax
             with self._lock:
                 self.report.warnings.extend(ReportWarning(SETTING_CHANGED, line)
                                             for line in lines)
-                self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
 
     def _finish_function(self, fun_name: str, duration: float) -> FunctionRecord:
         # JAX's backend-compile duration wraps the whole lookup: the retrieval on a hit,
@@ -346,9 +358,11 @@ class InitRecorder:
         import jax
 
         before = {id(array) for array in jax.live_arrays()}
-        threading.Thread(target=self._wait_first_execution,
-                         args=(*candidate, self._guess[0], before),
-                         name="jaxwarm-first-step", daemon=True).start()
+        watcher = threading.Thread(target=self._wait_first_execution,
+                                   args=(*candidate, self._guess[0], before),
+                                   name="jaxwarm-first-step", daemon=True)
+        self._watchers.append(watcher)
+        watcher.start()
 
     def _superseded(self, found: Found, serial: int) -> bool:
         return self._found > found or (found == Found.LARGEST_INPUTS and
@@ -360,8 +374,8 @@ class InitRecorder:
 
         fresh: list[Any] = []
         while not fresh:
-            if self._superseded(found, serial):
-                return  # the trainer said, or a better-founded candidate came
+            if self._superseded(found, serial) or self._closing.is_set():
+                return  # the trainer said, a better-founded candidate came, or the end
             time.sleep(FIRST_STEP_POLL_S)
             fresh = [a for a in jax.live_arrays() if id(a) not in before]
         # One more look: the call may transfer uncommitted inputs just before it dispatches.
@@ -411,8 +425,12 @@ class InitRecorder:
                 log.warning("after the first step: %s", exc)
 
     def close(self) -> Path | None:
-        """At the end of the process: end init if only a guess found the first step, and
-        write the report."""
+        """At the end of the process: stop waiting for first executions (a watcher still
+        inside JAX when the interpreter ends would abort the process), end init if only a
+        guess found the first step, and write the report."""
+        self._closing.set()
+        for watcher in self._watchers:
+            watcher.join(timeout=WATCHER_JOIN_S)
         self._end_init()
         return self.write()
 

@@ -7,8 +7,10 @@ adapter's JAX knowledge (`launcher.jaxkey.components`: the components and their 
 
 from __future__ import annotations
 
+from launcher.environment import is_remote
 from launcher.jaxkey.components import differing_components, explain
 from launcher.jaxkey.globalopts import differences
+from launcher.store.entries import entry_path
 from launcher.store.manifest import ManifestEntry
 
 
@@ -16,7 +18,8 @@ def explain_miss(function: str, components: dict[str, str],
                  manifest: dict[str, ManifestEntry], *, run: str | None = None,
                  process_count: int | None = None, signature: str | None = None,
                  global_options: dict[str, str] | None = None, job: str = "run",
-                 max_size: int = -1) -> list[str]:
+                 max_size: int = -1, cache_dir: str | None = None,
+                 looked_in: str | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
@@ -25,7 +28,9 @@ def explain_miss(function: str, components: dict[str, str],
     differ from those the function was prewarmed under (`global_options`, this `job`'s),
     since they can change its input types too (the PRNG implementation). With a size cap
     (`max_size`), an entry the manifest lists that is gone is most likely JAX's own LRU
-    eviction, and is named as that."""
+    eviction, and is named as that. A process that looked its entries up in another dir
+    (`looked_in`, a trainer's own under cache.enforce off) than the manifest's (`cache_dir`)
+    is told where the entry is, when it is there."""
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -50,6 +55,10 @@ def explain_miss(function: str, components: dict[str, str],
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     lines = explain(closest.components, components)
+    if not lines and cache_dir is not None and looked_in not in (None, cache_dir) and \
+            not is_remote(cache_dir) and entry_path(cache_dir, closest.key).exists():
+        return [f"the manifest lists {closest.key} and its entry is in {cache_dir}, but this "
+                f"process looked it up in {looked_in}"]
     if not lines and max_size > 0:
         return [f"the manifest lists {closest.key} but its cache entry is gone: with "
                 f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "

@@ -166,6 +166,7 @@ class InitRecorder:
         self._watching_step = False
         self._guess: tuple[int, int] = (0, -1)  # (serial, input elements) of the candidate
         self._init_ended = False
+        self._marking = threading.Lock()
         self._watchers: list[threading.Thread] = []
         self._closing = threading.Event()
         # Called with the report once init is over, after the first step (e.g. the cache's
@@ -395,15 +396,18 @@ class InitRecorder:
     def _mark(self, found: Found, source: str, serial: int = 0) -> None:
         """The first step ends now: said once by the trainer or a prewarmed step, while a
         guess (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
-        with self._lock:
-            if self._superseded(found, serial) or \
-                    (self._found == found and found != Found.LARGEST_INPUTS):
-                return
-            self._found = found
-            self.report.time_to_first_step_s = time.time() - self.start_time
-            self.report.first_step_from = source
-        self.write()
-        self._run(self.on_first_step)
+        # One mark at a time, callbacks included: the trainer's and a watcher's may come at
+        # once, and what the callbacks record must end with the one that stands.
+        with self._marking:
+            with self._lock:
+                if self._superseded(found, serial) or \
+                        (self._found == found and found != Found.LARGEST_INPUTS):
+                    return
+                self._found = found
+                self.report.time_to_first_step_s = time.time() - self.start_time
+                self.report.first_step_from = source
+            self.write()
+            self._run(self.on_first_step)
         if found != Found.LARGEST_INPUTS:
             self._end_init()
 

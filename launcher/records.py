@@ -148,7 +148,7 @@ class UsedFunction:
 
 @dataclass(frozen=True)
 class JobUsage:
-    """Which keys process 0 of a job looked up, hit or wrote, after its first step."""
+    """Which keys process 0 of a job looked up, hit or wrote, once its init was over."""
 
     run: str
     job: str

@@ -215,7 +215,8 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
 
     Call it after `jax.distributed.initialize()` and before the first compile. Returns the
     recorder: call `mark_first_step()` on it after the first step finished (without that
-    call, the end of the first execution of a prewarmed step counts). The report is also
+    call, the end of the first execution of a step a prewarm recorded counts, or with none
+    on record the function with the largest inputs: `recorder.Found`). The report is also
     written at exit, with every compile the process made. A function compiled twice under
     different keys is warned about when both compiles took at least `recompile_warn_s`
     (small helpers legitimately compile once per input shape).

@@ -1,7 +1,8 @@
 """The cache's usage log, `jaxwarm-usage.jsonl`: who looked up, hit or wrote which key.
 
-Append-only, one JSON line per job's process 0 after its first step, and one per entry
-jaxwarm quarantined or pruned, or fully checked when nobody had recorded it. It is what
+Append-only, one JSON line per job's process 0 once its init is over (after its first step;
+at its exit when the first step was only guessed), and one per entry jaxwarm quarantined,
+pruned, or (a prewarm) fully checked, and one per entry a job missed. It is what
 `jaxwarm cache ls` shows as "made by / used by",
 what prune reads as a last use, and where `cache verify` finds the checksum of an entry a
 job (not a prewarm) wrote.

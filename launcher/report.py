@@ -200,10 +200,13 @@ def phase_totals(report: InitReport) -> dict[str, float]:
 
 
 def _warm_or_cold(report: InitReport, targets: Targets) -> str:
+    """`warm` when the process loaded its prewarmed functions, `cold` when it compiled one;
+    without a prewarm (none known), `warm` when any lookup hit."""
     prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
-    if not prewarmed:
-        return ""
-    return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+    if prewarmed:
+        return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+    looked_up = [fn for fn in report.functions if fn.key is not None]
+    return "" if not looked_up else "warm" if any(fn.hit for fn in looked_up) else "cold"
 
 
 def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
@@ -213,7 +216,8 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
     for report in reports:
         if not report.phases:
             continue
-        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions if fn in targets))
+        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions
+                               if fn in targets or fn.hit))
         groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
     bars = []
     for (job, restart, _), members in groups.items():

@@ -50,7 +50,7 @@ from launcher.submit.jobs import prewarm_job
 from launcher.submit.prepare import pin_config
 
 LLAMA = REPO / "configs" / "llama3-8b-64gpu.yaml"
-LAYERS = 8
+LAYERS = 128
 STEP = "jit_train_step"
 DD_MIB = 1024
 
@@ -63,10 +63,10 @@ def overrides(work: Path, layers: int) -> list[str]:
             "cache.min_compile_time_secs=0"]
 
 
-def disk_read_mb_s(directory: Path) -> float:
+def disk_read_mb_s(directory: Path, mib: int) -> float:
     """Sequential read speed of the disk under `directory`, the page cache bypassed."""
     probe = directory / "dd-probe"
-    subprocess.run(["dd", "if=/dev/urandom", f"of={probe}", "bs=1M", f"count={DD_MIB}",
+    subprocess.run(["dd", "if=/dev/urandom", f"of={probe}", "bs=1M", f"count={mib}",
                     "conv=fsync", "status=none"], check=True, timeout=600)
     try:
         done = subprocess.run(["dd", f"if={probe}", "of=/dev/null", "bs=1M", "iflag=direct"],
@@ -76,10 +76,10 @@ def disk_read_mb_s(directory: Path) -> float:
     match = re.search(r"copied, ([\d.]+) s", done.stderr)
     if match is None:
         raise BenchError(f"cannot read dd's timing from: {done.stderr!r}")
-    return DD_MIB * 2**20 / float(match.group(1)) / 1e6
+    return mib * 2**20 / float(match.group(1)) / 1e6
 
 
-def measure(layers: int) -> dict[str, Any]:
+def measure(layers: int, disk_mib: int = DD_MIB) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="jaxwarm-big-compile-", dir="/tmp") as tmp:
         work = Path(tmp)
         config, pinned = pin_config(load_config(LLAMA, overrides(work, layers)))
@@ -93,7 +93,7 @@ def measure(layers: int) -> dict[str, Any]:
         loaded = load(env)
         if not loaded["hit"]:
             raise BenchError("the warm process did not load jit_train_step from the cache")
-        read_mb_s = disk_read_mb_s(work)
+        read_mb_s = disk_read_mb_s(work, disk_mib)
     read_s = entry.size / (read_mb_s * 1e6) if entry.size else 0.0
     limit = read_s + loaded["decompress_s"] + loaded["deserialize_s"]
     return {"layers": layers, "lower_s": entry.lower_s,
@@ -103,6 +103,7 @@ def measure(layers: int) -> dict[str, Any]:
             "disk_read_mb_s": read_mb_s, "read_s": read_s,
             "decompress_s": loaded["decompress_s"], "deserialize_s": loaded["deserialize_s"],
             "limit_s": limit, "warm_over_limit": loaded["retrieval_s"] / limit,
+            "load_log": loaded["log"],
             "warm_over_cold": loaded["retrieval_s"] / compiled[STEP]["seconds"]}
 
 
@@ -113,7 +114,8 @@ def load(env: dict[str, str]) -> dict[str, Any]:
     found = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not found:
         raise BenchError(f"bench.load exited {result.returncode}:\n{result.stderr[-3000:]}")
-    return json.loads(found[-1][len("RESULT "):])
+    return {**json.loads(found[-1][len("RESULT "):]),
+            "log": [line for line in result.stderr.splitlines() if line.startswith("jit_")]}
 
 
 def big_table(row: dict[str, Any]) -> str:
@@ -133,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.big_compile",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--disk-mib", type=int, default=DD_MIB,
+                        help="size of the file read to time the disk (default %(default)s)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/big-compile.json"))
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     try:
-        row = measure(args.layers)
+        row = measure(args.layers, args.disk_mib)
     except (BenchError, subprocess.CalledProcessError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1

@@ -166,6 +166,13 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    # Process 0 of the training job logs MLPerf's init_start / init_stop / run_start
+    # (launcher/mlperf.py; needs the `mlperf` extra).
+    mlperf: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig
     step: StepConfig
@@ -176,6 +183,7 @@ class Config:
     entrypoint: EntrypointConfig = field(default_factory=EntrypointConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     env: dict[str, str] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)

@@ -133,7 +133,7 @@ def test_several_configs_of_one_prewarm_go_to_the_backend_at_once(tmp_path: Path
 def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     backend = FakeBackend(runs_in_foreground=False)
-    assert flow.launch(request(tmp_path, "launch", prewarm=False), backend) == 0
+    assert flow.launch(request(tmp_path, "launch", prewarm="never"), backend) == 0
     assert backend.submitted == [[("demo", ["train"])]]
     assert not [call for call in backend.calls if call.startswith("follow")]
     assert "follow demo with: fake status" in capsys.readouterr().out

@@ -23,10 +23,12 @@ from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.injob.stage import node_cache_dir
-from launcher.records import EntryMissed, Staging
-from launcher.rundir import TRAIN, report_path
-from launcher.store.entries import entry_path, written_since
+from launcher.mlperf import MlperfLog, MlperfUnavailable
+from launcher.records import EntryMissed, PrewarmDecision, Staging, read_record
+from launcher.rundir import TRAIN, mlperf_log_path, prewarm_decision_path, report_path
+from launcher.store.entries import entry_path, function_of, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
+from launcher.store.prewarms import forget_prewarm, read_prewarms
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
@@ -185,6 +187,11 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> 
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
             recorder.prewarmed_options = {e.function: e.global_options for e in entries
                                           if e.global_options}
+            if report.process_index == 0:
+                recorder.after_first_step.append(
+                    lambda done: forget_missed_prewarms(config, done))
+    if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
+        start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):
         since = recorder.start_time
         if staging is not None and jax_dir != config.cache.dir:
@@ -201,6 +208,45 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> 
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
+
+
+def forget_missed_prewarms(config: Config, report: InitReport) -> None:
+    """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
+    that prewarm's functions up under another key: what the login node's fingerprint
+    promised does not hold (a GPU driver, a module imported by a computed name). Forget
+    that record, so the next launch with this fingerprint runs its prewarm job again. (A
+    launch under another fingerprint that misses is no news: its decision said so.)"""
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return
+    digest = decision.fingerprint.digest
+    record = read_prewarms(config.cache.dir).get(digest)
+    if record is None:
+        return
+    promised = {function_of(key): key for key in record.keys}
+    for function in report.functions:
+        key = promised.get(function.name)
+        if key is not None and not function.hit and function.key not in (None, key):
+            forget_prewarm(config.cache.dir, digest, key,
+                           f"{function.name} missed under key {function.key}, not the "
+                           f"prewarmed {key}")
+            return
+
+
+def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
+    """MLPerf's init lines from process 0: `init_start` now (dated at the process's start),
+    `init_stop` and `run_start` at the first step (dated where the step's compile or load
+    ended). Without the package it says so once; training goes on."""
+    try:
+        lines = MlperfLog(mlperf_log_path(config.run_dir, recorder.report.restart_count),
+                          recorder.start_time)
+    except (MlperfUnavailable, OSError) as exc:
+        log.warning("jaxwarm: no MLPerf lines: %s", exc)
+        return
+    recorder.after_first_step.append(lambda report: lines.stop(
+        recorder.clock.first_step_start or recorder.start_time +
+        (report.time_to_first_step_s or 0.0)))
 
 
 def publish_at_exit(config: Config, staging: Staging, since: float) -> None:

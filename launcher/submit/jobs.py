@@ -81,6 +81,10 @@ def check_modules(config: Config) -> None:
     if entry.function is not None:
         specs.append(("entrypoint.function", entry.function))
     with job_import_path(config):
+        if config.report.mlperf and importlib.util.find_spec("mlperf_logging") is None:
+            raise ConfigError(f"{config.source}: report.mlperf: the training job logs MLPerf's "
+                              f"lines through the mlperf-logging package, which is not "
+                              f"installed: pip install 'jaxwarm[mlperf]'")
         if entry.module is not None:
             found = locate(config, "entrypoint.module", entry.module)
             if found.submodule_search_locations is not None and not any(

@@ -338,7 +338,13 @@ class InitRecorder:
         time.sleep(FIRST_STEP_POLL_S)
         before.update(id(array) for array in fresh)
         fresh += [a for a in jax.live_arrays() if id(a) not in before]
-        jax.block_until_ready(fresh)
+        for array in fresh:
+            try:
+                array.block_until_ready()
+            except RuntimeError:
+                # Donated to (or deleted by) a call since it appeared, e.g. a state the
+                # trainer's step consumed: it was ready, or that call would not have run.
+                continue
         self.mark_first_step(source=f"the first execution of {name}")
 
     def mark_first_step(self, source: str = "trainer") -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -29,9 +30,11 @@ from dataclasses import dataclass
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked, make_dir
+from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
-from launcher.injob.recorder import FunctionRecord, InitRecorder
-from launcher.rundir import PREWARM
+from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
+from launcher.records import PrewarmDecision, PrewarmProgress, PrewarmRecord, read_record
+from launcher.rundir import PREWARM, prewarm_decision_path
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import (
     BEING_WRITTEN,
@@ -47,8 +50,10 @@ from launcher.store.manifest import (
     record_entries,
     uses_entries,
 )
+from launcher.store.prewarms import record_prewarm
 from prewarm.bootstrap import job_main, start_job
 from prewarm.judge import Decision, Target, decide, lower_targets
+from prewarm.progress import compiling, finished, last_compile, progress_file
 
 log = logging.getLogger("jaxwarm.prewarm")
 
@@ -114,7 +119,9 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
                          size=written[1] if written else None,
-                         global_options=target.global_options)
+                         global_options=target.global_options,
+                         mock_topology=mocked_topology(),
+                         xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
@@ -151,9 +158,20 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
                     is_writer: bool) -> list[Compiled]:
     """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
     records each entry as soon as it is written (`record_compile`)."""
+    import jax
+
     compiled = []
-    for target in targets:
-        with writer_lock(config.cache.dir, target.key, is_writer):
+    manifest = {} if is_remote(config.cache.dir) else read_manifest(config.cache.dir,
+                                                                     strict=False)
+    record_to = progress_file(config.run_dir, is_writer)
+    for index, target in enumerate(targets, 1):
+        function = function_of(target.key) if target.key else module_name(target.name)
+        last = last_compile(manifest, function, recorder.signature(function),
+                            jax.process_count())
+        progress = PrewarmProgress(function, index, len(targets), time.time(),
+                                   last.compile_s if last else None)
+        with compiling(progress, record_to), \
+                writer_lock(config.cache.dir, target.key, is_writer):
             since = time.time()
             target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
@@ -162,6 +180,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
         compiled.append(Compiled(target, record, failure))
+    finished(record_to, len(targets))
     return compiled
 
 
@@ -203,9 +222,10 @@ def main() -> int:
 
     config = config_from_env()
     recorder, mesh, bundle = start_job(config, PREWARM)
-    log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
+    mocked = mocked_topology()
+    log.info("prewarming %s on %d process(es) x %d device(s)%s, mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
-             dict(mesh.shape))
+             f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source, strict=False)
     decisions = decide(targets, config, recorder.signature, job="this prewarm",
                        repair=lambda found: repair(config, found))
@@ -217,11 +237,41 @@ def main() -> int:
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
+    failed = any(item.failure for item in compiled)
     if is_remote(config.cache.dir):
         log.info("no manifest for a remote cache dir (it needs a local file lock)")
     elif jax.process_index() == 0:
         log.info("manifest: %s", manifest_path(config.cache.dir))
-    return 1 if any(item.failure for item in compiled) else 0
+        if not failed:
+            record_fingerprint(config, targets)
+    return 1 if failed else 0
+
+
+def record_fingerprint(config: Config, targets: list[Target]) -> None:
+    """Record that this prewarm completed under the fingerprint its launch computed (in the
+    run dir's decision), with the entries it leaves: a later launch with the same
+    fingerprint can go without a prewarm job. Not when this job runs another jax than the
+    launcher saw (its fingerprint would promise keys this job did not make)."""
+    import jax
+    import jaxlib
+
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return  # a job script submitted by hand: no launch computed a fingerprint
+    found = decision.fingerprint
+    here = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    if any(found.parts.get(name) != value for name, value in here.items()):
+        log.warning("this job runs jax %s / jaxlib %s but the launcher saw %s / %s: no "
+                    "fingerprint recorded, so every launch runs its prewarm job",
+                    here["jax"], here["jaxlib"], found.parts.get("jax"),
+                    found.parts.get("jaxlib"))
+        return
+    keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
+    record_prewarm(config.cache.dir, PrewarmRecord(found, keys, config.run.name))
+    log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
+             "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
+             else "ies")
 
 
 if __name__ == "__main__":

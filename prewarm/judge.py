@@ -18,6 +18,7 @@ recording a full check and which run uses an entry) is the prewarm job's alone: 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 from launcher.config import Config
 from launcher.environment import is_remote
+from launcher.injob.gpu import mocked_topology
 from launcher.jaxkey.agree import broadcast_flags
 from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import (
@@ -134,7 +136,8 @@ def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: i
         why = explain_miss(prediction.module_name, prediction.components,
                            read_manifest(cache_dir, strict=False), run=run,
                            process_count=process_count, signature=signature,
-                           global_options=target.global_options, job=job, max_size=max_size)
+                           global_options=target.global_options, job=job, max_size=max_size,
+                           xla_flags=os.environ.get("XLA_FLAGS", ""))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return Decision(target, check.warm, why, check)
@@ -166,8 +169,9 @@ def decide(targets: list[Target], config: Config, signature: Callable[[str], str
             repair(decisions)
     else:
         decisions = [Decision(target, False) for target in targets]
-    warm = broadcast_flags([d.warm for d in decisions], what="warm-decision",
-                           timeout_s=DECISION_TIMEOUT_S)
+    # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.
+    warm = [d.warm for d in decisions] if mocked_topology() else broadcast_flags(
+        [d.warm for d in decisions], what="warm-decision", timeout_s=DECISION_TIMEOUT_S)
     if jax.process_index() != 0:
         decisions = [Decision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
     for decision in decisions:

@@ -110,7 +110,7 @@ def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
                         functions=[FunctionRecord(name="jit_train_step", key=KEY, hit=False),
                                    FunctionRecord(name="jit_init", key=KEY.replace(
                                        "train_step", "init"), hit=False)])
-    note_missed_entries(config, report, since=time.time())
+    note_missed_entries(config, str(cache), report, since=time.time())
     assert missed_since_check(cache, KEY)
     lines = (cache / "jaxwarm-usage.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one

@@ -19,8 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.files import atomic_write
+from launcher.files import atomic_write, lock_waits
 from launcher.injob.guard import CacheGuard
+from launcher.injob.phases import (
+    COMPILE,
+    LOAD,
+    LOWER,
+    PREDICT,
+    TRACE,
+    PhaseClock,
+    Span,
+    wrap_distributed_initialize,
+)
 from launcher.jaxkey.components import explain
 from launcher.jaxkey.globalopts import differences, options_line
 from launcher.jaxkey.globalopts import snapshot as global_options
@@ -34,6 +44,7 @@ from launcher.jaxkey.logs import (
     EVENT_LOWERED,
     EVENT_RETRIEVAL,
     EVENT_SAVED,
+    EVENT_TRACED,
     HIT_OR_MISS,
     LOWERING,
     LOWERING_LOGGER,
@@ -50,6 +61,7 @@ from launcher.records import (
     ReportWarning,
     dumps,
 )
+from launcher.rundir import TRAIN
 
 log = logging.getLogger("jaxwarm.recorder")
 
@@ -144,6 +156,8 @@ class InitRecorder:
         self.path: Path | None = None if callable(path) else path
         self.guard = guard
         self.start_time = process_start_time()
+        # The init phases: JAX's compile time spans and jaxwarm's own timers.
+        self.clock = PhaseClock(self.start_time)
         self._lock = threading.Lock()
         self._components: dict[str, str] = {}
         self._signatures: dict[str, str] = {}
@@ -185,6 +199,8 @@ class InitRecorder:
         import jax.monitoring as monitoring
         monitoring.register_event_listener(self.on_event)
         monitoring.register_event_duration_secs_listener(self.on_duration)
+        monitoring.register_event_time_span_listener(self.on_span)
+        wrap_distributed_initialize()
         for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER, LOWERING_LOGGER):
             logger = logging.getLogger(name)
             logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
@@ -243,6 +259,25 @@ class InitRecorder:
                 record = self._finish_function(str(kwargs.get("fun_name", "?")), duration)
         if event == EVENT_BACKEND_COMPILE:
             self._maybe_watch_first_step(record)
+
+    def on_span(self, event: str, start: float, end: float, **kwargs: Any) -> None:
+        """JAX's time span of a trace, lowering or backend compile (or cache load): what
+        the init phases are made of. A backend span ends right after its duration event,
+        so the function's record already says hit or miss."""
+        name = module_name(str(kwargs.get("fun_name", "?")))
+        if event == EVENT_BACKEND_COMPILE:
+            if in_probe():
+                phase = PREDICT
+            else:
+                with self._lock:
+                    last = self.report.functions[-1] if self.report.functions else None
+                phase = LOAD if last is not None and last.name == name and last.hit \
+                    else COMPILE
+        elif event in (EVENT_TRACED, EVENT_LOWERED) and not in_probe():
+            phase = TRACE if event == EVENT_TRACED else LOWER
+        else:
+            return
+        self.clock.add(Span(phase, start, end, name))
 
     def on_log(self, message: str) -> None:
         with self._lock:
@@ -360,7 +395,7 @@ class InitRecorder:
 
         before = {id(array) for array in jax.live_arrays()}
         watcher = threading.Thread(target=self._wait_first_execution,
-                                   args=(*candidate, self._guess[0], before),
+                                   args=(*candidate, record.name, self._guess[0], before),
                                    name="jaxwarm-first-step", daemon=True)
         self._watchers.append(watcher)
         watcher.start()
@@ -369,7 +404,7 @@ class InitRecorder:
         return self._found > found or (found == Found.LARGEST_INPUTS and
                                        serial != self._guess[0])
 
-    def _wait_first_execution(self, found: Found, source: str, serial: int,
+    def _wait_first_execution(self, found: Found, source: str, name: str, serial: int,
                               before: set[int]) -> None:
         import jax
 
@@ -383,8 +418,14 @@ class InitRecorder:
         time.sleep(FIRST_STEP_POLL_S)
         before.update(id(array) for array in fresh)
         fresh += [a for a in jax.live_arrays() if id(a) not in before]
-        jax.block_until_ready(fresh)
-        self._mark(found, source, serial)
+        for array in fresh:
+            try:
+                array.block_until_ready()
+            except RuntimeError:
+                # Donated to (or deleted by) a call since it appeared, e.g. a state the
+                # trainer's step consumed: it was ready, or that call would not have run.
+                continue
+        self._mark(found, source, serial, name)
 
     def mark_first_step(self) -> None:
         """Call once the first train step has finished (after block_until_ready).
@@ -393,9 +434,11 @@ class InitRecorder:
         """
         self._mark(Found.TRAINER, "trainer")
 
-    def _mark(self, found: Found, source: str, serial: int = 0) -> None:
-        """The first step ends now: said once by the trainer or a prewarmed step, while a
-        guess (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
+    def _mark(self, found: Found, source: str, serial: int = 0,
+              function: str | None = None) -> None:
+        """The first step ends now (with the first execution of `function`, when jaxwarm
+        detected it): said once by the trainer or a prewarmed step, while a guess
+        (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
         # One mark at a time, callbacks included: the trainer's and a watcher's may come at
         # once, and what the callbacks record must end with the one that stands.
         with self._marking:
@@ -404,8 +447,14 @@ class InitRecorder:
                         (self._found == found and found != Found.LARGEST_INPUTS):
                     return
                 self._found = found
-                self.report.time_to_first_step_s = time.time() - self.start_time
+                now = time.time()
+                self.report.time_to_first_step_s = now - self.start_time
                 self.report.first_step_from = source
+                steps = {name for name, _ in self.step_functions}
+            phases = self.clock.finish(now, self.first_step_of(function, steps),
+                                       final=found != Found.LARGEST_INPUTS)
+            with self._lock:
+                self.report.phases = phases
             self.write()
             self._run(self.on_first_step)
         if found != Found.LARGEST_INPUTS:
@@ -419,6 +468,7 @@ class InitRecorder:
             if self._init_ended or self.report.time_to_first_step_s is None:
                 return
             self._init_ended = True
+        self.clock.stop()
         self._run(self.after_first_step)
 
     def _run(self, callbacks: list[Callable[[InitReport], None]]) -> None:
@@ -438,6 +488,14 @@ class InitRecorder:
         self._end_init()
         return self.write()
 
+    def first_step_of(self, function: str | None, steps: set[str]) -> set[str] | None:
+        """The functions whose compile or load ends before the first step: the one whose
+        first execution was detected, else the prewarmed steps (every function when none
+        is known); None for a job that runs no step (prewarm, verify)."""
+        if self.report.job != TRAIN:
+            return None
+        return {function} if function is not None else steps
+
     def write(self) -> Path | None:
         """Write the report; not before the process knows its index (a wrapped trainer that
         stopped before its first lowering): a guessed index would overwrite another
@@ -445,6 +503,7 @@ class InitRecorder:
         if self.path is None:
             return None
         with self._lock:
+            self.report.lock_wait_s = lock_waits()
             text = dumps(self.report, indent=1) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return atomic_write(self.path, text)

@@ -40,8 +40,10 @@ from launcher.report import (
     Targets,
     attempt_summaries,
     duration,
+    first_step_lines,
     format_table,
     format_verdicts,
+    load_first_steps,
     load_reports,
     load_verdicts,
     missing_train_report,
@@ -327,8 +329,9 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = [*decision_lines(run_dir), *summarize(reports, manifest, config.run.name),
-             *warm_start_lines(reports)]
+    lines = [*decision_lines(run_dir),
+             *summarize(reports, manifest, config.run.name, config.cache.dir),
+             *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
     if trained:
         lines += missing_train_report(reports)
     for line in lines:

@@ -65,10 +65,16 @@ def step_records(data: dict) -> list[dict]:
     return [fn for fn in data["functions"] if fn["name"] == "jit_step"]
 
 
+def headline(shown: str) -> str:
+    """The report's first line after the launch's prewarm decision."""
+    lines = shown.splitlines()
+    return lines[1] if lines[0].startswith("prewarm job: ") else lines[0]
+
+
 def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
-    # The first line of the report is the prewarmed step's HIT.
+    # The report's headline is the prewarmed step's HIT.
     shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
-    assert shown.splitlines()[0].startswith("jit_step: HIT on process 0"), shown
+    assert headline(shown).startswith("jit_step: HIT on process 0"), shown
     train = report(tmp_path)
     prewarmed = report(tmp_path, "prewarm")
     train_step, eval_step = step_records(train)
@@ -93,7 +99,7 @@ def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processe
     launched = run_cli("launch", *args, "--local")
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     assert_trained_with_a_hit(tmp_path, launched.stdout)
-    assert launched.stdout.startswith("jit_step: HIT on process 0")
+    assert headline(launched.stdout).startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in launched.stderr
 

@@ -32,6 +32,9 @@ SETTING_CHANGED = "setting_changed"  # the trainer changed a cache setting jaxwa
 RECOMPILED = "recompiled"  # one function compiled twice under different keys
 # a prewarmed function missed under other process-global JAX settings than the prewarm's
 OPTIONS_DIFFER = "options_differ"
+# the ranks of the job did not all have an entry, so all compiled without the cache, or
+# they stopped the job (a key or an environment that differs, a meeting that timed out)
+RANKS = "ranks"
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,27 @@ class VerifyResult:
     @property
     def warm(self) -> bool:
         return all(verdict.warm for verdict in self.functions)
+
+
+# -- what the ranks of a job tell each other (jax.distributed's key-value store) -----------
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank is doing, and since when (`launcher.injob.ranks`): the rank that
+    waits in vain says what the late ones were doing."""
+
+    doing: str
+    since: float
+
+
+@dataclass(frozen=True)
+class KeyPost:
+    """One rank's side of the agreement before a compile: the key JAX computed, each
+    component's hash, and the size of the entry this rank sees (None: no entry)."""
+
+    key: str
+    components: dict[str, str] = field(default_factory=dict)
+    size: int | None = None
 
 
 # -- the usage log: one line per job's process 0, and one per entry event -----------------

@@ -21,7 +21,9 @@ from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK
 from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
+from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.jaxkey.lookup import watch_lookups
 from launcher.records import EntryMissed
 from launcher.rundir import TRAIN, report_path
 from launcher.store.entries import entry_path, written_since
@@ -120,7 +122,9 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     recorder = InitRecorder(
         report, lambda process: report_path(config.run_dir, job, restart, process),
         recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
-    recorder.on_bind.append(lambda bound: on_bind(config, bound))
+    ranks = RankCoordinator(recorder, agreement_on(config))
+    watch_lookups(ranks.before_lookup, ranks.after_compile)
+    recorder.on_bind.append(lambda bound: on_bind(config, bound, ranks))
     atexit.register(recorder.write)
     _active = recorder
     return recorder
@@ -128,8 +132,9 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
 
 def prewarmed(config: Config) -> list[ManifestEntry]:
     """What this run's prewarm compiled: the first execution of one of its steps ends the
-    first step of a trainer that does not call mark_first_step(), and a miss of one of
-    them is checked against the global JAX settings it was lowered under."""
+    first step of a trainer that does not call mark_first_step(), a miss of one of them is
+    checked against the global JAX settings it was lowered under, and their compile times
+    size how long the ranks wait for each other (`ranks.meet_timeout`)."""
     try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
         manifest = read_manifest(config.cache.dir, strict=False)
     except OSError as exc:
@@ -138,23 +143,27 @@ def prewarmed(config: Config) -> list[ManifestEntry]:
     return latest_for_run(manifest, config.run.name)
 
 
-def on_bind(config: Config, recorder: InitRecorder) -> None:
+def on_bind(config: Config, recorder: InitRecorder, ranks: RankCoordinator) -> None:
     """What needs the process index: the cache dir checks (every rank loads native code from
-    it, process 0 creates it), the prewarmed steps to time, process 0's bookkeeping."""
+    it, process 0 creates it), the prewarmed steps to time, the ranks' meeting bound (from
+    the compile times the manifest recorded), process 0's bookkeeping."""
     import jax
 
     report = recorder.report
+    entries: list[ManifestEntry] = []
     if not is_remote(config.cache.dir):
         if report.process_index == 0:
             checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
             checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
         recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
-        if report.job == TRAIN:
+        if report.job == TRAIN or report.process_count > 1:
             entries = prewarmed(config)
+        if report.job == TRAIN:
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
             recorder.prewarmed_options = {e.function: e.global_options for e in entries
                                           if e.global_options}
+    ranks.bind(meet_timeout(config, entries))
     if report.process_index == 0 and not is_remote(config.cache.dir):
         recorder.after_first_step += [
             lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),

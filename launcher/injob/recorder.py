@@ -160,6 +160,13 @@ class InitRecorder:
         for callback in self.on_bind:
             callback(self)
 
+    def add_warning(self, warning: ReportWarning, quiet: bool = False) -> None:
+        """Into the report, and (unless `quiet`: already said) the job log."""
+        with self._lock:
+            self.report.warnings.append(warning)
+        if not quiet:
+            log.warning("jaxwarm: %s", warning.text)
+
     def signature(self, module_name: str) -> str | None:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
         with self._lock:

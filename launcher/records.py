@@ -85,6 +85,9 @@ class InitReport:
     retrieval_s: float = 0.0
     compile_time_saved_s: float = 0.0
     time_to_first_step_s: float | None = None
+    # Time this process waited at meetings for the other ranks (launcher.injob.ranks): what
+    # a rank that loaded spends while others compile, instead of timing out in a collective.
+    ranks_wait_s: float = 0.0
     # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
     first_step_from: str | None = None
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.

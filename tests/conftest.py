@@ -11,6 +11,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
+# The demo step at its smallest (one layer, width 32): for tests of many ranks, whose time
+# goes to starting JAX and compiling in every process, not to the model.
+TINY_STEP = ("step.args.n_layers=1", "step.args.d_model=32", "step.args.d_ff=32",
+             "step.args.seq_len=8", "step.args.vocab_size=32", "step.args.chunks=1")
+
+
+def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
+    """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the
+    smallest batch that mesh takes, the tiny step and one training step."""
+    return (f"topology.processes_per_node={processes}", "topology.devices_per_process=1",
+            f"mesh.axes={{data: {data}, fsdp: {fsdp}}}", f"step.args.global_batch={data * fsdp}",
+            "train.steps=1", *TINY_STEP)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,

@@ -208,7 +208,6 @@ class RankCoordinator:
         self.recorder = recorder
         self.agree = agree
         self.timeout_s = TIMEOUT_FLOOR_S
-        self.waited_s = 0.0
         self._store: KVStore | None = None
         # Meetings so far, by kind and set of processes.
         self._counts: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -315,7 +314,7 @@ class RankCoordinator:
                     self.stop(line, EXIT_ERROR)
         except StoreError as exc:
             self._lost(exc, f"waiting for the other ranks {what}")
-        self.waited_s += time.monotonic() - start
+        self.recorder.add_rank_wait(time.monotonic() - start)
 
     def _states(self, store: KVStore) -> dict[int, RankState]:
         states = {}

@@ -167,6 +167,10 @@ class InitRecorder:
         if not quiet:
             log.warning("jaxwarm: %s", warning.text)
 
+    def add_rank_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.report.ranks_wait_s += seconds
+
     def signature(self, module_name: str) -> str | None:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
         with self._lock:

@@ -1,0 +1,120 @@
+"""One rank among many fails: every rank stops, one line names it, nothing is left running,
+and the next launch works. Real launches of the demo step (tiny) on 4 ranks of one CPU
+device: `kill -9` of one rank in the middle of the prewarm job and of the training job, and
+one rank whose environment differs from the others' (planted by a shell wrapper), which the
+ranks find at their first meeting (launcher/injob/ranks.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, REPO, ranks_layout, run_cli
+
+pytestmark = pytest.mark.e2e
+
+LAYOUT = ranks_layout(4, 2, 2)
+# How long a stopped job's processes get after SIGTERM before SIGKILL: the bound on how long
+# the other ranks outlive the killed one, on top of the launcher's 0.1 s poll.
+GRACE_S = 5
+
+
+def job_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
+    """pid -> (rank, command line) of every live process of the run's jobs (each has the
+    run dir in its environment)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in
+                           (proc / "environ").read_bytes().decode(errors="replace")
+                           .split("\0") if "=" in item)
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if environ.get("JAXWARM_RUN_DIR") == str(run_dir) and state != "Z":
+            found[int(proc.name)] = (int(environ.get("JAXWARM_PROCESS_ID", "0")), command)
+    return found
+
+
+def wait_for(condition, timeout: float = 600.0) -> bool:
+    """Poll for a state of the job; the timeout only bounds a broken run, nothing is timed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def launch(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", *LAYOUT,
+         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+         f"stop_grace_s={GRACE_S}", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, rank: int,
+                   marker: str) -> tuple[str, float]:
+    """SIGKILL the job process of `rank` once its log shows `marker` (it is then lowering
+    or compiling); the launch's stderr, and how long the launch took to end after it."""
+    log = run_dir / "logs" / f"{job}-p{rank}.log"
+    try:
+        assert wait_for(lambda: log.exists() and marker in log.read_text(errors="replace")), \
+            f"{log} never showed {marker!r}"
+        command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
+        [pid] = [pid for pid, (r, line) in job_processes(run_dir).items()
+                 if r == rank and command in line and "supervise" not in line]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = launcher.communicate(timeout=600)
+        return err, time.monotonic() - killed
+    finally:
+        launcher.kill()
+
+
+def test_a_rank_killed_in_each_job_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    err, _ = kill_rank_when(launch(tmp_path), run_dir, "prewarm", 2, "COLD  train_step")
+    assert "jaxwarm: prewarm failed: process 2 was killed by SIGKILL (exit 137)" in err, \
+        err[-3000:]
+    assert "Traceback" not in err.split("prewarm failed")[1]
+    assert job_processes(run_dir) == {}
+
+    err, _ = kill_rank_when(launch(tmp_path), run_dir, "train", 1, "chunkwise step:")
+    assert "jaxwarm: train failed: process 1 was killed by SIGKILL (exit 137)" in err, \
+        err[-3000:]
+    assert job_processes(run_dir) == {}
+
+    relaunch = run_cli("launch", str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
+                       f"cache.dir={tmp_path / 'cache'}", timeout=900)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    assert "jit_train_step: HIT on process 0" in relaunch.stdout
+
+
+def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path: Path) -> None:
+    plant = ('if [ "$JAXWARM_PROCESS_ID" = 3 ]; then export XLA_FLAGS="$XLA_FLAGS '
+             '--xla_cpu_enable_fast_math=true"; fi; '
+             f'exec {sys.executable} -m prewarm.workload.trainer')
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", *LAYOUT,
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     f"stop_grace_s={GRACE_S}", f"entrypoint.command=[sh, -c, {json.dumps(plant)}]",
+                     timeout=900)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert line.startswith("jaxwarm: train failed: process "), line
+    assert ("the ranks' environments differ: XLA_FLAGS is '--xla_force_host_platform_device_"
+            "count=1 --xla_cpu_enable_fast_math=true' on rank 3, but "
+            "'--xla_force_host_platform_device_count=1' on ranks 0-2") in line
+    assert job_processes(tmp_path / "runs" / "demo") == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.config import Config, parse_config
+from launcher.injob.place import ranges
 from launcher.injob.ranks import (
     TIMEOUT_FLOOR_S,
     agree,
@@ -14,7 +15,6 @@ from launcher.injob.ranks import (
     environment_line,
     late_line,
     meet_timeout,
-    ranges,
 )
 from launcher.records import KeyPost, RankState
 from launcher.store.manifest import ManifestEntry
@@ -46,6 +46,7 @@ def test_rank_lists_fold_into_ranges() -> None:
     assert ranges([7, 0, 1, 2, 4, 8, 2]) == "0-2, 4, 7-8"
     assert ranges([5]) == "5"
     assert ranges(list(range(1, 64))) == "1-63"
+    assert ranges([1, 2, 3, 5], "p") == "p1-p3, p5"
 
 
 def test_the_meeting_bound_is_sized_from_the_compiles_of_this_layout() -> None:

@@ -42,7 +42,7 @@ from typing import NoReturn
 from launcher.config import Config, ConfigError
 from launcher.errors import EXIT_ERROR, EXIT_FAILED, say
 from launcher.injob.boot import RECORDER_PID
-from launcher.injob.place import PROCESS_ID
+from launcher.injob.place import PROCESS_ID, ranges
 from launcher.injob.recorder import InitRecorder
 from launcher.jaxkey.components import PER_PROCESS, differing_components, likely_causes
 from launcher.jaxkey.kvstore import KVStore, StoreError
@@ -80,17 +80,6 @@ def agreement_on(config: Config) -> bool:
     devices into the key, so the keys differ by design and only process 0 can hit)."""
     agree = config.ranks.agree
     return config.topology.platform == "gpu" if agree == "auto" else bool(agree)
-
-
-def ranges(ranks: list[int]) -> str:
-    """`[0, 1, 2, 4, 7, 8]` -> `0-2, 4, 7-8`."""
-    spans: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def ranks_of(ranks: list[int]) -> str:

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     report.add_argument("--json", action="store_true", help="print one JSON list")
     report.add_argument("--all", action="store_true",
-                        help="list every compile, also the small ones summed up in one line")
+                        help="a row for every process (not folded into p1-p63) and every "
+                             "compile, also the small ones summed up in one line")
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     cache_commands.add_parser(commands)

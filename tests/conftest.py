@@ -9,13 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
-# The demo step at its smallest (one layer, width 32): for tests of many ranks, whose time
-# goes to starting JAX and compiling in every process, not to the model.
-TINY_STEP = ("step.args.n_layers=1", "step.args.d_model=32", "step.args.d_ff=32",
-             "step.args.seq_len=8", "step.args.vocab_size=32", "step.args.chunks=1")
-
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
     """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the

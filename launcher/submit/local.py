@@ -27,9 +27,9 @@ from typing import IO
 
 from launcher.config import Config, TopologyConfig
 from launcher.environment import merge_environment
-from launcher.errors import EXIT_ERROR
-from launcher.errors import PREFIX as ERROR_PREFIX
+from launcher.errors import EXIT_ERROR, error_line
 from launcher.injob.place import process_variables
+from launcher.injob.task import killed_by
 from launcher.rundir import TRAIN, log_path, report_path, unfinished
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
@@ -71,27 +71,18 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def error_line(path: Path) -> str | None:
-    """The last `jaxwarm: error: ...` line of a process's log: what it stopped for."""
-    lines = [line for line in tail(path, 200).splitlines() if line.startswith(ERROR_PREFIX)]
-    return lines[-1][len(ERROR_PREFIX):] if lines else None
-
-
 def first_failure(failed: list[int], logs: list[Path]) -> int:
     """Which of the processes seen failed at one look is the one to name: the first that
     said why in a jaxwarm error line (the others were usually taken down by it: a rank
     that stops the job, then the ranks that lost it), else the lowest index."""
     return next((index for index, path in zip(failed, logs, strict=True)
-                 if error_line(path) is not None), failed[0])
+                 if error_line(tail(path, 200)) is not None), failed[0])
 
 
 def ended(code: int) -> str:
     """How a process ended, in words: the supervisor reports a signal as 128 + its number."""
-    try:
-        if code > 128:
-            return f"was killed by {signal.Signals(code - 128).name} (exit {code})"
-    except ValueError:  # not a signal's number
-        pass
+    if code - 128 in {signum.value for signum in signal.Signals}:
+        return killed_by(code - 128, f" (exit {code})")
     return f"exited with {code}"
 
 
@@ -206,7 +197,7 @@ class LocalJob:
                 path = log_path(self.run_dir, self.job.name, first)
                 return JobResult(self.job.name, codes[first] or 1, first,
                                  f"{path}:\n{tail(path)}", self.signal_received, self.problem,
-                                 error_line(path))
+                                 error_line(tail(path, 200)))
             if all(c == 0 for c in codes):
                 return JobResult(self.job.name, 0, signal_received=self.signal_received,
                                  problem=self.problem)

@@ -118,3 +118,21 @@ def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path:
             "count=1 --xla_cpu_enable_fast_math=true' on rank 3, but "
             "'--xla_force_host_platform_device_count=1' on ranks 0-2") in line
     assert job_processes(tmp_path / "runs" / "demo") == {}
+
+
+def test_ranks_that_do_not_meet_in_time_stop_the_job_naming_the_late_ones(
+        tmp_path: Path) -> None:
+    """After a prewarm, process 0 loads each step in a fraction of a second while the
+    others compile it for seconds: with a meeting bound of 1 ms it waits in vain."""
+    args = (str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", f"stop_grace_s={GRACE_S}")
+    assert run_cli("prewarm", *args, timeout=900).returncode == 0
+    result = run_cli("launch", *args, "--no-prewarm", "ranks.meet_timeout_s=0.001",
+                     timeout=900)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert "the ranks did not meet after jit_" in line, line
+    assert "within 0.001 s (ranks.meet_timeout_s): rank" in line, line
+    assert " still " in line and " s ago)" in line, line
+    assert job_processes(tmp_path / "runs" / "demo") == {}

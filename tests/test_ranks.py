@@ -77,7 +77,7 @@ def test_a_timeout_names_the_late_ranks_and_what_they_were_doing_in_one_line() -
         "the ranks did not meet after jit_train_step within 600 s (ranks.meet_timeout_s): "
         "ranks 3, 5 still compiling jit_train_step (started 41-44 s ago); rank 9 still "
         "running its own code after jit_init_state (started 7 s ago); rank 12 published no "
-        "state (not started, or stopped before its first multi-process compile)")
+        "state (not started, or stopped before its first lowering)")
 
 
 def test_an_environment_that_differs_on_one_rank_is_one_line_naming_it() -> None:

@@ -61,7 +61,7 @@ TIMEOUT_FACTOR = 3.0
 TIMEOUT_FLOOR_S = 300.0
 # Variables that differ between the ranks of one job by design.
 PER_PROCESS_VARIABLES = (PROCESS_ID, RECORDER_PID)
-NO_STATE = "published no state (not started, or stopped before its first multi-process compile)"
+NO_STATE = "published no state (not started, or stopped before its first lowering)"
 
 
 def meet_timeout(config: Config, entries: list[ManifestEntry]) -> float:
@@ -204,7 +204,12 @@ class RankCoordinator:
         self._lock = threading.RLock()
 
     def bind(self, timeout_s: float) -> None:
+        """At the process's first lowering: the bound, and (in a job of several processes)
+        a first state, so that a rank late for the first meeting is said as lowering."""
         self.timeout_s = timeout_s
+        if self.recorder.report.process_count > 1:
+            with self._lock:
+                self._publish(self._started(), "tracing and lowering, before its first compile")
 
     # -- the two moments of a compile -------------------------------------------------------
 

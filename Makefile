@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo check test legs matrix
+.PHONY: demo check test legs matrix maxtext
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,3 +35,11 @@ test: $(STAMP) legs
 # The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.
 matrix: legs
 	$(VENV)/bin/python -m pytest -q tests/test_jax_versions.py
+
+# MaxText from PyPI, unchanged, wrapped by examples/maxtext: builds (or reuses) .venvs/maxtext
+# (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test, a HIT on 1 and 2
+# processes. Not part of `make test`, where tests/test_maxtext.py skips while the venv is
+# not built; .ci/run runs it after `make test`.
+maxtext: $(STAMP)
+	$(VENV)/bin/python -m tests.legs build maxtext
+	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

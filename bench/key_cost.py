@@ -55,7 +55,7 @@ def measure(python: str, repeat: int) -> list[Row]:
         for index in range(repeat):
             config, pinned = bench_config(work, f"verify{index}", OVERRIDES)
             run_spec(with_python(verify_job(config, pinned), python))
-            for item in read_json(verify_result_path(config.run_dir, 0))["functions"]:
+            for item in read_json(verify_result_path(config.run_dir))["functions"]:
                 if not item["warm"]:
                     raise BenchError(f"{python}: verify says {item['function']} is COLD "
                                      f"right after the prewarm")

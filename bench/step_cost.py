@@ -121,7 +121,7 @@ def measure(layers: int) -> dict[str, float]:
         cold_config, cold = job("cold", train_job, "cache")
         cold_report, cold_step = init_report(cold_config, warm=False)
         verify_config, _ = job("verify", verify_job, "cache")
-        result_path = verify_result_path(verify_config.run_dir, 0)
+        result_path = verify_result_path(verify_config.run_dir)
         verified = function_record(read_json(result_path)["functions"], "function", "warm",
                                    True, result_path)
         warm_config, warm = job("warm", train_job, "cache")

@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="prewarm the cache, then run the training job")
     _add_job_arguments(launch)
-    launch.add_argument("--no-prewarm", action="store_true", help="skip the prewarm job")
+    launch.add_argument("--prewarm", choices=flow.PREWARM_MODES, default=flow.AUTO,
+                        help="run the prewarm job always, never, or (auto, the default) "
+                             "unless a completed prewarm had this launch's fingerprint and "
+                             "its entries are intact")
+    launch.add_argument("--no-prewarm", dest="prewarm", action="store_const",
+                        const=flow.NEVER, help="the same as --prewarm never")
     launch.add_argument("--wait", action="store_true",
                         help="SLURM: follow the jobs and print the init report at the end")
     prewarm = commands.add_parser(
@@ -60,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--all", action="store_true",
                         help="a row for every process (not folded into p1-p63) and every "
                              "compile, also the small ones summed up in one line")
+    report.add_argument("--plot", type=Path, metavar="PNG",
+                        help="also draw the init phases per process into a PNG "
+                             "(needs matplotlib: pip install 'jaxwarm[plot]')")
     status = commands.add_parser("status", help="a run's SLURM jobs, restarts and init summary")
     status.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     cache_commands.add_parser(commands)
@@ -78,7 +86,7 @@ def split_positionals(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def cmd_jobs(args: argparse.Namespace) -> int:
     configs, overrides = split_positionals(args)
     request = flow.Request(args.command, configs, overrides,
-                           prewarm=not getattr(args, "no_prewarm", False),
+                           prewarm=getattr(args, "prewarm", flow.AUTO),
                            check_cache=not args.no_check_cache,
                            wait=getattr(args, "wait", False))
     return flow.launch(request, choose_backend(args.backend))
@@ -94,7 +102,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all)
+    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all,
+                            plot=args.plot)
 
 
 def closed_stdout() -> int:

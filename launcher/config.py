@@ -78,6 +78,12 @@ class CacheConfig:
     # When the trainer changes the cache settings after jaxwarm set them: put jaxwarm's back
     # before each lookup (true), or follow the trainer (false). Either way it is reported.
     enforce: bool = True
+    # A node-local dir the training job's JAX reads its entries from: one process per node
+    # copies the run's entries there from `dir` at job start (launcher/injob/stage.py).
+    # `$VAR`s in it are expanded on each node (e.g. $TMPDIR).
+    stage: str | None = None
+    # How long a node's other processes wait for that copy before they read `dir` instead.
+    stage_wait_s: PositiveFloat = 600.0
 
 
 @dataclass(frozen=True)
@@ -97,9 +103,19 @@ class TopologyConfig:
 
 
 @dataclass(frozen=True)
+class PrewarmConfig:
+    # "run": the prewarm job runs on the run's own layout (nodes x processes). "mock" (GPU):
+    # one process on one node compiles for the run's layout through JAX's mock GPU topology
+    # (launcher/gputarget.py), so a 64-GPU step is prewarmed on one node.
+    layout: str = "run"
+
+
+@dataclass(frozen=True)
 class MeshConfig:
-    # Axis name -> size, in mesh order (YAML mappings keep their order).
-    axes: dict[str, PositiveInt]
+    # Axis name -> size, in mesh order (YAML mappings keep their order). None: the step
+    # factory builds the trainer's own mesh and returns it (`StepBundle.mesh`), as a trainer
+    # that derives its mesh from its own parallelism settings (MaxText) must.
+    axes: dict[str, PositiveInt] | None = None
     # "auto" builds jax.sharding.Mesh; "explicit" uses jax.make_mesh's Explicit axes.
     # The two lower to different programs, so prewarm and run must agree.
     axis_types: str = "auto"
@@ -163,16 +179,25 @@ class RanksConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    # Process 0 of the training job logs MLPerf's init_start / init_stop / run_start
+    # (launcher/mlperf.py; needs the `mlperf` extra).
+    mlperf: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig
     step: StepConfig
-    mesh: MeshConfig
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     entrypoint: EntrypointConfig = field(default_factory=EntrypointConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ranks: RanksConfig = field(default_factory=RanksConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     env: dict[str, str] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
@@ -193,6 +218,13 @@ class Config:
 
 
 _PLATFORMS = ("cpu", "gpu")
+# prewarm.layout: on the run's own layout, or through a mock of it on one node (GPU).
+RUN_LAYOUT, MOCK_LAYOUT = "run", "mock"
+PREWARM_LAYOUTS = (RUN_LAYOUT, MOCK_LAYOUT)
+# What a mocked GPU compile needs off (it can hang with sharded autotuning, openxla/xla
+# #28959, as MaxText found); every XLA flag is in the key, so every job of the run carries it.
+SHARD_AUTOTUNING = "--xla_gpu_shard_autotuning"
+MOCK_XLA_FLAGS = (f"{SHARD_AUTOTUNING}=false",)
 # URL schemes a cache dir may have: JAX reaches them through etils.epath (the remote extra).
 REMOTE_SCHEMES = ("s3", "gs")
 # JAX options the cache section sets (see launcher.environment.jax_options), by cache key.
@@ -470,6 +502,7 @@ def _validate(config: Config) -> None:
     if topo.platform not in _PLATFORMS:
         fail("topology.platform", f"expected one of {', '.join(_PLATFORMS)}, "
                                   f"got {topo.platform!r}")
+    _validate_prewarm_layout(config, fail)
     if config.run.name in ("", ".", "..") or "/" in config.run.name:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
                          f"got {config.run.name!r}")
@@ -481,11 +514,12 @@ def _validate(config: Config) -> None:
     if sep and scheme not in REMOTE_SCHEMES:
         fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
                           f" URL, got a {scheme}:// URL")
-    if not config.mesh.axes:
-        fail("mesh.axes", "expected at least one axis")
-    mesh_size = math.prod(config.mesh.axes.values())
-    if mesh_size != topo.num_devices:
-        shape = " x ".join(f"{a}={s}" for a, s in config.mesh.axes.items())
+    axes = config.mesh.axes
+    if axes is not None and not axes:
+        fail("mesh.axes", "expected at least one axis (or no mesh.axes, when the step "
+                          "factory builds the mesh)")
+    if axes and (mesh_size := math.prod(axes.values())) != topo.num_devices:
+        shape = " x ".join(f"{a}={s}" for a, s in axes.items())
         fail("mesh.axes", f"{shape} is {mesh_size} devices, but topology has "
                           f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
                           f"{topo.processes_per_node} x devices_per_process "
@@ -508,6 +542,16 @@ def _validate(config: Config) -> None:
                                   f"got {entry.module!r}")
     if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
         fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
+    stage = config.cache.stage
+    if stage is not None and not (os.path.isabs(stage) or stage.startswith("$")):
+        fail("cache.stage", f"expected an absolute path on each node's own disk (or one "
+                            f"starting with a $VARIABLE the node expands), got {stage!r}")
+    if stage is not None and sep:
+        fail("cache.stage", f"staging copies from a local or mounted cache dir; cache.dir is "
+                            f"a {scheme}:// URL")
+    if stage is not None and _within(stage, config.cache.dir):
+        fail("cache.stage", f"{stage} is inside cache.dir {config.cache.dir} (or contains "
+                            f"it); the node-local copy needs a dir of its own")
     if config.cache.max_size < -1 or config.cache.max_size == 0:
         fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, "
                                f"got {config.cache.max_size}")
@@ -540,6 +584,35 @@ def _validate(config: Config) -> None:
         if not _SBATCH_OPTION.fullmatch(name):
             fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
                                         "or 'gres'")
+
+
+def _validate_prewarm_layout(config: Config,
+                             fail: typing.Callable[[str, str], typing.NoReturn]) -> None:
+    """`prewarm.layout: mock` needs what JAX's mock topology needs: a GPU target and a run of
+    several processes; and it owns the sharded-autotuning flag every job carries."""
+    layout, topo = config.prewarm.layout, config.topology
+    if layout not in PREWARM_LAYOUTS:
+        fail("prewarm.layout", f"expected one of {', '.join(PREWARM_LAYOUTS)}, got {layout!r}")
+    if layout != MOCK_LAYOUT:
+        return
+    if topo.platform != "gpu":
+        fail("prewarm.layout", f"mock needs topology.platform: gpu (JAX mocks only GPU "
+                               f"topologies, jax_mock_gpu_topology), got {topo.platform!r}")
+    if topo.num_processes == 1:
+        fail("prewarm.layout", "mock prewarms a layout of several processes on one; this run "
+                               "has 1 process (topology.nodes x processes_per_node): use "
+                               "prewarm.layout: run")
+    for i, flag in enumerate(config.xla_flags):
+        if flag.partition("=")[0] == SHARD_AUTOTUNING and flag not in MOCK_XLA_FLAGS:
+            fail(f"xla_flags[{i}]", f"prewarm.layout: mock gives every job "
+                                    f"{MOCK_XLA_FLAGS[0]} (a mocked compile can hang with "
+                                    f"sharded autotuning, openxla/xla #28959), got {flag!r}")
+
+
+def _within(one: str, other: str) -> bool:
+    """Whether either path (as written) is the other or inside it."""
+    one, other = os.path.normpath(one), os.path.normpath(other)
+    return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
 
 
 def _base(tp: Any) -> Any:

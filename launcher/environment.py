@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
+from launcher.config import MOCK_LAYOUT, MOCK_XLA_FLAGS, Config
 
 # Variables that belong to the job environment; inherited values are dropped so that a
 # stray `export XLA_FLAGS=...` in the submitting shell cannot split prewarm from run.
@@ -77,7 +77,12 @@ def jax_options(config: Config) -> dict[str, Any]:
 
 
 def xla_flags(config: Config) -> str:
+    """XLA_FLAGS of every job. A run prewarmed through a mock topology carries the flags the
+    mocked compile needs (`config.MOCK_XLA_FLAGS`) in every job, training included: every
+    XLA flag is part of the key, so a flag only the prewarm had would make the run miss."""
     flags = list(config.xla_flags)
+    if config.prewarm.layout == MOCK_LAYOUT:
+        flags += [flag for flag in MOCK_XLA_FLAGS if flag not in flags]
     if config.topology.platform == "cpu":
         flags.append(f"--xla_force_host_platform_device_count="
                      f"{config.topology.devices_per_process}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import sys
@@ -83,6 +84,17 @@ def writing(path: str | Path, what: str) -> Iterator[None]:
         if exc.filename is not None or exc.errno is None:
             raise
         raise WriteFailed(exc.errno, f"{path}: {exc.strerror} while writing {what}") from exc
+
+
+# Seconds this process has waited for jaxwarm's locks, by kind (`locked`'s `what` without the
+# path or key it names): kept in the init report, so a job whose ranks queue on the manifest
+# or the usage log says so.
+_waited: dict[str, float] = {}
+
+
+def lock_waits() -> dict[str, float]:
+    """Seconds waited so far in this process for each kind of lock."""
+    return {kind: round(seconds, 6) for kind, seconds in _waited.items()}
 
 
 class LockTimeout(UserError, RuntimeError):
@@ -173,11 +185,14 @@ def locked(lock_path: str | Path, what: str, timeout_s: float = LOCK_TIMEOUT_S) 
     """
     lock_path = Path(lock_path)
     lock = FileLock(str(lock_path), timeout=0, mode=modes_in(lock_path.parent)[0])
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     announced = False
+    kind = re.sub(r" (of|/).*", "", what)
     while True:
         try:
             lock.acquire()
+            _waited[kind] = _waited.get(kind, 0.0) + time.monotonic() - started
             break
         except Timeout:
             if timeout_s == 0:

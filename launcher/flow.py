@@ -1,41 +1,73 @@
 """The one launch flow, for every backend and for one config or several.
 
-checks -> run-dir lock -> pin -> cache check -> jobs -> report. Every input is checked
+checks -> run-dir lock -> pin -> cache check -> prewarm decision -> jobs -> report. Every
+input is checked
 before anything is written or started (config, overrides, entrypoint, run dirs, jobs of an
 earlier launch still in the run dir); each run dir is held by its lock for the launch's whole
 life; the config is pinned into the run dir, the cache entries this run expects are checked,
 then the backend (`launcher.submit.backend`) submits the jobs and tells how each ended.
 
 The prewarm job verifies before it compiles (`prewarm.job`): a function whose entry is
-already in the cache is not compiled again, so a warm relaunch pays one short job (imports,
-lowering) on either backend, and `launch --slurm` keeps its one prewarm -> train chain.
+already in the cache is not compiled again. Better still, with `--prewarm auto` (the
+default) a launch whose fingerprint (`launcher.submit.fingerprint`: what the login node can
+know that enters the keys) matches a completed prewarm's, with its entries intact, submits
+the training job alone: on SLURM no allocation, no queue wait, for a prewarm that would
+have found everything warm.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import mlperf
 from launcher.config import Config, ConfigError, load_config
+from launcher.environment import is_remote
 from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from launcher.records import dumps
+from launcher.files import atomic_write
+from launcher.records import (
+    Fingerprint,
+    PrewarmDecision,
+    PrewarmProgress,
+    dumps,
+    read_record,
+)
 from launcher.report import (
     Targets,
     attempt_summaries,
+    duration,
     format_table,
     format_verdicts,
     load_reports,
     load_verdicts,
     missing_train_report,
+    phase_table,
+    progress_line,
     summarize,
+    warm_start_lines,
+    with_cache_check,
 )
-from launcher.rundir import PREWARM, TRAIN, VERIFY, pinned_config, slurm_dir, unfinished
+from launcher.rundir import (
+    PREWARM,
+    TRAIN,
+    VERIFY,
+    mlperf_logs,
+    pinned_config,
+    prewarm_decision_path,
+    prewarm_progress_path,
+    slurm_dir,
+    unfinished,
+)
 from launcher.selfcheck import selfcheck
+from launcher.store.integrity import warm_check
 from launcher.store.manifest import read_manifest
+from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
+from launcher.submit.fingerprint import differences, fingerprint
 from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job, verify_job
 from launcher.submit.prepare import (
     adopt_run_dir,
@@ -49,6 +81,8 @@ from launcher.submit.sbatch import render
 log = logging.getLogger("jaxwarm.flow")
 
 LAUNCH = "launch"
+ALWAYS, AUTO, NEVER = "always", "auto", "never"
+PREWARM_MODES = (ALWAYS, AUTO, NEVER)
 
 
 @dataclass(frozen=True)
@@ -59,7 +93,8 @@ class Request:
     command: str
     configs: list[str]
     overrides: list[str]
-    prewarm: bool = True
+    # always, auto (without it when a completed prewarm had this fingerprint), never.
+    prewarm: str = AUTO
     check_cache: bool = True
     wait: bool = False
 
@@ -73,27 +108,103 @@ def launch(request: Request, backend: Backend) -> int:
     configs = [load_config(path, request.overrides) for path in request.configs]
     for config in configs:
         check_modules(config)
+        backend.refuse_platform(config)
     runs = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
-    plans = [(config, plan(request.command, config, pinned, request.prewarm))
+    plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER))
              for config, pinned in runs]
+    prints = {config.run_dir: fingerprint(config, pinned, backend.name)
+              for config, pinned in runs} if request.command != VERIFY else {}
     with ExitStack() as held:
         for config, _ in plans:
             held.enter_context(holding_run_dir(config))
             backend.refuse_busy(config)
-        for config, _ in plans:
+        decided = []
+        for config, jobs in plans:
             write_run_dir(config)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
-            prepare_cache(config, request.check_cache)
+            bad = prepare_cache(config, request.check_cache, repair=request.command != VERIFY)
+            if request.command != VERIFY:
+                decision = decide_prewarm(request, config, prints[config.run_dir])
+                write_decision(config.run_dir, decision)
+                jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
+            decided.append((config, jobs))
+        plans = decided
         if request.command == VERIFY:
             # Beside the verify job: is the key prediction its verdicts rest on exact here?
             with selfcheck(plans[0][1][0].env) as check:
-                code = finish(request, plans[0][0], backend, backend.submit(plans)[0])
+                code = finish(request, plans[0][0], backend, backend.submit(plans)[0], bad)
                 return code if code == EXIT_ERROR else max(code, check.finish())
         handles = backend.submit(plans)
         return max(finish(request, config, backend, jobs)
                    for (config, _), jobs in zip(plans, handles, strict=True))
+
+
+def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:
+    """Whether this launch runs its prewarm job, and why (logged, kept in the run dir, shown
+    by the report). With `auto`, not when a completed prewarm ran under the same
+    fingerprint (everything the launcher can know that enters the keys) and every entry it
+    left is intact: the training job's processes still look each function up under JAX's
+    own key, and report a miss by component as always."""
+    mode = ALWAYS if request.command == PREWARM else request.prewarm
+    if mode == NEVER:
+        decision = PrewarmDecision(mode, False, "--prewarm never: the training job compiles "
+                                                "what is not in the cache", found)
+    elif mode == ALWAYS:
+        why = "jaxwarm prewarm" if request.command == PREWARM else "--prewarm always"
+        decision = PrewarmDecision(mode, True, why, found)
+    else:
+        decision = auto_decision(config, found)
+    log.info("%s: prewarm job %s (%s): %s", config.source,
+             "runs" if decision.prewarm else "skipped", decision.mode, decision.why)
+    return decision
+
+
+def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
+    if is_remote(config.cache.dir):
+        return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
+                               found)
+    records = read_prewarms(config.cache.dir)
+    match = records.get(found.digest)
+    if match is None:
+        earlier = [r for r in records.values() if r.run == config.run.name] or \
+            list(records.values())
+        why = f"no completed prewarm has this fingerprint ({found.digest})"
+        if earlier:
+            last = earlier[-1]
+            why += (f"; since run {last.run!r}'s prewarm {ago(last.time)}: "
+                    + ", ".join(differences(last.fingerprint, found)))
+        return PrewarmDecision(AUTO, True, why, found)
+    for key in match.keys:
+        check = warm_check(config.cache.dir, key)
+        problem = "a job missed it; the prewarm checks it in full" if check.warm and \
+            check.missed else check.problem
+        if problem is not None:
+            return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
+                                               f"prewarm, but entry {key}: {problem}", found)
+    return PrewarmDecision(AUTO, False, (
+        f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
+        f"{ago(match.time)} and its {len(match.keys)} entries are intact; the training "
+        f"job's processes check their keys as they load"), found)
+
+
+def ago(when: float) -> str:
+    return f"{duration(max(time.time() - when, 0.0))} ago"
+
+
+def write_decision(run_dir: Path, decision: PrewarmDecision) -> None:
+    atomic_write(prewarm_decision_path(run_dir), dumps(decision, indent=1) + "\n")
+
+
+def decision_lines(run_dir: Path) -> list[str]:
+    """What the latest launch decided about its prewarm job, for the report."""
+    path = prewarm_decision_path(run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None:
+        return []
+    return [f"prewarm job: {'ran' if decision.prewarm else 'skipped'} "
+            f"(--prewarm {decision.mode}): {decision.why}"]
 
 
 def refuse_shared_run_dirs(configs: list[Config]) -> None:
@@ -118,8 +229,10 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> li
     return jobs
 
 
-def finish(request: Request, config: Config, backend: Backend, handles: list[Any]) -> int:
-    """Follow one config's submitted jobs as the command asks, then report."""
+def finish(request: Request, config: Config, backend: Backend, handles: list[Any],
+           bad: dict[str, str] | None = None) -> int:
+    """Follow one config's submitted jobs as the command asks, then report (verify's
+    verdicts with the entries the cache check found `bad`)."""
     command = request.command
     if not (backend.runs_in_foreground or request.wait or command == VERIFY):
         for line in backend.hints(config, handles):
@@ -132,7 +245,7 @@ def finish(request: Request, config: Config, backend: Backend, handles: list[Any
         return EXIT_ERROR if command == VERIFY and failed.exit_code == EXIT_FAILED \
             else failed.exit_code
     if command == VERIFY:
-        return print_verdicts(config)
+        return print_verdicts(config, bad or {})
     print_report(config.run_dir, config, trained=command == LAUNCH)
     return EXIT_OK
 
@@ -143,7 +256,8 @@ def status(run_dir: Path, backend: Backend) -> int:
     lines = backend.job_lines(run_dir)
     if not lines:
         raise ConfigError(f"{run_dir}: no {backend.name} jobs recorded for this run dir")
-    for line in lines + attempt_summaries(load_reports(run_dir)):
+    for line in lines + prewarm_progress(run_dir, lines) + \
+            attempt_summaries(load_reports(run_dir)):
         print(line)
     pinned = pinned_config(run_dir)
     if pinned.is_file():
@@ -151,6 +265,18 @@ def status(run_dir: Path, backend: Backend) -> int:
         if problem:  # sacct says COMPLETED for a trainer that exits 0 early
             print(f"{TRAIN}: {problem}")
     return EXIT_OK
+
+
+def prewarm_progress(run_dir: Path, job_lines: list[str]) -> list[str]:
+    """For a prewarm job that is running: what it compiles, since when, and its ETA (its
+    process 0 keeps `prewarm-progress.json` up to date)."""
+    running = any(line.split()[:1] == [PREWARM] and "RUNNING" in line.split()[2:4]
+                  for line in job_lines)
+    path = prewarm_progress_path(run_dir)
+    progress = read_record(PrewarmProgress, path) if running and path.is_file() else None
+    if progress is None or progress.done:
+        return []
+    return [f"  {progress_line(progress, now=time.time())}"]
 
 
 def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
@@ -167,10 +293,20 @@ def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
     return EXIT_OK
 
 
-def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False) -> int:
-    """`jaxwarm report`: a run's init reports, as the table or as one JSON list."""
+def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
+                plot: Path | None = None) -> int:
+    """`jaxwarm report`: a run's init reports, as the table or as one JSON list; with
+    `plot`, also its init phases drawn into a PNG."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run dir (expected <out_dir>/<run name>)")
+    if plot is not None:
+        from launcher.plot import plot_init
+
+        config = load_config(pinned_config(run_dir))
+        plot_init(load_reports(run_dir), Targets.of(read_manifest(config.cache.dir,
+                                                                  strict=False)),
+                  config.init_budget_s, plot, f"run {config.run.name}")
+        log.info("init phases drawn into %s", plot)
     if as_json:
         print(dumps(load_reports(run_dir), indent=1))
         return EXIT_OK
@@ -187,18 +323,25 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = summarize(reports, manifest, config.run.name)
+    lines = [*decision_lines(run_dir), *summarize(reports, manifest, config.run.name),
+             *warm_start_lines(reports)]
     if trained:
         lines += missing_train_report(reports)
     for line in lines:
         print(line)
-    print(format_table(reports, Targets.of(manifest), config.cache.min_compile_time_secs,
-                       show_all))
-
-
-def print_verdicts(config: Config) -> int:
-    """Process 0's verify result: WARM/COLD lines; 0 when every function is warm, else 1."""
-    result = load_verdicts(config.run_dir)
-    for line in format_verdicts(result.functions):
+    targets = Targets.of(manifest)
+    print(format_table(reports, targets, config.cache.min_compile_time_secs, show_all))
+    for line in phase_table(reports, targets):
         print(line)
-    return 0 if result.warm else EXIT_COLD
+    logs = mlperf_logs(run_dir)
+    if config.report.mlperf and logs:  # the latest attempt's: its init against MLPerf's own checker
+        print(mlperf.check_line(logs[-1], config.init_budget_s))
+
+
+def print_verdicts(config: Config, bad: dict[str, str]) -> int:
+    """Process 0's verify result, with the entries the cache check read in full and found
+    `bad` COLD: WARM/COLD lines; 0 when every function is warm, else 1."""
+    verdicts = with_cache_check(load_verdicts(config.run_dir).functions, bad)
+    for line in format_verdicts(verdicts):
+        print(line)
+    return 0 if all(v.warm for v in verdicts) else EXIT_COLD

@@ -65,6 +65,39 @@ class FunctionRecord:
     global_options: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class InitPhase:
+    """Part of a process's time to first step (`launcher.injob.phases`): `phase` is one of
+    imports, distributed, trace, lower, key prediction, compile, cache load, first step,
+    other; `function` the JAX module it was spent on (trace, lower, compile, cache load)."""
+
+    phase: str
+    seconds: float
+    function: str | None = None
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What node-local staging (`cache.stage`) gave one process of a training job: in its
+    init report, and the stager's own in `<run dir>/stage/<attempt>-n<node>.json`, which the
+    node's other processes wait for (`launcher.injob.stage`)."""
+
+    node: int
+    # Where this process's JAX reads and writes entries: the stage dir, or the shared cache
+    # dir when staging failed (`fallback` says why).
+    dir: str
+    # Whether this process did the node's copy (its first process) or waited for it.
+    stager: bool
+    copied: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    bytes_copied: int = 0
+    seconds: float = 0.0
+    waited_s: float = 0.0
+    fallback: str | None = None
+
+
 @dataclass
 class InitReport:
     """What the persistent cache did during one process's init:
@@ -94,6 +127,13 @@ class InitReport:
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
     warnings: list[ReportWarning] = field(default_factory=list)
+    # Node-local staging of the cache (training jobs with `cache.stage`); None without it.
+    stage: Staging | None = None
+    # Seconds this process waited for jaxwarm's locks, by kind (manifest, usage log, compile
+    # of a key, JAX cache ...): `launcher.files.lock_waits`.
+    lock_wait_s: dict[str, float] = field(default_factory=dict)
+    # Where the time to first step went; they add up to it (empty before the first step).
+    phases: list[InitPhase] = field(default_factory=list)
 
     @property
     def misses(self) -> int:
@@ -132,6 +172,58 @@ class VerifyResult:
     @property
     def warm(self) -> bool:
         return all(verdict.warm for verdict in self.functions)
+
+
+# -- deciding whether a launch needs its prewarm job -----------------------------------------
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Everything the launcher can know, before any job, that enters the cache keys of a
+    run's step (`launcher.submit.fingerprint`): `parts` by name (versions as they are, the
+    rest as short hashes), `files` the hash of each source file the step factory's module
+    reaches, `digest` the hash of both."""
+
+    digest: str
+    parts: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrewarmDecision:
+    """Whether a launch ran its prewarm job, and why: `<run dir>/prewarm-decision.json`
+    (`rundir.prewarm_decision_path`). The prewarm job records `fingerprint` with the entries
+    it leaves, so that the next launch with the same fingerprint can go without it."""
+
+    mode: str  # always, auto, never
+    prewarm: bool
+    why: str
+    fingerprint: Fingerprint | None = None
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class PrewarmRecord:
+    """A prewarm that completed: the fingerprint it ran under and the keys of the entries it
+    left in the cache (compiled, or found intact), in `jaxwarm-prewarms.json`."""
+
+    fingerprint: Fingerprint
+    keys: list[str]
+    run: str
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class PrewarmProgress:
+    """Which target a running prewarm job compiles (`<run dir>/prewarm-progress.json`, for
+    `jaxwarm status`): since when, and how long the same function took last time on this
+    layout (None: never compiled here before)."""
+
+    function: str
+    index: int
+    count: int
+    started: float
+    last_s: float | None = None
+    done: bool = False
 
 
 # -- what the ranks of a job tell each other (jax.distributed's key-value store) -----------

@@ -6,13 +6,17 @@ so the table shows every process as it is instead of summarising the run as "hit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.environment import size_cap
+from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
 from launcher.injob.place import ranges
 from launcher.records import (
     OPTIONS_DIFFER,
@@ -20,6 +24,7 @@ from launcher.records import (
     SETTING_CHANGED,
     FunctionRecord,
     InitReport,
+    PrewarmProgress,
     Verdict,
     VerifyResult,
     from_json,
@@ -74,6 +79,32 @@ def _span(values: list[float | None]) -> str:
         return "-"
     low, high = _seconds(min(known)), _seconds(max(known))
     return low if low == high else f"{low}-{high}"
+
+
+def duration(seconds: float) -> str:
+    """`12.3 s`, `23 min 10 s`, `1 h 5 min`: how long, for a person."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def progress_line(progress: PrewarmProgress, now: float | None = None) -> str:
+    """What a prewarm compiles, with the ETA the last compile of the same function gives;
+    with `now`, also how long it has been at it (`jaxwarm status`)."""
+    if progress.done:
+        return "prewarm: every target compiled or loaded"
+    if progress.last_s is None:
+        known = "no earlier compile of it on this layout"
+    else:
+        eta = time.strftime("%H:%M:%S", time.localtime(progress.started + progress.last_s))
+        known = f"last time {duration(progress.last_s)} on this layout; ETA {eta}"
+    line = f"compiling {progress.function} ({progress.index} of {progress.count}; {known})"
+    if now is not None:
+        line += f", {duration(max(now - progress.started, 0.0))} elapsed"
+    return line
 
 
 def _status(report: InitReport) -> str:
@@ -220,11 +251,141 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
     return "\n".join(lines)
 
 
+def phase_totals(report: InitReport) -> dict[str, float]:
+    """Seconds per init phase of one process (all functions together), in `phases.ORDER`."""
+    totals: dict[str, float] = {}
+    for phase in report.phases:
+        totals[phase.phase] = totals.get(phase.phase, 0.0) + phase.seconds
+    return {name: totals[name] for name in ORDER if name in totals}
+
+
+def _warm_or_cold(report: InitReport, targets: Targets) -> str:
+    prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
+    if not prewarmed:
+        return ""
+    return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+
+
+def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
+    """One row (or bar) per job attempt and outcome: its label and the median seconds per
+    phase of the processes that hit and missed the same prewarmed functions."""
+    groups: dict[tuple, list[InitReport]] = {}
+    for report in reports:
+        if not report.phases:
+            continue
+        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions if fn in targets))
+        groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
+    bars = []
+    for (job, restart, _), members in groups.items():
+        who = _processes([r.process_index for r in members])
+        state = _warm_or_cold(members[0], targets)
+        totals = [phase_totals(r) for r in members]
+        phases = {name: statistics.median(t.get(name, 0.0) for t in totals) for name in ORDER
+                  if any(name in t for t in totals)}
+        bars.append((f"{job} r{restart} {who}" + (f"  {state}" if state else ""), phases))
+    return bars
+
+
+def _processes(indices: list[int]) -> str:
+    """`p0`, `p1-p63 (63 processes, median)`, `p1, p4, p9 (3 processes, median)`."""
+    if len(indices) == 1:
+        return f"p{indices[0]}"
+    return f"{ranges(indices, 'p')} ({len(indices)} processes, median)"
+
+
+def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
+    """Where each process's time to first step went: one row per process (processes of one
+    attempt that hit and missed the same functions folded into one row of their medians),
+    one column per phase (they add up to `total`), then each prewarmed target's trace,
+    lowering and compile or load on process 0 of each attempt."""
+    timed = [r for r in reports if r.phases]
+    if not timed:
+        return []
+    folded = fold_phases(timed, targets)
+    columns = [name for name in ORDER if any(name in phases for _, phases in folded)]
+    rows = [("processes", *columns, "total")]
+    for label, phases in folded:
+        rows.append((label, *(_seconds(phases.get(name)) for name in columns),
+                     _seconds(sum(phases.values()))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["", "init phases (seconds from process start to the first step; they add up to "
+                 "the total):"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip() for row in rows]
+    for r in timed:
+        if r.process_index != 0:
+            continue
+        for name, parts in _target_phases(r, targets).items():
+            lines.append(f"  {_where([r])}  {name}: " + " + ".join(
+                f"{phase} {seconds:.2f}" for phase, seconds in parts))
+    return lines
+
+
+def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple[str, float]]]:
+    """The phases spent on each prewarmed target of a process, by function name."""
+    names = {name for name, _ in targets.functions} | \
+        {fn.name for fn in report.functions if fn in targets}
+    found: dict[str, list[tuple[str, float]]] = {}
+    for phase in report.phases:
+        if phase.function in names:
+            found.setdefault(phase.function, []).append((phase.phase, phase.seconds))
+    return found
+
+
+def warm_start_lines(reports: list[InitReport]) -> list[str]:
+    """Which phase dominates the latest warm start: the training attempt whose process 0
+    loaded a prewarmed function from the cache and compiled none of them."""
+    starts = [r for r in reports if r.job == TRAIN and r.process_index == 0 and r.phases
+              and r.hits and r.time_to_first_step_s]
+    if not starts:
+        return []
+    start = max(starts, key=lambda r: r.restart_count)
+    totals = phase_totals(start)
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    (top, seconds), rest = ranked[0], ranked[1:]
+    total = sum(totals.values())
+    lines = [f"warm start (train r{start.restart_count} p0): {total:.2f} s to the first step, "
+             f"most of it {top} ({seconds:.2f} s, {100 * seconds / total:.0f}%); then "
+             + ", ".join(f"{name} {value:.2f} s" for name, value in rest if value >= 0.005)]
+    if top == FIRST_STEP:
+        peers = [r for r in reports if r.job == TRAIN and r.restart_count == start.restart_count
+                 and r.process_index != 0 and r.phases]
+        slowest = max(peers, key=lambda r: phase_totals(r).get(COMPILE, 0.0), default=None)
+        compiled = 0.0 if slowest is None else phase_totals(slowest).get(COMPILE, 0.0)
+        if slowest is not None and compiled > phase_totals(start).get(LOAD, 0.0):
+            lines.append(f"  the first step's collectives wait for every process: process "
+                         f"{slowest.process_index} compiled for {compiled:.2f} s")
+    return lines
+
+
 def moved_cache_dir(report: InitReport) -> bool:
     """Whether the process ended up on another cache dir than the one jaxwarm gave it (a
-    trainer's own, followed under `cache.enforce: false`): then that is why it missed."""
-    given = report.environment.get("JAX_COMPILATION_CACHE_DIR", report.cache_dir)
+    trainer's own, followed under `cache.enforce: false`): then that is why it missed. A
+    staged process was given its node's copy."""
+    given = report.stage.dir if report.stage is not None else \
+        report.environment.get("JAX_COMPILATION_CACHE_DIR", report.cache_dir)
     return report.cache_dir != given
+
+
+def stage_lines(attempt: list[InitReport]) -> list[str]:
+    """Node-local staging in one training attempt: one line for the nodes that read their
+    own copy, one per node (and reason) that read the shared cache dir instead."""
+    staged = [r.stage for r in attempt if r.stage is not None]
+    copies = [s for s in staged if s.stager and s.fallback is None]
+    lines = []
+    if copies:
+        dirs = sorted({s.dir for s in copies})
+        where = dirs[0] if len(dirs) == 1 else f"{len(dirs)} dirs such as {dirs[0]}"
+        lines.append(
+            f"staging: {len(copies)} node(s) loaded the run's entries from their own copy "
+            f"({where}): {sum(len(s.copied) + len(s.replaced) for s in copies)} copied "
+            f"({sum(s.bytes_copied for s in copies)} bytes), "
+            f"{sum(len(s.reused) for s in copies)} already there, at most "
+            f"{max(s.seconds for s in copies):.2f} s per node")
+    fallbacks = sorted({(s.node, s.fallback) for s in staged if s.fallback is not None},
+                       key=lambda item: (item[0], str(item[1])))
+    lines += [f"staging: node {node} read the shared cache dir: {why}" for node, why in fallbacks]
+    return lines
 
 
 # The headline reads in a screen whatever the number of processes.
@@ -266,13 +427,14 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
             lines.extend(f"  why: {line}" for line in explain_miss(
                 fn.name, fn.components, manifest, run=run,
                 process_count=report.process_count, signature=fn.signature,
-                global_options=fn.global_options, max_size=size_cap(report.environment)))
+                global_options=fn.global_options, max_size=size_cap(report.environment),
+                xla_flags=report.environment.get("XLA_FLAGS")))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = "process" if len(others) == 1 else "processes"
         lines.append(f"{which} {ranges(others)}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    lines += first_step_lines(attempt) + list(dict.fromkeys(said))
+    lines += first_step_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
     if len(lines) > HEADLINE_LINES:
         more = len(lines) - HEADLINE_LINES + 1
         lines = lines[:HEADLINE_LINES - 1] + [
@@ -340,6 +502,17 @@ def format_verdicts(verdicts: list[Verdict]) -> list[str]:
                      f"(lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms)")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
+
+
+def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdict]:
+    """Verdicts with what the cache check found of their entries: the verify job's check of
+    a recorded entry is the quick one (its size), the cache check reads it in full, so an
+    entry it found corrupt (a same-size bit flip) is COLD, whatever its size says."""
+    return [dataclasses.replace(v, warm=False, explanation=[
+                f"its entry is in the cache but corrupt: {bad[v.key]} (found by the cache "
+                f"check, which reads it in full; the next prewarm or launch quarantines it "
+                f"and compiles it again)"])
+            if v.key in bad else v for v in verdicts]
 
 
 def attempt_summaries(reports: list[InitReport]) -> list[str]:

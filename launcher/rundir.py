@@ -2,9 +2,13 @@
 
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
-reports), verify/p<process>.json (verify verdicts), slurm/<job>/ (submitit's job folders) with
-slurm/jobs.json (what was submitted), checkpoints/ and metrics.jsonl (the trainer's), and
-launch.lock (held by the launch that owns the run dir).
+reports), verify/p0.json (verify's verdicts: process 0 decides for the run),
+prewarm-decision.json (whether the launch ran the prewarm job, and why),
+prewarm-progress.json (what it compiles), mlperf-r<restart>.log (MLPerf's lines, with
+report.mlperf), slurm/<job>/ (submitit's job folders) with slurm/jobs.json (what was
+submitted), checkpoints/ and metrics.jsonl (the trainer's), stage/<attempt>-n<node>.json
+(what each node's staging of the cache did, `cache.stage`), and launch.lock (held by the
+launch that owns the run dir).
 Pure paths: both the submit side and the code inside a job import it.
 """
 
@@ -70,9 +74,29 @@ def parse_report_path(path: str | Path) -> ReportName | None:
     return ReportName(match["job"], int(match["restart"]), int(match["process"]))
 
 
-def verify_result_path(run_dir: str | Path, process: int = 0) -> Path:
-    """The verify job's verdicts of one process; process 0's are the run's."""
-    return Path(run_dir) / "verify" / f"p{process}.json"
+def verify_result_path(run_dir: str | Path) -> Path:
+    """The verify job's verdicts: process 0 decides for the run (`prewarm.judge`)."""
+    return Path(run_dir) / "verify" / "p0.json"
+
+
+def prewarm_decision_path(run_dir: str | Path) -> Path:
+    """Whether the latest launch ran the prewarm job, why, and under which fingerprint."""
+    return Path(run_dir) / "prewarm-decision.json"
+
+
+def prewarm_progress_path(run_dir: str | Path) -> Path:
+    """Which target the running prewarm job compiles, for `jaxwarm status`."""
+    return Path(run_dir) / "prewarm-progress.json"
+
+
+def mlperf_log_path(run_dir: str | Path, restart: int) -> Path:
+    """The MLPerf lines of one attempt of the training job (a relaunch writes it afresh)."""
+    return Path(run_dir) / f"mlperf-r{restart}.log"
+
+
+def mlperf_logs(run_dir: str | Path) -> list[Path]:
+    """The run's MLPerf logs, the latest attempt's last."""
+    return sorted(Path(run_dir).glob("mlperf-r*.log"), key=lambda path: path.stat().st_mtime)
 
 
 def slurm_dir(run_dir: str | Path, job: str) -> Path:
@@ -82,6 +106,12 @@ def slurm_dir(run_dir: str | Path, job: str) -> Path:
 
 def submitted_jobs_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "slurm" / "jobs.json"
+
+
+def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
+    """What one node's staging of the cache did in one attempt of the training job
+    (`launcher.injob.place.Place.attempt`): the node's other processes wait for it."""
+    return Path(run_dir) / "stage" / f"{attempt}-n{node}.json"
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

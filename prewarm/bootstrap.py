@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 from launcher.config import Config
 from launcher.errors import run_main
 from launcher.injob.distributed import initialize
+from launcher.injob.gpu import apply_mock, require_devices
 from launcher.injob.hook import enable_cache
 from launcher.injob.recorder import InitRecorder
 from launcher.jaxkey.guard import jax_job
@@ -28,10 +29,14 @@ def job_main(main: Callable[[], int]) -> int:
 
 
 def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:
-    """How every job of a run starts, in the order that matters: join jax.distributed, turn
-    the cache on and start the init report (before the first compile), build mesh and step.
-    Prewarm, verify and the trainer all start here, so they lower the same program."""
+    """How every job of a run starts, in the order that matters: set the mock topology of a
+    one-node prewarm (before any device), join jax.distributed, refuse a GPU target without
+    GPUs, turn the cache on and start the init report (before the first compile), build
+    mesh and step. Prewarm, verify and the trainer all start here, so they lower the same
+    program."""
+    apply_mock(config)
     initialize()
+    require_devices(config)
     recorder = enable_cache(config, job=job)
     mesh, bundle = build_step(config)
     return recorder, mesh, bundle

@@ -2,14 +2,14 @@
 
 It builds the step through the same factory, mesh and environment as the trainer, from
 abstract inputs only (no parameters materialized, no data read, no step executed), and
-verifies before it compiles: a function whose predicted key is already in the cache is
-WARM and left alone, so a warm relaunch costs imports and lowering, not a compile, on every
-backend. The others are `lower().compile()`d so that process 0 writes the cache entries.
-What it compiled, under which key, how long it took and the entry's checksum and size go
-into the manifest in the cache dir as each entry is written, not at the end: a prewarm
-killed between two compiles leaves nothing unrecorded, and a failed write is a failure.
-Process 0 decides what is warm and every process follows it: on GPU, ranks that compile
-while others load can wait on each other forever.
+verifies before it compiles, by the same decision as `jaxwarm verify` (`prewarm.judge`,
+process 0's, broadcast): a function whose predicted key is already in the cache is WARM and
+left alone, so a warm relaunch costs imports and lowering, not a compile, on every backend.
+The others are `lower().compile()`d so that process 0 writes the cache entries. Unlike
+verify, the prewarm repairs what its checks found (`repair`). What it compiled, under which
+key, how long it took and the entry's checksum and size go into the manifest in the cache
+dir as each entry is written, not at the end: a prewarm killed between two compiles leaves
+nothing unrecorded, and a failed write is a failure.
 
 JAX writes an entry without a lock or an atomic rename when the cache has no size cap, so
 two prewarms of the same step (a job array over similar configs) could interleave their
@@ -21,27 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.files import locked, make_dir
+from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
-from launcher.injob.recorder import FunctionRecord, InitRecorder
-from launcher.jaxkey.globalopts import snapshot as global_options
-from launcher.jaxkey.predict import KeyNotComputed, UnsupportedJaxVersion, predict_key
-from launcher.rundir import PREWARM
+from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
+from launcher.records import PrewarmDecision, PrewarmProgress, PrewarmRecord, read_record
+from launcher.rundir import PREWARM, prewarm_decision_path
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import (
     BEING_WRITTEN,
     Check,
     entry_problem,
     quarantine,
-    warm_problem,
+    record_check,
 )
 from launcher.store.manifest import (
     ManifestEntry,
@@ -50,25 +50,12 @@ from launcher.store.manifest import (
     record_entries,
     uses_entries,
 )
+from launcher.store.prewarms import record_prewarm
 from prewarm.bootstrap import job_main, start_job
-from prewarm.specs import warn_risky_inputs
-from prewarm.step import CompileTarget, lower_target
+from prewarm.judge import Decision, Target, decide, lower_targets
+from prewarm.progress import compiling, finished, last_compile, progress_file
 
 log = logging.getLogger("jaxwarm.prewarm")
-
-
-@dataclass(frozen=True)
-class Target:
-    """One function of the bundle, lowered, with the key JAX will look it up under."""
-
-    name: str
-    lowered: Any
-    lower_s: float
-    key: str | None
-    is_step: bool
-    compiler_options: dict[str, Any] | None = None
-    # The process-global JAX settings it was lowered under (what the run must match).
-    global_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,15 +65,6 @@ class Compiled:
     # Why the entry JAX should have written is not in the cache (a full disk, a read-only
     # dir, a torn write); None when it is there intact, or was not meant to be written.
     failure: str | None = None
-
-
-def predicted_key(lowered: object, compiler_options: dict[str, Any] | None) -> str | None:
-    """The adapter's key, to cross-check against JAX's; None where the adapter cannot run."""
-    try:
-        return predict_key(lowered, compiler_options).key
-    except (UnsupportedJaxVersion, KeyNotComputed) as exc:
-        log.warning("%s; prewarming without the key cross-check", exc)
-        return None
 
 
 # A second prewarm of the same key waits while the first compiles it: as long as a big
@@ -104,65 +82,29 @@ def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> AbstractCon
     return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
 
-def lower_targets(targets: list[CompileTarget], source: str) -> list[Target]:
-    lowered = []
-    for target in targets:
-        warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
-        start = time.perf_counter()
-        item = lower_target(target, source)
-        lowered.append(Target(target.name, item, time.perf_counter() - start,
-                              predicted_key(item, target.compiler_options), target.is_step,
-                              target.compiler_options, global_options()))
-    return lowered
-
-
-def warm_on_process_0(targets: list[Target], config: Config) -> list[bool]:
-    """Which functions process 0 finds intact in the cache under their predicted key, as
-    every process's answer. Nothing is warm where the key cannot be predicted (untested jax)."""
-    import jax
-    import numpy as np
-
-    problems = (check_entries_of(targets, config) if jax.process_index() == 0
-                else ["decided by process 0"] * len(targets))
-    warm = [problem is None for problem in problems]
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        warm = [bool(flag) for flag in multihost_utils.broadcast_one_to_all(
-            np.asarray(warm, dtype=np.bool_))]
-    for target, is_warm, problem in zip(targets, warm, problems, strict=True):
-        log.info("%s  %s  %s: %s", "WARM" if is_warm else "COLD", target.name, target.key,
-                 "already in the cache, not compiling it" if is_warm else
-                 "compiling it" if problem in ("missing", "decided by process 0") else
-                 f"compiling it ({problem})")
-    return warm
-
-
-def check_entries_of(targets: list[Target], config: Config) -> list[str | None]:
-    """Why each target's entry would not load (None: WARM), from process 0. A torn or
-    corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
-    the full check now finds corrupt; one being written by another prewarm is left alone
-    (its compile waits for that writer's lock, then loads it). An intact entry no manifest
-    records (its prewarm was killed before recording it) is pinned now, and one another
-    run recorded is recorded as used by this run too."""
+def repair(config: Config, decisions: list[Decision]) -> None:
+    """What process 0 of the prewarm does with its warm checks (verify never does it): a torn
+    or corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
+    the full check now finds corrupt; one being written by another prewarm is left alone (its
+    compile waits for that writer's lock, then loads it). An entry read in full and found
+    intact has its check recorded (the next check is the quick one); one no manifest records
+    (its prewarm was killed before recording it) is pinned now, and one another run recorded
+    is recorded as used by this run too."""
     cache_dir = config.cache.dir
-    problems = [warm_problem(cache_dir, t.key, recheck_missed=True) if t.key
-                else "no predicted key" for t in targets]
-    if is_remote(cache_dir):
-        return problems
-    for target, problem in zip(targets, problems, strict=True):
-        if problem not in (None, "missing", "no predicted key", BEING_WRITTEN):
-            quarantine(cache_dir, Check(target.key, 0, problem, checksum_known=False))
+    checks = [d.check for d in decisions if d.check is not None]
+    for check in checks:
+        if check.problem not in (None, "missing", BEING_WRITTEN):
+            quarantine(cache_dir, Check(check.key, 0, check.problem, checksum_known=False))
+        record_check(cache_dir, check)
     manifest = read_manifest(cache_dir, strict=False)
-    warm = [target for target, problem in zip(targets, problems, strict=True)
-            if problem is None]
-    found = [manifest_entry(config, target, function_of(target.key), target.key, 0.0,
-                            written_since(cache_dir, target.key, 0.0))
-             for target in warm if target.key not in manifest]
+    warm = [(d.target, d.target.key) for d in decisions if d.warm and d.target.key]
+    found = [manifest_entry(config, target, function_of(key), key, 0.0,
+                            written_since(cache_dir, key, 0.0))
+             for target, key in warm if key not in manifest]
     if found:
         record_entries(cache_dir, found)
-    uses_entries(cache_dir, [manifest[t.key] for t in warm if t.key in manifest],
+    uses_entries(cache_dir, [manifest[key] for _, key in warm if key in manifest],
                  config.run.name)
-    return problems
 
 
 def manifest_entry(config: Config, target: Target, function: str, key: str, compile_s: float,
@@ -177,7 +119,9 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          jax_version=jax.__version__, process_count=jax.process_count(),
                          sha256=written[0] if written else None,
                          size=written[1] if written else None,
-                         global_options=target.global_options)
+                         global_options=target.global_options,
+                         mock_topology=mocked_topology(),
+                         xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
@@ -214,9 +158,20 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
                     is_writer: bool) -> list[Compiled]:
     """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
     records each entry as soon as it is written (`record_compile`)."""
+    import jax
+
     compiled = []
-    for target in targets:
-        with writer_lock(config.cache.dir, target.key, is_writer):
+    manifest = {} if is_remote(config.cache.dir) else read_manifest(config.cache.dir,
+                                                                     strict=False)
+    record_to = progress_file(config.run_dir, is_writer)
+    for index, target in enumerate(targets, 1):
+        function = function_of(target.key) if target.key else module_name(target.name)
+        last = last_compile(manifest, function, recorder.signature(function),
+                            jax.process_count())
+        progress = PrewarmProgress(function, index, len(targets), time.time(),
+                                   last.compile_s if last else None)
+        with compiling(progress, record_to), \
+                writer_lock(config.cache.dir, target.key, is_writer):
             since = time.time()
             target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
@@ -225,6 +180,7 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
         compiled.append(Compiled(target, record, failure))
+    finished(record_to, len(targets))
     return compiled
 
 
@@ -266,24 +222,56 @@ def main() -> int:
 
     config = config_from_env()
     recorder, mesh, bundle = start_job(config, PREWARM)
-    log.info("prewarming %s on %d process(es) x %d device(s), mesh %s",
+    mocked = mocked_topology()
+    log.info("prewarming %s on %d process(es) x %d device(s)%s, mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
-             dict(mesh.shape))
-    targets = lower_targets(bundle.compile_targets(), config.source)
-    warm = warm_on_process_0(targets, config)
-    cold = [target for target, is_warm in zip(targets, warm, strict=True) if not is_warm]
-    if not cold:
-        log.info("every function is WARM: nothing to compile")
+             f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
+    targets = lower_targets(bundle.compile_targets(), config.source, strict=False)
+    decisions = decide(targets, config, recorder.signature, job="this prewarm",
+                       repair=lambda found: repair(config, found))
+    cold = [decision.target for decision in decisions if not decision.warm]
+    log.info("%s", f"compiling {', '.join(t.name for t in cold)}" if cold else
+             "every function is WARM: nothing to compile")
     compiled = evictions(config, compile_targets(recorder, cold, config,
                                                  jax.process_index() == 0))
     for item in compiled:
         log.info("%s", describe(item, config.cache.min_compile_time_secs))
     recorder.mark_first_step()
+    failed = any(item.failure for item in compiled)
     if is_remote(config.cache.dir):
         log.info("no manifest for a remote cache dir (it needs a local file lock)")
     elif jax.process_index() == 0:
         log.info("manifest: %s", manifest_path(config.cache.dir))
-    return 1 if any(item.failure for item in compiled) else 0
+        if not failed:
+            record_fingerprint(config, targets)
+    return 1 if failed else 0
+
+
+def record_fingerprint(config: Config, targets: list[Target]) -> None:
+    """Record that this prewarm completed under the fingerprint its launch computed (in the
+    run dir's decision), with the entries it leaves: a later launch with the same
+    fingerprint can go without a prewarm job. Not when this job runs another jax than the
+    launcher saw (its fingerprint would promise keys this job did not make)."""
+    import jax
+    import jaxlib
+
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return  # a job script submitted by hand: no launch computed a fingerprint
+    found = decision.fingerprint
+    here = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    if any(found.parts.get(name) != value for name, value in here.items()):
+        log.warning("this job runs jax %s / jaxlib %s but the launcher saw %s / %s: no "
+                    "fingerprint recorded, so every launch runs its prewarm job",
+                    here["jax"], here["jaxlib"], found.parts.get("jax"),
+                    found.parts.get("jaxlib"))
+        return
+    keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
+    record_prewarm(config.cache.dir, PrewarmRecord(found, keys, config.run.name))
+    log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
+             "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
+             else "ies")
 
 
 if __name__ == "__main__":

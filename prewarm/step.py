@@ -2,13 +2,17 @@
 
 A step factory is any `module:function` named in `step.factory` with the signature
 
-    factory(config: launcher.config.Config, mesh: jax.sharding.Mesh) -> StepBundle
+    factory(config: launcher.config.Config, mesh: jax.sharding.Mesh | None) -> StepBundle
 
 It builds the jitted functions the run compiles (its compile targets: train, eval, init,
 with any signature) and *abstract* arguments for each: `jax.ShapeDtypeStruct`s that carry
 the exact `NamedSharding` the real arrays will have. The persistent-cache key depends
 on those shardings (an unsharded dummy batch lowers to a different program), so the prewarm
 job compiles from the bundle's abstract inputs and the trainer feeds arrays that match them.
+
+`mesh` is the config's (`mesh.axes`). Without `mesh.axes` it is None: the factory builds the
+trainer's own mesh (a trainer that derives it from its own parallelism settings, as MaxText
+does) and returns it in the bundle, and the run is lowered on that mesh.
 
 This module is what a user's adapter imports, and it imports nothing of the cache store or
 the in-job hook: how a job starts (join, hook, build) is `prewarm.bootstrap`.
@@ -88,6 +92,8 @@ class StepBundle:
     state, batch: pytrees of ShapeDtypeStruct with the run's NamedSharding.
     init_state: optional jitted `(seed: uint32 scalar) -> state`, its out_shardings set,
         so the trainer can materialize the state and the prewarm job can compile it too.
+    mesh: the mesh the targets are sharded over, when the factory built it (the trainer's
+        own); None: the config's `mesh.axes`, which the factory was given.
     """
 
     train_step: Callable[..., Any] | None = None
@@ -95,6 +101,7 @@ class StepBundle:
     batch: Any = None
     init_state: Callable[..., Any] | None = None
     targets: tuple[CompileTarget, ...] = ()
+    mesh: Mesh | None = None
 
     def compile_targets(self) -> list[CompileTarget]:
         """Every function the run will compile, the short form's first."""
@@ -117,8 +124,11 @@ def seed_spec() -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((), np.uint32)
 
 
-def build_mesh(config: Config) -> Mesh:
-    """The mesh of the config, over all global devices in jax's order."""
+def build_mesh(config: Config) -> Mesh | None:
+    """The mesh of the config's `mesh.axes`, over all global devices in jax's order; None
+    without `mesh.axes` (the step factory builds the mesh)."""
+    if config.mesh.axes is None:
+        return None
     names = tuple(config.mesh.axes)
     shape = tuple(config.mesh.axes.values())
     if config.mesh.axis_types == "explicit":
@@ -127,7 +137,8 @@ def build_mesh(config: Config) -> Mesh:
     return Mesh(devices, names)
 
 
-def load_factory(spec: str, source: str = "<config>") -> Callable[[Config, Mesh], StepBundle]:
+def load_factory(spec: str,
+                 source: str = "<config>") -> Callable[[Config, Mesh | None], StepBundle]:
     module_name, _, function_name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -142,9 +153,11 @@ def load_factory(spec: str, source: str = "<config>") -> Callable[[Config, Mesh]
 
 
 def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBundle]:
-    """Mesh and step bundle for a config: what both the prewarm job and the trainer call."""
-    mesh = mesh if mesh is not None else build_mesh(config)
-    bundle = load_factory(config.step.factory, config.source)(config, mesh)
+    """The mesh the run uses and the step bundle, for a config: what both the prewarm job and
+    the trainer call. The mesh is the factory's own when it returns one (then `mesh.axes`,
+    if given, must describe that very mesh), else the config's."""
+    given = mesh if mesh is not None else build_mesh(config)
+    bundle = load_factory(config.step.factory, config.source)(config, given)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
                           f"{type(bundle).__name__}, expected prewarm.step.StepBundle")
@@ -152,7 +165,17 @@ def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBund
         bundle.compile_targets()
     except ValueError as exc:
         raise ConfigError(f"{config.source}: step.factory: {exc}") from None
-    return mesh, bundle
+    used = bundle.mesh if bundle.mesh is not None else given
+    if used is None:
+        raise ConfigError(f"{config.source}: mesh.axes: not set, and the step factory "
+                          f"{config.step.factory} returned no mesh (StepBundle(mesh=...)): "
+                          f"set mesh.axes, or return the mesh the trainer builds")
+    if given is not None and list(used.shape.items()) != list(given.shape.items()):
+        raise ConfigError(f"{config.source}: mesh.axes: {dict(given.shape)}, but the step "
+                          f"factory {config.step.factory} built its own mesh "
+                          f"{dict(used.shape)}, which the run uses: drop mesh.axes or make "
+                          f"it match")
+    return used, bundle
 
 
 def lower_target(target: CompileTarget, source: str) -> Any:

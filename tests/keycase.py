@@ -5,7 +5,7 @@
 ROLE `prewarm`: lower `train_step` from ShapeDtypeStructs, predict its key, compile it with
 the persistent cache on under an `InitRecorder`, and record a manifest entry with the key and
 components JAX itself logged. ROLE `run`: lower the run's way (from the real arrays), call
-`prewarm.verify.judge`, then call the function on real arrays under an `InitRecorder`. Each
+`prewarm.judge.judge`, then call the function on real arrays under an `InitRecorder`. Each
 case has its own cache, `WORKDIR/<variation>/cache`, and writes what it predicted and what
 JAX did to `WORKDIR/<variation>/<role>.json`.
 
@@ -265,7 +265,7 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
 
-    from prewarm.verify import judge
+    from prewarm.judge import judge, predicted
 
     report = recorder.report
     since = (len(report.functions), report.lookups, report.hits)
@@ -280,7 +280,7 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     lowered = step.lower(arrays["params"], arrays["batch"], n, side.lr)
 
     before = (report.lookups, len(report.functions), report.backend_compile_s)
-    verdict = judge(lowered, cache_dir, 0.0)
+    verdict = judge(predicted("step", lowered, 0.0), cache_dir).verdict()
     during_judge = {"lookups": report.lookups - before[0],
                     "compiles": len(report.functions) - before[1],
                     "backend_compile_s": report.backend_compile_s - before[2]}

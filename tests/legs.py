@@ -1,11 +1,14 @@
-"""The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`.
+"""The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`,
+and the venv of a real third-party trainer (MaxText), built the same way.
 
-    python -m tests.legs build     # what `make legs` runs: make (or reuse) every leg's venv
+    python -m tests.legs build           # what `make legs` runs: make (or reuse) every leg's venv
+    python -m tests.legs build maxtext   # what `make maxtext` runs first: .venvs/maxtext
 
 A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
-own dependencies into a venv of the first Python found among its `pythons` (pip only
-offers jax 0.11+ to Python 3.12+). A leg with none of them installed is skipped, and
-`tests/test_jax_versions.py` reports the skip with the reason. jax 0.10.2 is the main venv's.
+own dependencies, plus the leg's pinned requirements file if it has one, into a venv of
+the first Python found among its `pythons` (pip only offers jax 0.11+ to Python 3.12+). A
+leg with none of them installed is skipped, and its tests (`tests/test_jax_versions.py`,
+`tests/test_maxtext.py`) report the skip with the reason. jax 0.10.2 is the main venv's.
 Importing this module does not import jax.
 """
 
@@ -30,10 +33,16 @@ VERSION_WITH_VENV = "import sys, venv; print(sys.version_info[:2])"
 class Leg:
     jax: str
     pythons: tuple[str, ...]  # Python minor versions that pip offers this jax to, preferred first
+    name: str = ""  # the venv's name under .venvs/; "" is jax-<version>
+    requirements: Path | None = None  # pinned packages installed beside jaxwarm
 
     @property
     def venv(self) -> Path:
-        return VENVS / f"jax-{self.jax}"
+        return VENVS / (self.name or f"jax-{self.jax}")
+
+    @property
+    def label(self) -> str:
+        return self.name or f"jax {self.jax}"
 
     @property
     def python(self) -> Path:
@@ -41,7 +50,8 @@ class Leg:
 
     @property
     def pins(self) -> list[str]:
-        return [f"jax=={self.jax}", f"jaxlib=={self.jax}"]
+        pins = [f"jax=={self.jax}", f"jaxlib=={self.jax}"]
+        return pins if self.requirements is None else [*pins, "-r", str(self.requirements)]
 
     @property
     def stamp(self) -> Path:
@@ -53,6 +63,11 @@ LEGS: tuple[Leg, ...] = (
     Leg("0.11.2", ("3.12", "3.13")),
     Leg("0.12.0.1", ("3.13", "3.12")),
 )
+# MaxText (examples/maxtext), unchanged from PyPI, with the CPU set of packages it needs
+# (it declares none without an extra); `make maxtext`, not `make legs`.
+MAXTEXT = Leg("0.12.0.1", ("3.12", "3.13"), name="maxtext",
+              requirements=REPO / "examples" / "maxtext" / "requirements.txt")
+EXTRA = {MAXTEXT.name: MAXTEXT}
 
 
 def find_python(minor: str) -> Path | None:
@@ -79,13 +94,14 @@ def leg_python(leg: Leg) -> tuple[Path | None, str]:
         if (python := find_python(minor)) is not None:
             return python, ""
     return None, (f"no Python {' or '.join(leg.pythons)} on this machine (looked for "
-                  f"python3.X on PATH and under {PYENV_ROOT}/versions): jax {leg.jax} is "
+                  f"python3.X on PATH and under {PYENV_ROOT}/versions): {leg.label} is "
                   f"untested here")
 
 
 def stamp_text(leg: Leg, python: Path) -> str:
     """What the venv was built from; a different text rebuilds it."""
-    return "\n".join([str(python), *leg.pins, (REPO / "pyproject.toml").read_text()])
+    pinned = leg.requirements.read_text() if leg.requirements is not None else ""
+    return "\n".join([str(python), *leg.pins, (REPO / "pyproject.toml").read_text(), pinned])
 
 
 def ready(leg: Leg) -> bool:
@@ -98,28 +114,28 @@ def build(leg: Leg) -> str:
     """Make the leg's venv unless it is up to date; one line saying what happened."""
     python, why = leg_python(leg)
     if python is None:
-        return f"jax {leg.jax}: skipped: {why}"
+        return f"skipped: {why}"
     if ready(leg):
-        return f"jax {leg.jax}: {leg.venv.relative_to(REPO)} up to date ({python})"
+        return f"{leg.venv.relative_to(REPO)} up to date ({python})"
     start = time.monotonic()
     shutil.rmtree(leg.venv, ignore_errors=True)
     subprocess.run([str(python), "-m", "venv", str(leg.venv)], check=True)
     subprocess.run([str(leg.python), "-m", "pip", "install", "--quiet",
                     "--disable-pip-version-check", "-e", str(REPO), *leg.pins], check=True)
     leg.stamp.write_text(stamp_text(leg, python))
-    return (f"jax {leg.jax}: built {leg.venv.relative_to(REPO)} with {python} in "
+    return (f"built {leg.venv.relative_to(REPO)} with {python} in "
             f"{time.monotonic() - start:.0f} s")
 
 
 def main(argv: list[str]) -> int:
-    if argv[1:] != ["build"]:
-        print("usage: python -m tests.legs build", file=sys.stderr)
+    if argv[1:2] != ["build"] or len(argv) > 3 or not set(argv[2:]) <= set(EXTRA):
+        print(f"usage: python -m tests.legs build [{' | '.join(EXTRA)}]", file=sys.stderr)
         return 2
-    for leg in LEGS:
+    for leg in [EXTRA[argv[2]]] if argv[2:] else LEGS:
         try:
-            print(f"legs: {build(leg)}", flush=True)
+            print(f"legs: {leg.label}: {build(leg)}", flush=True)
         except (OSError, subprocess.CalledProcessError) as exc:
-            print(f"legs: jax {leg.jax}: could not build {leg.venv}: {exc}", file=sys.stderr)
+            print(f"legs: {leg.label}: could not build {leg.venv}: {exc}", file=sys.stderr)
             return 1
     return 0
 

@@ -68,3 +68,37 @@ def test_quick_benchmark_prints_tables_and_writes_every_figure(tmp_path: Path) -
     else:
         assert not chart.exists()
         assert "matplotlib is not installed" in proc.stdout
+
+
+def test_growth_at_one_rank_compares_jaxwarm_with_the_cache_set_by_hand(tmp_path: Path) -> None:
+    """`bench.growth` at its smallest size: both ways ran the trainer to its first step,
+    every figure of the row is a number, and the chart is drawn when matplotlib is there."""
+    figures = tmp_path / "growth.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.growth", "--ranks", "1", "--json",
+                           str(figures)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "jaxwarm against the same trainer with JAX's cache set by hand" in proc.stdout
+    (row,) = json.loads(figures.read_text())["rows"]
+    for key in ("plain_first_step_s", "jaxwarm_first_step_s", "plain_wall_s",
+                "jaxwarm_wall_s", "plain_rss_mb", "jaxwarm_rss_mb", "supervisor_rss_mb",
+                "launcher_rss_mb", "report_s"):
+        assert positive(row[key]), (key, row)
+    assert math.isfinite(row["added_first_step_s"]) and row["lock_wait_s"] >= 0
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: Path) -> None:
+    """`bench.big_compile` at 1 layer (the Llama-3-8B mesh on 64 CPU devices): the prewarm
+    compiled the step, a fresh process loaded it from the cache, and the limit is made of
+    measured parts."""
+    figures = tmp_path / "big.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.big_compile", "--layers", "1",
+                           "--disk-mib", "16", "--json", str(figures)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    row = json.loads(figures.read_text())["row"]
+    for key in ("cold_compile_s", "warm_load_s", "entry_bytes", "disk_read_mb_s",
+                "decompress_s", "deserialize_s", "limit_s"):
+        assert positive(row[key]), (key, row)
+    assert row["load_log"][0].startswith("jit_train_step: HIT"), row["load_log"]

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError, apply_override, load_config, parse_config
+from launcher.submit.jobs import check_modules
 from tests.conftest import DEMO, run_cli
 
 
@@ -160,3 +161,31 @@ def test_a_newline_in_the_run_dir_is_refused() -> None:
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:
     with pytest.raises(ConfigError, match="cache.dir: expected a directory path, got an empty"):
         load_config(DEMO, ["cache.dir="])
+
+
+def test_mesh_axes_are_optional_when_the_factory_builds_the_mesh() -> None:
+    raw = demo_raw()
+    del raw["mesh"]
+    assert parse_config(raw, "x.yaml").mesh.axes is None
+    assert load_config(DEMO, ["mesh.axes=null"]).mesh.axes is None
+    with pytest.raises(ConfigError, match=r"mesh.axes: expected at least one axis \(or no "):
+        load_config(DEMO, ["mesh.axes={}"])
+
+
+def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path) -> None:
+    """maxtext.trainers has no __init__.py: the check finds the module without importing."""
+    package = tmp_path / "nspkg"
+    (package / "trainers").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('the check imported me')\n")
+    (package / "trainers" / "train.py").write_text("def main(argv):\n    pass\n")
+    (tmp_path / "factory.py").write_text("def make(config, mesh):\n    pass\n")
+    env = f"env={{PYTHONPATH: {tmp_path}}}"
+    for entry in ("entrypoint.module=nspkg.trainers.train",
+                  "entrypoint.function=nspkg.trainers.train:main"):
+        config = load_config(DEMO, ["entrypoint.command=null", entry, "step.factory=factory:make",
+                                    env])
+        check_modules(config)
+    missing = load_config(DEMO, ["entrypoint.command=null", "step.factory=factory:make", env,
+                                 "entrypoint.module=nspkg.trainers.nope"])
+    with pytest.raises(ConfigError, match="module 'nspkg.trainers.nope' was not found"):
+        check_modules(missing)

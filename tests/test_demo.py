@@ -25,6 +25,10 @@ def function(report: dict, name: str) -> dict:
     return matches[-1]
 
 
+def phases_of(report: dict) -> set[str]:
+    return {phase["phase"] for phase in report["phases"] if phase["seconds"] > 0}
+
+
 def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={tmp_path / 'cache'}", "train.steps=2")
@@ -40,6 +44,24 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert train["hits"] >= 1 and train["time_to_first_step_s"] > 0
     # On CPU the other process's key includes its own devices: it always compiles.
     assert not function(report(run_dir, "train", 1), "jit_train_step")["hit"]
+
+    # Where each process's time to first step went: the phases add up to it (within 5%), the
+    # remainder named `other`; process 0 of the training job loaded what process 1 compiled.
+    for job, process in [("prewarm", 0), ("prewarm", 1), ("train", 0), ("train", 1)]:
+        measured = report(run_dir, job, process)
+        phases = {}
+        for phase in measured["phases"]:
+            assert phase["seconds"] >= 0, phase
+            phases[phase["phase"]] = phases.get(phase["phase"], 0.0) + phase["seconds"]
+        total = measured["time_to_first_step_s"]
+        assert abs(sum(phases.values()) - total) <= 0.05 * total, (job, process, phases, total)
+        assert {"imports", "distributed", "trace", "lower", "other"} <= set(phases), phases
+        assert ("first step" in phases) == (job == "train"), phases
+    assert "compile" in phases_of(report(run_dir, "prewarm", 0))
+    assert "cache load" in phases_of(train) and "compile" not in phases_of(train)
+    assert "compile" in phases_of(report(run_dir, "train", 1))
+    assert "warm start (train r0 p0): " in result.stdout
+    assert "init phases (seconds from process start to the first step" in result.stdout
 
     manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
     assert step["key"] in manifest["entries"]
@@ -79,9 +101,11 @@ def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> N
     assert "why: prewarmed as" in missed.stdout and "XLA flags differs" in missed.stdout
     shutil.rmtree(tmp_path / "runs" / "demo" / "checkpoints")
 
+    # The prewarm above recorded its fingerprint: this launch has the same one, so its
+    # training job runs alone (--prewarm auto) and loads the step.
     relaunch = run_cli("launch", *args, "train.steps=1")
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]
-    assert "every function is WARM: nothing to compile" in relaunch.stderr
+    assert "prewarm job: skipped (--prewarm auto)" in relaunch.stdout
     assert "jit_train_step: HIT on process 0" in relaunch.stdout
 
 

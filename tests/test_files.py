@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from launcher.files import LockTimeout, atomic_write, locked
+from launcher.files import LockTimeout, atomic_write, lock_waits, locked
 
 
 def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
@@ -45,3 +47,38 @@ def test_a_stuck_holder_is_named_after_the_timeout(tmp_path: Path) -> None:
     with locked(lock, "manifest", timeout_s=30):
         assert Path(str(lock) + ".holder").is_file()
     assert not Path(str(lock) + ".holder").exists()
+
+
+def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path) -> None:
+    """What the init report says a process waited for jaxwarm's locks: the holder lets go
+    only once this process is trying, so at least one retry (50 ms) was waited."""
+    lock = tmp_path / "jaxwarm-usage.jsonl.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from launcher.files import locked\n"
+         f"with locked({str(lock)!r}, 'usage log'):\n"
+         "    print('held', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    before = lock_waits().get("usage log", 0.0)
+    trying = threading.Event()
+
+    def release_once_trying() -> None:
+        trying.wait()
+        time.sleep(0.5)
+        holder.communicate("go\n", timeout=60)
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        releaser = threading.Thread(target=release_once_trying)
+        releaser.start()
+        trying.set()
+        with locked(lock, "usage log", timeout_s=600):
+            pass
+        releaser.join()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock_waits()["usage log"] - before >= 0.05
+    with locked(tmp_path / "k.lock", "compile of jit_step-abc"):
+        pass
+    assert "compile" in lock_waits()

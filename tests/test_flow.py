@@ -38,6 +38,9 @@ class FakeBackend:
     calls: list[str] = field(default_factory=list)
     submitted: list[list[tuple[str, list[str]]]] = field(default_factory=list)
 
+    def refuse_platform(self, config: Config) -> None:
+        self.calls.append(f"refuse_platform {config.run.name}")
+
     def refuse_busy(self, config: Config) -> None:
         # The flow holds the run dir's lock while it asks.
         with pytest.raises(LockTimeout):
@@ -76,7 +79,8 @@ def test_launch_checks_holds_pins_then_submits_the_chain_and_reports(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     backend = FakeBackend()
     assert flow.launch(request(tmp_path), backend) == 0
-    assert backend.calls == ["refuse_busy demo", "submit", "follow ['prewarm', 'train']"]
+    assert backend.calls == ["refuse_platform demo", "refuse_busy demo", "submit",
+                             "follow ['prewarm', 'train']"]
     assert backend.submitted == [[("demo", ["prewarm", "train"])]]
     # The report of a training job that wrote none says so.
     assert "the training job wrote no init report" in capsys.readouterr().out
@@ -122,13 +126,14 @@ def test_several_configs_of_one_prewarm_go_to_the_backend_at_once(tmp_path: Path
     backend = FakeBackend()
     assert flow.launch(request(tmp_path, "prewarm", DEMO, second), backend) == 0
     assert backend.submitted == [[("demo", ["prewarm"]), ("second", ["prewarm"])]]
-    assert backend.calls[:2] == ["refuse_busy demo", "refuse_busy second"]
+    assert backend.calls[:4] == ["refuse_platform demo", "refuse_platform second",
+                                 "refuse_busy demo", "refuse_busy second"]
 
 
 def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     backend = FakeBackend(runs_in_foreground=False)
-    assert flow.launch(request(tmp_path, "launch", prewarm=False), backend) == 0
+    assert flow.launch(request(tmp_path, "launch", prewarm="never"), backend) == 0
     assert backend.submitted == [[("demo", ["train"])]]
     assert not [call for call in backend.calls if call.startswith("follow")]
     assert "follow demo with: fake status" in capsys.readouterr().out

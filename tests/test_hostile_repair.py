@@ -1,8 +1,9 @@
 """Class 4 of issue 17: integrity that repairs itself. A same-size bit flip in an entry
 another run recorded passes the quick (size) check; once a training job misses it, the miss
 is in the usage log, `verify` says "WARM by size, but a previous run missed it", and the
-next prewarm's warm check reads it in full, so it is quarantined and compiled again. An
-entry whose writer lock is held is being written: left alone by every check. The manifest
+next prewarm's warm check reads it in full, so it is quarantined and compiled again. The
+check itself writes nothing (verify's); recording a full check is the prewarm's. An entry
+whose writer lock is held is being written: left alone by every check. The manifest
 records every run that uses a key, old manifests included. Real files, no JAX."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from launcher.store.integrity import (
     check_and_quarantine,
     missed_since_check,
     quarantine,
-    warm_problem,
+    record_check,
+    warm_check,
 )
 from launcher.store.manifest import (
     ManifestEntry,
@@ -66,14 +68,16 @@ def test_a_missed_same_size_flip_is_found_by_the_next_prewarm_check(tmp_path: Pa
     cache.mkdir(mode=0o700)
     recorded(cache)
     flip_a_byte(entry_path(cache, KEY))
-    assert warm_problem(str(cache), KEY) is None  # WARM by size
+    assert warm_check(str(cache), KEY).warm  # WARM by size
     assert not missed_since_check(cache, KEY)
     append_usage(cache, EntryMissed(KEY, "train-run"))  # what the training job records
     assert missed_since_check(cache, KEY)
-    assert warm_problem(str(cache), KEY) is None  # verify stays quick, and says why below
-    problem = warm_problem(str(cache), KEY, recheck_missed=True)  # the prewarm's check
-    assert problem is not None  # here zlib's own checksum fails; else the recorded sha256
-    quarantine(cache, Check(KEY, 0, problem, checksum_known=True))
+    quick = warm_check(str(cache), KEY)  # verify stays quick, and says why
+    assert quick.warm and quick.missed and not quick.read_in_full
+    check = warm_check(str(cache), KEY, recheck_missed=True)  # the prewarm's check
+    assert check.read_in_full  # here zlib's own checksum fails; else the recorded sha256
+    assert check.problem is not None
+    quarantine(cache, Check(KEY, 0, check.problem, checksum_known=True))
     assert not entry_path(cache, KEY).exists() and not missed_since_check(cache, KEY)
 
 
@@ -82,8 +86,14 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
     cache.mkdir(mode=0o700)
     recorded(cache)
     append_usage(cache, EntryMissed(KEY, "train-run"))
-    assert warm_problem(str(cache), KEY, recheck_missed=True) is None
-    assert not missed_since_check(cache, KEY)  # the full check was recorded
+    usage = (cache / "jaxwarm-usage.jsonl").read_bytes()
+    check = warm_check(str(cache), KEY, recheck_missed=True)
+    assert check.warm and check.read_in_full and check.missed
+    assert (cache / "jaxwarm-usage.jsonl").read_bytes() == usage  # the check wrote nothing
+    record_check(cache, check)  # the prewarm records it
+    assert not missed_since_check(cache, KEY)
+    again = warm_check(str(cache), KEY, recheck_missed=True)
+    assert again.warm and not again.read_in_full  # the quick check again
     assert entry_path(cache, KEY).exists()
 
 
@@ -100,7 +110,7 @@ def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
                         functions=[FunctionRecord(name="jit_train_step", key=KEY, hit=False),
                                    FunctionRecord(name="jit_init", key=KEY.replace(
                                        "train_step", "init"), hit=False)])
-    note_missed_entries(config, report, since=time.time())
+    note_missed_entries(config, str(cache), report, since=time.time())
     assert missed_since_check(cache, KEY)
     lines = (cache / "jaxwarm-usage.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one
@@ -113,10 +123,10 @@ def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     (cache / "jaxwarm-locks").mkdir(mode=0o700)
     entry_path(cache, KEY).write_bytes(b"")
     with locked(writer_lock_path(cache, KEY), "compile"):
-        assert warm_problem(str(cache), KEY, recheck_missed=True) == BEING_WRITTEN
+        assert warm_check(str(cache), KEY, recheck_missed=True).problem == BEING_WRITTEN
         checks, _ = check_and_quarantine(cache, [KEY], strict=False)
         assert checks == [] and entry_path(cache, KEY).exists()
-    assert warm_problem(str(cache), KEY) == "empty file (a torn or interrupted write)"
+    assert warm_check(str(cache), KEY).problem == "empty file (a torn or interrupted write)"
 
 
 def test_the_manifest_records_every_run_that_uses_a_key(tmp_path: Path) -> None:

@@ -6,12 +6,14 @@ the key-variation matrix (cases sharing process settings share a process:
 8 processes for the 19 cases), then the demo as a user runs it (verify on an empty cache is
 COLD, launch is a HIT on process 0, verify is WARM under the key of the file JAX wrote, and
 says the key prediction is exact), then `cache export` / `cache import` into a cache at
-another path, where verify must be WARM. A leg whose Python is not installed is skipped
+another path, where verify must be WARM, and a training job staged to node-local storage
+(`cache.stage`) hits what an unstaged prewarm wrote. A leg whose Python is not installed is skipped
 with the reason; one whose venv was not built fails (run `make legs`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 from launcher.jaxkey.versions import cache_path_in_key
+from launcher.rundir import report_path
 from tests.conftest import DEMO
 from tests.keycase import VARIATIONS, case_dir
 from tests.legs import LEGS, REPO, Leg, leg_python, ready
@@ -130,3 +133,27 @@ def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
         portable = ()
     warm = ok(cli(leg, "verify", *demo_args(tmp, moved, *portable)))
     assert (moved / f"{warm_key(warm)}-cache").is_file()
+
+
+def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, tmp_path: Path) -> None:
+    """Node-local staging (`cache.stage`) leaves the key as it is: a training job reading
+    its node's copy hits the entries a prewarm wrote into the shared dir. Before jax 0.11
+    the default XLA caches put the cache path in the key, so there a staged launch is
+    refused in one line, and runs with `cache.xla_caches: none`."""
+    cache, stage = tmp_path / "cache", tmp_path / "stage"
+    portable: tuple[str, ...] = ()
+    if cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES):
+        refused = cli(leg, "launch", *demo_args(tmp_path, cache, f"cache.stage={stage}"))
+        assert f"cache.stage: on jax {leg.jax} the cache dir's path string is part of " \
+               f"every key" in ok(refused, 2) + refused.stderr
+        assert not cache.exists() and not stage.exists()
+        portable = ("cache.xla_caches=none",)
+    ok(cli(leg, "prewarm", *demo_args(tmp_path, cache, *portable)))
+    out = ok(cli(leg, "launch", "--no-prewarm",
+                 *demo_args(tmp_path, cache, *portable, f"cache.stage={stage}")))
+    report = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
+    assert report["cache_dir"] == str(stage) and len(report["stage"]["copied"]) == 2
+    assert {fn["name"] for fn in report["functions"] if fn["hit"]} == \
+        {"jit_train_step", "jit_init_state"}, out[-3000:]
+    for key in report["stage"]["copied"]:
+        assert (stage / f"{key}-cache").read_bytes() == (cache / f"{key}-cache").read_bytes()

@@ -82,7 +82,8 @@ def test_console_script(tmp_path: Path, shared_cache: Path, site: Path) -> None:
 
 
 def test_entrypoint_module(tmp_path: Path, shared_cache: Path) -> None:
-    launch(tmp_path, shared_cache, {"module": "tinytrain"})
+    _, log = launch(tmp_path, shared_cache, {"module": "tinytrain"})
+    assert "entrypoint.module: tinytrain runs as python -m tinytrain" in log
 
 
 def test_python_running_a_script(tmp_path: Path, shared_cache: Path) -> None:
@@ -98,7 +99,9 @@ def test_python_running_a_module(tmp_path: Path, shared_cache: Path) -> None:
 
 def test_absl_main_argv_function(tmp_path: Path, shared_cache: Path) -> None:
     # main(argv) is called through absl's app.run, which parsed --out from entrypoint.args.
-    launch(tmp_path, shared_cache, {"function": "tinytrain:main"})
+    _, log = launch(tmp_path, shared_cache, {"function": "tinytrain:main"})
+    assert "entrypoint.function: tinytrain:main is called as a console script's main() or " \
+           "absl's main(argv)" in log
 
 
 def test_shell_script_that_execs_python(tmp_path: Path, shared_cache: Path) -> None:

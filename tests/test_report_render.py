@@ -33,7 +33,9 @@ from launcher.report import (
     function_lines,
     load_reports,
     load_verdicts,
+    phase_table,
     summarize,
+    warm_start_lines,
 )
 from launcher.rundir import ReportName, parse_report_path, report_path
 from launcher.store.commands import cache_stats, entry_rows
@@ -245,3 +247,21 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
     everything = format_table(reports, Targets.of(manifest), 0.5, show_all=True).splitlines()
     assert len(everything[:everything.index("")]) == 1 + 128
     assert sum(line.startswith("  train   r0 p63 ") for line in everything) == 3
+
+
+def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_one() -> None:
+    reports = load_reports(RUN)
+    lines = phase_table(reports, Targets.of(read_manifest(CACHE)))
+    header = next(line for line in lines if line.startswith("processes"))
+    assert header.split() == ["processes", "imports", "distributed", "trace", "lower",
+                              "compile", "cache", "load", "first", "step", "other", "total"]
+    row = next(line.split() for line in lines if line.startswith("train r0 p0  warm"))
+    assert row[-1] == "10.99" and row[4] == "2.10" and row[-2] == "0.50"
+    assert any(line.startswith("train r0 p1  cold") for line in lines)
+    assert "  train   r0 p0  jit_train_step: trace 0.45 + lower 0.20 + cache load 0.23" in lines
+    assert not any("jit_helper:" in line for line in lines)  # not a prewarmed target
+    assert warm_start_lines(reports) == [
+        "warm start (train r0 p0): 10.99 s to the first step, most of it first step (6.85 s, "
+        "62%); then imports 2.10 s, distributed 0.60 s, other 0.50 s, trace 0.45 s, "
+        "cache load 0.23 s, lower 0.20 s, compile 0.06 s",
+        "  the first step's collectives wait for every process: process 1 compiled for 7.16 s"]

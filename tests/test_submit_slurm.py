@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.files import locked
 from launcher.rundir import report_path
+from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
@@ -68,19 +70,64 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: 2 hit(s)" in status.stdout
 
-    # A relaunch on the warm cache keeps its prewarm -> train chain; the prewarm job verifies,
-    # finds every function WARM, and ends without compiling them.
-    again = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
-                                        "topology.processes_per_node=1", "train.steps=2",
-                                        "run.name=warm"))
+    # A relaunch on the warm cache, same fingerprint (--prewarm auto): one job, the training
+    # job alone, which loads the step.
+    layout = ("--wait", "topology.nodes=2", "topology.processes_per_node=1", "train.steps=2")
+    again = run_cli("launch", *args_for(tmp_path, *layout, "run.name=warm"))
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     warm_dir = tmp_path / "runs" / "warm"
-    prewarm_job, _ = read_jobs(warm_dir)
-    assert "every function is WARM: nothing to compile" in prewarm_job.log_path().read_text()
-    prewarmed = report(warm_dir, 0, "prewarm")["functions"]
-    assert not [fn for fn in prewarmed if fn["name"] in ("jit_train_step", "jit_init_state")]
+    assert [j.name for j in read_jobs(warm_dir)] == ["train"]
     assert step_hit(report(warm_dir, 0))
-    assert "jit_train_step: HIT on process 0" in again.stdout
+    assert "prewarm job: skipped (--prewarm auto): the fingerprint" in again.stdout
+
+    # --prewarm always keeps the chain; the prewarm job verifies, finds every function WARM,
+    # and ends without compiling them.
+    always = run_cli("launch", *args_for(tmp_path, *layout, "run.name=always",
+                                         "--prewarm", "always"))
+    assert always.returncode == 0, always.stdout + always.stderr[-3000:]
+    always_dir = tmp_path / "runs" / "always"
+    prewarm_job, _ = read_jobs(always_dir)
+    assert "every function is WARM: nothing to compile" in prewarm_job.log_path().read_text()
+    prewarmed = report(always_dir, 0, "prewarm")["functions"]
+    assert not [fn for fn in prewarmed if fn["name"] in ("jit_train_step", "jit_init_state")]
+
+    # A changed config changes the fingerprint: the prewarm job is chained again.
+    changed = run_cli("launch", *args_for(tmp_path, *layout, "run.name=changed",
+                                          "xla_flags=[--xla_cpu_enable_fast_math=true]"))
+    assert changed.returncode == 0, changed.stdout + changed.stderr[-3000:]
+    changed_dir = tmp_path / "runs" / "changed"
+    assert [j.name for j in read_jobs(changed_dir)] == ["prewarm", "train"]
+    assert "prewarm job: ran (--prewarm auto): no completed prewarm has this fingerprint" \
+        in changed.stdout and "environment differs" in changed.stdout
+    assert step_hit(report(changed_dir, 0))
+
+
+def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path) -> None:
+    first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    cache = tmp_path / "cache"
+    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())["entries"]
+    step = next(key for key, e in manifest.items() if e["function"] == "jit_train_step")
+    for entry_file in cache.glob("*-cache"):  # an emptied cache; the manifest stays
+        entry_file.unlink()
+    # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
+    # the writer, as for another prewarm compiling the same key) for as long as we look.
+    with locked(writer_lock_path(cache, step), "the test, holding the compile"):
+        second = run_cli("prewarm", *args_for(tmp_path))
+        assert second.returncode == 0, second.stdout + second.stderr[-3000:]
+        run_dir = tmp_path / "runs" / "demo"
+        pattern = re.compile(r"compiling jit_train_step \(1 of 2; last time [0-9.]+ s on this "
+                             r"layout; ETA \d\d:\d\d:\d\d\), [0-9.]+ s elapsed")
+        seen = ""
+
+        def shows_progress() -> bool:
+            nonlocal seen
+            seen = run_cli("status", str(run_dir)).stdout
+            return bool(pattern.search(seen))
+
+        wait_for(shows_progress, 300, "jaxwarm status to show the prewarm's progress")
+    assert wait_job(read_jobs(run_dir)[-1].job_id, timeout=300) == "COMPLETED"
+    assert "compiling" not in run_cli("status", str(run_dir)).stdout
 
 
 def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:

@@ -175,6 +175,8 @@ print("RESULT " + json.dumps({"loss_a": loss_a, "loss_b": loss_b, "grad_rel_err"
     pytest.param([[DEMO_1x8, 2],
                   [[*DEMO_1x8, "mesh.axes={data: 1, fsdp: 4, tensor: 2}",
                     "step.args.tensor_axis=tensor"], 2]], id="fsdp-vs-tensor-parallel"),
+    pytest.param([[DEMO_1x8, 2], [[*DEMO_1x8, "step.args.scan_layers=false"], 2]],
+                 id="scanned-vs-unrolled-layers"),
 ])
 @pytest.mark.e2e
 def test_gradients_do_not_depend_on_chunking_or_layout(runs: list[Any]) -> None:

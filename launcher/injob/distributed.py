@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from launcher.injob.phases import timed_join
 from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.distributed")
@@ -19,13 +20,14 @@ def initialize() -> None:
     import jax
 
     place = Place.here()
-    if place.coordinator is not None:
-        jax.distributed.initialize(coordinator_address=place.coordinator,
-                                   num_processes=place.num_processes,
-                                   process_id=place.process_id)
-    elif place.num_processes > 1:
-        jax.distributed.initialize()
-    else:
+    if place.num_processes <= 1 and place.coordinator is None:
         return
+    with timed_join():  # an init phase of its own in the report
+        if place.coordinator is not None:
+            jax.distributed.initialize(coordinator_address=place.coordinator,
+                                       num_processes=place.num_processes,
+                                       process_id=place.process_id)
+        else:
+            jax.distributed.initialize()
     log.info("joined jax.distributed as process %d of %d", jax.process_index(),
              jax.process_count())

@@ -23,17 +23,21 @@ from launcher.injob.guard import CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.injob.stage import node_cache_dir
 from launcher.jaxkey.lookup import watch_lookups
-from launcher.records import EntryMissed
-from launcher.rundir import TRAIN, report_path
+from launcher.mlperf import MlperfLog, MlperfUnavailable
+from launcher.records import EntryMissed, Staging
+from launcher.rundir import TRAIN, mlperf_log_path, report_path
 from launcher.store.entries import entry_path, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
+from launcher.store.prewarms import forget_prewarms
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
     prepare_cache_dir,
     recheck_cache_dir,
 )
+from launcher.store.staging import publish_entries
 from launcher.store.usage import append_usage, job_usage
 
 log = logging.getLogger("jaxwarm.hook")
@@ -57,15 +61,17 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     return load_config(pinned)
 
 
-def note_missed_entries(config: Config, report: InitReport, since: float) -> None:
-    """A miss on a key whose entry was in the cache before this process started means JAX
-    could not load that entry (JAX never replaces it): say so, and record it in the usage
-    log, so the next prewarm checks the entry in full and replaces it if it is corrupt."""
+def note_missed_entries(config: Config, jax_dir: str, report: InitReport,
+                        since: float) -> None:
+    """A miss on a key whose entry was in the cache JAX read (`jax_dir`: the shared dir, or
+    the node's staged copy of it) before this process started means JAX could not load that
+    entry (JAX never replaces it): say so, and record it in the usage log, so the next
+    prewarm checks the entry in full and replaces it if it is corrupt."""
     for record in report.functions:
         if record.key is None or record.hit or record.sha256 is not None:
             continue
-        path = entry_path(config.cache.dir, record.key)
-        if path.exists() and written_since(config.cache.dir, record.key, since) is None:
+        path = entry_path(jax_dir, record.key)
+        if path.exists() and written_since(jax_dir, record.key, since) is None:
             log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
                         "it); the next prewarm checks it in full", record.name, path)
             append_usage(config.cache.dir, EntryMissed(record.key, config.run.name))
@@ -79,6 +85,21 @@ def note_written_entries(cache_dir: str, report: InitReport, since: float) -> No
             written = written_since(cache_dir, record.key, since)
             if written:
                 record.sha256, record.size = written
+
+
+def publish_written(config: Config, staging: Staging, report: InitReport | None,
+                    since: float) -> None:
+    """Publish the entries this process wrote into its node's stage dir to the shared dir
+    (`publish_entries`), and put each published entry's checksum onto its record for the
+    usage log. Only what was published is recorded: an entry another writer put in the
+    shared dir first stays that writer's, and the job's own copy stays node-local."""
+    published = publish_entries(staging.dir, config.cache.dir, since, config.cache.max_size)
+    for record in report.functions if report is not None else []:
+        if record.key in published and not record.hit and record.sha256 is None:
+            record.sha256, record.size = published[record.key]
+    if published:
+        log.info("published %d entr%s written in %s to %s", len(published),
+                 "y" if len(published) == 1 else "ies", staging.dir, config.cache.dir)
 
 
 _active: InitRecorder | None = None
@@ -104,9 +125,15 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         # readable and writable by every member of the group, like jaxwarm's own files.
         os.umask(GROUP_UMASK)
     options = jax_options(config)
+    staging = None
+    if job == TRAIN and config.cache.stage is not None:
+        staging = node_cache_dir(config, Place.here())
+        options["jax_compilation_cache_dir"] = staging.dir
     for name, value in options.items():
         current = getattr(jax.config, name)
-        if name == "jax_compilation_cache_dir" and current and current != value:
+        # The job environment names the shared dir; a staged job reads its node's copy.
+        if name == "jax_compilation_cache_dir" and current and \
+                current not in (value, config.cache.dir):
             raise ConfigError(
                 f"this process already uses compilation cache dir {current!r} but the config "
                 f"says {value!r}; JAX ignores a second cache dir, so the run would not hit. "
@@ -117,14 +144,14 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     restart = Place.here().restart
     report = InitReport(
         job=job, restart_count=restart, process_index=-1, process_count=0,
-        cache_dir=config.cache.dir, init_budget_s=config.init_budget_s,
-        environment={k: v for k, v in sorted(os.environ.items()) if owned(k)})
+        cache_dir=options["jax_compilation_cache_dir"], init_budget_s=config.init_budget_s,
+        environment={k: v for k, v in sorted(os.environ.items()) if owned(k)}, stage=staging)
     recorder = InitRecorder(
         report, lambda process: report_path(config.run_dir, job, restart, process),
         recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
     ranks = RankCoordinator(recorder, agreement_on(config))
     watch_lookups(ranks.before_lookup, ranks.after_compile)
-    recorder.on_bind.append(lambda bound: on_bind(config, bound, ranks))
+    recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
     atexit.register(recorder.write)
     _active = recorder
     return recorder
@@ -143,48 +170,105 @@ def prewarmed(config: Config) -> list[ManifestEntry]:
     return latest_for_run(manifest, config.run.name)
 
 
-def on_bind(config: Config, recorder: InitRecorder, ranks: RankCoordinator) -> None:
+def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
+            ranks: RankCoordinator) -> None:
     """What needs the process index: the cache dir checks (every rank loads native code from
     it, process 0 creates it), the prewarmed steps to time, the ranks' meeting bound (from
-    the compile times the manifest recorded), process 0's bookkeeping."""
+    the compile times the manifest recorded), process 0's bookkeeping (and, on a staged
+    node, publishing what it wrote)."""
     import jax
 
     report = recorder.report
+    jax_dir = staging.dir if staging is not None else config.cache.dir
     entries: list[ManifestEntry] = []
     if not is_remote(config.cache.dir):
         if report.process_index == 0:
             checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
         else:
             checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-        recorder.before_lookup.append(lambda: recheck_before_lookup(config, checked))
+        if jax_dir != config.cache.dir:
+            checked = check_cache_dir(Path(jax_dir), config.cache, config.source,
+                                      key="cache.stage")
+        recorder.before_lookup.append(lambda: recheck_before_lookup(config, jax_dir, checked))
         if report.job == TRAIN or report.process_count > 1:
             entries = prewarmed(config)
         if report.job == TRAIN:
             recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
             recorder.prewarmed_options = {e.function: e.global_options for e in entries
                                           if e.global_options}
+            if report.process_index == 0:
+                recorder.after_first_step.append(
+                    lambda done: forget_missed_prewarms(config, entries, done))
     ranks.bind(meet_timeout(config, entries))
+    if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
+        start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):
+        since = recorder.start_time
+        if staging is not None and jax_dir != config.cache.dir:
+            recorder.after_first_step.append(
+                lambda done: publish_written(config, staging, done, since))
+            # What it compiles after the first step too, as the process ends.
+            atexit.register(publish_at_exit, config, staging, since)
+        else:
+            recorder.after_first_step.append(
+                lambda done: note_written_entries(config.cache.dir, done, since))
         recorder.after_first_step += [
-            lambda done: note_written_entries(config.cache.dir, done, recorder.start_time),
-            lambda done: note_missed_entries(config, done, recorder.start_time),
+            lambda done: note_missed_entries(config, jax_dir, done, since),
             lambda done: append_usage(config.cache.dir, job_usage(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
 
 
-def recheck_before_lookup(config: Config, checked: DirIdentity | None) -> None:
-    """Whatever dir JAX is about to use passes the cache-dir checks again: the config's must
-    still be the very dir checked at the start, and one the trainer set instead (with
-    cache.enforce off) gets the same checks before JAX reads code from it."""
+def forget_missed_prewarms(config: Config, entries: list[ManifestEntry],
+                           report: InitReport) -> None:
+    """Process 0 looked a prewarmed function up under another key than its prewarm's: what
+    the login node's fingerprint promised does not hold (a GPU driver, a source it does not
+    reach). Forget that prewarm, so the next launch runs its prewarm job again."""
+    for entry in entries:
+        for record in report.functions:
+            if record.name == entry.function and record.signature == entry.signature and \
+                    record.key not in (None, entry.key) and not record.hit:
+                forget_prewarms(config.cache.dir, entry.key,
+                                f"{record.name} missed under key {record.key}, not the "
+                                f"prewarmed {entry.key}")
+
+
+def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
+    """MLPerf's init lines from process 0: `init_start` now (dated at the process's start),
+    `init_stop` and `run_start` at the first step (dated where the step's compile or load
+    ended). Without the package it says so once; training goes on."""
+    try:
+        lines = MlperfLog(mlperf_log_path(config.run_dir, recorder.report.restart_count),
+                          recorder.start_time)
+    except (MlperfUnavailable, OSError) as exc:
+        log.warning("jaxwarm: no MLPerf lines: %s", exc)
+        return
+    recorder.after_first_step.append(lambda report: lines.stop(
+        recorder.clock.first_step_start or recorder.start_time +
+        (report.time_to_first_step_s or 0.0)))
+
+
+def publish_at_exit(config: Config, staging: Staging, since: float) -> None:
+    try:
+        publish_written(config, staging, None, since)
+    except OSError as exc:  # bookkeeping must never turn an exit into a failure
+        log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
+
+
+def recheck_before_lookup(config: Config, jax_dir: str, checked: DirIdentity | None) -> None:
+    """Whatever dir JAX is about to use passes the cache-dir checks again: jaxwarm's (the
+    config's, or the node's staged copy) must still be the very dir checked at the start,
+    and one the trainer set instead (with cache.enforce off) gets the same checks before
+    JAX reads code from it."""
     import jax
 
     current = jax.config.jax_compilation_cache_dir
     if not current or is_remote(str(current)):
         return
-    if current == config.cache.dir:
-        recheck_cache_dir(Path(current), config.cache, config.source, checked)
+    if current == jax_dir:
+        recheck_cache_dir(Path(current), config.cache, config.source, checked,
+                          key="cache.dir" if jax_dir == config.cache.dir else "cache.stage")
     else:
         check_cache_dir(Path(current), config.cache, f"{config.source} (set by the trainer)")
 

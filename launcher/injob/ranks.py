@@ -229,7 +229,7 @@ class RankCoordinator:
             barrier = self._barrier("agree", lookup.processes)
             post = KeyPost(lookup.key, lookup.components, size)
             self._meet(store, barrier, dumps(post), lookup.processes,
-                       f"to agree on {name}'s cache key")
+                       f"to agree on {name}'s cache key", name)
             posts = {int(rank): from_json(KeyPost, json.loads(value), f"{barrier}/{rank}")
                      for rank, value in store.get_dir(barrier).items()}
             decision = agree(name, posts, lookup.platform)
@@ -248,7 +248,7 @@ class RankCoordinator:
             name = lookup.module_name
             barrier = self._barrier("meet", lookup.processes)
             self._publish(store, f"waiting for the other ranks after {name}")
-            self._meet(store, barrier, "", lookup.processes, f"after {name}")
+            self._meet(store, barrier, "", lookup.processes, f"after {name}", name)
             self._publish(store, f"running its own code after {name}")
 
     # -- the protocol ----------------------------------------------------------------------
@@ -285,10 +285,10 @@ class RankCoordinator:
             self._lost(exc, doing)
 
     def _meet(self, store: KVStore, barrier: str, post: str, processes: tuple[int, ...],
-              what: str) -> None:
+              what: str, function: str) -> None:
         """Post under the barrier's name, wait for the others; stop the job with one line
         when they do not all come in time."""
-        start = time.monotonic()
+        start = time.time()
         try:
             store.set(f"{barrier}/{self._rank}", post)
             everyone = len(processes) == self.recorder.report.process_count
@@ -308,7 +308,7 @@ class RankCoordinator:
                     self.stop(line, EXIT_ERROR)
         except StoreError as exc:
             self._lost(exc, f"waiting for the other ranks {what}")
-        self.recorder.add_rank_wait(time.monotonic() - start)
+        self.recorder.add_rank_wait(start, time.time(), function)
 
     def _states(self, store: KVStore) -> dict[int, RankState]:
         states = {}

@@ -18,8 +18,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.files import atomic_write
+from launcher.files import atomic_write, lock_waits
 from launcher.injob.guard import CacheGuard
+from launcher.injob.phases import (
+    COMPILE,
+    LOAD,
+    LOWER,
+    PREDICT,
+    RANKS_WAIT,
+    TRACE,
+    PhaseClock,
+    Span,
+    wrap_distributed_initialize,
+)
 from launcher.jaxkey.components import explain
 from launcher.jaxkey.globalopts import differences, options_line
 from launcher.jaxkey.globalopts import snapshot as global_options
@@ -33,6 +44,7 @@ from launcher.jaxkey.logs import (
     EVENT_LOWERED,
     EVENT_RETRIEVAL,
     EVENT_SAVED,
+    EVENT_TRACED,
     HIT_OR_MISS,
     LOWERING,
     LOWERING_LOGGER,
@@ -48,6 +60,7 @@ from launcher.records import (
     ReportWarning,
     dumps,
 )
+from launcher.rundir import TRAIN
 
 log = logging.getLogger("jaxwarm.recorder")
 
@@ -114,6 +127,8 @@ class InitRecorder:
         self.path: Path | None = None if callable(path) else path
         self.guard = guard
         self.start_time = process_start_time()
+        # The init phases: JAX's compile time spans and jaxwarm's own timers.
+        self.clock = PhaseClock(self.start_time)
         self._lock = threading.Lock()
         self._components: dict[str, str] = {}
         self._signatures: dict[str, str] = {}
@@ -141,6 +156,8 @@ class InitRecorder:
         import jax.monitoring as monitoring
         monitoring.register_event_listener(self.on_event)
         monitoring.register_event_duration_secs_listener(self.on_duration)
+        monitoring.register_event_time_span_listener(self.on_span)
+        wrap_distributed_initialize()
         for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER, LOWERING_LOGGER):
             logger = logging.getLogger(name)
             logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
@@ -167,9 +184,11 @@ class InitRecorder:
         if not quiet:
             log.warning("jaxwarm: %s", warning.text)
 
-    def add_rank_wait(self, seconds: float) -> None:
+    def add_rank_wait(self, start: float, end: float, function: str) -> None:
+        """A wait at the ranks' meeting (wall-clock times): in the report and its phases."""
         with self._lock:
-            self.report.ranks_wait_s += seconds
+            self.report.ranks_wait_s += end - start
+        self.clock.add(Span(RANKS_WAIT, start, end, function))
 
     def signature(self, module_name: str) -> str | None:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
@@ -208,6 +227,25 @@ class InitRecorder:
                 record = self._finish_function(str(kwargs.get("fun_name", "?")), duration)
         if event == EVENT_BACKEND_COMPILE:
             self._maybe_watch_first_step(record)
+
+    def on_span(self, event: str, start: float, end: float, **kwargs: Any) -> None:
+        """JAX's time span of a trace, lowering or backend compile (or cache load): what
+        the init phases are made of. A backend span ends right after its duration event,
+        so the function's record already says hit or miss."""
+        name = module_name(str(kwargs.get("fun_name", "?")))
+        if event == EVENT_BACKEND_COMPILE:
+            if in_probe():
+                phase = PREDICT
+            else:
+                with self._lock:
+                    last = self.report.functions[-1] if self.report.functions else None
+                phase = LOAD if last is not None and last.name == name and last.hit \
+                    else COMPILE
+        elif event in (EVENT_TRACED, EVENT_LOWERED) and not in_probe():
+            phase = TRACE if event == EVENT_TRACED else LOWER
+        else:
+            return
+        self.clock.add(Span(phase, start, end, name))
 
     def on_log(self, message: str) -> None:
         with self._lock:
@@ -328,8 +366,13 @@ class InitRecorder:
                     not (detected and source == "trainer"):
                 return
             first = self.report.time_to_first_step_s is None
-            self.report.time_to_first_step_s = time.time() - self.start_time
+            now = time.time()
+            self.report.time_to_first_step_s = now - self.start_time
             self.report.first_step_from = source
+            steps = {name for name, _ in self.step_functions}
+        phases = self.clock.finish(now, self.first_step_of(source, steps))
+        with self._lock:
+            self.report.phases = phases
         self.write()
         if not first:
             return
@@ -339,6 +382,15 @@ class InitRecorder:
             except OSError as exc:  # bookkeeping must never stop training
                 log.warning("after the first step: %s", exc)
 
+    def first_step_of(self, source: str, steps: set[str]) -> set[str] | None:
+        """The functions whose compile or load ends before the first step: the one whose
+        first execution was detected, else the prewarmed steps (every function when none
+        is known); None for a job that runs no step (prewarm, verify)."""
+        if self.report.job != TRAIN:
+            return None
+        detected = source.removeprefix("the first execution of ")
+        return {detected} if detected != source else steps
+
     def write(self) -> Path | None:
         """Write the report; not before the process knows its index (a wrapped trainer that
         stopped before its first lowering): a guessed index would overwrite another
@@ -346,6 +398,7 @@ class InitRecorder:
         if self.path is None:
             return None
         with self._lock:
+            self.report.lock_wait_s = lock_waits()
             text = dumps(self.report, indent=1) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return atomic_write(self.path, text)

@@ -4,6 +4,7 @@
 - `versions`: the tested range (jax 0.8.x to 0.12.x) and what differs between versions.
 - `logs`: JAX's cache events and log lines, as the in-job recorder reads them.
 - `entryformat`: an entry's file names, compression, header and atime files.
+- `agree`: process 0's answer to every process, through jax.distributed's key-value store.
 - `components`: the key's components and what a difference in each one means.
 - `guard`: job entry points fail with one line on an untested jax.
 - `selfcheck`: `python -m launcher.jaxkey.selfcheck` (`jaxwarm doctor`).

@@ -17,6 +17,7 @@ EVENT_HIT = "/jax/compilation_cache/cache_hits"
 EVENT_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 EVENT_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 EVENT_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+EVENT_TRACED = "/jax/core/compile/jaxpr_trace_duration"
 # The end of a lowering: before the key is computed and the cache looked up.
 EVENT_LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 

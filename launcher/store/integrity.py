@@ -174,35 +174,55 @@ def missed_since_check(cache_dir: str | Path, key: str) -> bool:
     return history is not None and history.missed
 
 
-def warm_problem(cache_dir: str, key: str, *, recheck_missed: bool = False) -> str | None:
-    """Why the entry of `key` would not load; None when it is WARM. The one check behind
-    `jaxwarm verify`, the prewarm job's warm check and the pre-run check: an entry recorded
-    with its size gets the quick check (within verify's 10 ms: only this key's records are
-    parsed); any other gets the full check once, and when intact its checksum and size are
-    recorded, so the next check is quick. With `recheck_missed` (the prewarm), an entry a
-    job missed although it was there (`missed_since_check`) gets the full check too, so a
-    corrupt entry of the right size is found and replaced. An entry whose writer lock is held
-    is being written: `BEING_WRITTEN`, never quarantined. Remote dirs are looked up through
+@dataclass(frozen=True)
+class WarmCheck:
+    """What one look at a key's entry found, with nothing written: whether it is WARM
+    (`problem` None), whether it was read in full to decide (an entry nobody recorded, or
+    one a job missed), and whether a job missed it since its last full check. The prewarm
+    repairs from it (`record_check`, `quarantine`); verify only reports it."""
+
+    key: str
+    problem: str | None
+    read_in_full: bool = False
+    missed: bool = False
+
+    @property
+    def warm(self) -> bool:
+        return self.problem is None
+
+
+def warm_check(cache_dir: str, key: str, *, recheck_missed: bool = False) -> WarmCheck:
+    """Would the entry of `key` load? The one check behind the warm decision of the prewarm
+    and the verify job (`prewarm.judge`); it reads and never writes. An entry recorded with
+    its size gets the quick check (within verify's 10 ms: only this key's records are
+    parsed); any other is read in full. With `recheck_missed` (the prewarm), an entry a
+    job missed although it was there (`missed_since_check`) is read in full too, so a
+    corrupt entry of the right size is found. An entry whose writer lock is held is being
+    written: `BEING_WRITTEN`, never quarantined. Remote dirs are looked up through
     etils.epath, as JAX reads them."""
     if is_remote(cache_dir):
         from etils import epath
-        return None if (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists() else "missing"
+        present = (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists()
+        return WarmCheck(key, None if present else "missing")
     if in_flight(cache_dir, key):
-        return BEING_WRITTEN
+        return WarmCheck(key, BEING_WRITTEN)
     path = entry_path(cache_dir, key)
     known = recorded_entries(cache_dir, strict=False, key=key).get(key)
-    missed = recheck_missed and missed_since_check(cache_dir, key)
-    if known is not None and known.size is not None and not missed:
-        return quick_problem(path, known.size)
-    problem = entry_problem(path, known.sha256 if known else None)
-    if problem is None:
-        if missed:
-            log.warning("%s: a job missed it, but it is intact in full (sha256 and "
-                        "decompression); the miss had another cause", key)
-        written = written_since(cache_dir, key, 0.0)
+    missed = missed_since_check(cache_dir, key)
+    if known is not None and known.size is not None and not (missed and recheck_missed):
+        return WarmCheck(key, quick_problem(path, known.size), missed=missed)
+    return WarmCheck(key, entry_problem(path, known.sha256 if known else None),
+                     read_in_full=True, missed=missed)
+
+
+def record_check(cache_dir: str | Path, check: WarmCheck) -> None:
+    """The prewarm's record of an entry it read in full and found intact: its checksum and
+    size, so the next warm check of it is the quick one, and a job's earlier miss of it is
+    settled."""
+    if check.read_in_full and check.warm:
+        written = written_since(cache_dir, check.key, 0.0)
         if written is not None:
-            append_usage(cache_dir, EntryChecked(key, *written))
-    return problem
+            append_usage(cache_dir, EntryChecked(check.key, *written))
 
 
 def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
@@ -244,11 +264,13 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
 
 
 def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
-                         strict: bool = True) -> tuple[list[Check], float]:
-    """Check entries, quarantine the bad ones; returns the checks and the seconds it took."""
+                         strict: bool = True,
+                         repair: bool = True) -> tuple[list[Check], float]:
+    """Check entries and (with `repair`) quarantine the bad ones; returns the checks and the
+    seconds it took."""
     start = time.perf_counter()
     checks = check_entries(cache_dir, keys, strict)
     for check in checks:
-        if not check.ok:
+        if repair and not check.ok:
             quarantine(cache_dir, check)
     return checks, time.perf_counter() - start

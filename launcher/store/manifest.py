@@ -52,6 +52,11 @@ class ManifestEntry:
     # Every other run whose prewarm found this entry WARM and uses it (`run` wrote it): its
     # pre-run check and `cache export` include the entry too. Older manifests have none.
     runs: list[str] = field(default_factory=list)
+    # The layout JAX's mock GPU topology compiled it for, on one node (prewarm.layout: mock),
+    # e.g. "8x8x1"; None: compiled on the run's own layout. And the XLA_FLAGS it was
+    # compiled under (every flag is in the key): a run's miss names the flags that differ.
+    mock_topology: str | None = None
+    xla_flags: str | None = None
 
     def used_by(self, run: str) -> bool:
         return run == self.run or run in self.runs

@@ -7,7 +7,7 @@ adapter's JAX knowledge (`launcher.jaxkey.components`: the components and their 
 
 from __future__ import annotations
 
-from launcher.jaxkey.components import differing_components, explain
+from launcher.jaxkey.components import differing_components, likely_causes
 from launcher.jaxkey.globalopts import differences
 from launcher.store.manifest import ManifestEntry
 
@@ -16,7 +16,7 @@ def explain_miss(function: str, components: dict[str, str],
                  manifest: dict[str, ManifestEntry], *, run: str | None = None,
                  process_count: int | None = None, signature: str | None = None,
                  global_options: dict[str, str] | None = None, job: str = "run",
-                 max_size: int = -1) -> list[str]:
+                 max_size: int = -1, xla_flags: str | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
@@ -25,7 +25,9 @@ def explain_miss(function: str, components: dict[str, str],
     differ from those the function was prewarmed under (`global_options`, this `job`'s),
     since they can change its input types too (the PRNG implementation). With a size cap
     (`max_size`), an entry the manifest lists that is gone is most likely JAX's own LRU
-    eviction, and is named as that."""
+    eviction, and is named as that. An entry prewarmed through a mock of the layout on one
+    node says so, and with this job's `xla_flags` (XLA_FLAGS) a difference in the XLA flags
+    names the flags."""
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -49,7 +51,8 @@ def explain_miss(function: str, components: dict[str, str],
     pool = [e for e in layout if e.run == run] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
-    lines = explain(closest.components, components)
+    lines = [component_line(component, closest, xla_flags) for component
+             in differing_components(closest.components, components)]
     if not lines and max_size > 0:
         return [f"the manifest lists {closest.key} but its cache entry is gone: with "
                 f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
@@ -58,8 +61,31 @@ def explain_miss(function: str, components: dict[str, str],
     if not lines:
         return [f"the manifest lists {closest.key} but its cache entry is gone "
                 f"(pruned or deleted): run `jaxwarm prewarm` again"]
-    return [*settings, f"prewarmed as {closest.key} by run {closest.run!r}; " + lines[0],
-            *lines[1:]]
+    mocked = f" on one node through JAX's mock GPU topology {closest.mock_topology}" \
+        if closest.mock_topology else ""
+    return [*settings, f"prewarmed as {closest.key} by run {closest.run!r}{mocked}; "
+            + lines[0], *lines[1:]]
+
+
+def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | None) -> str:
+    """One differing component and its likely causes; what the prewarm recorded narrows
+    two of them: the XLA flags it compiled under, and the layout it mocked."""
+    line = f"{component} differs: {likely_causes(component)}"
+    if component == "XLA flags" and prewarmed.xla_flags is not None and xla_flags is not None:
+        theirs, ours = prewarmed.xla_flags.split(), xla_flags.split()
+        named = [f"{whose} {' '.join(flags)}" for whose, flags in (
+            ("only the prewarm's XLA_FLAGS have", [f for f in theirs if f not in ours]),
+            ("only this job's have", [f for f in ours if f not in theirs])) if flags]
+        if named:
+            line = (f"{component} differs: {'; '.join(named)}; every XLA flag is part of the "
+                    f"key, so the run must carry the prewarm's flags (those a prewarm.layout: "
+                    f"mock compile needs go to every job of its run)")
+    if component == "accelerator_config" and prewarmed.mock_topology:
+        line += (f"; the mock {prewarmed.mock_topology} did not give this layout's topology: "
+                 f"the prewarm node's GPU model or GPUs per process differ from this job's, "
+                 f"or XLA groups its processes otherwise than one partition per node (it "
+                 f"groups by NVLink domain on multi-node NVLink systems)")
+    return line
 
 
 def settings_differences(named: list[ManifestEntry], run: str | None,

@@ -87,43 +87,44 @@ def write_problem(path: Path) -> str | None:
 
 
 def check_cache_dir(path: Path, cache: CacheConfig, source: str,
-                    writing: bool = False) -> DirIdentity | None:
+                    writing: bool = False, key: str = "cache.dir") -> DirIdentity | None:
     """Refuse an unsafe existing cache dir or parent with one line naming file and key.
 
     The parents are checked along the path as written and along the path it resolves to,
     so a symlink cannot lead into a dir anyone may replace. With `writing` (a launch), a
     dir this user cannot write is refused here too, before any job starts. Returns the
-    identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`."""
+    identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`.
+    `key` is the config key that named the dir (`cache.stage` for a node's staged copy)."""
     gid = trusted_gid(cache, source)
     path = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
         problem = parent_problem(parent.stat(), gid) if parent.exists() else None
         if problem:
-            raise ConfigError(f"{source}: cache.dir: parent {parent} {problem}: anyone could "
+            raise ConfigError(f"{source}: {key}: parent {parent} {problem}: anyone could "
                               f"replace the cache that every rank executes")
     identity = None
     if path.exists():
         info = path.stat()
         problem = dir_problem(info, os.geteuid(), gid)
         if problem:
-            raise ConfigError(f"{source}: cache.dir: {path} {problem}; refusing to run code "
+            raise ConfigError(f"{source}: {key}: {path} {problem}; refusing to run code "
                               f"from it")
         identity = DirIdentity(info.st_dev, info.st_ino)
     problem = write_problem(path) if writing else None
     if problem:
-        raise ConfigError(f"{source}: cache.dir: {path} {problem}")
+        raise ConfigError(f"{source}: {key}: {path} {problem}")
     return identity
 
 
 def recheck_cache_dir(path: Path, cache: CacheConfig, source: str,
-                      checked: DirIdentity | None) -> DirIdentity | None:
+                      checked: DirIdentity | None, key: str = "cache.dir") -> DirIdentity | None:
     """The same checks again right before JAX opens the dir (each cache lookup of a job),
     and the dir must still be the one checked then: a dir swapped in between (a rename by
     whoever can write a parent) is refused, not loaded from."""
-    identity = check_cache_dir(path, cache, source)
+    identity = check_cache_dir(path, cache, source, key=key)
     if checked is not None and identity != checked:
-        raise ConfigError(f"{source}: cache.dir: {path} is not the directory checked when "
+        raise ConfigError(f"{source}: {key}: {path} is not the directory checked when "
                           f"the job started (it was replaced: device/inode {checked.device}/"
                           f"{checked.inode}, now {_describe(identity)}); refusing to load code "
                           f"from it")
@@ -134,10 +135,11 @@ def _describe(identity: DirIdentity | None) -> str:
     return "missing" if identity is None else f"{identity.device}/{identity.inode}"
 
 
-def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> DirIdentity | None:
+def prepare_cache_dir(path: Path, cache: CacheConfig, source: str,
+                      key: str = "cache.dir") -> DirIdentity | None:
     """Check the dir, then create it (and missing parents) with a safe mode; returns the
     identity of the dir as checked or created."""
-    identity = check_cache_dir(path, cache, source)
+    identity = check_cache_dir(path, cache, source, key=key)
     if identity is not None:
         return identity
     gid = trusted_gid(cache, source)
@@ -145,4 +147,4 @@ def prepare_cache_dir(path: Path, cache: CacheConfig, source: str) -> DirIdentit
     if gid is not None:
         os.chown(path, -1, gid)
         os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask
-    return check_cache_dir(path, cache, source)
+    return check_cache_dir(path, cache, source, key=key)

@@ -1,6 +1,7 @@
 """The contract between the launch flow (`launcher.flow`) and a backend (local, SLURM).
 
-A backend answers four questions and does one thing: may this run dir be used (no jobs of
+A backend answers five questions and does one thing: can its machines run the config's jobs
+at all (a GPU target needs a GPU), may this run dir be used (no jobs of
 an earlier launch still queued or running in it), submit a launch's jobs, how did each end,
 what should the user run to follow them, and what state are a run's jobs in now (`jaxwarm
 status`). Everything else (checks, run-dir lock, pinning, cache check, report) is the flow's,
@@ -35,6 +36,11 @@ class Backend(Protocol):
     # True when submit() already ran the jobs to their end (local), False when it only
     # queued them (SLURM): then the flow follows them only when asked to wait.
     runs_in_foreground: bool
+
+    def refuse_platform(self, config: Config) -> None:
+        """Raise ConfigError when the machines this backend runs jobs on plainly cannot run
+        the config's (a GPU target where there is no GPU). Called before anything is
+        written; where it cannot tell, the job itself refuses (launcher.injob.gpu)."""
 
     def refuse_busy(self, config: Config) -> None:
         """Raise ConfigError when jobs of an earlier launch may still run in the run dir.

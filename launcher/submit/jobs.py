@@ -13,6 +13,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -25,9 +26,11 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError
 from launcher.environment import job_environment, merge_environment
+from launcher.gputarget import mock_environment
 from launcher.injob.boot import BOOTSTRAP_DIR
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
+from launcher.store.staging import refuse_key_change
 
 log = logging.getLogger("jaxwarm.jobs")
 
@@ -78,6 +81,10 @@ def check_modules(config: Config) -> None:
     if entry.function is not None:
         specs.append(("entrypoint.function", entry.function))
     with job_import_path(config):
+        if config.report.mlperf and importlib.util.find_spec("mlperf_logging") is None:
+            raise ConfigError(f"{config.source}: report.mlperf: the training job logs MLPerf's "
+                              f"lines through the mlperf-logging package, which is not "
+                              f"installed: pip install 'jaxwarm[mlperf]'")
         if entry.module is not None:
             found = locate(config, "entrypoint.module", entry.module)
             if found.submodule_search_locations is not None and not any(
@@ -106,8 +113,8 @@ def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleS
             if found is None or found.submodule_search_locations is None:
                 found = None
                 break
-            found = importlib.machinery.PathFinder.find_spec(
-                ".".join(parts[:depth + 1]), list(found.submodule_search_locations))
+            found = find_submodule(".".join(parts[:depth + 1]),
+                                   list(found.submodule_search_locations))
     except (ImportError, ValueError):
         found = None
     if found is None:
@@ -115,6 +122,26 @@ def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleS
         raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
                           f"(is it installed in {sys.executable}{where}?)")
     return found
+
+
+def find_submodule(name: str, locations: list[str]) -> importlib.machinery.ModuleSpec | None:
+    """`name` in its parent package's directories, as `PathFinder.find_spec` finds it, but
+    also when it is a namespace package (a directory without `__init__.py`, as
+    `maxtext.trainers` is): PathFinder then looks its parent up in sys.modules (Python
+    3.12+), which this check never imports."""
+    portions: list[str] = []
+    for where in locations:
+        finder = pkgutil.get_importer(where)
+        spec = finder.find_spec(name) if finder is not None else None
+        if spec is not None and spec.loader is not None:
+            return spec
+        if spec is not None:
+            portions.extend(spec.submodule_search_locations or [])
+    if not portions:
+        return None
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = portions
+    return spec
 
 
 def parse_source(origin: str | None) -> ast.Module | None:
@@ -202,8 +229,12 @@ def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
     entry = config.entrypoint
     args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
     if entry.function is not None:
+        log.info("entrypoint.function: %s is called as a console script's main() or absl's "
+                 "main(argv), with jaxwarm's init recorder", entry.function)
         return Entrypoint(call_argv(sys.executable, [], "--function", entry.function, args))
     if entry.module is not None:
+        log.info("entrypoint.module: %s runs as python -m %s, with jaxwarm's init recorder",
+                 entry.module, entry.module)
         return Entrypoint(call_argv(sys.executable, [], "--module", entry.module, args))
     command = list(entry.command or [])
     script = console_script(config, command[0])
@@ -285,8 +316,10 @@ def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
 
 
 def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The prewarm job: the run's environment, plus the topology to mock when it compiles
+    for the run's layout on one node (`prewarm.layout: mock`)."""
     return JobSpec(PREWARM, [sys.executable, "-m", PREWARM_MODULE],
-                   job_environment(config, config_path))
+                   {**job_environment(config, config_path), **mock_environment(config, PREWARM)})
 
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:
@@ -295,6 +328,8 @@ def verify_job(config: Config, config_path: str | Path) -> JobSpec:
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
+    """The training job; refused where its node-local staging would change the key."""
+    refuse_key_change(config.cache, config.source)
     entry = entrypoint(config, config_path)
     env = job_environment(config, config_path)
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)

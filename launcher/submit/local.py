@@ -21,13 +21,15 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from launcher.config import Config, TopologyConfig
+from launcher.config import Config, ConfigError, TopologyConfig
 from launcher.environment import merge_environment
 from launcher.errors import EXIT_ERROR, error_line
+from launcher.gputarget import gpus_here, job_topology, no_gpu
 from launcher.injob.place import process_variables
 from launcher.injob.task import killed_by
 from launcher.rundir import TRAIN, log_path, report_path, unfinished
@@ -114,6 +116,7 @@ class LocalJob:
 
     def start(self) -> None:
         coordinator = f"127.0.0.1:{free_port()}"
+        job_id = f"local-{uuid.uuid4().hex[:12]}"
         count = self.topology.num_processes
         self.started = time.time()
         argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", "--", *self.job.argv]
@@ -121,7 +124,7 @@ class LocalJob:
         for index in range(count):
             env = dict(base)
             if count > 1:
-                env.update(process_variables(coordinator, count, index))
+                env.update(process_variables(coordinator, count, index, job_id))
             path = log_path(self.run_dir, self.job.name, index)
             path.parent.mkdir(parents=True, exist_ok=True)
             sink = path.open("wb")
@@ -216,7 +219,7 @@ class LocalJob:
 
 
 def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
-    result = LocalJob(job, config.topology, config.run_dir, echo=echo,
+    result = LocalJob(job, job_topology(config, job.name), config.run_dir, echo=echo,
                       grace_s=config.stop_grace_s,
                       first_step_timeout_s=config.train.first_step_timeout_s).run()
     if job.name == TRAIN and result.ok and result.problem is None and \
@@ -250,6 +253,12 @@ class LocalBackend:
 
     name = "this machine"
     runs_in_foreground = True
+
+    def refuse_platform(self, config: Config) -> None:
+        """The jobs run here: a GPU target on a machine without a GPU cannot compile."""
+        if config.topology.platform == "gpu" and not gpus_here():
+            raise ConfigError(no_gpu(config, "this machine (the local runner starts the jobs "
+                                             "here)", "no /dev/nvidia<N>"))
 
     def refuse_busy(self, config: Config) -> None:
         """Nothing outlives a local launch, which holds the run dir's lock all along."""

@@ -101,20 +101,26 @@ def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
     return config, path
 
 
-def prepare_cache(config: Config, check: bool) -> None:
+def prepare_cache(config: Config, check: bool, repair: bool = True) -> dict[str, str]:
     """Size-capped caches get the atime files JAX's eviction needs, and the entries this
-    run's prewarm recorded are checked (a corrupt one is quarantined, so the job compiles
-    and rewrites it instead of crashing or missing forever)."""
+    run's prewarm recorded are checked in full (a corrupt one is quarantined, so the job
+    compiles and rewrites it instead of crashing or missing forever). Without `repair`
+    (verify, which writes nothing into the cache dir) nothing is added or moved: the bad
+    entries are said and returned, by key, with why."""
     if is_remote(config.cache.dir):
-        return
-    if config.cache.max_size != -1:
+        return {}
+    if repair and config.cache.max_size != -1:
         ensure_atime_files(config.cache.dir)
     if not check:
-        return
+        return {}
     keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir, strict=False),
                                            config.run.name)]
-    checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False)
-    bad = [c for c in checks if not c.ok]
-    log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d quarantined "
+    checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False,
+                                           repair=repair)
+    bad = {c.key: c.problem or "" for c in checks if not c.ok}
+    log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d %s "
              "(--no-check-cache skips this)", len(checks), "y" if len(checks) == 1 else "ies",
-             config.run.name, 1e3 * seconds, len(bad))
+             config.run.name, 1e3 * seconds, len(bad),
+             "quarantined" if repair else
+             "bad, left for the next prewarm or launch to quarantine (verify writes nothing)")
+    return bad

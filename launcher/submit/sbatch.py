@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.config import Config, SlurmConfig, TopologyConfig
 from launcher.environment import OWNED_NAMES, OWNED_PREFIXES
+from launcher.gputarget import job_topology
 
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"
@@ -58,7 +59,7 @@ def array_layout(config: Config) -> tuple[tuple[str, str | None], ...]:
 def directives(config: Config, job: str) -> dict[str, str | None]:
     """sbatch options as name -> value (None for a bare flag), in a stable order."""
     slurm: SlurmConfig = config.slurm
-    topo: TopologyConfig = config.topology
+    topo: TopologyConfig = job_topology(config, job)  # one node for a mocked prewarm
     options: dict[str, str | None] = {
         "job-name": f"jaxwarm-{config.run.name}-{job}",
         "nodes": str(topo.nodes),

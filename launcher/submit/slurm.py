@@ -266,6 +266,10 @@ class SlurmBackend:
     name = "SLURM"
     runs_in_foreground = False
 
+    def refuse_platform(self, config: Config) -> None:
+        """The nodes are elsewhere: a GPU-target job on a node without a GPU refuses itself,
+        in one line in its log (launcher.injob.gpu), and the chain stops there."""
+
     def refuse_busy(self, config: Config) -> None:
         refuse_active_jobs(config)
 

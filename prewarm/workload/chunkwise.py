@@ -21,7 +21,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from launcher.config import Config
+from launcher.config import Config, ConfigError
 from prewarm.specs import sharded_specs
 from prewarm.step import StepBundle, seed_spec
 from prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, param_specs
@@ -31,8 +31,11 @@ log = logging.getLogger("jaxwarm.workload")
 State = dict[str, Any]
 
 
-def make_train_step(config: Config, mesh: Mesh) -> StepBundle:
+def make_train_step(config: Config, mesh: Mesh | None) -> StepBundle:
     """The jitted train step and init, with abstract sharded state and batch."""
+    if mesh is None:
+        raise ConfigError(f"{config.source}: mesh.axes: expected the mesh axes the reference "
+                          f"step is sharded over (it builds no mesh of its own)")
     args = ModelArgs.from_config(config, dict(mesh.shape))
     optimizer = make_optimizer(args)
 

@@ -2,8 +2,10 @@
 
 Layers are stacked on a leading axis and run under `lax.scan`, so the compiled program
 holds one layer body however deep the model is: compile time (and the persistent-cache
-entry) stays flat from 2 layers to 32. `jax.checkpoint` around that body trades a
-recomputation for not keeping every layer's activations alive.
+entry) stays flat from 2 layers to 32. `scan_layers: false` unrolls them instead, as many
+trainers do (one copy of the body per layer, which XLA can schedule across layers): compile
+time and entry then grow with depth, the size of compile users pay for. `jax.checkpoint`
+around the body trades a recomputation for not keeping every layer's activations alive.
 
 `ModelArgs.from_config` is the only place `step.args` is read. It fails with one line
 naming the key, because a typo found after a 64-node allocation is an expensive typo.
@@ -61,6 +63,7 @@ class ModelArgs:
     weight_decay: NonNegativeFloat = 0.1
     rope_theta: PositiveFloat = 10000.0
     remat: bool = True
+    scan_layers: bool = True
     data_axes: tuple[str, ...] = ("data",)
     fsdp_axis: str | None = "fsdp"
     tensor_axis: str | None = None
@@ -234,7 +237,11 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelArgs, *,
         return x, None
 
     body = jax.checkpoint(layer) if cfg.remat else layer
-    x, _ = lax.scan(body, x, params["layers"])
+    if cfg.scan_layers:
+        x, _ = lax.scan(body, x, params["layers"])
+    else:
+        for index in range(cfg.n_layers):
+            x, _ = body(x, jax.tree.map(lambda w, i=index: w[i], params["layers"]))
     x = _rms_norm(x, params["final_norm"])
     return constrain(jnp.einsum("btd,dv->btv", x, params["unembed"]), None, tensor)
 

@@ -1,0 +1,389 @@
+"""`python -m bench.gpu_check`: every GPU check of issue 21, into one JSON.
+
+On a machine with a GPU (the project's device image: jax 0.11.2 with the CUDA 13 plugin),
+from the repository root:
+
+    python -m bench.gpu_check                        # every check
+    python -m bench.gpu_check --only reference,mock  # some (each call writes one JSON)
+
+The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, else
+`bench/results/<gpu>.json`. Each check runs its jobs as fresh processes, as `jaxwarm launch
+--local` starts them (argv and environment from `launcher.submit.jobs`, the local runner):
+
+- reference: the demo's step on 1 process x 1 GPU. verify on an empty cache (COLD, and the
+  key it predicts), the prewarm job, the trainer (2 steps): the step must HIT, and the entry
+  the prewarm wrote must be the file verify named; verify again says WARM.
+- cold_vs_warm: a step that compiles for 30 s or more there (default: d_model 2048, 16
+  layers, bf16, 4 chunks; `--size step.args.KEY=VALUE` changes it): the trainer on an empty
+  cache, again on the filled cache, and on a new cache holding only XLA's autotune sub-cache
+  of the first: compile and retrieval seconds, entry size, time to first step, and what the
+  autotune sub-cache saves of a compile.
+- mock: a 2-process layout (1 node x 2 processes x 1 GPU) prewarmed through JAX's mock GPU
+  topology (`prewarm.layout: mock`, one process), then the real 2 processes on the one GPU:
+  verify (process 0's verdict for the run) and `bench.compile_only` (each rank's real lookup;
+  NCCL refuses two ranks of one communicator on one GPU, so no step runs): HIT on both
+  ranks, or the key components that differ.
+- agreement: rank agreement's cost per function on a warm start, where this checkout has
+  the agreement protocol; otherwise the JSON says it is absent.
+
+Without a GPU it refuses in one line (exit 2) and writes nothing. `--dry-run` runs the same
+checks on CPU at the demo's size, to test the script itself (tests/test_gpu_check.py): the
+mock check then prewarms on the real layout (JAX mocks GPU topologies only), and the JSON
+says `"dry_run": true`, names no GPU and holds no GPU figure (`"gpu": null`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, BenchError, cpu_model, read_json, write_json
+from launcher.config import Config, load_config
+from launcher.environment import job_environment
+from launcher.errors import say
+from launcher.gputarget import gpus_here
+from launcher.jaxkey.components import differing_components
+from launcher.rundir import TRAIN, report_path, verify_result_path
+from launcher.store.entries import entry_path
+from launcher.store.manifest import ManifestEntry, read_manifest
+from launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from launcher.submit.local import run_job
+from launcher.submit.prepare import pin_config
+
+DEMO = REPO / "configs" / "demo.yaml"
+STEP = "jit_train_step"
+CHECKS = ("reference", "cold_vs_warm", "mock", "agreement")
+# The issue's size for a compile of 30 s or more on one GPU.
+BIG = ("step.args.vocab_size=32000", "step.args.d_model=2048", "step.args.n_layers=16",
+       "step.args.n_heads=16", "step.args.n_kv_heads=8", "step.args.d_ff=8192",
+       "step.args.seq_len=2048", "step.args.global_batch=8", "step.args.chunks=4",
+       "step.args.dtype=bfloat16")
+LONG_COMPILE_S = 30.0
+# Every check: every compile stored, 2 training steps, no checkpoints, the reference trainer
+# by function (a console script needs jaxwarm installed, which the device image is not).
+COMMON = ("cache.min_compile_time_secs=0", "train.steps=2", "train.checkpoint_every=0",
+          "entrypoint.command=null", "entrypoint.function=prewarm.workload.trainer:main")
+ONE = ("topology.nodes=1", "topology.processes_per_node=1", "topology.devices_per_process=1",
+       "mesh.axes={data: 1, fsdp: 1}")
+# Two processes on the one GPU: neither may take most of its memory at start.
+TWO = ("topology.nodes=1", "topology.processes_per_node=2", "topology.devices_per_process=1",
+       "mesh.axes={data: 2, fsdp: 1}", 'env={XLA_PYTHON_CLIENT_PREALLOCATE: "false"}')
+AUTOTUNE_DIR = "xla_gpu_per_fusion_autotune_cache_dir"
+# What the jobs import beyond jax: the wheels to carry to an image that lacks them.
+NEEDED = {"yaml": "pyyaml", "filelock": "filelock", "optax": "optax",
+          "orbax.checkpoint": "orbax-checkpoint"}
+DEVICE_PROBE = ("import json, jax; d = jax.devices(); print(json.dumps({'platform': "
+                "d[0].platform, 'kind': d[0].device_kind, 'count': len(d)}))")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a check works and what it runs on."""
+
+    work: Path
+    dry_run: bool
+    size: tuple[str, ...]
+
+    @property
+    def platform(self) -> str:
+        return "cpu" if self.dry_run else "gpu"
+
+    def pin(self, name: str, overrides: Sequence[str]) -> tuple[Config, Path]:
+        """The demo config as this check's run `name`, pinned as a launch pins it."""
+        return pin_config(load_config(DEMO, [f"run.name={name}",
+                                             f"run.out_dir={self.work / 'runs'}",
+                                             f"topology.platform={self.platform}", *COMMON,
+                                             *overrides]))
+
+
+def run(job: JobSpec, config: Config) -> None:
+    """One job as the local runner runs it; a job that did not complete stops the check."""
+    result = run_job(job, config, echo=False)
+    if not result.ok or result.problem is not None:
+        raise BenchError(f"{config.run.name}: {job.name} job failed (exit {result.returncode})"
+                         f"{': ' + result.problem if result.problem else ''}; last lines of "
+                         f"its log {result.log_tail[-3000:]}")
+
+
+def step_record(config: Config, process: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A training job's init report of one process, and the step's record in it."""
+    path = report_path(config.run_dir, TRAIN, 0, process)
+    report = read_json(path)
+    found = [fn for fn in report["functions"] if fn["name"] == STEP]
+    if not found:
+        raise BenchError(f"{path}: no lookup of {STEP}")
+    return report, found[-1]
+
+
+def verdict(config: Config) -> dict[str, Any]:
+    """The verify job's verdict of the step: process 0's, the run's."""
+    path = verify_result_path(config.run_dir)
+    found = [v for v in read_json(path)["functions"] if v["function"] == STEP]
+    if not found:
+        raise BenchError(f"{path}: no verdict of {STEP}")
+    return found[-1]
+
+
+def prewarmed(cache: Path) -> ManifestEntry:
+    """The newest manifest entry of the step."""
+    entries = [e for e in read_manifest(cache).values() if e.function == STEP]
+    if not entries:
+        raise BenchError(f"{cache}: the prewarm recorded no {STEP}")
+    return max(entries, key=lambda entry: entry.created)
+
+
+def reference(ctx: Context) -> dict[str, Any]:
+    cache = ctx.work / "reference-cache"
+    layout = [*ONE, f"cache.dir={cache}"]
+    before_config, before_pinned = ctx.pin("reference-verify", layout)
+    run(verify_job(before_config, before_pinned), before_config)
+    before = verdict(before_config)
+    prewarm_config, prewarm_pinned = ctx.pin("reference-prewarm", layout)
+    run(prewarm_job(prewarm_config, prewarm_pinned), prewarm_config)
+    written = prewarmed(cache)
+    train_config, train_pinned = ctx.pin("reference-train", layout)
+    run(train_job(train_config, train_pinned), train_config)
+    report, step = step_record(train_config)
+    after_config, after_pinned = ctx.pin("reference-verify-again", layout)
+    run(verify_job(after_config, after_pinned), after_config)
+    after = verdict(after_config)
+    equal = before["key"] == written.key and entry_path(cache, before["key"]).is_file()
+    return {"verify_before": "WARM" if before["warm"] else "COLD",
+            "predicted_key": before["key"], "written_key": written.key,
+            "key_equals_file": equal, "prewarm_compile_s": written.compile_s,
+            "train_hit": step["hit"], "train_key": step["key"],
+            "retrieval_s": step["seconds"] if step["hit"] else None,
+            "time_to_first_step_s": report["time_to_first_step_s"],
+            "verify_after": "WARM" if after["warm"] else "COLD",
+            "passed": equal and step["hit"] and after["warm"] and not before["warm"]}
+
+
+def cold_vs_warm(ctx: Context) -> dict[str, Any]:
+    cache, autotuned = ctx.work / "cold-cache", ctx.work / "autotune-only-cache"
+    size = () if ctx.dry_run else (*BIG, *ctx.size)
+
+    def trainer(name: str, cache_dir: Path, hit: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        config, pinned = ctx.pin(name, [*ONE, *size, f"cache.dir={cache_dir}"])
+        run(train_job(config, pinned), config)
+        report, step = step_record(config)
+        if step["hit"] != hit:
+            raise BenchError(f"{name}: expected {STEP} to {'hit' if hit else 'miss'}, it did "
+                             f"not (key {step['key']})")
+        return report, step
+
+    cold_report, cold = trainer("cold", cache, hit=False)
+    entry_bytes = entry_path(cache, cold["key"]).stat().st_size
+    warm_report, warm = trainer("warm", cache, hit=True)
+    # A new cache with XLA's autotune results of the cold run and no JAX entry: the compile
+    # runs again, without autotuning what the sub-cache holds.
+    autotune_files = 0
+    if (cache / AUTOTUNE_DIR).is_dir():
+        shutil.copytree(cache / AUTOTUNE_DIR, autotuned / AUTOTUNE_DIR)
+        autotune_files = sum(1 for path in (autotuned / AUTOTUNE_DIR).rglob("*")
+                             if path.is_file())
+    _, retuned = trainer("autotune-only", autotuned, hit=False)
+    return {"size": dict(item.removeprefix("step.args.").split("=", 1) for item in size),
+            "cold_compile_s": cold["seconds"], "warm_retrieval_s": warm["seconds"],
+            "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
+            "entry_bytes": entry_bytes,
+            "cold_first_step_s": cold_report["time_to_first_step_s"],
+            "warm_first_step_s": warm_report["time_to_first_step_s"],
+            "compile_at_least_30_s": cold["seconds"] >= LONG_COMPILE_S,
+            "autotune_cache_files": autotune_files,
+            "compile_with_autotune_cache_s": retuned["seconds"],
+            "autotune_cache_saves_s": cold["seconds"] - retuned["seconds"]}
+
+
+def mock(ctx: Context) -> dict[str, Any]:
+    cache = ctx.work / "mock-cache"
+    layout = [*TWO, f"cache.dir={cache}"]
+    prewarm_config, prewarm_pinned = ctx.pin(
+        "mock-prewarm", [*layout, *(() if ctx.dry_run else ("prewarm.layout=mock",))])
+    run(prewarm_job(prewarm_config, prewarm_pinned), prewarm_config)
+    entry = prewarmed(cache)
+    verify_config, verify_pinned = ctx.pin("mock-verify", layout)
+    run(verify_job(verify_config, verify_pinned), verify_config)
+    real_config, real_pinned = ctx.pin("mock-real", layout)
+    run(JobSpec(TRAIN, [sys.executable, "-m", "bench.compile_only"],
+                job_environment(real_config, real_pinned)), real_config)
+    predicted = verdict(verify_config)  # process 0 decides for the run
+    ranks = []
+    for process in range(real_config.topology.num_processes):
+        _, step = step_record(real_config, process)
+        ranks.append({"process": process, "key": step["key"], "hit": step["hit"],
+                      "differing_components": differing_components(entry.components,
+                                                                   step["components"])})
+    differing = sorted({name for rank in ranks for name in rank["differing_components"]})
+    return {"mocked": entry.mock_topology is not None, "mock_topology": entry.mock_topology,
+            "prewarm_key": entry.key, "prewarm_compile_s": entry.compile_s,
+            "prewarm_process_count": entry.process_count,
+            "verify": "WARM" if predicted["warm"] else "COLD", "verify_key": predicted["key"],
+            "verify_why": predicted["explanation"], "ranks": ranks,
+            "hit_on_every_rank": all(rank["hit"] for rank in ranks),
+            "differing_components": differing}
+
+
+def agreement(ctx: Context) -> dict[str, Any]:
+    """Rank agreement (issue 21) is built apart from this script; where this checkout does
+    not have it, there is nothing to time, and the JSON says so."""
+    return {"status": "absent",
+            "why": "this checkout has no rank agreement protocol to time (issue 21's "
+                   "agreement before each compile); nothing measured"}
+
+
+RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "reference": reference, "cold_vs_warm": cold_vs_warm, "mock": mock, "agreement": agreement}
+
+
+def probe_device(dry_run: bool) -> dict[str, Any]:
+    """What JAX finds here, asked in a child process (this one stays free of JAX, like the
+    `jaxwarm` command): the platform the checks run on, its device kind and count."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu" if dry_run else "cuda"}
+    done = subprocess.run([sys.executable, "-c", DEVICE_PROBE], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise BenchError(lines[-1] if lines else f"exit status {done.returncode}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def missing_packages() -> list[str]:
+    import importlib.util
+
+    missing = []
+    for module, package in NEEDED.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
+
+
+def versions() -> dict[str, str]:
+    """jax, jaxlib and the GPU plugin's version, from the installed metadata."""
+    found = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in ("jax", "jaxlib") or name.startswith(("jax-cuda", "jax-rocm")):
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def output_path(given: str | None, device: dict[str, Any], dry_run: bool) -> Path:
+    if given:
+        return Path(given)
+    if os.environ.get("OUT"):
+        return Path(os.environ["OUT"]) / "gpu_check.json"
+    if dry_run:  # never among the results: a dry run measured no GPU
+        return Path(tempfile.gettempdir()) / "jaxwarm-gpu-check-dry-run.json"
+    return REPO / "bench" / "results" / f"{slug(device['kind'])}.json"
+
+
+def summary(name: str, section: dict[str, Any]) -> str:
+    if section["status"] != "ran":
+        return f"{name}: {section['status']}: {section.get('why') or section.get('error')}"
+    if name == "reference":
+        return (f"reference: verify {section['verify_before']} -> prewarm -> train "
+                f"{'HIT' if section['train_hit'] else 'MISS'}; verify's key is the file "
+                f"written: {section['key_equals_file']}; verify after: "
+                f"{section['verify_after']}")
+    if name == "cold_vs_warm":
+        return (f"cold_vs_warm: compile {section['cold_compile_s']:.2f} s, retrieval "
+                f"{section['warm_retrieval_s']:.2f} s, entry {section['entry_bytes']} bytes, "
+                f"first step {section['cold_first_step_s']:.2f} s cold / "
+                f"{section['warm_first_step_s']:.2f} s warm, with the autotune sub-cache only "
+                f"{section['compile_with_autotune_cache_s']:.2f} s")
+    ranks = ", ".join(f"p{rank['process']} {'HIT' if rank['hit'] else 'MISS'}"
+                      for rank in section["ranks"])
+    differing = ", ".join(section["differing_components"]) or "none"
+    prewarm = f"mocked {section['mock_topology']}" if section["mocked"] else \
+        "on the real layout (dry run: no mock on CPU)"
+    return f"mock: prewarm {prewarm}; real layout {ranks}; components that differ: {differing}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run the checks on CPU at the demo's size: tests the script, "
+                             "measures no GPU")
+    parser.add_argument("--only", default=",".join(CHECKS),
+                        help=f"comma list of checks (default: all of {', '.join(CHECKS)})")
+    parser.add_argument("--size", action="append", default=[], metavar="step.args.KEY=VALUE",
+                        help="change the cold_vs_warm step's size (repeatable)")
+    parser.add_argument("--json", help="where the JSON goes (default: $OUT/gpu_check.json, "
+                                       "else bench/results/<gpu>.json)")
+    args = parser.parse_args(argv)
+    chosen = [name for name in args.only.split(",") if name]
+    unknown = [name for name in chosen if name not in CHECKS]
+    if unknown or not chosen:
+        return say(f"--only: expected names among {', '.join(CHECKS)}, got {args.only!r}")
+    if not args.dry_run and not gpus_here():
+        return say("bench.gpu_check needs a GPU and this machine has none (no "
+                   "/dev/nvidia<N>); --dry-run runs its checks on CPU to test the script, "
+                   "without measuring any GPU figure")
+    try:
+        device = probe_device(args.dry_run)
+    except BenchError as exc:
+        return say(f"bench.gpu_check: JAX found no {'CPU' if args.dry_run else 'GPU'} here "
+                   f"({exc}); --dry-run runs its checks on CPU to test the script")
+    if not args.dry_run and device["platform"] != "gpu":
+        return say(f"bench.gpu_check needs a GPU; JAX found {device['platform']} devices only")
+    if missing := missing_packages():
+        return say(f"bench.gpu_check: the jobs need {', '.join(missing)}, not installed in "
+                   f"{sys.executable}: carry their wheels (pip download {' '.join(missing)})")
+    started = time.time()
+    sections: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="jaxwarm-gpu-check-") as tmp:
+        ctx = Context(Path(tmp), args.dry_run, tuple(args.size))
+        for name in chosen:
+            begin = time.perf_counter()
+            try:
+                section = {"status": "ran", **RUNNERS[name](ctx)}
+            except (BenchError, OSError, ValueError) as exc:
+                section = {"status": "error", "error": " ".join(str(exc).split())}
+            section["wall_s"] = time.perf_counter() - begin
+            sections[name] = section
+            print(summary(name, section), flush=True)
+    data = {
+        "tool": "bench.gpu_check", "dry_run": args.dry_run,
+        "gpu": None if args.dry_run else {"kind": device["kind"], "count": device["count"]},
+        "measured_on": ("cpu, dry run: the checks' logic at the demo's size; no GPU figure"
+                        if args.dry_run else f"{device['count']} x {device['kind']}"),
+        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
+                    "python": platform.python_version(), "platform": platform.platform(),
+                    **versions()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_s": time.time() - started,
+        "checks": sections,
+        # What still has to run on a GPU: every check of a dry run, and any that did not.
+        "remaining_on_gpu": [name for name in CHECKS if args.dry_run or name not in sections
+                             or sections[name]["status"] != "ran"],
+    }
+    path = output_path(args.json, device, args.dry_run)
+    write_json(path, data)
+    print(f"wrote {path}")
+    return 0 if all(section["status"] != "error" for section in sections.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""`python -m bench.growth [--ranks 1 8 64] [--repeats N] [--json PATH] [--png PATH]`: how
+jaxwarm's own costs grow with the number of ranks (run it under the heavy lock).
+
+At each rank count R the demo step runs as R processes x 1 fake CPU device on this machine
+(mesh data=R x fsdp=1, global batch 2R in 2 chunks), with one trainer, `bench.plain_train`
+(a trainer that knows nothing of jaxwarm), started two ways on the same warm cache:
+
+- **by hand**: R processes started here, JAX's cache set through environment variables
+  only (the `JAX_*` and `XLA_FLAGS` jaxwarm would give them, nothing else of jaxwarm), the
+  coordinator named as the local runner names it;
+- **jaxwarm**: `jaxwarm launch --local --no-prewarm` with the trainer as
+  `entrypoint.function`: jaxwarm's runner, supervisors, recorder and cache hook around it.
+
+First one `jaxwarm prewarm --local` at R ranks fills the cache (its wall time is the cold
+prewarm's). Then per repetition, each way once, in a fresh run dir:
+
+- *time to first step per rank*: what the trainer itself measures, from its process start
+  to the end of its first step (both ways the same code and clock); jaxwarm's added time is
+  the difference of the medians over ranks (and of the slowest ranks);
+- *wall*: from starting the command (or the R processes) to the last exit;
+- *memory per rank*: the trainer's own peak RSS, and the peak RSS (VmHWM, sampled) of each
+  jaxwarm process that is not a trainer: the per-rank supervisor and the launcher;
+- *report time*: `jaxwarm report RUN_DIR` (2R init reports), wall of a fresh process;
+- *lock waits*: what the init reports of every rank say they waited for jaxwarm's locks
+  (manifest, usage log, per-key writer locks), summed over ranks, prewarm and training.
+
+On CPU only process 0 loads the step (JAX hashes each process's devices into the key);
+every other rank compiles it, both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import DEMO, REPO, BenchError, machine, read_json, table, write_json
+from launcher.config import load_config
+from launcher.environment import job_environment, merge_environment
+from launcher.injob.place import process_variables
+from launcher.rundir import PREWARM, TRAIN, pinned_config, report_path
+from launcher.submit.local import free_port
+
+RANKS = (1, 8, 64)
+REPEATS = 1
+TIMEOUT_S = 3600.0
+TRAINER = "bench.plain_train"
+
+
+def overrides(work: Path, ranks: int, runs: str) -> list[str]:
+    return [f"run.out_dir={work / runs}", f"cache.dir={work / 'cache'}",
+            f"topology.processes_per_node={ranks}", "topology.devices_per_process=1",
+            f"mesh.axes={{data: {ranks}, fsdp: 1}}", f"step.args.global_batch={2 * ranks}",
+            "train.steps=1", "stop_grace_s=60",
+            f"entrypoint={{function: '{TRAINER}:main', args: ['{{config}}', "
+            f"'{work / runs / 'first-step'}']}}"]
+
+
+class PeakMemory:
+    """Samples the peak RSS (VmHWM) of every process under a pid until stopped, by kind."""
+
+    def __init__(self, root: int) -> None:
+        import psutil
+        self.psutil, self.root = psutil, root
+        self.peaks: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                processes = [self.psutil.Process(self.root)]
+                processes += processes[0].children(recursive=True)
+            except self.psutil.Error:
+                continue
+            for process in processes:
+                try:
+                    kind = kind_of(process.cmdline())
+                    peak = high_water_mb(process.pid)
+                except (self.psutil.Error, OSError):
+                    continue
+                self.peaks[process.pid] = (kind, max(peak, self.peaks.get(process.pid,
+                                                                           ("", 0.0))[1]))
+
+    def stop(self) -> dict[str, list[float]]:
+        self._stop.set()
+        self._thread.join()
+        kinds: dict[str, list[float]] = {}
+        for kind, peak in self.peaks.values():
+            kinds.setdefault(kind, []).append(peak)
+        return kinds
+
+
+def kind_of(argv: list[str]) -> str:
+    """What a process of a launch is, from the module its Python runs (`-m MODULE`)."""
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    return {"launcher.submit.supervise": "supervisor", "launcher.injob.call": "trainer",
+            TRAINER: "trainer", "launcher.cli": "launcher"}.get(module, "other")
+
+
+def high_water_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, dict[str, list[float]]]:
+    """Run a command to its end; its wall time and the peak RSS of its processes by kind."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    memory = PeakMemory(proc.pid)
+    out, _ = proc.communicate(timeout=TIMEOUT_S)
+    wall = time.perf_counter() - start
+    peaks = memory.stop()
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(argv[:4])} exited {proc.returncode}:\n{out[-4000:]}")
+    return wall, peaks
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", *args]
+
+
+def by_hand(work: Path, ranks: int, runs: str) -> dict[str, Any]:
+    """R trainer processes started here with the cache set by environment variables."""
+    config = load_config(pinned_config(work / "prewarm" / "demo"))
+    env = {k: v for k, v in job_environment(config, "").items()
+           if k.startswith("JAX_") or k == "XLA_FLAGS"}
+    base = merge_environment(dict(os.environ), env)
+    coordinator = f"127.0.0.1:{free_port()}"
+    out = work / runs / "first-step"
+    argv = [sys.executable, "-m", TRAINER, str(pinned_config(work / "prewarm" / "demo")),
+            str(out)]
+    start = time.perf_counter()
+    procs = []
+    for index in range(ranks):
+        place = {k: v for k, v in process_variables(coordinator, ranks, index, "").items()
+                 if not k.startswith("JAXWARM_")} if ranks > 1 else {}
+        procs.append(subprocess.Popen(argv, cwd=REPO, env={**base, **place},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+    failed = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+        if proc.returncode != 0:
+            failed.append(err[-2000:])
+    wall = time.perf_counter() - start
+    if failed:
+        raise BenchError(f"{len(failed)} plain trainer(s) failed:\n{failed[0]}")
+    return {"wall_s": wall, **first_steps(out, ranks)}
+
+
+def first_steps(out: Path, ranks: int) -> dict[str, Any]:
+    rows = [read_json(out / f"p{process}.json") for process in range(ranks)]
+    return {"first_step_s": [row["first_step_s"] for row in rows],
+            "trainer_rss_mb": [row["peak_rss_mb"] for row in rows]}
+
+
+def lock_waits(run_dir: Path, job: str, ranks: int) -> float:
+    total = 0.0
+    for process in range(ranks):
+        path = report_path(run_dir, job, 0, process)
+        if path.exists():
+            total += sum(read_json(path).get("lock_wait_s", {}).values())
+    return total
+
+
+def with_jaxwarm(work: Path, ranks: int, runs: str) -> dict[str, Any]:
+    wall, peaks = run(cli("launch", str(DEMO), "--local", "--no-prewarm",
+                          *overrides(work, ranks, runs)))
+    run_dir = work / runs / "demo"
+    report_times = [run(cli("report", str(run_dir)))[0] for _ in range(3)]
+    return {"wall_s": wall, **first_steps(work / runs / "first-step", ranks),
+            "supervisor_rss_mb": peaks.get("supervisor", []),
+            "launcher_rss_mb": peaks.get("launcher", []),
+            "report_s": statistics.median(report_times),
+            "train_lock_wait_s": lock_waits(run_dir, TRAIN, ranks)}
+
+
+def measure(ranks: int, repeats: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="jaxwarm-growth-", dir="/tmp") as tmp:
+        work = Path(tmp)
+        prewarm_wall, _ = run(cli("prewarm", str(DEMO), "--local",
+                                  *overrides(work, ranks, "prewarm")))
+        prewarm_locks = lock_waits(work / "prewarm" / "demo", PREWARM, ranks)
+        samples = []
+        for repeat in range(repeats):
+            samples.append({"plain": by_hand(work, ranks, f"plain-{repeat}"),
+                            "jaxwarm": with_jaxwarm(work, ranks, f"jaxwarm-{repeat}")})
+    return {"ranks": ranks, "prewarm_wall_s": prewarm_wall,
+            "prewarm_lock_wait_s": prewarm_locks, "samples": samples,
+            "row": summarize(ranks, samples, prewarm_locks)}
+
+
+def summarize(ranks: int, samples: list[dict[str, Any]], prewarm_locks: float
+              ) -> dict[str, float]:
+    """Medians over repetitions of each figure (per rank: median and slowest rank)."""
+    def med(side: str, key: str, pick: Any = statistics.median) -> float:
+        values = [sample[side][key] for sample in samples]
+        return statistics.median((pick(v) if v else math.nan) if isinstance(v, list) else v
+                                 for v in values)
+
+    row = {"ranks": ranks,
+           "plain_first_step_s": med("plain", "first_step_s"),
+           "jaxwarm_first_step_s": med("jaxwarm", "first_step_s"),
+           "plain_slowest_s": med("plain", "first_step_s", max),
+           "jaxwarm_slowest_s": med("jaxwarm", "first_step_s", max),
+           "plain_wall_s": med("plain", "wall_s"), "jaxwarm_wall_s": med("jaxwarm", "wall_s"),
+           "plain_rss_mb": med("plain", "trainer_rss_mb"),
+           "jaxwarm_rss_mb": med("jaxwarm", "trainer_rss_mb"),
+           "supervisor_rss_mb": med("jaxwarm", "supervisor_rss_mb"),
+           "launcher_rss_mb": med("jaxwarm", "launcher_rss_mb", max),
+           "report_s": med("jaxwarm", "report_s"),
+           "lock_wait_s": prewarm_locks + med("jaxwarm", "train_lock_wait_s")}
+    row["added_first_step_s"] = row["jaxwarm_first_step_s"] - row["plain_first_step_s"]
+    row["added_slowest_s"] = row["jaxwarm_slowest_s"] - row["plain_slowest_s"]
+    row["added_wall_s"] = row["jaxwarm_wall_s"] - row["plain_wall_s"]
+    return row
+
+
+def growth_table(rows: list[dict[str, float]]) -> str:
+    return table(
+        "jaxwarm against the same trainer with JAX's cache set by hand (warm cache; medians)",
+        ["ranks", "first step s, by hand", "jaxwarm", "added", "slowest rank added",
+         "wall s, by hand", "jaxwarm", "added", "trainer RSS MiB, by hand", "jaxwarm",
+         "supervisor RSS MiB/rank", "launcher RSS MiB", "report s", "lock waits ms"],
+        [[int(r["ranks"]), f"{r['plain_first_step_s']:.2f}", f"{r['jaxwarm_first_step_s']:.2f}",
+          f"{r['added_first_step_s']:+.2f}", f"{r['added_slowest_s']:+.2f}",
+          f"{r['plain_wall_s']:.1f}", f"{r['jaxwarm_wall_s']:.1f}",
+          f"{r['added_wall_s']:+.1f}", f"{r['plain_rss_mb']:.0f}", f"{r['jaxwarm_rss_mb']:.0f}",
+          f"{r['supervisor_rss_mb']:.0f}", f"{r['launcher_rss_mb']:.0f}",
+          f"{r['report_s']:.2f}", f"{1e3 * r['lock_wait_s']:.1f}"] for r in rows])
+
+
+def write_chart(rows: list[dict[str, float]], title: str, path: Path) -> bool:
+    """Time to first step and wall, both ways, by rank count; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = [r["ranks"] for r in rows]
+    figure, (first, wall) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label in (("plain_first_step_s", "by hand (env vars), median rank"),
+                       ("jaxwarm_first_step_s", "jaxwarm, median rank"),
+                       ("plain_slowest_s", "by hand, slowest rank"),
+                       ("jaxwarm_slowest_s", "jaxwarm, slowest rank")):
+        first.plot(ranks, [r[key] for r in rows], marker="o", label=label)
+    first.set(xscale="log", xlabel="ranks", ylabel="s", title="time to first step")
+    for key, label in (("plain_wall_s", "by hand"), ("jaxwarm_wall_s", "jaxwarm launch")):
+        wall.plot(ranks, [r[key] for r in rows], marker="o", label=label)
+    wall.plot(ranks, [r["report_s"] for r in rows], marker="o", label="jaxwarm report")
+    wall.set(xscale="log", xlabel="ranks", ylabel="s", title="wall time")
+    for axes in (first, wall):
+        axes.set_xticks(ranks, [str(r) for r in ranks])
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.growth",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/growth.json"))
+    parser.add_argument("--png", type=Path)
+    args = parser.parse_args(argv)
+    load_start = os.getloadavg()
+    started = time.perf_counter()
+    measured, loads = [], []
+    try:
+        for ranks in args.ranks:
+            loads.append({"ranks": ranks, "load": os.getloadavg()})
+            measured.append(measure(ranks, args.repeats))
+    except (BenchError, subprocess.TimeoutExpired) as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 1
+    rows = [m["row"] for m in measured]
+    about = machine()
+    title = (f"demo step, R processes x 1 CPU device, {about['cpus']} CPUs, jax {about['jax']}; "
+             f"load average {load_start[0]:.1f} at start")
+    result = {"machine": {**about, "layout": "R processes x 1 CPU device"},
+              "load_average": {"start": load_start, "end": os.getloadavg(), "during": loads},
+              "seconds": time.perf_counter() - started, "settings": vars(args) | {
+                  "json": str(args.json), "png": str(args.png)},
+              "measured": measured, "rows": rows}
+    print(growth_table(rows))
+    print("load average (1, 5, 15 min): at start {}, at end {}".format(
+        *(" ".join(f"{v:.2f}" for v in result["load_average"][k]) for k in ("start", "end"))))
+    write_json(args.json, result)
+    print(f"figures: {args.json}")
+    png = args.png or args.json.with_suffix(".png")
+    if write_chart(rows, title, png):
+        print(f"chart: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""MaxText's train step for jaxwarm, built by MaxText's own code: nothing of MaxText changes.
+
+MaxText's trainer (`python -m maxtext.trainers.pre_train.train ARGS`) sets itself up
+(`train.initialize`), builds its mesh from its own parallelism settings, and AOT-compiles
+`jit_train_step` inside `jax.set_mesh(mesh)` and flax's `logical_axis_rules(...)` with the
+compiler options of its `compile_xla_flags`. This factory does the same, in the same order,
+with MaxText's functions and the same argv (`entrypoint.args` of the jaxwarm config), so the
+prewarm job lowers the very program the training job then looks up:
+
+- `train.initialize(argv)` is MaxText's set-up, process-global JAX settings included
+  (`jax_default_prng_impl=unsafe_rbg`, shardy, `jax_remove_size_one_mesh_axis_from_type`,
+  `LIBTPU_INIT_ARGS`), which enter the key; calling it is how the factory replays them;
+- the mesh is MaxText's own (`maxtext_utils.get_mesh_from_config`, its 12 axes), returned in
+  the bundle: the jaxwarm config has no `mesh.axes`;
+- the abstract state and batch are `train_compile.get_shaped_inputs`, MaxText's own shaped
+  inputs for AOT compiles, with the run's shardings (no parameter is materialized);
+- the jitted step is `train_utils.jit_train_and_eval_step`, what `train.train_loop` calls.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax.core.spmd import logical_axis_rules
+from maxtext.trainers.pre_train import train, train_compile
+from maxtext.utils import max_utils, maxtext_utils, sharding, train_utils
+
+from launcher.config import Config
+from prewarm.step import CompileTarget, StepBundle
+
+
+def make_train_step(config: Config, mesh: None) -> StepBundle:
+    """MaxText's `jit_train_step` with its abstract (state, batch), on MaxText's own mesh."""
+    # argv as `python -m maxtext.trainers.pre_train.train ARGS` gives it to absl's main(argv):
+    # the module's file first (MaxText picks its default config file from it), then ARGS.
+    maxtext_config, _ = train.initialize([train.__file__, *config.entrypoint.args])
+    maxtext_mesh = maxtext_utils.get_mesh_from_config(maxtext_config)
+    (state, batch), _, state_shardings, _, model = train_compile.get_shaped_inputs(
+        maxtext_mesh, maxtext_config)
+    params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
+        maxtext_config, state_shardings)
+    p_train_step, _ = train_utils.jit_train_and_eval_step(
+        maxtext_config, model, maxtext_mesh, state, state_shardings, train.train_step,
+        params_shardings=params_shardings)
+    rules = maxtext_config.logical_axis_rules
+    return StepBundle(
+        targets=(CompileTarget(
+            "train_step", p_train_step, (state, batch),
+            context=(lambda: jax.set_mesh(maxtext_mesh), lambda: logical_axis_rules(rules)),
+            compiler_options=max_utils.parse_libtpu_flags_to_dict(
+                maxtext_config.compile_xla_flags)),),
+        mesh=maxtext_mesh)

@@ -1,0 +1,86 @@
+"""`jaxwarm report RUN_DIR --plot init.png`: a run's init as a picture.
+
+One horizontal bar per process (processes of one job attempt that did the same thing, hit
+or miss per function, folded into one bar of their median phases), its init phases stacked
+in the order they happen, cold bars (they compiled a prewarmed function) beside warm ones
+(they loaded it), and the init budget as a vertical line. matplotlib is optional (the `plot`
+extra); without it, one line says how to get it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.config import ConfigError
+from launcher.injob.phases import ORDER
+from launcher.records import InitReport
+from launcher.report import Targets, fold_phases
+
+# Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
+DPI = 100
+WIDTH_PX = 1000
+BASE_HEIGHT_PX = 160
+BAR_HEIGHT_PX = 45
+COLORS = {"imports": "#9e9e9e", "distributed": "#8d6e63", "trace": "#42a5f5",
+          "lower": "#1565c0", "key prediction": "#ab47bc", "compile": "#e53935",
+          "cache load": "#43a047", "waiting for ranks": "#6d4c41", "first step": "#ffb300",
+          "other": "#e0e0e0"}
+
+
+def size_px(bars: int) -> tuple[int, int]:
+    """The picture's width and height in pixels for a number of bars."""
+    return WIDTH_PX, BASE_HEIGHT_PX + BAR_HEIGHT_PX * bars
+
+
+def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
+              path: Path, title: str) -> Path:
+    """Draw the run's init phases into a PNG at `path`."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'jaxwarm[plot]'") from None
+    bars = fold_phases(reports, targets)
+    if not bars:
+        raise ConfigError(f"{title}: no init report with phases to plot (a job writes them "
+                          f"at its first step)")
+    width, height = size_px(len(bars))
+    figure, axes = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
+    labels = [label for label, _ in bars]
+    rows = list(range(len(bars)))[::-1]  # the first bar on top
+    for name in ORDER:
+        lefts = [sum(v for n, v in phases.items() if ORDER.index(n) < ORDER.index(name))
+                 for _, phases in bars]
+        widths = [phases.get(name, 0.0) for _, phases in bars]
+        if any(widths):
+            axes.barh(rows, widths, left=lefts, height=0.6, color=COLORS[name], label=name,
+                      edgecolor="white", linewidth=0.5)
+    longest = max(sum(phases.values()) for _, phases in bars)
+    for row, (_, phases) in zip(rows, bars, strict=True):
+        axes.text(sum(phases.values()), row, f" {sum(phases.values()):.1f} s", va="center",
+                  fontsize=8)
+    limit = longest * 1.15
+    if budget_s <= limit * 1.5:
+        limit = max(limit, budget_s * 1.05)
+        axes.axvline(budget_s, color="black", linestyle="--", linewidth=1)
+        axes.text(budget_s, len(bars) - 0.45, f" budget {budget_s:g} s", fontsize=8,
+                  va="bottom")
+    else:  # far off to the right: said at the edge, the bars stay readable
+        axes.annotate(f"budget {budget_s:g} s \u2192", xy=(1.0, 1.0), xycoords="axes fraction",
+                      ha="right", va="bottom", fontsize=8)
+    axes.set_xlim(0, limit)
+    axes.set_ylim(-0.6, len(bars) - 0.4)
+    axes.set_yticks(rows, labels, fontsize=8)
+    axes.set_xlabel("seconds from process start to the first step")
+    axes.set_title(f"init phases: {title}", fontsize=10, loc="left")
+    handles, names = axes.get_legend_handles_labels()
+    figure.legend(handles, names, ncol=len(names), fontsize=7, loc="lower center",
+                  bbox_to_anchor=(0.6, 4 / height), frameon=False)
+    figure.subplots_adjust(left=0.3, right=0.97, top=1 - 45 / height,
+                           bottom=85 / height)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    return path
+

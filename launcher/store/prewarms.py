@@ -1,0 +1,77 @@
+"""Which prewarms completed, under which fingerprint: `jaxwarm-prewarms.json` in the cache dir.
+
+A launch with `--prewarm auto` skips its prewarm job when a prewarm recorded here ran under
+the very fingerprint the launcher computes now (`launcher.submit.fingerprint`) and every
+entry it left is intact. The prewarm job records itself when it completed; a training job
+that then misses one of those entries (something the login node could not see changed the
+key: a GPU driver, a source file the fingerprint does not reach) forgets the record, so the
+next launch runs its prewarm again. Kept next to the manifest, under a lock, written whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from launcher.config import ConfigError
+from launcher.files import atomic_write, locked, modes_in
+from launcher.records import PrewarmRecord, dumps, from_json, parse_json
+
+log = logging.getLogger("jaxwarm.store")
+
+PREWARMS_NAME = "jaxwarm-prewarms.json"
+# Old records of other fingerprints are of no use once many newer ones exist.
+KEEP = 200
+
+
+def prewarms_path(cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / PREWARMS_NAME
+
+
+def read_prewarms(cache_dir: str | Path) -> dict[str, PrewarmRecord]:
+    """The recorded prewarms by fingerprint digest, oldest first; empty when there are none.
+    A broken file reads as empty, with one line: the launch then runs its prewarm, which is
+    never wrong, and records it afresh."""
+    path = prewarms_path(cache_dir)
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("%s: cannot read it (%s); every launch runs its prewarm", path,
+                    exc.strerror)
+        return {}
+    try:
+        records = from_json(list[PrewarmRecord], parse_json(text, str(path)), str(path))
+    except ConfigError as exc:
+        log.warning("%s; reading it as empty (the next prewarm rewrites it)", exc)
+        return {}
+    return {record.fingerprint.digest: record for record in records}
+
+
+def _write(cache_dir: str | Path, records: dict[str, PrewarmRecord]) -> None:
+    path = prewarms_path(cache_dir)
+    kept = sorted(records.values(), key=lambda record: record.time)[-KEEP:]
+    atomic_write(path, dumps(kept, indent=1) + "\n", mode=modes_in(path.parent)[0],
+                 what="the record of completed prewarms")
+
+
+def record_prewarm(cache_dir: str | Path, record: PrewarmRecord) -> None:
+    """Add (or renew) the record of a prewarm that completed under its fingerprint."""
+    with locked(str(prewarms_path(cache_dir)) + ".lock", "prewarm records"):
+        records = read_prewarms(cache_dir)
+        records[record.fingerprint.digest] = record
+        _write(cache_dir, records)
+
+
+def forget_prewarms(cache_dir: str | Path, key: str, why: str) -> None:
+    """Drop every record that promised the entry `key`: a job missed it anyway."""
+    with locked(str(prewarms_path(cache_dir)) + ".lock", "prewarm records"):
+        records = read_prewarms(cache_dir)
+        stale = [digest for digest, record in records.items() if key in record.keys]
+        if not stale:
+            return
+        for digest in stale:
+            del records[digest]
+        _write(cache_dir, records)
+    log.warning("%s; the next launch runs its prewarm again", why)

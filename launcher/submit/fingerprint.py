@@ -1,0 +1,176 @@
+"""What the login node can know, before any job, that enters the cache keys of a run's step.
+
+A launch with `--prewarm auto` goes without its prewarm job when a completed prewarm ran
+under the same fingerprint (`launcher.store.prewarms`). The key hashes the traced program,
+the jax and jaxlib versions, the XLA flags, the compile options, the topology and the
+compression library; what decides those, and the launcher can see without starting JAX:
+
+- `jax`, `jaxlib`, `python`: the versions the jobs run (the jobs run this interpreter);
+- `packages`: every installed distribution and its version, on the job's PYTHONPATH (flax,
+  optax, a jax plugin, zstandard, a pip-installed trainer: each can change the program);
+- `environment`: the job environment (cache settings, JAX options, XLA_FLAGS with the device
+  count, the platform, the config's `env`), less what names the run;
+- `topology`, `mesh`, `step` (factory and its arguments), `hardware` (the SLURM partition,
+  constraint and GPUs per node, which pick the machines), `backend` (local or SLURM);
+- `source`: the step factory's module and every module it imports, transitively, that is
+  Python source outside the standard library and installed distributions (the user's model
+  code, an editable install), found by reading their imports without importing them.
+
+What it cannot see is found by the jobs themselves: the compute nodes' GPU model and driver
+(the backend version), a module imported dynamically (`importlib.import_module` of a computed
+name). The training job's processes look each function up under JAX's own key as always and
+report a miss by component; a miss of an entry a recorded prewarm promised forgets that
+record, so the next launch runs its prewarm again.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import platform
+import sys
+import sysconfig
+from importlib.metadata import distributions, version
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+from launcher.environment import job_environment
+from launcher.records import Fingerprint
+from launcher.submit.jobs import job_import_path, parse_source
+
+# Job variables that name the run, not the program: a run of another name shares its keys.
+RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
+# The most source files followed from the factory: a bound on the walk, not a limit anyone
+# should reach (a big trainer is a few hundred).
+MAX_FILES = 5000
+
+
+def short_hash(data: Any) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint:
+    """The fingerprint of a run's step, as this launcher sees it (pure but for reading
+    package metadata and the step's sources)."""
+    env = {k: v for k, v in job_environment(config, pinned).items() if k not in RUN_VARIABLES}
+    with job_import_path(config):
+        packages = sorted({(dist.metadata["Name"] or "?").lower(): dist.version
+                           for dist in distributions()}.items())
+        files = step_sources(config.step.factory.partition(":")[0])
+        versions = {name: version(name) for name in ("jax", "jaxlib")}
+    parts = {
+        **versions,
+        "python": platform.python_version(),
+        "packages": short_hash(packages),
+        "environment": short_hash(env),
+        "topology": short_hash(config.topology),
+        "mesh": short_hash(config.mesh),
+        "step": short_hash(config.step),
+        "hardware": short_hash([config.slurm.partition, config.slurm.constraint,
+                                config.slurm.gpus_per_node]),
+        "backend": backend,
+        "source": short_hash(files),
+    }
+    return Fingerprint(digest=short_hash(parts), parts=parts, files=files)
+
+
+def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
+    """What changed between two fingerprints, in words (`jax 0.10.2 -> 0.8.3`, `source:
+    prewarm/workload/model.py changed`)."""
+    lines = []
+    for name in sorted(set(old.parts) | set(new.parts)):
+        before, after = old.parts.get(name), new.parts.get(name)
+        if before == after:
+            continue
+        if name == "source":
+            changed = sorted(path for path in set(old.files) | set(new.files)
+                             if old.files.get(path) != new.files.get(path))
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
+                                              if len(changed) > 3 else "")
+            lines.append(f"source: {shown} changed")
+        elif name in ("jax", "jaxlib", "python", "backend"):
+            lines.append(f"{name} {before} -> {after}")
+        else:
+            lines.append(f"{name} differs")
+    return lines
+
+
+def _library_dirs() -> list[Path]:
+    """Where the standard library and installed distributions live: what versions cover."""
+    paths = sysconfig.get_paths()
+    return [Path(paths[name]).resolve() for name in ("stdlib", "platstdlib", "purelib",
+                                                     "platlib") if name in paths]
+
+
+def find_module(name: str) -> importlib.machinery.ModuleSpec | None:
+    """Where a module is, found without importing it or its parent packages."""
+    parts = name.split(".")
+    try:
+        found = importlib.util.find_spec(parts[0]) if parts[0] not in sys.modules else \
+            getattr(sys.modules[parts[0]], "__spec__", None)
+        for depth in range(1, len(parts)):
+            if found is None or found.submodule_search_locations is None:
+                return None
+            found = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[:depth + 1]), list(found.submodule_search_locations))
+    except (ImportError, ValueError):
+        return None
+    return found
+
+
+def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """The modules a source file imports (and their parent packages, which run too):
+    `import a.b`, `from a.b import c` (a.b, and a.b.c if it is a module), relative ones."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}".strip(".")
+            if base:
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in node.names
+                             if alias.name != "*")
+    parents = {".".join(name.split(".")[:depth]) for name in names
+               for depth in range(1, name.count(".") + 1)}
+    return names | parents
+
+
+def step_sources(module: str) -> dict[str, str]:
+    """The hash of each Python source file the step factory's module reaches through its
+    imports, outside the standard library and installed distributions (path -> hash)."""
+    libraries = _library_dirs()
+    seen: set[str] = set()
+    files: dict[str, str] = {}
+    queue = [module]
+    while queue and len(files) < MAX_FILES:
+        name = queue.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        spec = find_module(name)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        path = Path(spec.origin).resolve()
+        if any(path.is_relative_to(library) for library in libraries):
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        files[str(path)] = hashlib.sha256(data).hexdigest()[:16]
+        tree = parse_source(str(path))
+        if tree is not None:
+            queue.extend(imported_names(tree, name, spec.submodule_search_locations
+                                        is not None) - seen)
+    return files

@@ -1,0 +1,182 @@
+"""One warm decision, for the prewarm job and the verify job: will each compile target hit?
+
+Both jobs lower the run's targets the same way (`lower_targets`: the risky-input warnings,
+`lower()` inside the target's context, JAX's own key for it) and decide the same way
+(`decide`): process 0 checks each target's entry (`integrity.warm_check`), explains a COLD
+one against the manifest (`store.misses.explain_miss`: the same target only), and
+broadcasts WARM or COLD to every process (`launcher.jaxkey.agree`: through jax.distributed's
+key-value store, since a collective would itself be compiled into the cache). Process 0
+decides because its verdict is the run's: on GPU every rank shares its key, and ranks that
+compile while others load can wait on each other forever; on CPU only process 0 can hit.
+
+The decision writes nothing: `jaxwarm verify` leaves the cache dir as it found it. What the
+checks call for (quarantining a torn entry, pinning an intact entry nobody recorded,
+recording a full check and which run uses an entry) is the prewarm job's alone: it hands
+`decide` its `repair`, which process 0 runs on the same checks before the broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.config import Config
+from launcher.environment import is_remote
+from launcher.injob.gpu import mocked_topology
+from launcher.jaxkey.agree import broadcast_flags
+from launcher.jaxkey.globalopts import snapshot as global_options
+from launcher.jaxkey.predict import (
+    KeyNotComputed,
+    KeyPrediction,
+    UnsupportedJaxVersion,
+    predict_key,
+)
+from launcher.records import Verdict
+from launcher.store.integrity import MISSED_NOTE, WarmCheck, warm_check
+from launcher.store.manifest import read_manifest
+from launcher.store.misses import explain_miss
+from prewarm.specs import warn_risky_inputs
+from prewarm.step import CompileTarget, lower_target
+
+log = logging.getLogger("jaxwarm.judge")
+
+MISSED_BUT_INTACT = ("a job missed it, but it is intact in full (sha256 and decompression): "
+                     "the miss had another cause")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compile target, lowered, with the key JAX will look it up under (None where the
+    key could not be predicted: an untested jax, with the prewarm's consent)."""
+
+    name: str
+    lowered: Any
+    lower_s: float
+    prediction: KeyPrediction | None
+    predict_s: float = 0.0
+    is_step: bool = True
+    compiler_options: dict[str, Any] | None = None
+    # The process-global JAX settings it was lowered under (what the run must match).
+    global_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str | None:
+        return self.prediction.key if self.prediction else None
+
+
+def predicted(name: str, lowered: Any, lower_s: float, *, strict: bool = True,
+              compiler_options: dict[str, Any] | None = None, is_step: bool = True) -> Target:
+    """A lowered function with its predicted key. `strict` (verify, whose answer is the
+    key) lets a failed prediction through; otherwise (the prewarm) it is said in one line
+    and the target is compiled without the key cross-check."""
+    start = time.perf_counter()
+    try:
+        prediction: KeyPrediction | None = predict_key(lowered, compiler_options)
+    except (UnsupportedJaxVersion, KeyNotComputed) as exc:
+        if strict:
+            raise
+        log.warning("%s; prewarming without the key cross-check", exc)
+        prediction = None
+    return Target(name, lowered, lower_s, prediction, time.perf_counter() - start, is_step,
+                  compiler_options, global_options())
+
+
+def lower_targets(targets: list[CompileTarget], source: str, *,
+                  strict: bool = True) -> list[Target]:
+    """Lower each target the way both jobs do, and predict its key (see `predicted`)."""
+    lowered = []
+    for target in targets:
+        warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
+        start = time.perf_counter()
+        item = lower_target(target, source)
+        lowered.append(predicted(target.name, item, time.perf_counter() - start, strict=strict,
+                                 compiler_options=target.compiler_options,
+                                 is_step=target.is_step))
+    return lowered
+
+
+@dataclass(frozen=True)
+class Decision:
+    """WARM or COLD for one target, and why (process 0's words; other processes get the
+    answer only). `check` is process 0's look at the entry, for the prewarm's repairs."""
+
+    target: Target
+    warm: bool
+    why: list[str] = field(default_factory=list)
+    check: WarmCheck | None = None
+
+    def verdict(self) -> Verdict:
+        """As verify reports it (a verify target always has a key: `strict`)."""
+        prediction = self.target.prediction
+        assert prediction is not None
+        return Verdict(function=prediction.module_name, key=prediction.key, warm=self.warm,
+                       lower_s=self.target.lower_s, predict_s=self.target.predict_s,
+                       explanation=self.why, components=prediction.components)
+
+
+def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: int = -1,
+          signature: str | None = None, process_count: int | None = None,
+          job: str = "verify", recheck_missed: bool = False) -> Decision:
+    """One target's decision from its entry, with nothing written. Only a COLD one reads the
+    whole manifest, to explain the miss against the same target (`run` first, then the same
+    layout; `signature` tells functions of one name apart): a WARM decision costs a check of
+    its entry."""
+    if target.prediction is None:
+        return Decision(target, False, ["its key could not be predicted"])
+    prediction = target.prediction
+    check = warm_check(cache_dir, prediction.key, recheck_missed=recheck_missed)
+    if check.warm:
+        why = ([MISSED_BUT_INTACT] if check.read_in_full else [MISSED_NOTE]) \
+            if check.missed else []
+    elif check.problem == "missing":
+        why = explain_miss(prediction.module_name, prediction.components,
+                           read_manifest(cache_dir, strict=False), run=run,
+                           process_count=process_count, signature=signature,
+                           global_options=target.global_options, job=job, max_size=max_size,
+                           xla_flags=os.environ.get("XLA_FLAGS", ""))
+    else:
+        why = [f"its entry is in the cache but would not load: {check.problem}"]
+    return Decision(target, check.warm, why, check)
+
+
+Repair = Callable[[list[Decision]], None]
+
+# How long the other processes wait for process 0's decision: its checks read entries in
+# full where they must (big ones take minutes) and its repairs wait on the manifest's lock.
+DECISION_TIMEOUT_S = 3600.0
+
+
+def decide(targets: list[Target], config: Config, signature: Callable[[str], str | None],
+           *, job: str, repair: Repair | None = None) -> list[Decision]:
+    """The run's decision for every target, the same on every process: process 0 judges
+    (and, for the prewarm, `repair`s from its checks), then broadcasts. Each process logs
+    the answer; process 0 says why."""
+    import jax
+
+    if jax.process_index() == 0:
+        decisions = [judge(target, config.cache.dir, run=config.run.name,
+                           max_size=config.cache.max_size,
+                           signature=signature(target.prediction.module_name)
+                           if target.prediction else None,
+                           process_count=jax.process_count(), job=job,
+                           recheck_missed=repair is not None)
+                     for target in targets]
+        if repair is not None and not is_remote(config.cache.dir):
+            repair(decisions)
+    else:
+        decisions = [Decision(target, False) for target in targets]
+    # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.
+    warm = [d.warm for d in decisions] if mocked_topology() else broadcast_flags(
+        [d.warm for d in decisions], what="warm-decision", timeout_s=DECISION_TIMEOUT_S)
+    if jax.process_index() != 0:
+        decisions = [Decision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
+    for decision in decisions:
+        log.info("%s  %s  %s", "WARM" if decision.warm else "COLD", decision.target.name,
+                 decision.target.key)
+        for line in decision.why:
+            log.info("      why: %s", line)
+    return decisions

@@ -1,0 +1,88 @@
+"""`python -m bench.gpu_check`, tested where there is no GPU: it refuses in one line, and its
+dry run (the same checks on CPU) writes the JSON the GPU run writes, without a GPU figure.
+Whether the checks pass on a GPU is what the script is for; here only its logic runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_check import CHECKS, output_path, slug
+from launcher.gputarget import gpus_here
+from tests.conftest import REPO
+
+
+def gpu_check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+
+
+def strict_json(path: Path) -> dict:
+    """Standard JSON only: NaN or Infinity would not load elsewhere."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{path}: {constant} in the JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(bool(gpus_here()), reason="this machine has a GPU")
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    done = gpu_check("--json", str(out))
+    assert done.returncode == 2
+    assert done.stderr.startswith("jaxwarm: error: bench.gpu_check needs a GPU and this "
+                                  "machine has none"), done.stderr
+    assert done.stderr.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.e2e
+def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(tmp_path: Path) -> None:
+    out = tmp_path / "dry.json"
+    done = gpu_check("--dry-run", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    data = strict_json(out)
+    assert data["dry_run"] is True and data["gpu"] is None
+    assert data["measured_on"].startswith("cpu, dry run") and "no GPU figure" in data["measured_on"]
+    assert data["remaining_on_gpu"] == list(CHECKS)
+    checks = data["checks"]
+    assert list(checks) == list(CHECKS)
+    reference = checks["reference"]
+    assert reference["status"] == "ran" and reference["passed"] is True
+    assert reference["predicted_key"] == reference["written_key"] == reference["train_key"]
+    assert (reference["verify_before"], reference["verify_after"]) == ("COLD", "WARM")
+    timing = checks["cold_vs_warm"]
+    for figure in ("cold_compile_s", "warm_retrieval_s", "entry_bytes", "cold_first_step_s",
+                   "warm_first_step_s", "compile_with_autotune_cache_s"):
+        assert isinstance(timing[figure], (int, float)) and math.isfinite(timing[figure])
+        assert timing[figure] > 0, figure
+    assert timing["autotune_cache_files"] == 0  # XLA's autotuning is a GPU thing
+    mock = checks["mock"]
+    assert mock["mocked"] is False and mock["prewarm_process_count"] == 2
+    ranks = mock["ranks"]
+    assert [rank["process"] for rank in ranks] == [0, 1]
+    assert ranks[0]["hit"] and ranks[0]["key"] == mock["prewarm_key"] == mock["verify_key"]
+    assert mock["verify"] == "WARM" and mock["verify_why"] == []  # process 0's, the run's
+    # On CPU process 1 hashes its own devices: a miss, named by its component, from the
+    # comparison of its real lookup with the prewarm's record.
+    assert not ranks[1]["hit"] and ranks[1]["differing_components"] == ["accelerator_config"]
+    assert mock["differing_components"] == ["accelerator_config"]
+    assert checks["agreement"]["status"] == "absent"
+    for name in CHECKS:
+        assert done.stdout.count(f"{name}: ") >= 1, done.stdout
+    assert f"wrote {out}" in done.stdout
+
+
+def test_a_dry_run_never_lands_among_the_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    device = {"kind": "NVIDIA H100 80GB HBM3", "count": 1}
+    assert output_path(None, device, dry_run=False) == \
+        REPO / "bench" / "results" / "nvidia-h100-80gb-hbm3.json"
+    assert "results" not in output_path(None, device, dry_run=True).parts
+    monkeypatch.setenv("OUT", "/out")
+    assert output_path(None, device, dry_run=True) == Path("/out/gpu_check.json")
+    assert slug("") == "gpu"

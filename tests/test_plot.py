@@ -1,0 +1,86 @@
+"""`jaxwarm report RUN_DIR --plot init.png`: the init phases per process (folded when
+identical), cold beside warm, the budget; a valid PNG of the size the number of bars gives.
+Drawn from the fixture run's reports (real matplotlib, no JAX)."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError
+from launcher.plot import plot_init, size_px
+from launcher.report import Targets, fold_phases, load_reports
+from launcher.store.manifest import read_manifest
+from tests.conftest import run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUN, CACHE = FIXTURES / "run", FIXTURES / "cache"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature and CRC."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    crc = struct.unpack(">I", data[16 + length:20 + length])[0]
+    assert zlib.crc32(data[12:16 + length]) == crc
+    assert data.endswith(b"IEND\xaeB`\x82")
+    return struct.unpack(">II", data[16:24])
+
+
+def test_the_picture_is_a_png_of_one_bar_per_process_outcome(tmp_path: Path) -> None:
+    reports = load_reports(RUN)
+    targets = Targets.of(read_manifest(CACHE))
+    bars = fold_phases(reports, targets)
+    # The fixture's training job: process 0 loaded the step (warm), process 1 compiled it.
+    assert [label for label, _ in bars] == ["train r0 p0  warm", "train r0 p1  cold"]
+    assert sum(bars[0][1].values()) == pytest.approx(10.99)
+    path = plot_init(reports, targets, 1800, tmp_path / "init.png", "run demo")
+    assert png_size(path) == size_px(2)
+
+
+def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "reports" / "train-r0-p2.json").unlink()  # the fixture's malformed one
+    one = (run / "reports" / "train-r0-p1.json").read_text()
+    for process in (2, 3):
+        (run / "reports" / f"train-r0-p{process}.json").write_text(
+            one.replace('"process_index": 1', f'"process_index": {process}'))
+    bars = fold_phases(load_reports(run), Targets.of(read_manifest(CACHE)))
+    assert [label for label, _ in bars] == [
+        "train r0 p0  warm", "train r0 p1-p3 (3 processes, median)  cold"]
+    path = plot_init(load_reports(run), Targets.of(read_manifest(CACHE)), 12.0,
+                     tmp_path / "budget.png", "run demo")  # a budget within the bars
+    assert png_size(path) == size_px(2)
+
+
+def test_nothing_to_draw_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no init report with phases"):
+        plot_init([], Targets.of({}), 1800, tmp_path / "x.png", "run empty")
+
+
+@pytest.mark.e2e
+def test_without_matplotlib_the_cli_says_how_to_get_it(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "config.yaml").write_text(
+        f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
+        f"step: {{factory: 'prewarm.workload.chunkwise:make_train_step'}}\n"
+        f"entrypoint: {{command: [jaxwarm-train]}}\n")
+    result = run_cli("report", str(run), "--plot", str(tmp_path / "init.png"),
+                     env={"PYTHONPATH": str(tmp_path / "shadow")})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == \
+        "jaxwarm: error: --plot needs matplotlib: pip install 'jaxwarm[plot]'"
+    ok = run_cli("report", str(run), "--plot", str(tmp_path / "init.png"))
+    assert ok.returncode == 0, ok.stderr
+    assert png_size(tmp_path / "init.png") == size_px(2)

@@ -1,0 +1,114 @@
+"""`--prewarm auto` (the default): a launch goes without its prewarm job when a completed
+prewarm ran under the same fingerprint and its entries are intact, and chains it again when
+the config, the step's source or the jax version changed. Real launches of the demo; the
+run dir's prewarm-decision.json and the report say which happened and why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher.records import PrewarmDecision, read_record
+from launcher.rundir import prewarm_decision_path, report_path
+from launcher.store.prewarms import read_prewarms
+from tests.conftest import DEMO, REPO, run_cli
+from tests.legs import LEGS, leg_python, ready
+
+pytestmark = pytest.mark.e2e
+
+
+def decision(run_dir: Path) -> PrewarmDecision:
+    found = read_record(PrewarmDecision, prewarm_decision_path(run_dir))
+    assert found is not None
+    return found
+
+
+def step_hit(run_dir: Path) -> bool:
+    report = json.loads(report_path(run_dir, "train", 0, 0).read_text())
+    return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
+
+
+def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None):
+    args = ["launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1", *extra]
+    if python is None:
+        return run_cli(*args)
+    import subprocess
+    return subprocess.run([python, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path: Path) -> None:
+    first = launch(tmp_path, "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    made = decision(tmp_path / "runs" / "first")
+    assert made.prewarm and made.mode == "auto"
+    assert made.why.startswith("no completed prewarm has this fingerprint")
+    [record] = read_prewarms(tmp_path / "cache").values()
+    assert record.fingerprint == made.fingerprint and record.run == "first"
+    assert {key.rpartition("-")[0] for key in record.keys} == {"jit_train_step",
+                                                               "jit_init_state"}
+
+    # Same fingerprint (another run name, the same step): the training job alone, and it hits.
+    second = launch(tmp_path, "second")
+    assert second.returncode == 0, second.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "second"
+    skipped = decision(run_dir)
+    assert not skipped.prewarm and "matches run 'first'" in skipped.why
+    assert "2 entries are intact" in skipped.why
+    assert not (run_dir / "logs" / "prewarm-p0.log").exists()
+    assert not report_path(run_dir, "prewarm", 0, 0).exists()
+    assert step_hit(run_dir)
+    assert "prewarm job: skipped (--prewarm auto): the fingerprint" in second.stdout
+
+    # always runs it anyway (it finds everything WARM); never does not.
+    always = launch(tmp_path, "always", "--prewarm", "always")
+    assert always.returncode == 0 and decision(tmp_path / "runs" / "always").prewarm
+    assert "every function is WARM: nothing to compile" in always.stderr
+    never = launch(tmp_path, "never", "--no-prewarm")
+    assert never.returncode == 0 and decision(tmp_path / "runs" / "never").mode == "never"
+
+    # A changed config changes the fingerprint: the prewarm job runs, and says why.
+    changed = launch(tmp_path, "changed", "xla_flags=[--xla_cpu_enable_fast_math=true]")
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "changed")
+    assert chained.prewarm and "environment differs" in chained.why
+    assert step_hit(tmp_path / "runs" / "changed")
+
+    # An entry the record promised is gone: the prewarm job runs again.
+    for key in record.keys:
+        (tmp_path / "cache" / f"{key}-cache").unlink()
+    gone = launch(tmp_path, "gone")
+    assert gone.returncode == 0, gone.stderr[-3000:]
+    again = decision(tmp_path / "runs" / "gone")
+    assert again.prewarm and "missing" in again.why
+    assert step_hit(tmp_path / "runs" / "gone")
+
+
+def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
+        module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
+    factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
+    assert launch(tmp_path, "first", *factory).returncode == 0
+    model = source / "mystep" / "model.py"
+    model.write_text(model.read_text() + "\n# a comment changes the source\n")
+    second = launch(tmp_path, "second", *factory)
+    assert second.returncode == 0, second.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and f"source: {model.resolve()} changed" in chained.why
+
+
+def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
+    leg = LEGS[0]
+    if leg_python(leg)[0] is None or not ready(leg):
+        pytest.skip(f"jax {leg.jax} leg not built (make legs)")
+    assert launch(tmp_path, "first").returncode == 0
+    other = launch(tmp_path, "second", python=str(leg.python))
+    assert other.returncode == 0, other.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and f"jax 0.10.2 -> {leg.jax}" in chained.why

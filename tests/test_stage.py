@@ -1,0 +1,400 @@
+"""Node-local staging (`cache.stage`): the run's entries copied to a node's own disk, checked
+by checksum, read there by JAX, and what the job writes published back.
+
+The pure tests use real files and no JAX: what a node copies, reuses and replaces, that a
+torn or wrong copy never lands, publishing, the wait for a node's stager and every fallback
+to the shared dir (one line each). The e2e tests run the demo: a staged training job hits
+the entry an unstaged prewarm wrote (the key does not change), a bad local copy is replaced
+or the node reads the shared dir, and an entry a staged job compiles reaches the shared dir
+recorded. tests/test_jax_versions.py runs the staged hit on every tested jax.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import resource
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError, load_config
+from launcher.files import locked
+from launcher.injob.place import Place
+from launcher.injob.stage import node_cache_dir, stage_node, wait_for_note
+from launcher.records import Staging, dumps
+from launcher.rundir import report_path, stage_note_path
+from launcher.store.entries import entry_path, writer_lock_path
+from launcher.store.integrity import recorded_entries
+from launcher.store.manifest import ManifestEntry, record_entries
+from launcher.store.staging import publish_entries, stage_entries, staging_problem
+from launcher.store.usage import read_usage
+from launcher.submit.jobs import train_job
+from tests.conftest import DEMO, run_cli
+
+STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
+INIT = "jit_init_state-" + hashlib.sha256(b"init").hexdigest()
+
+
+def payload(seed: bytes) -> bytes:
+    return zlib.compress(bytes(4) + seed * 2000)
+
+
+def prewarmed(cache: Path, run: str = "demo", seed: bytes = b"") -> dict[str, bytes]:
+    """Two entries in `cache` as a prewarm of `run` records them (manifest, checksums)."""
+    cache.mkdir(mode=0o700, exist_ok=True)
+    entries = {}
+    for key in (STEP, INIT):
+        data = zlib.compress(bytes(4) + seed + key.encode() * 2000, 0 if seed else 6)
+        entry_path(cache, key).write_bytes(data)
+        entries[key] = data
+        record_entries(cache, [ManifestEntry(
+            function=key.rsplit("-", 1)[0], key=key, run=run, config="c.yaml", compile_s=1.0,
+            lower_s=0.1, written=True, jax_version="0.10.2", process_count=1,
+            sha256=hashlib.sha256(data).hexdigest(), size=len(data))])
+    return entries
+
+
+def config_for(tmp: Path, *overrides: str):  # noqa: ANN201 (a Config)
+    return load_config(DEMO, [f"cache.dir={tmp / 'cache'}", f"run.out_dir={tmp / 'runs'}",
+                              f"cache.stage={tmp / 'stage'}", *overrides])
+
+
+def place(local_rank: int, node: int = 0) -> Place:
+    return Place(process_id=local_rank, num_processes=2, restart=0, coordinator=None,
+                 slurm_job_id="77", node=node, local_rank=local_rank, job_id="77")
+
+
+# -- the config and the key rule ------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("stage-here", "expected an absolute path"),
+    ("{cache}/sub", "is inside cache.dir"),
+])
+def test_a_stage_dir_that_cannot_work_is_refused(tmp_path: Path, value: str,
+                                                 problem: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(DEMO, [f"cache.dir={tmp_path / 'cache'}",
+                           f"cache.stage={value.format(cache=tmp_path / 'cache')}"])
+    assert "cache.stage: " in str(refused.value) and problem in str(refused.value)
+    with pytest.raises(ConfigError, match="cache.stage: staging copies from a local"):
+        load_config(DEMO, ["cache.dir=s3://bucket/cache", "cache.stage=/local/stage"])
+    assert load_config(DEMO, ["cache.stage=$TMPDIR/jaxwarm"]).cache.stage == "$TMPDIR/jaxwarm"
+
+
+def test_staging_is_refused_where_the_path_enters_the_key(tmp_path: Path) -> None:
+    """Before jax 0.11 XLA's autotune dir (in the cache dir) is hashed into every key."""
+    cache = config_for(tmp_path).cache
+    problem = staging_problem(cache, "0.10.2", "c.yaml")
+    assert problem is not None and problem.startswith("c.yaml: cache.stage: on jax 0.10.2")
+    assert "cache.xla_caches: none" in problem and "\n" not in problem
+    assert staging_problem(cache, "0.8.3", "c.yaml") is not None
+    assert staging_problem(cache, "0.11.2", "c.yaml") is None
+    assert staging_problem(cache, "0.12.0.1", "c.yaml") is None
+    off = config_for(tmp_path, "cache.xla_caches=none").cache
+    assert staging_problem(off, "0.8.3", "c.yaml") is None
+    assert staging_problem(config_for(tmp_path, "cache.stage=null").cache, "0.8.3", "c") is None
+
+
+def test_the_launcher_refuses_a_training_job_that_would_miss(tmp_path: Path) -> None:
+    """On this venv's jax (0.10.2) the default XLA caches put the path in the key."""
+    config = config_for(tmp_path)
+    with pytest.raises(ConfigError, match="cache.stage: on jax 0.10.2"):
+        train_job(config, tmp_path / "config.yaml")
+    assert train_job(config_for(tmp_path, "cache.xla_caches=none"), tmp_path / "c.yaml")
+
+
+def test_place_names_the_node_and_the_local_rank() -> None:
+    slurm = Place.here({"SLURM_PROCID": "13", "SLURM_NTASKS": "64", "SLURM_NODEID": "1",
+                        "SLURM_LOCALID": "5", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2"})
+    assert (slurm.node, slurm.local_rank, slurm.attempt) == (1, 5, "42-r2")
+    local = Place.here({"JAXWARM_COORDINATOR_ADDRESS": "127.0.0.1:1", "JAXWARM_PROCESS_ID": "3",
+                        "JAXWARM_NUM_PROCESSES": "8", "JAXWARM_JOB_ID": "local-abc"})
+    assert (local.node, local.local_rank, local.attempt) == (0, 3, "local-abc-r0")
+    assert Place.here({}).local_rank == 0  # a lone process stages for itself
+
+
+# -- what a node copies -------------------------------------------------------------------
+
+def test_a_node_copies_verifies_and_reuses(tmp_path: Path) -> None:
+    shared, local = tmp_path / "cache", tmp_path / "stage"
+    entries = prewarmed(shared)
+    local.mkdir(mode=0o700)
+    first = stage_entries(str(shared), str(local), "demo")
+    assert sorted(first.copied) == sorted(entries) and not first.reused
+    assert first.bytes_copied == sum(map(len, entries.values()))
+    for key, data in entries.items():
+        assert entry_path(local, key).read_bytes() == data
+        # a staged copy keeps the shared entry's time: it is not an entry the job wrote
+        assert entry_path(local, key).stat().st_mtime == entry_path(shared, key).stat().st_mtime
+    second = stage_entries(str(shared), str(local), "demo")
+    assert sorted(second.reused) == sorted(entries) and second.bytes_copied == 0
+    assert not stage_entries(str(shared), str(local), "another-run").copied  # not its entries
+
+
+def test_a_partial_or_corrupt_local_copy_is_replaced(tmp_path: Path) -> None:
+    shared, local = tmp_path / "cache", tmp_path / "stage"
+    entries = prewarmed(shared)
+    local.mkdir(mode=0o700)
+    entry_path(local, STEP).write_bytes(entries[STEP][:100])  # partial
+    flipped = bytearray(entries[INIT])
+    flipped[len(flipped) // 2] ^= 1  # corrupt, same size
+    entry_path(local, INIT).write_bytes(bytes(flipped))
+    staged = stage_entries(str(shared), str(local), "demo")
+    assert sorted(staged.replaced) == sorted(entries) and not staged.reused
+    for key, data in entries.items():
+        assert entry_path(local, key).read_bytes() == data
+
+
+def test_a_wrong_or_missing_shared_entry_is_never_staged(tmp_path: Path) -> None:
+    shared, local = tmp_path / "cache", tmp_path / "stage"
+    entries = prewarmed(shared)
+    local.mkdir(mode=0o700)
+    flipped = bytearray(entries[STEP])
+    flipped[len(flipped) // 2] ^= 1
+    entry_path(shared, STEP).write_bytes(bytes(flipped))
+    entry_path(shared, INIT).unlink()
+    staged = stage_entries(str(shared), str(local), "demo")
+    assert "sha256 differs" in staged.skipped[STEP]
+    assert staged.skipped[INIT] == "not in the shared cache dir"
+    assert not list(local.iterdir()), "no entry and no temp file may be left"
+
+
+def test_a_copy_that_fails_leaves_no_torn_file(tmp_path: Path) -> None:
+    """A full disk, as the writer sees it (writes past 64 KiB fail with EFBIG; Python
+    ignores SIGXFSZ): staging raises, and the stage dir holds no entry and no temp file."""
+    shared, local = tmp_path / "cache", tmp_path / "stage"
+    prewarmed(shared, seed=os.urandom(100_000))  # incompressible: about 200 KB per entry
+    local.mkdir(mode=0o700)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            stage_entries(str(shared), str(local), "demo")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not list(local.iterdir())
+
+
+# -- publishing what the job wrote ------------------------------------------------------------
+
+def test_entries_the_job_wrote_are_published_never_over_another(tmp_path: Path) -> None:
+    shared, local = tmp_path / "cache", tmp_path / "stage"
+    shared.mkdir(mode=0o700)
+    local.mkdir(mode=0o700)
+    since = time.time() - 1
+    old = payload(b"staged earlier")
+    entry_path(local, INIT).write_bytes(old)
+    os.utime(entry_path(local, INIT), (since - 100, since - 100))  # a staged copy
+    new = payload(b"compiled by the job")
+    entry_path(local, STEP).write_bytes(new)
+    published = publish_entries(str(local), str(shared), since)
+    assert published == {STEP: (hashlib.sha256(new).hexdigest(), len(new))}
+    assert entry_path(shared, STEP).read_bytes() == new
+    assert not entry_path(shared, INIT).exists()
+    # Another writer's entry under the key stays; a prewarm holding the key's writer lock
+    # is left to write it.
+    theirs = payload(b"another writer")
+    entry_path(shared, STEP).write_bytes(theirs)
+    other = "jit_eval-" + hashlib.sha256(b"eval").hexdigest()
+    entry_path(local, other).write_bytes(payload(b"eval"))
+    writer_lock_path(shared, other).parent.mkdir(exist_ok=True)
+    with locked(writer_lock_path(shared, other), "compile"):
+        assert publish_entries(str(local), str(shared), since) == {}
+    assert entry_path(shared, STEP).read_bytes() == theirs
+    assert not entry_path(shared, other).exists()
+
+
+# -- the node's protocol, and every fallback ---------------------------------------------------
+
+def test_the_stager_writes_the_note_the_others_read(tmp_path: Path) -> None:
+    config = config_for(tmp_path, "cache.xla_caches=none")
+    prewarmed(tmp_path / "cache")
+    stager = node_cache_dir(config, place(0))
+    assert stager.dir == str(tmp_path / "stage") and stager.stager and len(stager.copied) == 2
+    note = stage_note_path(config.run_dir, "77-r0", 0)
+    assert json.loads(note.read_text())["dir"] == str(tmp_path / "stage")
+    waiter = node_cache_dir(config, place(1))
+    assert waiter.dir == stager.dir and not waiter.stager and waiter.fallback is None
+
+
+def test_a_note_that_never_comes_falls_back_with_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = config_for(tmp_path, "cache.xla_caches=none", "cache.stage_wait_s=0.3")
+    with caplog.at_level(logging.WARNING, "jaxwarm.stage"):
+        staging = node_cache_dir(config, place(1, node=3))
+    assert staging.dir == config.cache.dir and staging.waited_s >= 0.3
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("jaxwarm: node 3: the node's first process wrote no note")
+    assert "0.3 s (cache.stage_wait_s)" in lines[0] and config.cache.dir in lines[0]
+
+
+def test_an_unreadable_note_falls_back(tmp_path: Path) -> None:
+    config = config_for(tmp_path, "cache.xla_caches=none")
+    note = stage_note_path(config.run_dir, "77-r0", 0)
+    note.parent.mkdir(parents=True)
+    note.write_text(dumps({"node": "zero"}))
+    staging = wait_for_note(config, note, 0)
+    assert staging.dir == config.cache.dir and "cannot be read" in str(staging.fallback)
+
+
+@pytest.mark.parametrize("bad", ["file", "unset-variable", "world-writable"])
+def test_a_node_that_cannot_stage_reads_the_shared_dir(tmp_path: Path, bad: str) -> None:
+    stage = tmp_path / "stage"
+    value = str(stage)
+    if bad == "file":
+        stage.write_text("not a directory")
+    elif bad == "unset-variable":
+        value = "$JAXWARM_TEST_UNSET_VARIABLE/stage"
+        os.environ.pop("JAXWARM_TEST_UNSET_VARIABLE", None)
+    else:
+        stage.mkdir()
+        stage.chmod(0o777)
+    config = config_for(tmp_path, "cache.xla_caches=none", f"cache.stage={value}")
+    prewarmed(tmp_path / "cache")
+    staging = stage_node(config, 0)
+    assert staging.dir == config.cache.dir and staging.stager
+    assert staging.fallback is not None and "\n" not in staging.fallback
+    if bad == "world-writable":
+        assert "writable by every user" in staging.fallback
+        assert not list(stage.iterdir()), "nothing may be staged into an unsafe dir"
+
+
+def test_a_stage_record_reads_back(tmp_path: Path) -> None:
+    from launcher.records import from_json, parse_json
+    record = Staging(node=2, dir="/local", stager=True, copied=[STEP], bytes_copied=10)
+    assert from_json(Staging, parse_json(dumps(record), "x"), "x") == record
+
+
+# -- end to end: the demo, staged ----------------------------------------------------------------
+
+def launch(tmp: Path, *overrides: str, runs: str = "runs") -> str:
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp / runs}",
+                     f"cache.dir={tmp / 'cache'}", "train.steps=1", "cache.xla_caches=none",
+                     *overrides, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def train_report(tmp: Path, process: int, run: str = "demo", runs: str = "runs") -> dict:
+    return json.loads(report_path(tmp / runs / run, "train", 0, process).read_text())
+
+
+def hits(report: dict) -> set[str]:
+    return {fn["name"] for fn in report["functions"] if fn["hit"]}
+
+
+@pytest.mark.e2e
+def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(tmp_path: Path) -> None:
+    """Prewarm unstaged, then train staged: process 0 loads both targets from its node's
+    copy, which is byte for byte the prewarmed entry; process 1 waited for that copy."""
+    prewarm = run_cli("prewarm", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                      f"cache.dir={tmp_path / 'cache'}", "cache.xla_caches=none", timeout=900)
+    assert prewarm.returncode == 0, prewarm.stderr[-3000:]
+    stage = tmp_path / "stage"
+    out = launch(tmp_path, "--no-prewarm", f"cache.stage={stage}")
+    first, second = train_report(tmp_path, 0), train_report(tmp_path, 1)
+    assert hits(first) == {"jit_train_step", "jit_init_state"}, first["functions"]
+    assert first["cache_dir"] == str(stage) and first["stage"]["stager"]
+    assert len(first["stage"]["copied"]) == 2 and first["stage"]["fallback"] is None
+    assert second["cache_dir"] == str(stage) and not second["stage"]["stager"]
+    for key in first["stage"]["copied"]:
+        assert entry_path(stage, key).read_bytes() == \
+            entry_path(tmp_path / "cache", key).read_bytes()
+    assert "jit_train_step: HIT on process 0" in out
+    assert "staging: 1 node(s) loaded the run's entries from their own copy" in out
+    # The next start of the run on this node (a fresh run dir: no checkpoint) copies nothing.
+    launch(tmp_path, "--no-prewarm", f"cache.stage={stage}", runs="again")
+    again = train_report(tmp_path, 0, runs="again")
+    assert len(again["stage"]["reused"]) == 2 and not again["stage"]["copied"]
+    assert hits(again) == {"jit_train_step", "jit_init_state"}
+
+
+@pytest.mark.e2e
+def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(tmp_path: Path) -> None:
+    """A truncated local copy is replaced by a verified one (HIT from the stage dir); a
+    stage dir that cannot be made sends the node to the shared dir with one line (HIT from
+    the shared dir): never a wrong or torn entry, never a miss."""
+    out = launch(tmp_path, "run.name=prewarmed")  # unstaged: prewarm and train
+    shared = tmp_path / "cache"
+    keys = [fn["key"] for fn in train_report(tmp_path, 0, "prewarmed")["functions"]
+            if fn["hit"]]
+    assert len(keys) == 2, out
+    stage = tmp_path / "stage"
+    stage.mkdir(mode=0o700)
+    for key in keys:
+        entry_path(stage, key).write_bytes(entry_path(shared, key).read_bytes()[:1000])
+    out = launch(tmp_path, "run.name=prewarmed", "--no-prewarm", f"cache.stage={stage}",
+                 runs="second")
+    report = train_report(tmp_path, 0, "prewarmed", "second")
+    assert sorted(report["stage"]["replaced"]) == sorted(keys)
+    assert report["cache_dir"] == str(stage) and len(hits(report)) == 2
+    assert out.count("was partial or corrupt; replaced it with a verified copy") == 2
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    out = launch(tmp_path, "run.name=prewarmed", "--no-prewarm", f"cache.stage={blocked}",
+                 runs="third")
+    report = train_report(tmp_path, 0, "prewarmed", "third")
+    assert report["cache_dir"] == str(shared) and len(hits(report)) == 2
+    fallback = [line for line in out.splitlines() if "reading the shared cache dir" in line]
+    assert len(fallback) == 1 and f"staging into {blocked} failed" in fallback[0], out[-3000:]
+    assert "staging: node 0 read the shared cache dir: staging into" in out
+
+
+@pytest.mark.e2e
+def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) -> None:
+    """No prewarm, empty cache: process 0 compiles into its node's copy, and the entries
+    reach the shared dir with their checksums in the usage log; an unstaged run then hits."""
+    stage = tmp_path / "stage"
+    launch(tmp_path, "--no-prewarm", f"cache.stage={stage}")
+    written = {fn["key"]: fn["sha256"] for fn in train_report(tmp_path, 0)["functions"]
+               if fn["sha256"]}
+    assert {key.rsplit("-", 1)[0] for key in written} >= {"jit_train_step", "jit_init_state"}
+    recorded = recorded_entries(tmp_path / "cache")
+    for key, sha256 in written.items():
+        assert hashlib.sha256(entry_path(tmp_path / "cache", key).read_bytes()).hexdigest() \
+            == sha256 == recorded[key].sha256
+    assert any(getattr(record, "job", None) == "train" for record in read_usage(
+        tmp_path / "cache"))
+    verify = run_cli("cache", "verify", str(tmp_path / "cache"))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    launch(tmp_path, "--no-prewarm", "run.name=unstaged")
+    assert {"jit_train_step", "jit_init_state"} <= hits(train_report(tmp_path, 0, "unstaged"))
+
+
+@pytest.mark.slurm
+@pytest.mark.e2e
+def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
+    """2 nodes x 2 processes: SLURM_LOCALID 0 of each node copies, its neighbour waits for
+    that copy, and every process's JAX reads its own node's dir (a dir per node name, as the
+    dev cluster's nodes share one disk)."""
+    from tests.slurm_cluster import ensure_cluster
+    ensure_cluster()
+    args = [str(DEMO), "--slurm", "--wait", f"cache.dir={tmp_path / 'cache'}",
+            "cache.xla_caches=none", "train.steps=1", "topology.nodes=2",
+            "topology.processes_per_node=2", "topology.devices_per_process=2"]
+    prewarm = run_cli("prewarm", *args, f"run.out_dir={tmp_path / 'prewarm'}", timeout=900)
+    assert prewarm.returncode == 0, prewarm.stderr[-3000:]
+    stage = tmp_path / "stage"
+    result = run_cli("launch", *args, "--no-prewarm", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.stage={stage}/$SLURMD_NODENAME", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reports = [train_report(tmp_path, process) for process in range(4)]
+    by_node: dict[int, list[dict]] = {}
+    for report in reports:
+        by_node.setdefault(report["stage"]["node"], []).append(report["stage"])
+    assert sorted(by_node) == [0, 1]
+    for stages in by_node.values():
+        assert sorted(s["stager"] for s in stages) == [False, True], stages
+        assert len({s["dir"] for s in stages}) == 1 and stages[0]["dir"].startswith(str(stage))
+        assert all(s["fallback"] is None for s in stages)
+    assert len({stages[0]["dir"] for stages in by_node.values()}) == 2  # a dir per node
+    assert hits(reports[0]) == {"jit_train_step", "jit_init_state"}
+    notes = sorted(p.name for p in (tmp_path / "runs" / "demo" / "stage").iterdir())
+    assert [name.rsplit("-", 1)[1] for name in notes] == ["n0.json", "n1.json"]

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.common import DEMO, REPO, TINY_STEP, machine, table, write_json
+from tests.procs import run_processes
 
 KILLED_RANK = 5
 SAMPLE_S = 0.5
@@ -60,27 +61,6 @@ class Phase:
     stopped_after_s: float | None = None
     line: str = ""
     left_running: list[int] = field(default_factory=list)
-
-
-def run_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
-    """pid -> (rank, command line) of every live process with the run dir in its environment."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            raw = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
-            environ = dict(item.split("=", 1) for item in raw if "=" in item)
-            if environ.get("JAXWARM_RUN_DIR") != str(run_dir):
-                continue
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        found[int(proc.name)] = (int(environ.get("JAXWARM_PROCESS_ID")
-                                     or environ.get("SLURM_PROCID") or 0), command)
-    return found
 
 
 def rss_mb(pid: int) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEMO, REPO, ranks_layout, run_cli
+from tests.procs import run_processes, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -24,36 +25,6 @@ LAYOUT = ranks_layout(4, 2, 2)
 # How long a stopped job's processes get after SIGTERM before SIGKILL: the bound on how long
 # the other ranks outlive the killed one, on top of the launcher's 0.1 s poll.
 GRACE_S = 5
-
-
-def job_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
-    """pid -> (rank, command line) of every live process of the run's jobs (each has the
-    run dir in its environment)."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = dict(item.split("=", 1) for item in
-                           (proc / "environ").read_bytes().decode(errors="replace")
-                           .split("\0") if "=" in item)
-            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if environ.get("JAXWARM_RUN_DIR") == str(run_dir) and state != "Z":
-            found[int(proc.name)] = (int(environ.get("JAXWARM_PROCESS_ID", "0")), command)
-    return found
-
-
-def wait_for(condition, timeout: float = 600.0) -> bool:
-    """Poll for a state of the job; the timeout only bounds a broken run, nothing is timed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def launch(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
@@ -70,10 +41,11 @@ def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, ran
     or compiling); the launch's stderr, and how long the launch took to end after it."""
     log = run_dir / "logs" / f"{job}-p{rank}.log"
     try:
-        assert wait_for(lambda: log.exists() and marker in log.read_text(errors="replace")), \
+        assert wait_until(lambda: log.exists() and marker in log.read_text(errors="replace"),
+                          timeout=600), \
             f"{log} never showed {marker!r}"
         command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
-        [pid] = [pid for pid, (r, line) in job_processes(run_dir).items()
+        [pid] = [pid for pid, (r, line) in run_processes(run_dir).items()
                  if r == rank and command in line and "supervise" not in line]
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -89,12 +61,12 @@ def test_a_rank_killed_in_each_job_stops_every_rank_with_one_line(tmp_path: Path
     assert "jaxwarm: prewarm failed: process 2 was killed by SIGKILL (exit 137)" in err, \
         err[-3000:]
     assert "Traceback" not in err.split("prewarm failed")[1]
-    assert job_processes(run_dir) == {}
+    assert run_processes(run_dir) == {}
 
     err, _ = kill_rank_when(launch(tmp_path), run_dir, "train", 1, "chunkwise step:")
     assert "jaxwarm: train failed: process 1 was killed by SIGKILL (exit 137)" in err, \
         err[-3000:]
-    assert job_processes(run_dir) == {}
+    assert run_processes(run_dir) == {}
 
     relaunch = run_cli("launch", str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
                        f"cache.dir={tmp_path / 'cache'}", timeout=900)
@@ -117,7 +89,7 @@ def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path:
     assert ("the ranks' environments differ: XLA_FLAGS is '--xla_force_host_platform_device_"
             "count=1 --xla_cpu_enable_fast_math=true' on rank 3, but "
             "'--xla_force_host_platform_device_count=1' on ranks 0-2") in line
-    assert job_processes(tmp_path / "runs" / "demo") == {}
+    assert run_processes(tmp_path / "runs" / "demo") == {}
 
 
 def test_ranks_that_do_not_meet_in_time_stop_the_job_naming_the_late_ones(
@@ -135,4 +107,37 @@ def test_ranks_that_do_not_meet_in_time_stop_the_job_naming_the_late_ones(
     assert "the ranks did not meet after jit_" in line, line
     assert "within 0.001 s (ranks.meet_timeout_s): rank" in line, line
     assert " still " in line and " s ago)" in line, line
-    assert job_processes(tmp_path / "runs" / "demo") == {}
+    assert run_processes(tmp_path / "runs" / "demo") == {}
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
+        tmp_path: Path) -> None:
+    """`srun --kill-on-bad-exit=1`: the killed task fails, SLURM ends the others."""
+    from launcher.submit.slurm import read_jobs
+    from tests.slurm_cluster import ensure_cluster
+
+    ensure_cluster()
+    run_dir = tmp_path / "runs" / "demo"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--slurm", "--wait",
+         "--no-prewarm", *ranks_layout(2, 2, 2), "topology.nodes=2",
+         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: any(job.name == "train" for job in read_jobs(run_dir))
+                          if (run_dir / "slurm" / "jobs.json").exists() else False, timeout=600)
+        [train] = [job for job in read_jobs(run_dir) if job.name == "train"]
+        log = train.log_path(3)
+        assert wait_until(lambda: log.exists() and "chunkwise step:" in log.read_text(),
+                          timeout=600)
+        [pid] = [pid for pid, (rank, line) in run_processes(run_dir).items()
+                 if rank == 3 and "launcher.injob.call" in line and "submitit" not in line]
+        os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=600)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, err[-3000:]
+    assert f"train job {train.job_id} ended FAILED: task 3: " in err, err[-3000:]
+    assert "was killed by SIGKILL" in err
+    assert wait_until(lambda: run_processes(run_dir) == {}, timeout=120)

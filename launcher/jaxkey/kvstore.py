@@ -38,6 +38,13 @@ class KVStore:
         except Exception as exc:  # JaxRuntimeError: the service is gone
             raise StoreError(_first_line(exc)) from None
 
+    def get(self, key: str, timeout_s: float) -> str:
+        """The value of `key`, waiting at most `timeout_s` for some process to set it."""
+        try:
+            return str(self._client.blocking_key_value_get(key, max(1, int(timeout_s * 1000))))
+        except Exception as exc:
+            raise StoreError(_first_line(exc)) from None
+
     def get_dir(self, prefix: str) -> dict[str, str]:
         """Every key under `prefix/` (the prefix stripped) with its value."""
         prefix = prefix.rstrip("/") + "/"

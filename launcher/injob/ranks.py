@@ -198,18 +198,17 @@ class RankCoordinator:
         self.agree = agree
         self.timeout_s = TIMEOUT_FLOOR_S
         self._store: KVStore | None = None
-        # Meetings so far, by kind and set of processes.
-        self._counts: dict[tuple[str, tuple[int, ...]], int] = {}
+        # Meetings so far, by kind, module and set of processes.
+        self._counts: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self._environment_checked = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never held while waiting for other ranks
 
     def bind(self, timeout_s: float) -> None:
         """At the process's first lowering: the bound, and (in a job of several processes)
         a first state, so that a rank late for the first meeting is said as lowering."""
         self.timeout_s = timeout_s
         if self.recorder.report.process_count > 1:
-            with self._lock:
-                self._publish(self._started(), "tracing and lowering, before its first compile")
+            self._publish(self._started(), "tracing and lowering, before its first compile")
 
     # -- the two moments of a compile -------------------------------------------------------
 
@@ -218,65 +217,73 @@ class RankCoordinator:
         agreement on, compare with the other ranks. False: compile without the cache."""
         import jax
 
-        with self._lock:
-            store = self._started()
-            name = lookup.module_name
-            size = entry_size(str(jax.config.jax_compilation_cache_dir), lookup.key)
-            self._publish(store, f"loading {name} from the cache" if size is not None
-                          else f"compiling {name}")
-            if not self.agree:
-                return True
-            barrier = self._barrier("agree", lookup.processes)
-            post = KeyPost(lookup.key, lookup.components, size)
-            self._meet(store, barrier, dumps(post), lookup.processes,
-                       f"to agree on {name}'s cache key", name)
-            posts = {int(rank): from_json(KeyPost, json.loads(value), f"{barrier}/{rank}")
-                     for rank, value in store.get_dir(barrier).items()}
-            decision = agree(name, posts, lookup.platform)
-            if decision.stop is not None:
-                self.stop(decision.stop, EXIT_ERROR)
-            if decision.skip_cache is not None:
-                self.recorder.add_warning(ReportWarning(RANKS, decision.skip_cache))
-                return False
+        store = self._started()
+        name = lookup.module_name
+        size = entry_size(str(jax.config.jax_compilation_cache_dir), lookup.key)
+        self._publish(store, f"loading {name} from the cache" if size is not None
+                      else f"compiling {name}")
+        if not self.agree:
             return True
+        barrier = self._barrier("agree", lookup)
+        post = KeyPost(lookup.key, lookup.components, size)
+        self._meet(store, barrier, dumps(post), lookup.processes,
+                   f"to agree on {name}'s cache key", name)
+        posts = {int(rank): from_json(KeyPost, json.loads(value), f"{barrier}/{rank}")
+                 for rank, value in store.get_dir(barrier).items()}
+        decision = agree(name, posts, lookup.platform)
+        if decision.stop is not None:
+            self.stop(decision.stop, EXIT_ERROR)
+        if decision.skip_cache is not None:
+            self.recorder.add_warning(ReportWarning(RANKS, decision.skip_cache))
+            return False
+        return True
 
     def after_compile(self, lookup: Lookup) -> None:
         """After the compile or load, before the program first runs: meet the other ranks
         of this program, so that none reaches its first collective alone."""
-        with self._lock:
-            store = self._started()
-            name = lookup.module_name
-            barrier = self._barrier("meet", lookup.processes)
-            self._publish(store, f"waiting for the other ranks after {name}")
-            self._meet(store, barrier, "", lookup.processes, f"after {name}", name)
-            self._publish(store, f"running its own code after {name}")
+        store, barrier = self._started(), self._barrier("meet", lookup)
+        name = lookup.module_name
+        self._publish(store, f"waiting for the other ranks after {name}")
+        self._meet(store, barrier, "", lookup.processes, f"after {name}", name)
+        self._publish(store, f"running its own code after {name}")
 
     # -- the protocol ----------------------------------------------------------------------
 
     def _started(self) -> KVStore:
-        """The store, and this rank's environment posted, at the first multi-process compile."""
-        if self._store is None:
-            store = KVStore.of_job()
-            if store is None:
-                self.stop("a program spans several processes, but this process joined no "
-                          "jax.distributed job (no key-value store to meet the others in)",
-                          EXIT_FAILED)
-            store.set(f"{PREFIX}/env/{self._rank}", json.dumps(self.recorder.report.environment))
-            self._store = store
-        return self._store
+        """The store, and this rank's environment posted, the first time it is needed."""
+        with self._lock:
+            if self._store is None:
+                store = KVStore.of_job()
+                if store is None:
+                    self.stop("a program spans several processes, but this process joined no "
+                              "jax.distributed job (no key-value store to meet the others in)",
+                              EXIT_FAILED)
+                try:
+                    store.set(f"{PREFIX}/env/{self._rank}",
+                              json.dumps(self.recorder.report.environment))
+                except StoreError as exc:
+                    self._lost(exc, "starting")
+                self._store = store
+            return self._store
 
     @property
     def _rank(self) -> int:
         return self.recorder.report.process_index
 
-    def _barrier(self, kind: str, processes: tuple[int, ...]) -> str:
-        """The next barrier of a kind; ids are never reused: the n-th meeting of one set of
-        processes (the same on each of them: they compile the same programs in order)."""
-        count = self._counts.get((kind, processes), 0)
-        self._counts[(kind, processes)] = count + 1
-        everyone = len(processes) == self.recorder.report.process_count
-        group = "all" if everyone else "-".join(map(str, processes))
-        return f"{PREFIX}/{kind}/{group}/{count}"
+    def _barrier(self, kind: str, lookup: Lookup) -> str:
+        """The next barrier of a kind for one program. Ids are never reused:
+        the n-th compile of that module over that set of processes, the same on each of
+        them (they compile the same programs, each as often), even when a trainer compiles
+        two programs at once in two threads (no lock is held while waiting). A rank that
+        compiles a program the others do not (a `jax.clear_caches()` on that rank alone)
+        waits for them in vain."""
+        counted = (kind, lookup.module_name, lookup.processes)
+        with self._lock:
+            count = self._counts.get(counted, 0)
+            self._counts[counted] = count + 1
+        everyone = len(lookup.processes) == self.recorder.report.process_count
+        group = "all" if everyone else "-".join(map(str, lookup.processes))
+        return f"{PREFIX}/{kind}/{group}/{lookup.module_name}/{count}"
 
     def _publish(self, store: KVStore, doing: str) -> None:
         try:
@@ -299,8 +306,9 @@ class RankCoordinator:
                 self.stop(late_line(what, self.timeout_s,
                                     {rank: states.get(rank) for rank in processes
                                      if rank not in arrived}, time.time()), EXIT_FAILED)
-            if not self._environment_checked:
-                self._environment_checked = True
+            with self._lock:
+                first, self._environment_checked = not self._environment_checked, True
+            if first:
                 environments = {int(rank): json.loads(value) for rank, value in
                                 store.get_dir(f"{PREFIX}/env").items()}
                 line = environment_line(environments)

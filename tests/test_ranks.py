@@ -123,4 +123,4 @@ def test_ranks_that_see_the_entry_differently_all_compile_and_leave_it() -> None
     assert decision.skip_cache == (
         "jit_step: the ranks do not see the same cache entry (1000 bytes on ranks 0, 2; no "
         "entry on rank 1; 12 bytes on rank 3): every rank compiled it without the persistent "
-        "cache, so all ran the same executable; the entry was left in place")
+        "cache (none loaded it while another compiled it); the entry was left in place")

@@ -184,8 +184,8 @@ def agree(function: str, posts: dict[int, KeyPost], platform: str) -> Agreement:
         f"{ranks_of(group)}" for group in seen)
     return Agreement(skip_cache=(
         f"{function}: the ranks do not see the same cache entry ({described}): every rank "
-        f"compiled it without the persistent cache, so all ran the same executable; the "
-        f"entry was left in place"))
+        f"compiled it without the persistent cache (none loaded it while another compiled "
+        f"it); the entry was left in place"))
 
 
 class RankCoordinator:
@@ -228,8 +228,12 @@ class RankCoordinator:
         post = KeyPost(lookup.key, lookup.components, size)
         self._meet(store, barrier, dumps(post), lookup.processes,
                    f"to agree on {name}'s cache key", name)
+        try:
+            posted = store.get_dir(barrier)
+        except StoreError as exc:
+            self._lost(exc, f"agreeing on {name}'s cache key")
         posts = {int(rank): from_json(KeyPost, json.loads(value), f"{barrier}/{rank}")
-                 for rank, value in store.get_dir(barrier).items()}
+                 for rank, value in posted.items()}
         decision = agree(name, posts, lookup.platform)
         if decision.stop is not None:
             self.stop(decision.stop, EXIT_ERROR)

@@ -34,6 +34,10 @@ DEMO = REPO / "configs" / "demo.yaml"
 LAYOUT = "1 process x 8 CPU devices"
 LAYOUT_OVERRIDES = ("topology.processes_per_node=1", "topology.devices_per_process=8")
 PROCESS_TIMEOUT_S = 900.0
+# The demo step at its smallest (one layer, width 32): for runs of many ranks, whose time
+# goes to starting JAX and compiling in every process, not to the model.
+TINY_STEP = ("step.args.n_layers=1", "step.args.d_model=32", "step.args.d_ff=32",
+             "step.args.seq_len=8", "step.args.vocab_size=32", "step.args.chunks=1")
 
 
 class BenchError(RuntimeError):

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")
     report.add_argument("--json", action="store_true", help="print one JSON list")
     report.add_argument("--all", action="store_true",
-                        help="list every compile, also the small ones summed up in one line")
+                        help="a row for every process (not folded into p1-p63) and every "
+                             "compile, also the small ones summed up in one line")
     report.add_argument("--plot", type=Path, metavar="PNG",
                         help="also draw the init phases per process into a PNG "
                              "(needs matplotlib: pip install 'jaxwarm[plot]')")

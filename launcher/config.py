@@ -166,6 +166,19 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class RanksConfig:
+    """How the processes of a job meet before each multi-process program first runs, and
+    agree on its cache key before they look it up (launcher/injob/ranks.py)."""
+
+    # How long a rank waits for the others at a meeting before it stops the job with one
+    # line naming the late ranks. None: 3x the longest compile the manifest recorded for the
+    # run's layout, at least 300 s.
+    meet_timeout_s: PositiveFloat | None = None
+    # Rank agreement before each compile: "auto" (on for GPU jobs), true or false.
+    agree: bool | str = "auto"
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     # Process 0 of the training job logs MLPerf's init_start / init_stop / run_start
     # (launcher/mlperf.py; needs the `mlperf` extra).
@@ -183,6 +196,7 @@ class Config:
     entrypoint: EntrypointConfig = field(default_factory=EntrypointConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    ranks: RanksConfig = field(default_factory=RanksConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     env: dict[str, str] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
@@ -552,6 +566,8 @@ def _validate(config: Config) -> None:
             fail(f"jax.{option}", f"the cache section owns this option (every job gets it from "
                                   f"there, and the cache dir is checked before any job runs); "
                                   f"set cache.{CACHE_OPTIONS[option]} instead")
+    if config.ranks.agree not in (True, False, "auto"):
+        fail("ranks.agree", f"expected true, false or auto, got {config.ranks.agree!r}")
     if not _SLURM_TIME.fullmatch(config.slurm.time):
         fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
     if config.slurm.signal not in _SIGNALS:

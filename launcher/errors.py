@@ -52,6 +52,13 @@ def say(message: str) -> int:
     return EXIT_ERROR
 
 
+def error_line(log: str) -> str | None:
+    """The last one line (`jaxwarm: error: ...`, without the prefix) in a job process's
+    log text: what a process of a failed job stopped for, when it said so."""
+    lines = [line for line in log.splitlines() if line.startswith(PREFIX)]
+    return lines[-1][len(PREFIX):] if lines else None
+
+
 def run_main(main: Callable[[], int], *, bugs_as_one_line: bool = False) -> int:
     """Run a command's or a job's main: a user error ends with its one line and EXIT_ERROR,
     Ctrl-C with EXIT_INTERRUPTED. A bug keeps its traceback unless `bugs_as_one_line` (the

@@ -23,7 +23,8 @@ BASE_HEIGHT_PX = 160
 BAR_HEIGHT_PX = 45
 COLORS = {"imports": "#9e9e9e", "distributed": "#8d6e63", "trace": "#42a5f5",
           "lower": "#1565c0", "key prediction": "#ab47bc", "compile": "#e53935",
-          "cache load": "#43a047", "first step": "#ffb300", "other": "#e0e0e0"}
+          "cache load": "#43a047", "waiting for ranks": "#6d4c41", "first step": "#ffb300",
+          "other": "#e0e0e0"}
 
 
 def size_px(bars: int) -> tuple[int, int]:

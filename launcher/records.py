@@ -33,6 +33,9 @@ SETTING_CHANGED = "setting_changed"  # the trainer changed a cache setting jaxwa
 RECOMPILED = "recompiled"  # one function compiled twice under different keys
 # a prewarmed function missed under other process-global JAX settings than the prewarm's
 OPTIONS_DIFFER = "options_differ"
+# the ranks of the job did not all have an entry, so all compiled without the cache, or
+# they stopped the job (a key or an environment that differs, a meeting that timed out)
+RANKS = "ranks"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ class InitReport:
     retrieval_s: float = 0.0
     compile_time_saved_s: float = 0.0
     time_to_first_step_s: float | None = None
+    # Time this process waited at meetings for the other ranks (launcher.injob.ranks): what
+    # a rank that loaded spends while others compile, instead of timing out in a collective.
+    ranks_wait_s: float = 0.0
     # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
     first_step_from: str | None = None
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
@@ -223,6 +229,27 @@ class PrewarmProgress:
     started: float
     last_s: float | None = None
     done: bool = False
+
+
+# -- what the ranks of a job tell each other (jax.distributed's key-value store) -----------
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank is doing, and since when (`launcher.injob.ranks`): the rank that
+    waits in vain says what the late ones were doing."""
+
+    doing: str
+    since: float
+
+
+@dataclass(frozen=True)
+class KeyPost:
+    """One rank's side of the agreement before a compile: the key JAX computed, each
+    component's hash, and the size of the entry this rank sees (None: no entry)."""
+
+    key: str
+    components: dict[str, str] = field(default_factory=dict)
+    size: int | None = None
 
 
 # -- the usage log: one line per job's process 0, and one per entry event -----------------

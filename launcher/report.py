@@ -10,14 +10,17 @@ import dataclasses
 import logging
 import statistics
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.environment import size_cap
 from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
+from launcher.injob.place import ranges
 from launcher.records import (
     OPTIONS_DIFFER,
+    RANKS,
     SETTING_CHANGED,
     FirstStep,
     FunctionRecord,
@@ -76,6 +79,15 @@ def short_key(key: str | None) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _span(values: list[float | None]) -> str:
+    """One figure for one process, the range for several: `0.23`, `0.23-0.91`."""
+    known = [value for value in values if value is not None]
+    if not known:
+        return "-"
+    low, high = _seconds(min(known)), _seconds(max(known))
+    return low if low == high else f"{low}-{high}"
 
 
 def duration(seconds: float) -> str:
@@ -138,8 +150,21 @@ def _outcome(fn: FunctionRecord) -> str:
     return "HIT" if fn.hit else "MISS"
 
 
-def _where(r: InitReport) -> str:
-    return f"{r.job:<7} r{r.restart_count} p{r.process_index}"
+def _where(group: list[InitReport]) -> str:
+    r = group[0]
+    return f"{r.job:<7} r{r.restart_count} {ranges([g.process_index for g in group], 'p')}"
+
+
+def fold(reports: list[InitReport], shape: Callable[[InitReport], Hashable],
+         show_all: bool) -> list[list[InitReport]]:
+    """The processes of each job attempt whose `shape` is equal, together (in the order of
+    their first process): 64 ranks that did the same read as one line. `show_all`: one
+    process per group."""
+    groups: dict[Hashable, list[InitReport]] = {}
+    for r in reports:
+        groups.setdefault((r.job, r.restart_count,
+                           r.process_index if show_all else shape(r)), []).append(r)
+    return list(groups.values())
 
 
 def _shared_names(functions: list[FunctionRecord]) -> set[str]:
@@ -150,44 +175,76 @@ def _shared_names(functions: list[FunctionRecord]) -> set[str]:
     return {name for name, signatures in seen.items() if len(signatures) > 1}
 
 
-def function_lines(r: InitReport, targets: Targets, threshold_s: float,
-                   show_all: bool) -> list[str]:
-    """One process's compiles: the prewarmed targets and every compile of at least
-    `threshold_s` (what JAX would store), then the rest as one line unless `show_all`."""
-    shared = _shared_names(r.functions)
+@dataclass(frozen=True)
+class _Shown:
+    """Which compiles of one process get a line of their own, and which are summed up."""
+
+    lines: list[tuple[str, FunctionRecord, bool]]  # (name shown, record, prewarmed)
+    small: list[float]
+
+    @classmethod
+    def of(cls, r: InitReport, targets: Targets, threshold_s: float, show_all: bool) -> _Shown:
+        shared = _shared_names(r.functions)
+        lines, small = [], []
+        for fn in r.functions:
+            target = fn in targets
+            if not (target or show_all or fn.seconds >= threshold_s):
+                small.append(fn.seconds)
+                continue
+            name = f"{fn.name} [{fn.signature or '?'}]" if fn.name in shared else fn.name
+            lines.append((name, fn, target))
+        return cls(lines, small)
+
+    def shape(self) -> tuple:
+        return (tuple((name, _outcome(fn), target) for name, fn, target in self.lines),
+                bool(self.small))
+
+
+def function_lines(group: list[InitReport], targets: Targets, threshold_s: float,
+                   show_all: bool, width: int = 0) -> list[str]:
+    """The compiles of a group of processes that did the same (`fold`): the prewarmed
+    targets and every compile of at least `threshold_s` (what JAX would store), then the
+    rest as one line unless `show_all`; seconds as a range and keys counted over the group.
+    `width`: of the where column (job, restart, processes), to align several groups."""
+    shown = [_Shown.of(r, targets, threshold_s, show_all) for r in group]
+    where = _where(group).ljust(width)
     lines: list[str] = []
-    small: list[float] = []
-    for fn in r.functions:
-        target = fn in targets
-        if not (target or show_all or fn.seconds >= threshold_s):
-            small.append(fn.seconds)
-            continue
-        name = fn.name
-        if name in shared:
-            name += f" [{fn.signature or '?'}]"
+    for index, (name, fn, target) in enumerate(shown[0].lines):
+        records = [s.lines[index][1] for s in shown]
+        keys = {record.key for record in records}
+        key = short_key(fn.key) if len(keys) == 1 else f"{len(keys)} keys"
         tag = "prewarmed" if target else ""
-        lines.append(f"  {_where(r)}  {name:<28} {_outcome(fn):<8} {fn.seconds:8.2f} s  "
-                     f"{short_key(fn.key)}  {tag}".rstrip())
-    if small:
-        lines.append(f"  {_where(r)}  + {len(small)} small compile(s) under {threshold_s:g} s "
-                     f"(not prewarmed, not stored), {sum(small):.2f} s in all; --all lists them")
-    for warning in r.warnings:
-        lines.append(f"  WARNING {_where(r)}: {warning.text}")
+        lines.append(f"  {where}  {name:<28} {_outcome(fn):<8} "
+                     f"{_span([record.seconds for record in records]):>8} s  {key}  "
+                     f"{tag}".rstrip())
+    if shown[0].small:
+        counts = sorted({len(s.small) for s in shown})
+        count = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        lines.append(f"  {where}  + {count} small compile(s) under {threshold_s:g} s "
+                     f"(not prewarmed, not stored), {_span([sum(s.small) for s in shown])} s "
+                     f"in all; --all lists them")
+    for warning in group[0].warnings:
+        lines.append(f"  WARNING {where.rstrip()}: {warning.text}")
     return lines
 
 
 def format_table(reports: list[InitReport], targets: Targets, threshold_s: float,
                  show_all: bool = False) -> str:
-    """The init report as text: a summary row per process, then per-function rows."""
+    """The init report as text: a summary row per process, then per-function rows; the
+    processes of a job attempt that did the same are folded into one row (`p1-p63`), with
+    their figures as ranges, unless `show_all`."""
     if not reports:
         return "no init reports yet"
     header = ("job", "restart", "proc", "lookups", "hits", "misses", "compile_s",
               "retrieval_s", "first_step_s", "budget_s", "init")
     rows = [header]
-    for r in reports:
-        rows.append((r.job, str(r.restart_count), str(r.process_index), str(r.lookups),
-                     str(r.hits), str(r.misses), _seconds(r.backend_compile_s),
-                     _seconds(r.retrieval_s), _seconds(r.time_to_first_step_s),
+    for group in fold(reports, lambda r: (r.lookups, r.hits, _status(r)), show_all):
+        r = group[0]
+        rows.append((r.job, str(r.restart_count), ranges([g.process_index for g in group]),
+                     str(r.lookups), str(r.hits), str(r.misses),
+                     _span([g.backend_compile_s for g in group]),
+                     _span([g.retrieval_s for g in group]),
+                     _span([g.time_to_first_step_s for g in group]),
                      f"{r.init_budget_s:.0f}", _status(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -195,8 +252,11 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
     lines.append("")
     lines.append("functions (cache lookups and compiles, per process; [signature] where "
                  "functions share a name):")
-    for r in reports:
-        lines.extend(function_lines(r, targets, threshold_s, show_all))
+    groups = fold(reports, lambda r: (_Shown.of(r, targets, threshold_s, show_all).shape(),
+                                      tuple(w.text for w in r.warnings)), show_all)
+    width = max(len(_where(group)) for group in groups)
+    for group in groups:
+        lines.extend(function_lines(group, targets, threshold_s, show_all, width))
     return "\n".join(lines)
 
 
@@ -240,13 +300,10 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
 
 
 def _processes(indices: list[int]) -> str:
-    """`p0`, `p1-63 (63 processes, median)`, `p1,4,9 (3 processes, median)`."""
+    """`p0`, `p1-p63 (63 processes, median)`, `p1, p4, p9 (3 processes, median)`."""
     if len(indices) == 1:
         return f"p{indices[0]}"
-    first, last = min(indices), max(indices)
-    spans = f"{first}-{last}" if last - first + 1 == len(indices) else \
-        ",".join(map(str, sorted(indices)[:6])) + (",..." if len(indices) > 6 else "")
-    return f"p{spans} ({len(indices)} processes, median)"
+    return f"{ranges(indices, 'p')} ({len(indices)} processes, median)"
 
 
 def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
@@ -272,7 +329,7 @@ def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
         if r.process_index != 0:
             continue
         for name, parts in _target_phases(r, targets).items():
-            lines.append(f"  {_where(r)}  {name}: " + " + ".join(
+            lines.append(f"  {_where([r])}  {name}: " + " + ".join(
                 f"{phase} {seconds:.2f}" for phase, seconds in parts))
     return lines
 
@@ -344,53 +401,100 @@ def stage_lines(attempt: list[InitReport]) -> list[str]:
     return lines
 
 
+# The headline reads in a screen whatever the number of processes.
+HEADLINE_LINES = 10
+
+
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
               run: str, cache_dir: str | None = None) -> list[str]:
-    """Headline lines: what the latest training attempt did with the prewarmed targets on
-    process 0 (hit, and how much that saved; or miss, and why, against the same target
-    only), and any cache setting the trainer changed."""
+    """Headline lines, at most HEADLINE_LINES: what the latest training attempt did with each
+    prewarmed target (hit, on which processes, and how much that saved; or process 0's
+    miss, and why, against the same target only), its time to first step against the
+    budget, and what the processes said once (a cache setting the trainer changed, ranks
+    that did not see the same entry)."""
     train = [r for r in reports if r.job == TRAIN]
     if not train:
         return []
     latest = max(r.restart_count for r in train)
-    attempt = [r for r in train if r.restart_count == latest]
+    attempt = sorted((r for r in train if r.restart_count == latest),
+                     key=lambda r: r.process_index)
     targets = Targets.of(manifest)
     lines: list[str] = []
-    settings: list[str] = []
+    said: list[str] = []
     for report in attempt:
+        said += [w.text for w in report.warnings if w.kind == RANKS or (
+            report.process_index == 0 and w.kind in (SETTING_CHANGED, OPTIONS_DIFFER))]
         if report.process_index != 0:
             continue
-        settings += [w.text for w in report.warnings
-                     if w.kind in (SETTING_CHANGED, OPTIONS_DIFFER)]
         for fn in report.functions:
             if fn.key is None or fn not in targets:
                 continue
-            entry = manifest.get(fn.key)
             if fn.hit:
-                saved = "" if entry is None else (
-                    f"; prewarm compiled it in {entry.compile_s:.2f} s, "
-                    f"so this saved {entry.compile_s - fn.seconds:.2f} s")
-                lines.append(f"{fn.name}: HIT on process 0 (restart {latest}), "
-                             f"loaded in {fn.seconds:.2f} s{saved}")
-            else:
-                lines.append(f"{fn.name}: MISS on process 0 (restart {latest}), "
-                             f"compiled in {fn.seconds:.2f} s")
-                if moved_cache_dir(report):
-                    lines.append(f"  why: this process looked its entries up in "
-                                 f"{report.cache_dir}, the trainer's cache dir (below)")
-                lines.extend(f"  why: {line}" for line in explain_miss(
-                    fn.name, fn.components, manifest, run=run,
-                    process_count=report.process_count, signature=fn.signature,
-                    global_options=fn.global_options,
-                    max_size=size_cap(report.environment),
-                    xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
-                    looked_in=report.cache_dir if moved_cache_dir(report) else None))
-    others = [r for r in attempt if r.process_index != 0]
-    if others and not any(r.hits for r in others):
-        which = "process 1" if len(others) == 1 else f"processes 1-{len(others)}"
-        lines.append(f"{which}: no hits; on CPU JAX hashes each process's "
+                lines.append(_hit_line(fn, attempt, manifest.get(fn.key), latest))
+                continue
+            lines.append(f"{fn.name}: MISS on process 0 (restart {latest}), "
+                         f"compiled in {fn.seconds:.2f} s")
+            if moved_cache_dir(report):
+                lines.append(f"  why: this process looked its entries up in "
+                             f"{report.cache_dir}, the trainer's cache dir (below)")
+            lines.extend(f"  why: {line}" for line in explain_miss(
+                fn.name, fn.components, manifest, run=run,
+                process_count=report.process_count, signature=fn.signature,
+                global_options=fn.global_options, max_size=size_cap(report.environment),
+                xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
+                looked_in=report.cache_dir if moved_cache_dir(report) else None))
+    others = [r.process_index for r in attempt if r.process_index != 0]
+    if others and not any(r.hits for r in attempt if r.process_index != 0):
+        which = "process" if len(others) == 1 else "processes"
+        lines.append(f"{which} {ranges(others)}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    return lines + stage_lines(attempt) + settings
+    lines += budget_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
+    if len(lines) > HEADLINE_LINES:
+        more = len(lines) - HEADLINE_LINES + 1
+        lines = lines[:HEADLINE_LINES - 1] + [
+            f"... and {more} more line(s): the table below has them all"]
+    return lines
+
+
+def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntry | None,
+              restart: int) -> str:
+    """A target process 0 loaded: which processes loaded it, how fast, what that saved."""
+    loads = [other.seconds for r in attempt for other in r.functions
+             if (other.name, other.signature) == (fn.name, fn.signature) and other.hit]
+    hit_on = [r.process_index for r in attempt if any(
+        (other.name, other.signature) == (fn.name, fn.signature) and other.hit
+        for other in r.functions)]
+    which = "process" if len(hit_on) == 1 else "processes"
+    saved = "" if entry is None else (
+        f"; prewarm compiled it in {entry.compile_s:.2f} s, so this saved "
+        f"{_span([entry.compile_s - load for load in loads])} s"
+        f"{' on each' if len(hit_on) > 1 else ''}")
+    return (f"{fn.name}: HIT on {which} {ranges(hit_on)} (restart {restart}), "
+            f"loaded in {_span(list(loads))} s{saved}")
+
+
+def budget_lines(attempt: list[InitReport]) -> list[str]:
+    """One training attempt's time to first step over its processes, against the budget,
+    and the longest any of them waited for the others (`launcher.injob.ranks`)."""
+    timed = [r for r in attempt if r.time_to_first_step_s is not None]
+    if not timed:
+        return []
+    budget = timed[0].init_budget_s
+    slowest = max(timed, key=lambda r: r.time_to_first_step_s or 0.0)
+    where = f"process {slowest.process_index}" if len(timed) == 1 else \
+        f"processes {ranges([r.process_index for r in timed])} " \
+        f"(slowest: process {slowest.process_index})"
+    over = [r.process_index for r in timed if r.over_budget]
+    verdict = f"OVER the {budget:.0f} s budget on process{'es' if len(over) > 1 else ''} " \
+        f"{ranges(over)}" if over else \
+        f"within the {budget:.0f} s budget"
+    line = (f"time to first step (restart {timed[0].restart_count}): "
+            f"{_span([r.time_to_first_step_s for r in timed])} s on {where}, {verdict}")
+    waited = max(timed, key=lambda r: r.ranks_wait_s)
+    if waited.ranks_wait_s >= 0.005:
+        line += (f"; waiting for the other ranks up to {waited.ranks_wait_s:.2f} s "
+                 f"(process {waited.process_index})")
+    return [line]
 
 
 def load_first_steps(run_dir: str | Path) -> list[FirstStep]:

@@ -205,7 +205,9 @@ def describe(item: Compiled, min_compile_time_s: float) -> str:
     if item.failure is not None:
         return f"FAILED {record.name}: compiled, but its entry {record.key}: {item.failure}"
     if record.key is None:
-        return f"{record.name}: compiled in {record.seconds:.2f} s, but the cache is off"
+        return (f"{record.name}: compiled in {record.seconds:.2f} s without the persistent "
+                f"cache (it is off, or the ranks did not all see the same entry: "
+                f"ranks.agree)")
     if record.hit:
         return f"{record.name}: already in the cache (loaded in {record.seconds:.2f} s)"
     if record.seconds < min_compile_time_s:

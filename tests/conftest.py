@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
+
+def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
+    """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the
+    smallest batch that mesh takes, the tiny step and one training step."""
+    return (f"topology.processes_per_node={processes}", "topology.devices_per_process=1",
+            f"mesh.axes={{data: {data}, fsdp: {fsdp}}}", f"step.args.global_batch={data * fsdp}",
+            "train.steps=1", *TINY_STEP)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,

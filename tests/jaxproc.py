@@ -40,16 +40,17 @@ def run_jax(code: str, devices: int, timeout: float = 300,
     return proc
 
 
-def run_jax_processes(code: str, processes: int, devices: int,
-                      timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
+def run_jax_processes(code: str, processes: int, devices: int, timeout: float = 300,
+                      args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess[str]]:
     """Run `code` as a `processes`-process JAX job, each with `devices` fake devices.
 
     Each child gets sys.argv[1:] = [coordinator address, process count, process id] for
-    `jax.distributed.initialize`. All are started before any is waited on, since
-    initialization blocks until every process has joined.
+    `jax.distributed.initialize`, then `args`. All are started before any is waited on,
+    since initialization blocks until every process has joined.
     """
     address = f"localhost:{free_port()}"
-    children = [subprocess.Popen([sys.executable, "-c", code, address, str(processes), str(i)],
+    children = [subprocess.Popen([sys.executable, "-c", code, address, str(processes), str(i),
+                                  *args],
                                  env=jax_env(devices), cwd=REPO, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                 for i in range(processes)]

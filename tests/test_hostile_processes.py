@@ -12,13 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
+from tests.procs import alive, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -33,27 +33,6 @@ with open(sys.argv[1], "a") as out:
 while True:
     time.sleep(0.2)
 '''
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie waiting for its reaper is not running
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_until(condition, timeout: float = 120.0) -> bool:
-    """Poll for an outcome; the timeout only bounds a broken run, nothing is timed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def pids(path: Path) -> list[int]:

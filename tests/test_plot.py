@@ -54,7 +54,7 @@ def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -
             one.replace('"process_index": 1', f'"process_index": {process}'))
     bars = fold_phases(load_reports(run), Targets.of(read_manifest(CACHE)))
     assert [label for label, _ in bars] == [
-        "train r0 p0  warm", "train r0 p1-3 (3 processes, median)  cold"]
+        "train r0 p0  warm", "train r0 p1-p3 (3 processes, median)  cold"]
     path = plot_init(load_reports(run), Targets.of(read_manifest(CACHE)), 12.0,
                      tmp_path / "budget.png", "run demo")  # a budget within the bars
     assert png_size(path) == size_px(2)

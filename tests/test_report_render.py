@@ -76,8 +76,10 @@ def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> N
     assert lines[0] == ("jit_train_step: HIT on process 0 (restart 0), loaded in 0.23 s; "
                         "prewarm compiled it in 6.84 s, so this saved 6.61 s")
     assert lines[1].startswith("process 1: no hits; on CPU JAX hashes")
-    assert lines[2].startswith("the trainer set jax_persistent_cache_min_compile_time_secs")
-    assert len(lines) == 3
+    assert lines[2] == ("time to first step (restart 0): 10.95-10.99 s on processes 0-1 "
+                        "(slowest: process 0), within the 1800 s budget")
+    assert lines[3].startswith("the trainer set jax_persistent_cache_min_compile_time_secs")
+    assert len(lines) == 4
 
 
 def test_a_miss_is_explained_by_the_component_that_differs() -> None:
@@ -98,13 +100,17 @@ def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> Non
     rows = text.splitlines()
     assert rows[0].split() == ["job", "restart", "proc", "lookups", "hits", "misses",
                                "compile_s", "retrieval_s", "first_step_s", "budget_s", "init"]
-    assert rows[3].split() == ["train", "0", "0", "3", "1", "2", "0.06", "0.23", "10.99",
+    # The two prewarm processes did the same: one row, their figures as ranges.
+    assert rows[1].split() == ["prewarm", "0", "0-1", "2", "0", "2", "8.34-8.61", "0.00",
+                               "16.06", "1800"]  # a prewarm has no budget verdict
+    assert rows[2].split() == ["train", "0", "0", "3", "1", "2", "0.06", "0.23", "10.99",
                                "1800", "ok"]
-    assert rows[1].split()[-1] == "1800"  # a prewarm has no budget verdict
-    assert "  train   r0 p0  jit_train_step               HIT          0.23 s  " \
+    assert "  train   r0 p0     jit_train_step               HIT          0.23 s  " \
            "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in rows
-    assert "  train   r0 p0  + 2 small compile(s) under 0.5 s (not prewarmed, not stored), " \
+    assert "  train   r0 p0     + 2 small compile(s) under 0.5 s (not prewarmed, not stored), " \
            "0.06 s in all; --all lists them" in rows
+    assert "  prewarm r0 p0-p1  jit_train_step               MISS     6.84-7.01 s  2 keys  " \
+           "prewarmed" in rows
     assert any(row.startswith("  WARNING train   r0 p0: the trainer set ") for row in rows)
     everything = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5, show_all=True)
     assert "NO-CACHE" in everything and "small compile" not in everything
@@ -121,11 +127,11 @@ def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
                          cache_dir="/c", init_budget_s=60.0,
                          functions=[*small, fn, other, big])
     targets = Targets(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
-    lines = function_lines(process, targets, 0.5, show_all=False)
+    lines = function_lines([process], targets, 0.5, show_all=False)
     assert [line.split()[3] for line in lines[:-1]] == ["jit_step", "jit_init"]
     assert "jit_step [s1]" in lines[0] and lines[0].endswith("prewarmed")
     assert "+ 41 small compile(s) under 0.5 s" in lines[-1] and "0.60 s in all" in lines[-1]
-    assert len(function_lines(process, targets, 0.5, show_all=True)) == 43
+    assert len(function_lines([process], targets, 0.5, show_all=True)) == 43
 
 
 def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
@@ -194,6 +200,57 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
     append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
         UsedFunction(name="jit_train_step", key=STEP, hit=True)]))
     assert '"sha256"' not in usage_path(tmp_path).read_text().splitlines()[-1]
+
+
+def sixty_four_ranks() -> list[InitReport]:
+    """A GPU-like training attempt of 64 ranks made from the fixture's process 0: every rank
+    loads the step under one key (rank 17 slower, rank 40 over the budget), one rank with a
+    warning of its own; and a 64-rank prewarm before it."""
+    train = next(r for r in load_reports(RUN) if (r.job, r.process_index) == ("train", 0))
+    reports = []
+    for rank in range(64):
+        first_step = {17: 30.5, 40: 1900.0}.get(rank, 10.0 + rank / 100)
+        functions = [dataclasses.replace(fn, seconds=fn.seconds + rank / 1000)
+                     for fn in train.functions]
+        reports.append(dataclasses.replace(
+            train, process_index=rank, process_count=64, functions=functions,
+            time_to_first_step_s=first_step, ranks_wait_s=20.0 if rank == 0 else 0.5,
+            warnings=train.warnings if rank == 0 else []))
+        reports.append(dataclasses.replace(
+            train, job="prewarm", process_index=rank, process_count=64, lookups=1, hits=0,
+            functions=[dataclasses.replace(train.functions[0], hit=False, seconds=6.8)],
+            warnings=[], time_to_first_step_s=16.0))
+    return sorted(reports, key=lambda r: (r.job != "prewarm", r.process_index))
+
+
+def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> None:
+    reports = sixty_four_ranks()
+    manifest = read_manifest(CACHE)
+    headline = summarize(reports, manifest, "demo")
+    assert len(headline) <= 10
+    assert headline[0] == ("jit_train_step: HIT on processes 0-63 (restart 0), loaded in "
+                           "0.23-0.29 s; prewarm compiled it in 6.84 s, so this saved "
+                           "6.55-6.61 s on each")
+    assert headline[1] == (
+        "time to first step (restart 0): 10.00-1900.00 s on processes 0-63 (slowest: process "
+        "40), OVER the 1800 s budget on process 40; waiting for the other ranks up to 20.00 s "
+        "(process 0)")
+    text = format_table(reports, Targets.of(manifest), 0.5)
+    rows = text.splitlines()
+    table = rows[:rows.index("")]
+    assert [row.split()[:3] for row in table[1:]] == [
+        ["prewarm", "0", "0-63"], ["train", "0", "0-39,"], ["train", "0", "40"]]
+    assert table[2].split()[3] == "41-63" and table[3].endswith("OVER BUDGET")
+    functions = rows[rows.index("") + 2:]
+    assert functions[0].startswith("  prewarm r0 p0-p63  jit_train_step")
+    assert "  train   r0 p0      jit_train_step               HIT          0.23 s  " \
+           "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in functions  # its warning sets it apart
+    assert "  train   r0 p1-p63  jit_train_step               HIT      0.23-0.29 s  " \
+           "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in functions
+    assert len(rows) < 20
+    everything = format_table(reports, Targets.of(manifest), 0.5, show_all=True).splitlines()
+    assert len(everything[:everything.index("")]) == 1 + 128
+    assert sum(line.startswith("  train   r0 p63 ") for line in everything) == 3
 
 
 def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_one() -> None:

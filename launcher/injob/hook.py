@@ -21,8 +21,10 @@ from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK, append_line
 from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
 from launcher.injob.place import Place
+from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.injob.stage import node_cache_dir
+from launcher.jaxkey.lookup import watch_lookups
 from launcher.mlperf import MlperfLog, MlperfUnavailable
 from launcher.records import (
     EntryMissed,
@@ -40,7 +42,7 @@ from launcher.rundir import (
     report_path,
 )
 from launcher.store.entries import entry_path, function_of, written_since
-from launcher.store.manifest import latest_for_run, read_manifest
+from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
 from launcher.store.prewarms import forget_prewarm, read_prewarms
 from launcher.store.security import (
     DirIdentity,
@@ -161,13 +163,26 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         report, lambda process: report_path(config.run_dir, job, restart, process),
         recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce,
                                                   actor_of(job))).install()
-    recorder.on_bind.append(lambda bound: on_bind(config, bound, staging))
+    ranks = RankCoordinator(recorder, agreement_on(config))
+    watch_lookups(ranks.before_lookup, ranks.after_compile)
+    recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
     atexit.register(recorder.close)
     _active = recorder
     return recorder
 
 
-def watch_prewarmed(config: Config, recorder: InitRecorder) -> None:
+def manifest_of(config: Config) -> dict[str, ManifestEntry]:
+    """The prewarm manifest, read once per job; one that cannot be read counts as empty (and
+    says so): bookkeeping never stops training."""
+    try:
+        return read_manifest(config.cache.dir, strict=False)
+    except OSError as exc:
+        log.warning("the prewarm manifest cannot be read: %s", exc)
+        return {}
+
+
+def watch_prewarmed(config: Config, recorder: InitRecorder,
+                    manifest: dict[str, ManifestEntry]) -> None:
     """What a training job takes from the prewarm manifest. For a trainer that does not call
     mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
     signature: a run warm from another run's entries, or a cold run of a step prewarmed
@@ -175,11 +190,6 @@ def watch_prewarmed(config: Config, recorder: InitRecorder) -> None:
     a guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions, whose miss is
     checked against the global JAX settings they were lowered under."""
     recorder.guess_first_step = True
-    try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
-        manifest = read_manifest(config.cache.dir, strict=False)
-    except OSError as exc:
-        log.warning("the prewarm manifest cannot be read: %s", exc)
-        return
     recorder.step_functions = {
         (e.function, e.signature) for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count}
@@ -198,14 +208,17 @@ def record_first_step(config: Config, report: InitReport, started: float) -> Non
         "the time to first step")
 
 
-def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> None:
+def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
+            ranks: RankCoordinator) -> None:
     """What needs the process index: the cache dir checks (every rank loads native code from
-    it, process 0 creates it), the prewarmed steps to time, process 0's bookkeeping (and,
-    on a staged node, publishing what it wrote)."""
+    it, process 0 creates it), the prewarmed steps to time, the ranks' meeting bound (from
+    the compile times the manifest recorded), process 0's bookkeeping (and, on a staged
+    node, publishing what it wrote)."""
     import jax
 
     report = recorder.report
     jax_dir = staging.dir if staging is not None else config.cache.dir
+    entries: list[ManifestEntry] = []
     if not is_remote(config.cache.dir):
         if report.process_index == 0:
             checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
@@ -217,16 +230,20 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None) -> 
         actor = actor_of(report.job)
         recorder.before_lookup.append(
             lambda: recheck_before_lookup(config, jax_dir, checked, actor))
-        if report.job == TRAIN:
-            watch_prewarmed(config, recorder)
-            if report.process_index == 0:
-                recorder.after_first_step.append(
-                    lambda done: forget_missed_prewarms(config, done))
+        if report.job == TRAIN or report.process_count > 1:
+            manifest = manifest_of(config)
+            entries = latest_for_run(manifest, config.run.name)
+            if report.job == TRAIN:
+                watch_prewarmed(config, recorder, manifest)
+                if report.process_index == 0:
+                    recorder.after_first_step.append(
+                        lambda done: forget_missed_prewarms(config, done))
     elif report.job == TRAIN:
         recorder.guess_first_step = True
     if report.process_index == 0 and report.job == TRAIN:
         recorder.on_first_step.append(
             lambda done: record_first_step(config, done, recorder.start_time))
+    ranks.bind(meet_timeout(config, entries))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):

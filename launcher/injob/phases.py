@@ -32,13 +32,17 @@ LOWER = "lower"  # jaxpr to MLIR module (JAX's jaxpr_to_mlir_module_duration)
 COMPILE = "compile"  # XLA backend compile on a miss (JAX's backend_compile_duration)
 LOAD = "cache load"  # the same span on a hit: lookup, read, deserialization
 PREDICT = "key prediction"  # jaxwarm's key probe (verify, the prewarm's warm check)
+# At the ranks' meetings (launcher.injob.ranks): waiting for ranks that still compile
+RANKS_WAIT = "waiting for ranks"
 FIRST_STEP = "first step"  # from the end of the step's compile or load to the first step
 OTHER = "other"  # what no timer covers: the trainer's own Python work, data, checkpoints
 
 # The most specific first: an instant covered by several spans counts for the first.
-PRECEDENCE = (COMPILE, LOAD, PREDICT, LOWER, TRACE, DISTRIBUTED, FIRST_STEP, IMPORTS)
+PRECEDENCE = (RANKS_WAIT, COMPILE, LOAD, PREDICT, LOWER, TRACE, DISTRIBUTED, FIRST_STEP,
+              IMPORTS)
 # The order phases are shown in: roughly the order they happen.
-ORDER = (IMPORTS, DISTRIBUTED, TRACE, LOWER, PREDICT, COMPILE, LOAD, FIRST_STEP, OTHER)
+ORDER = (IMPORTS, DISTRIBUTED, TRACE, LOWER, PREDICT, COMPILE, LOAD, RANKS_WAIT, FIRST_STEP,
+         OTHER)
 
 
 @dataclass(frozen=True)

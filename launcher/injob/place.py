@@ -84,3 +84,15 @@ def process_variables(coordinator: str, num_processes: int, process_id: int,
             "OMPI_COMM_WORLD_SIZE": str(num_processes),
             "OMPI_COMM_WORLD_RANK": str(process_id),
             "OMPI_COMM_WORLD_LOCAL_RANK": str(process_id)}
+
+
+def ranges(indices: list[int], prefix: str = "") -> str:
+    """Process indices as runs, each named once: `[0, 1, 2, 4, 7, 8]` -> `0-2, 4, 7-8`
+    (with prefix `p`: `p0-p2, p4, p7-p8`). How 64 ranks read in one line."""
+    spans: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return ", ".join(f"{prefix}{a}" if a == b else f"{prefix}{a}-{prefix}{b}" for a, b in spans)

@@ -26,6 +26,7 @@ from launcher.injob.phases import (
     LOAD,
     LOWER,
     PREDICT,
+    RANKS_WAIT,
     TRACE,
     PhaseClock,
     Span,
@@ -219,6 +220,19 @@ class InitRecorder:
         self.path = self._path_for(self.report.process_index)
         for callback in self.on_bind:
             callback(self)
+
+    def add_warning(self, warning: ReportWarning, quiet: bool = False) -> None:
+        """Into the report, and (unless `quiet`: already said) the job log."""
+        with self._lock:
+            self.report.warnings.append(warning)
+        if not quiet:
+            log.warning("jaxwarm: %s", warning.text)
+
+    def add_rank_wait(self, start: float, end: float, function: str) -> None:
+        """A wait at the ranks' meeting (wall-clock times): in the report and its phases."""
+        with self._lock:
+            self.report.ranks_wait_s += end - start
+        self.clock.add(Span(RANKS_WAIT, start, end, function))
 
     def signature(self, module_name: str) -> str | None:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""

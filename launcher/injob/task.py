@@ -21,12 +21,22 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from launcher.errors import say
 from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.task")
 
 WARNING = signal.SIGUSR2
+
+
+def killed_by(signum: int, suffix: str = "") -> str:
+    """`was killed by SIGKILL`, or how else a process ended with that status."""
+    try:
+        return f"was killed by {signal.Signals(signum).name}{suffix}"
+    except ValueError:  # not a signal's number
+        return f"ended with signal {signum}{suffix}"
 
 
 class TaskFailed(RuntimeError):
@@ -55,6 +65,8 @@ class TaskCommand:
         if self._stopping == WARNING and Place.here().process_id == 0:
             self._requeue()
         if code != 0 and self._stopping is None:
+            if code < 0:  # nothing in the child could say why: this is the one line
+                say(f"{Path(self.argv[0]).name} {killed_by(-code)}")
             raise TaskFailed(f"{self.argv[0]} exited with status {code}")
         return code
 

@@ -6,8 +6,7 @@ takes longer than the threshold, so the verify job, which must leave the cache d
 found it, cannot use it, and the prewarm would leave an entry nobody asked for. The
 coordination service that `jax.distributed.initialize()` starts has a key-value store
 (what JAX's own preemption sync and barriers use): process 0 sets the answer under a key,
-the others block until it is there. Its client is `jax._src.distributed.global_state.client`
-on every tested jax (`key_value_set`, `blocking_key_value_get`), hence this adapter module.
+the others block until it is there (`launcher.jaxkey.kvstore`, the one way to that store).
 
 Importing this module does not import jax.
 """
@@ -15,6 +14,8 @@ Importing this module does not import jax.
 from __future__ import annotations
 
 import itertools
+
+from launcher.jaxkey.kvstore import KVStore
 
 _calls = itertools.count()
 
@@ -28,19 +29,18 @@ def broadcast_flags(flags: list[bool], *, what: str, timeout_s: float) -> list[b
     call it the same number of times, in the same order, as with any collective; the others
     wait at most `timeout_s` for process 0 (a dead process 0 ends the job, not a hang)."""
     import jax
-    from jax._src import distributed
 
     if jax.process_count() == 1:
         return list(flags)
-    client = distributed.global_state.client
-    if client is None:
+    store = KVStore.of_job()
+    if store is None:
         raise NotJoined(f"{jax.process_count()} processes but no jax.distributed client: "
                         f"cannot share {what}")
     key = f"jaxwarm/{what}/{next(_calls)}"
     if jax.process_index() == 0:
-        client.key_value_set(key, "".join("1" if flag else "0" for flag in flags))
+        store.set(key, "".join("1" if flag else "0" for flag in flags))
         return list(flags)
-    value = client.blocking_key_value_get(key, int(timeout_s * 1000))
+    value = store.get(key, timeout_s)
     if len(value) != len(flags):
         raise ValueError(f"process 0 shared {len(value)} answer(s) for {what}, this process "
                         f"has {len(flags)}: the processes lowered different targets")

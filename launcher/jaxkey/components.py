@@ -19,6 +19,12 @@ COMPONENTS: tuple[str, ...] = (
     "custom_hook",
 )
 
+# Components every process of one job computes for itself on a platform, so they differ
+# between its ranks by design: on CPU the accelerator config is the process's own devices
+# (measured, jax 0.10.2: the only component that differs between the ranks of a CPU job).
+# On GPU JAX strips the device assignment and hashes the job's topology: none differ.
+PER_PROCESS: dict[str, tuple[str, ...]] = {"cpu": ("accelerator_config",)}
+
 _LIKELY_CAUSES: dict[str, str] = {
     "computation": (
         "the traced program differs: an input's sharding (or a missing sharding on a dummy "

@@ -2,12 +2,15 @@
 
 The same on every tested version (0.8.3 to 0.12.0.1): `jax.monitoring` events, the
 compiler's hit/miss line (DEBUG unless JAX_LOG_COMPILES / JAX_EXPLAIN_CACHE_MISSES raise
-it) and `cache_key`'s per-component hash lines (DEBUG only).
+it) and `cache_key`'s per-component hash lines (DEBUG only), and how one thread's lines are caught.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 EVENT_LOOKUP = "/jax/compilation_cache/compile_requests_use_cache"
 EVENT_HIT = "/jax/compilation_cache/cache_hits"
@@ -52,3 +55,50 @@ def input_elements(avals: str) -> int:
             count *= int(dim)
         total += count
     return total
+
+
+# A level no record has: the records of a silenced thread reach no handler.
+SILENT = logging.CRITICAL + 1
+
+
+class _ThreadLines(logging.Filter):
+    """Of one thread's records: collects the messages (when `collect`) and lets through only
+    those at `passing_level` or above. Other threads' records pass untouched."""
+
+    def __init__(self, thread: int, lines: list[str], collect: bool, passing_level: int):
+        super().__init__()
+        self.thread, self.lines, self.collect = thread, lines, collect
+        self.passing_level = passing_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        if self.collect:
+            self.lines.append(record.getMessage())
+        return record.levelno >= self.passing_level
+
+
+@contextmanager
+def key_lines(thread: int, silence: bool) -> Iterator[list[str]]:
+    """`cache_key`'s DEBUG lines (one hash per key component) of `thread` while the block
+    runs. With `silence` (a key probe, not a compile) that thread's records of the cache_key
+    and dispatch loggers reach no handler and no later filter (e.g. the recorder's); without
+    it they pass exactly as they would have at the logger's previous level. Levels and
+    filters are put back as they were."""
+    lines: list[str] = []
+    loggers = [(logging.getLogger(CACHE_KEY_LOGGER), True)]
+    if silence:
+        loggers.append((logging.getLogger(DISPATCH_LOGGER), False))
+    saved = [(logger, logger.level,
+              _ThreadLines(thread, lines, collect,
+                           SILENT if silence else logger.getEffectiveLevel()))
+             for logger, collect in loggers]
+    for logger, _, thread_filter in saved:
+        logger.filters.insert(0, thread_filter)  # ahead of any filter that records
+    loggers[0][0].setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        for logger, level, thread_filter in saved:
+            logger.setLevel(level)
+            logger.removeFilter(thread_filter)

@@ -27,8 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +145,7 @@ def _probe(lowered: Any, compiler_options: dict[str, Any] | None) -> tuple[str, 
             raise _CacheNotUsed
         return used
 
-    with _probe_lock, _captured_logs(thread) as lines:
+    with _probe_lock, logs.key_lines(thread, silence=True) as lines:
         compilation_cache.get_cache_key = get_cache_key
         compilation_cache.is_cache_used = is_cache_used
         _probing.active = True
@@ -182,42 +180,6 @@ def _check_seam(compilation_cache: Any, compiler: Any) -> None:
     if bypassed:
         raise UnsupportedJaxVersion(unsupported_message(
             _jax_version(), f"jax._src.compiler imports {', '.join(bypassed)} by name"))
-
-
-class _ProbeLines(logging.Filter):
-    """Keeps the probing thread's records away from handlers and other filters (e.g. the
-    recorder's); the cache_key messages are collected."""
-
-    def __init__(self, thread: int, lines: list[str], collect: bool):
-        super().__init__()
-        self.thread, self.lines, self.collect = thread, lines, collect
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.thread != self.thread:
-            return True
-        if self.collect:
-            self.lines.append(record.getMessage())
-        return False
-
-
-@contextmanager
-def _captured_logs(thread: int) -> Iterator[list[str]]:
-    """cache_key at DEBUG for the probe, the probe's records of JAX's loggers silenced; the
-    levels and filters are put back as they were."""
-    lines: list[str] = []
-    loggers = [(logging.getLogger(logs.CACHE_KEY_LOGGER), True),
-               (logging.getLogger(logs.DISPATCH_LOGGER), False)]
-    saved = [(logger, logger.level, _ProbeLines(thread, lines, collect))
-             for logger, collect in loggers]
-    for logger, _, probe_filter in saved:
-        logger.filters.insert(0, probe_filter)  # ahead of any filter that records
-    loggers[0][0].setLevel(logging.DEBUG)
-    try:
-        yield lines
-    finally:
-        for logger, level, probe_filter in saved:
-            logger.setLevel(level)
-            logger.removeFilter(probe_filter)
 
 
 def _jax_version() -> str:

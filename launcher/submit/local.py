@@ -28,9 +28,10 @@ from typing import IO
 
 from launcher.config import Config, ConfigError, TopologyConfig
 from launcher.environment import merge_environment
-from launcher.errors import EXIT_ERROR
+from launcher.errors import EXIT_ERROR, error_line
 from launcher.gputarget import gpus_here, job_topology, no_gpu
 from launcher.injob.place import process_variables
+from launcher.injob.task import killed_by
 from launcher.rundir import TRAIN, log_path, report_path, unfinished
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
@@ -51,6 +52,8 @@ class JobResult:
     # Why jaxwarm stopped the job itself (no first step in time), or why a job that exited 0
     # did not do its work (training unfinished).
     problem: str | None = None
+    # The one error line the failed process said (a job's `jaxwarm: error: ...`), if any.
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,6 +71,21 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def first_failure(failed: list[int], logs: list[Path]) -> int:
+    """Which of the processes seen failed at one look is the one to name: the first that
+    said why in a jaxwarm error line (the others were usually taken down by it: a rank
+    that stops the job, then the ranks that lost it), else the lowest index."""
+    return next((index for index, path in zip(failed, logs, strict=True)
+                 if error_line(tail(path, 200)) is not None), failed[0])
+
+
+def ended(code: int) -> str:
+    """How a process ended, in words: the supervisor reports a signal as 128 + its number."""
+    if code - 128 in {signum.value for signum in signal.Signals}:
+        return killed_by(code - 128, f" (exit {code})")
+    return f"exited with {code}"
 
 
 def _echo(stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
@@ -171,15 +189,18 @@ class LocalJob:
         while True:
             self._check_first_step()
             codes = [p.poll() for p in self.procs]
-            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
-            if failed is not None:
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
                 if self.signal_received is None:
                     self._stop_rest()
+                first = first_failure(failed, [log_path(self.run_dir, self.job.name, i)
+                                               for i in failed])
                 for proc in self.procs:
                     proc.wait()
-                path = log_path(self.run_dir, self.job.name, failed)
-                return JobResult(self.job.name, codes[failed] or 1, failed,
-                                 f"{path}:\n{tail(path)}", self.signal_received, self.problem)
+                path = log_path(self.run_dir, self.job.name, first)
+                return JobResult(self.job.name, codes[first] or 1, first,
+                                 f"{path}:\n{tail(path)}", self.signal_received, self.problem,
+                                 error_line(tail(path, 200)))
             if all(c == 0 for c in codes):
                 return JobResult(self.job.name, 0, signal_received=self.signal_received,
                                  problem=self.problem)
@@ -219,9 +240,10 @@ def outcome(result: JobResult) -> Outcome:
                        128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.
-        return Outcome(result.name, False,
-                       f"{result.name} failed: process {result.failed_process} exited with "
-                       f"{result.returncode}; last lines of its log {result.log_tail}",
+        what = f"{result.name} failed: process {result.failed_process} {ended(result.returncode)}"
+        detail = f"{what}: {result.error}" if result.error else \
+            f"{what}; last lines of its log {result.log_tail}"
+        return Outcome(result.name, False, detail,
                        EXIT_ERROR if result.returncode == EXIT_ERROR else 1)
     return Outcome(result.name, True)
 

@@ -20,6 +20,11 @@ from launcher.gputarget import job_topology
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"
 
+# Every task's srun: one task that fails (a rank killed, a rank that stopped the job with
+# its one line) ends the whole step at once, instead of leaving the others waiting for it
+# at a meeting or a collective until the time limit.
+SRUN_OPTIONS = ("--kill-on-bad-exit=1",)
+
 
 def _unset_owned() -> str:
     prefixes = "|".join(f"{p}.*" for p in OWNED_PREFIXES)
@@ -93,8 +98,7 @@ def render(config: Config, job: str, argv: list[str], env: dict[str, str],
         options["signal"] = f"B:{options['signal']}"
     options["output"] = f"{log_dir}/%j_0_log.out"
     options["open-mode"] = "append"
-    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", "--output",
-            f"{log_dir}/%j_%t_log.out", *argv]
+    srun = ["srun", "--unbuffered", *SRUN_OPTIONS, "--output", f"{log_dir}/%j_%t_log.out", *argv]
     return template.substitute(
         DIRECTIVES="\n".join(directive_lines(options)),
         SETUP="\n".join(setup_lines(env)),

@@ -21,12 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, ConfigError, convert
+from launcher.errors import error_line
 from launcher.files import atomic_write
 from launcher.injob.task import TaskCommand
 from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
-from launcher.submit.sbatch import array_layout, array_setup_lines, directives, setup_lines
+from launcher.submit.sbatch import (
+    SRUN_OPTIONS,
+    array_layout,
+    array_setup_lines,
+    directives,
+    setup_lines,
+)
 
 log = logging.getLogger("jaxwarm.slurm")
 
@@ -76,7 +83,8 @@ def make_executor(config: Config, folder: Path, setup: list[str],
 
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
     executor.update_parameters(setup=setup, signal_delay_s=config.slurm.signal_lead_s,
-                               stderr_to_stdout=True, additional_parameters=options)
+                               stderr_to_stdout=True, additional_parameters=options,
+                               srun_args=list(SRUN_OPTIONS))
     return executor
 
 
@@ -219,13 +227,32 @@ def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str
         time.sleep(1.0)
 
 
+def failed_task(job: SubmittedJob) -> tuple[int, str] | None:
+    """The task of a failed job that said why, and its line: a rank that stopped the job
+    (`launcher.injob.ranks`), a job's bad input, or a trainer killed by a signal (the task
+    wrapper says that one). SLURM's --kill-on-bad-exit ends the others without a line."""
+    said = []
+    for path in Path(job.log_dir).glob(f"{job.job_id}_*_log.out"):
+        try:
+            line = error_line(path.read_text(errors="replace"))
+            task = int(path.name.split("_")[1])
+        except (OSError, ValueError):
+            continue
+        if line is not None:
+            said.append((task, line))
+    return min(said) if said else None
+
+
 def why_cancelled(jobs: list[SubmittedJob], states: dict[str, str]) -> str | None:
-    """When a job did not complete, name the first job that failed and where its log is."""
+    """When a job did not complete, name the first job that failed, the task that said why
+    (with its line), and where its log is."""
     for job in jobs:
         state = states[job.job_id]
         if state != "COMPLETED":
-            return (f"{job.name} job {job.job_id} ended {state}"
-                    + f"; its log: {job.log_path()}"
+            task = failed_task(job) if state == "FAILED" else None
+            said = "" if task is None else f": task {task[0]}: {task[1]}"
+            return (f"{job.name} job {job.job_id} ended {state}{said}"
+                    + f"; its log: {job.log_path(task[0] if task else 0)}"
                     + "".join(f"; so {later.name} job {later.job_id} was cancelled"
                               for later in jobs[jobs.index(job) + 1:]
                               if states[later.job_id] == "CANCELLED"))

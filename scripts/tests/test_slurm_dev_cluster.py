@@ -169,3 +169,19 @@ def test_start_is_idempotent_and_status_ok() -> None:
     # jax.distributed's SLURM auto-detection needs the node names to resolve.
     for node in ("n1", "n2", "n3", "n4"):
         assert socket.gethostbyname(node) == "127.0.0.1"
+
+
+def test_a_plain_start_keeps_the_running_layout_and_a_bad_one_is_refused() -> None:
+    """Tests call `start` with no layout: on a cluster someone grew (`start 8 8` for the
+    64-rank run) that must change nothing, not restart it back to 4 nodes."""
+    conf = Path("/etc/slurm/slurm.conf")
+    before = (conf.read_bytes(), conf.stat().st_mtime_ns)
+    proc = subprocess.run([str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (conf.read_bytes(), conf.stat().st_mtime_ns) == before
+    for layout in (["0"], ["8", "x"], ["65"]):
+        bad = subprocess.run([str(CLUSTER_SCRIPT), "start", *layout], capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert bad.returncode != 0 and "must be" in bad.stderr, bad.stderr
+        assert (conf.read_bytes(), conf.stat().st_mtime_ns) == before

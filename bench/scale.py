@@ -1,0 +1,273 @@
+"""Many ranks end to end: `python -m bench.scale --ranks 64 --nodes 8 [--slurm]`.
+
+The demo step at its smallest (`bench.common.TINY_STEP`) on `--nodes` x `ranks / nodes`
+processes of one CPU device each (a 64-device mesh, data 8 x fsdp 8), through the real
+`jaxwarm launch`, phase after phase on one run and one cache, the way a user meets them:
+
+- `cold`: prewarm (every rank compiles) then train 1 step;
+- `warm`: the same command again, 2 steps: the prewarm finds every function WARM and the
+  training job resumes from step 1 and loads the step (process 0; on CPU only it can hit);
+- `requeue`: 400 steps, and once the training job logged 2 steps past its start, SIGTERM
+  to the launcher (locally; on SLURM `scancel --signal=USR2`, SLURM's warning): every rank
+  checkpoints and stops, and the job is requeued (SLURM) or the launch ends with 143;
+- `resume`: the same command resumes from that checkpoint and finishes (locally; on SLURM
+  the requeued job does it by itself, and this phase waits for it);
+- `kill-train`: 400 more steps, and `kill -9` of one rank's trainer once it built its step:
+  the time until every process of the job has ended, and the one line;
+- `kill-prewarm`: a cold prewarm into a second cache, `kill -9` of one rank while it
+  compiles; then `relaunch`: the next launch (prewarm and train) works.
+
+Per phase: exit status, wall time, the training job's time to first step on process 0 and
+the slowest rank, the longest wait at the ranks' meetings, and the peak RSS of one rank and
+of all ranks together (every process whose environment names the run dir, sampled every
+0.5 s from /proc). Run it under the heavy-command lock; it prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.common import DEMO, REPO, TINY_STEP, machine, table, write_json
+from tests.procs import run_processes
+
+KILLED_RANK = 5
+SAMPLE_S = 0.5
+# Every rank compiles at once on a few cores: the ranks' meetings wait that long.
+MEET_TIMEOUT_S = 3600
+
+
+@dataclass
+class Phase:
+    name: str
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    first_step_p0_s: float | None = None
+    first_step_max_s: float | None = None
+    rank_wait_max_s: float | None = None
+    hits_p0: int | None = None
+    peak_rank_rss_mb: float = 0.0
+    peak_total_rss_mb: float = 0.0
+    processes_seen: int = 0
+    # kill phases: from the kill until no process of the job is left; the launch's line.
+    stopped_after_s: float | None = None
+    line: str = ""
+    left_running: list[int] = field(default_factory=list)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of the biggest rank process and of all of them together."""
+
+    def __init__(self, run_dir: Path, phase: Phase):
+        super().__init__(daemon=True)
+        self.run_dir, self.phase = run_dir, phase
+        self.done = threading.Event()
+        self.seen: set[int] = set()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            sizes = {pid: rss_mb(pid) for pid in run_processes(self.run_dir)}
+            self.seen |= set(sizes)
+            self.phase.peak_rank_rss_mb = max([self.phase.peak_rank_rss_mb, *sizes.values()])
+            self.phase.peak_total_rss_mb = max(self.phase.peak_total_rss_mb, sum(sizes.values()))
+            self.done.wait(SAMPLE_S)
+        self.phase.processes_seen = len(self.seen)
+
+
+class Scale:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.run_dir = self.work / "runs" / "scale"
+        per_node = args.ranks // args.nodes
+        side = 1 << ((args.ranks.bit_length() - 1) // 2)  # a near-square power-of-2 mesh
+        self.overrides = [
+            f"topology.nodes={args.nodes}", f"topology.processes_per_node={per_node}",
+            "topology.devices_per_process=1", f"mesh.axes={{data: {args.ranks // side}, "
+            f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *TINY_STEP,
+            "run.name=scale", f"run.out_dir={self.work / 'runs'}",
+            f"ranks.meet_timeout_s={MEET_TIMEOUT_S}", "train.checkpoint_every=0",
+            "slurm.time=04:00:00", "slurm.signal_lead_s=60", "slurm.max_requeues=1"]
+        self.backend = "--slurm" if args.slurm else "--local"
+
+    def launch_argv(self, cache: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), self.backend,
+                *(["--wait"] if self.args.slurm else []), *self.overrides,
+                f"cache.dir={cache}", *extra]
+
+    def phase(self, name: str, argv: list[str], during=None) -> Phase:
+        """Run one launch, sampling memory; `during(process, phase)` acts on it meanwhile."""
+        phase = Phase(name)
+        sampler = Sampler(self.run_dir, phase)
+        sampler.start()
+        start = time.monotonic()
+        log = self.work / f"{name}.log"
+        with log.open("w") as sink:
+            process = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                       text=True)
+            if during is not None:
+                during(process, phase)
+            phase.exit_code = process.wait()
+        phase.wall_s = time.monotonic() - start
+        sampler.done.set()
+        sampler.join()
+        phase.line = failure_line(log.read_text(errors="replace"))
+        self.read_reports(phase, start)
+        print(f"{name}: exit {phase.exit_code} in {phase.wall_s:.0f} s; {phase.line}",
+              file=sys.stderr, flush=True)
+        return phase
+
+    def read_reports(self, phase: Phase, since: float) -> None:
+        """The newest training attempt's reports, if this phase wrote them."""
+        started = time.time() - (time.monotonic() - since)
+        reports = []
+        for path in (self.run_dir / "reports").glob("train-r*-p*.json"):
+            if path.stat().st_mtime >= started:
+                reports.append(json.loads(path.read_text()))
+        if not reports:
+            return
+        latest = max(r["restart_count"] for r in reports)
+        reports = [r for r in reports if r["restart_count"] == latest]
+        steps = [r["time_to_first_step_s"] for r in reports if r["time_to_first_step_s"]]
+        first = next((r for r in reports if r["process_index"] == 0), None)
+        phase.first_step_p0_s = first and first["time_to_first_step_s"]
+        phase.hits_p0 = first and first["hits"]
+        phase.first_step_max_s = max(steps, default=None)
+        phase.rank_wait_max_s = max((r.get("ranks_wait_s", 0.0) for r in reports), default=None)
+
+    def kill_when(self, job: str, marker: str):
+        """A `during` that SIGKILLs rank KILLED_RANK's job process once its log shows
+        `marker`, then times how long until no process of the run is left."""
+        def during(process: subprocess.Popen[str], phase: Phase) -> None:
+            log = self.job_log(job, KILLED_RANK)
+            while process.poll() is None and not (
+                    log is not None and log.exists() and marker in log.read_text(errors="replace")):
+                time.sleep(0.5)
+                log = log or self.job_log(job, KILLED_RANK)
+            command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
+            victims = [pid for pid, (rank, line) in run_processes(self.run_dir).items()
+                       if rank == KILLED_RANK and command in line and "supervise" not in line
+                       and "submitit" not in line]
+            if not victims:
+                return
+            os.kill(victims[0], signal.SIGKILL)
+            killed = time.monotonic()
+            while run_processes(self.run_dir) and time.monotonic() - killed < 1800:
+                time.sleep(0.2)
+            phase.stopped_after_s = time.monotonic() - killed
+            phase.left_running = sorted(run_processes(self.run_dir))
+        return during
+
+    def job_log(self, job: str, rank: int) -> Path | None:
+        if not self.args.slurm:
+            return self.run_dir / "logs" / f"{job}-p{rank}.log"
+        jobs = json.loads((self.run_dir / "slurm" / "jobs.json").read_text()) \
+            if (self.run_dir / "slurm" / "jobs.json").exists() else []
+        ids = [j for j in jobs if j["name"] == job]
+        return Path(ids[-1]["log_dir"]) / f"{ids[-1]['job_id']}_{rank}_log.out" if ids else None
+
+    def requeue_after(self, steps: int):
+        """A `during` that stops the training job once it logged `steps` steps past where it
+        started: SIGTERM to the local launcher, SLURM's warning signal to a SLURM job."""
+        def during(process: subprocess.Popen[str], phase: Phase) -> None:
+            metrics = self.run_dir / "metrics.jsonl"
+            start = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+            while process.poll() is None and (
+                    not metrics.exists() or len(metrics.read_text().splitlines()) < start + steps):
+                time.sleep(0.5)
+            if self.args.slurm:
+                jobs = json.loads((self.run_dir / "slurm" / "jobs.json").read_text())
+                train = [j for j in jobs if j["name"] == "train"][-1]
+                subprocess.run(["scancel", "--signal=USR2", train["job_id"]], check=False)
+            else:
+                process.send_signal(signal.SIGTERM)
+        return during
+
+    def run(self) -> list[Phase]:
+        cache = self.work / "cache"
+        phases = []
+        wanted = self.args.phases.split(",")
+        if "cold" in wanted:
+            phases.append(self.phase("cold", self.launch_argv(cache, "train.steps=1")))
+        if "warm" in wanted:
+            phases.append(self.phase("warm", self.launch_argv(cache, "train.steps=2")))
+        if "requeue" in wanted:
+            phases.append(self.phase("requeue", self.launch_argv(cache, "train.steps=400"),
+                                     self.requeue_after(2)))
+        if "resume" in wanted and not self.args.slurm:
+            phases.append(self.phase("resume", self.launch_argv(cache, "train.steps=400")))
+        if "kill-train" in wanted:
+            phases.append(self.phase("kill-train", self.launch_argv(cache, "train.steps=800"),
+                                     self.kill_when("train", "chunkwise step:")))
+        if "kill-prewarm" in wanted:
+            cold = self.work / "cache-killed"
+            phases.append(self.phase("kill-prewarm", self.launch_argv(cold, "train.steps=801"),
+                                     self.kill_when("prewarm", "COLD  train_step")))
+            phases.append(self.phase("relaunch", self.launch_argv(cold, "train.steps=801")))
+        return phases
+
+
+def failure_line(output: str) -> str:
+    """The launch's own line about how it ended (a failed job, a signal), if any."""
+    lines = [line for line in output.splitlines() if line.startswith("jaxwarm: ") and (
+        " failed" in line or "stopped after" in line or " ended " in line)]
+    return lines[-1] if lines else ""
+
+
+def render(phases: list[Phase], args: argparse.Namespace) -> str:
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    return table(
+        f"{args.ranks} ranks ({args.nodes} nodes x {args.ranks // args.nodes}), "
+        f"{'SLURM dev cluster' if args.slurm else 'local runner'}",
+        ["phase", "exit", "wall s", "first step p0 s", "slowest rank s", "max wait s",
+         "p0 hits", "peak rank RSS MiB", "peak total RSS GiB", "stopped after kill s"],
+        [[p.name, p.exit_code, f"{p.wall_s:.0f}", seconds(p.first_step_p0_s),
+          seconds(p.first_step_max_s), seconds(p.rank_wait_max_s),
+          "-" if p.hits_p0 is None else p.hits_p0, f"{p.peak_rank_rss_mb:.0f}",
+          f"{p.peak_total_rss_mb / 1024:.1f}", seconds(p.stopped_after_s)] for p in phases])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--slurm", action="store_true", help="on the SLURM dev cluster")
+    parser.add_argument("--work", default="/tmp/jaxwarm-scale", help="run dirs and caches")
+    parser.add_argument("--phases", default="cold,warm,requeue,resume,kill-train,kill-prewarm")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    phases = Scale(args).run()
+    print(render(phases, args))
+    print(f"\nload average before: {load[0]:.1f}, after: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        write_json(args.json, {"machine": machine(), "ranks": args.ranks, "nodes": args.nodes,
+                               "backend": "slurm" if args.slurm else "local",
+                               "load_before": load, "load_after": os.getloadavg(),
+                               "phases": [asdict(p) for p in phases]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""One rank among many fails: every rank stops, one line names it, nothing is left running,
+and the next launch works. Real launches of the demo step (tiny) on 4 ranks of one CPU
+device: `kill -9` of one rank in the middle of the prewarm job and of the training job, and
+one rank whose environment differs from the others' (planted by a shell wrapper), which the
+ranks find at their first meeting (launcher/injob/ranks.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, REPO, ranks_layout, run_cli
+from tests.procs import run_processes, wait_until
+
+pytestmark = pytest.mark.e2e
+
+LAYOUT = ranks_layout(4, 2, 2)
+# How long a stopped job's processes get after SIGTERM before SIGKILL: the bound on how long
+# the other ranks outlive the killed one, on top of the launcher's 0.1 s poll.
+GRACE_S = 5
+
+
+def launch(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", *LAYOUT,
+         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+         f"stop_grace_s={GRACE_S}", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, rank: int,
+                   marker: str) -> tuple[str, float]:
+    """SIGKILL the job process of `rank` once its log shows `marker` (it is then lowering
+    or compiling); the launch's stderr, and how long the launch took to end after it."""
+    log = run_dir / "logs" / f"{job}-p{rank}.log"
+    try:
+        assert wait_until(lambda: log.exists() and marker in log.read_text(errors="replace"),
+                          timeout=600), \
+            f"{log} never showed {marker!r}"
+        command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
+        [pid] = [pid for pid, (r, line) in run_processes(run_dir).items()
+                 if r == rank and command in line and "supervise" not in line]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = launcher.communicate(timeout=600)
+        return err, time.monotonic() - killed
+    finally:
+        launcher.kill()
+
+
+def test_a_rank_killed_in_each_job_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    err, _ = kill_rank_when(launch(tmp_path), run_dir, "prewarm", 2, "COLD  train_step")
+    assert "jaxwarm: prewarm failed: process 2 was killed by SIGKILL (exit 137)" in err, \
+        err[-3000:]
+    assert "Traceback" not in err.split("prewarm failed")[1]
+    assert run_processes(run_dir) == {}
+
+    err, _ = kill_rank_when(launch(tmp_path), run_dir, "train", 1, "chunkwise step:")
+    assert "jaxwarm: train failed: process 1 was killed by SIGKILL (exit 137)" in err, \
+        err[-3000:]
+    assert run_processes(run_dir) == {}
+
+    relaunch = run_cli("launch", str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
+                       f"cache.dir={tmp_path / 'cache'}", timeout=900)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    assert "jit_train_step: HIT on process 0" in relaunch.stdout
+
+
+def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path: Path) -> None:
+    plant = ('if [ "$JAXWARM_PROCESS_ID" = 3 ]; then export XLA_FLAGS="$XLA_FLAGS '
+             '--xla_cpu_enable_fast_math=true"; fi; '
+             f'exec {sys.executable} -m prewarm.workload.trainer')
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", *LAYOUT,
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     f"stop_grace_s={GRACE_S}", f"entrypoint.command=[sh, -c, {json.dumps(plant)}]",
+                     timeout=900)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert line.startswith("jaxwarm: train failed: process "), line
+    assert ("the ranks' environments differ: XLA_FLAGS is '--xla_force_host_platform_device_"
+            "count=1 --xla_cpu_enable_fast_math=true' on rank 3, but "
+            "'--xla_force_host_platform_device_count=1' on ranks 0-2") in line
+    assert run_processes(tmp_path / "runs" / "demo") == {}
+
+
+def test_ranks_that_do_not_meet_in_time_stop_the_job_naming_the_late_ones(
+        tmp_path: Path) -> None:
+    """After a prewarm, process 0 loads each step in a fraction of a second while the
+    others compile it for seconds: with a meeting bound of 1 ms it waits in vain."""
+    args = (str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", f"stop_grace_s={GRACE_S}")
+    assert run_cli("prewarm", *args, timeout=900).returncode == 0
+    result = run_cli("launch", *args, "--no-prewarm", "ranks.meet_timeout_s=0.001",
+                     timeout=900)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert "the ranks did not meet after jit_" in line, line
+    assert "within 0.001 s (ranks.meet_timeout_s): rank" in line, line
+    assert " still " in line and " s ago)" in line, line
+    assert run_processes(tmp_path / "runs" / "demo") == {}
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
+        tmp_path: Path) -> None:
+    """`srun --kill-on-bad-exit=1`: the killed task fails, SLURM ends the others."""
+    from launcher.submit.slurm import read_jobs
+    from tests.slurm_cluster import ensure_cluster
+
+    ensure_cluster()
+    run_dir = tmp_path / "runs" / "demo"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--slurm", "--wait",
+         "--no-prewarm", *ranks_layout(2, 2, 2), "topology.nodes=2",
+         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: any(job.name == "train" for job in read_jobs(run_dir))
+                          if (run_dir / "slurm" / "jobs.json").exists() else False, timeout=600)
+        [train] = [job for job in read_jobs(run_dir) if job.name == "train"]
+        log = train.log_path(3)
+        assert wait_until(lambda: log.exists() and "chunkwise step:" in log.read_text(),
+                          timeout=600)
+        [pid] = [pid for pid, (rank, line) in run_processes(run_dir).items()
+                 if rank == 3 and "launcher.injob.call" in line and "submitit" not in line]
+        os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=600)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, err[-3000:]
+    assert f"train job {train.job_id} ended FAILED: task 3: " in err, err[-3000:]
+    assert "was killed by SIGKILL" in err
+    assert wait_until(lambda: run_processes(run_dir) == {}, timeout=120)

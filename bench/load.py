@@ -45,7 +45,7 @@ def main() -> int:
               f"({time.perf_counter() - start:.2f} s with lowering)", file=sys.stderr,
               flush=True)
     # Nothing runs the step here: say so, or the recorder waits for its first execution.
-    recorder.mark_first_step(source="bench.load: loaded, not run")
+    recorder.mark_first_step()
     step = next(fn for fn in recorder.report.functions if fn.name == "jit_train_step")
     data = entry_path(config.cache.dir, str(step.key)).read_bytes()
     start = time.perf_counter()

@@ -37,10 +37,10 @@ from bench.common import (
     REPO,
     BenchError,
     machine,
+    publish,
     read_json,
     run_spec,
     table,
-    write_json,
 )
 from launcher.config import load_config
 from launcher.environment import job_environment, merge_environment
@@ -147,11 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = {"machine": {**machine(), "layout": "1 process x 64 CPU devices"},
               "load_average": {"start": load_start, "end": os.getloadavg()}, "row": row}
-    print(big_table(row))
-    print("load average (1, 5, 15 min): at start {}, at end {}".format(
-        *(" ".join(f"{v:.2f}" for v in result["load_average"][k]) for k in ("start", "end"))))
-    write_json(args.json, result)
-    print(f"figures: {args.json}")
+    publish(result, big_table(row), args.json)
     return 0
 
 

@@ -45,9 +45,19 @@ def write_chart(rows: list[dict[str, float]], title: str, path: Path) -> bool:
         init.plot(layers, [row[key] for row in rows], marker="o", label=label)
     init.set(title="whole process, from its start", xlabel="layers", ylabel="seconds")
     init.set_ylim(bottom=0)
-    for axes in (step, init):
+    save_figure(figure, [step, init], layers, title, path)
+    return True
+
+
+def save_figure(figure: Any, panels: list[Any], ticks: list[int], title: str,
+                path: Path) -> None:
+    """Every benchmark chart's finish: a log2 x axis ticked at the measured sizes, a grid
+    and a legend per panel, the title, the PNG."""
+    from matplotlib import pyplot
+
+    for axes in panels:
         axes.set_xscale("log", base=2)
-        axes.set_xticks(layers, [str(n) for n in layers])
+        axes.set_xticks(ticks, [str(n) for n in ticks])
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
@@ -55,7 +65,6 @@ def write_chart(rows: list[dict[str, float]], title: str, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

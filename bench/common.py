@@ -112,6 +112,16 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def publish(result: dict[str, Any], tables: str, path: Path) -> None:
+    """Print a benchmark's tables and the load average it ran under, and write its JSON."""
+    print(tables)
+    print("load average (1, 5, 15 min): at start {}, at end {}".format(
+        *(" ".join(f"{value:.2f}" for value in result["load_average"][when])
+          for when in ("start", "end"))))
+    write_json(path, result)
+    print(f"figures: {path}")
+
+
 def medians(samples: list[dict[str, float]]) -> dict[str, float]:
     """Each figure's median over the repetitions (all samples have the same keys)."""
     return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}

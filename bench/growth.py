@@ -20,7 +20,8 @@ prewarm's). Then per repetition, each way once, in a fresh run dir:
 - *wall*: from starting the command (or the R processes) to the last exit;
 - *memory per rank*: the trainer's own peak RSS, and the peak RSS (VmHWM, sampled) of each
   jaxwarm process that is not a trainer: the per-rank supervisor and the launcher;
-- *report time*: `jaxwarm report RUN_DIR` (2R init reports), wall of a fresh process;
+- *report time*: `jaxwarm report RUN_DIR` (the training job's R init reports), wall of a
+  fresh process;
 - *lock waits*: what the init reports of every rank say they waited for jaxwarm's locks
   (manifest, usage log, per-key writer locks), summed over ranks, prewarm and training.
 
@@ -42,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, REPO, BenchError, machine, read_json, table, write_json
+from bench.chart import save_figure
+from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
 from launcher.config import load_config
 from launcher.environment import job_environment, merge_environment
 from launcher.injob.place import process_variables
@@ -250,29 +252,21 @@ def write_chart(rows: list[dict[str, float]], title: str, path: Path) -> bool:
     except ImportError:
         return False
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import pyplot
 
-    ranks = [r["ranks"] for r in rows]
-    figure, (first, wall) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ranks = [int(r["ranks"]) for r in rows]
+    figure, (first, wall) = pyplot.subplots(1, 2, figsize=(11, 4.2))
     for key, label in (("plain_first_step_s", "by hand (env vars), median rank"),
                        ("jaxwarm_first_step_s", "jaxwarm, median rank"),
                        ("plain_slowest_s", "by hand, slowest rank"),
                        ("jaxwarm_slowest_s", "jaxwarm, slowest rank")):
         first.plot(ranks, [r[key] for r in rows], marker="o", label=label)
-    first.set(xscale="log", xlabel="ranks", ylabel="s", title="time to first step")
+    first.set(xlabel="ranks", ylabel="s", title="time to first step")
     for key, label in (("plain_wall_s", "by hand"), ("jaxwarm_wall_s", "jaxwarm launch")):
         wall.plot(ranks, [r[key] for r in rows], marker="o", label=label)
     wall.plot(ranks, [r["report_s"] for r in rows], marker="o", label="jaxwarm report")
-    wall.set(xscale="log", xlabel="ranks", ylabel="s", title="wall time")
-    for axes in (first, wall):
-        axes.set_xticks(ranks, [str(r) for r in ranks])
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    wall.set(xlabel="ranks", ylabel="s", title="wall time")
+    save_figure(figure, [first, wall], ranks, title, path)
     return True
 
 
@@ -303,11 +297,7 @@ def main(argv: list[str] | None = None) -> int:
               "seconds": time.perf_counter() - started, "settings": vars(args) | {
                   "json": str(args.json), "png": str(args.png)},
               "measured": measured, "rows": rows}
-    print(growth_table(rows))
-    print("load average (1, 5, 15 min): at start {}, at end {}".format(
-        *(" ".join(f"{v:.2f}" for v in result["load_average"][k]) for k in ("start", "end"))))
-    write_json(args.json, result)
-    print(f"figures: {args.json}")
+    publish(result, growth_table(rows), args.json)
     png = args.png or args.json.with_suffix(".png")
     if write_chart(rows, title, png):
         print(f"chart: {png}")

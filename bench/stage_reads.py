@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, REPO, BenchError, machine, read_json, table, write_json
+from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
 from launcher.rundir import report_path
 from launcher.store.entries import CACHE_SUFFIX
 
@@ -164,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"] = {**machine(), "layout": f"{args.nodes} SLURM nodes x 1 process x "
                                                 f"{DEVICES // args.nodes} CPU devices"}
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
-    print(reads_table(result))
-    print("load average (1, 5, 15 min): at start {}, at end {}".format(
-        *(" ".join(f"{v:.2f}" for v in result["load_average"][k]) for k in ("start", "end"))))
-    write_json(args.json, result)
-    print(f"figures: {args.json}")
+    publish(result, reads_table(result), args.json)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The two file primitives every other module uses: an atomic write and a bounded lock.
+"""The file primitives every other module uses: an atomic write, a bounded lock, an append.
 
 Run dirs and cache dirs live on shared file systems that many jobs read while others write,
 and jobs get killed at any moment. So a file is either absent, or the old one, or the whole
@@ -145,6 +145,22 @@ def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644,
     with atomic_path(path, mode, what) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     return Path(path)
+
+
+def append_line(path: str | Path, line: str, mode: int, what: str) -> None:
+    """Append one line (a JSON record) in one write. After a torn last line (a writer killed
+    mid-line) it starts a new line, so that one bad line does not take this one with it.
+    Concurrent writers must hold a lock around it (one write of a short line is not torn
+    by another on a local file system, but the check of the last byte is not atomic)."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            line = "\n" + line
+        with writing(path, what):
+            os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _holder_path(lock_path: Path) -> Path:

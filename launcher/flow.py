@@ -40,8 +40,10 @@ from launcher.report import (
     Targets,
     attempt_summaries,
     duration,
+    first_step_lines,
     format_table,
     format_verdicts,
+    load_first_steps,
     load_reports,
     load_verdicts,
     missing_train_report,
@@ -64,7 +66,7 @@ from launcher.rundir import (
 )
 from launcher.selfcheck import selfcheck
 from launcher.store.integrity import warm_check
-from launcher.store.manifest import read_manifest
+from launcher.store.manifest import read_manifest, uses_entries
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
 from launcher.submit.fingerprint import differences, fingerprint
@@ -128,6 +130,10 @@ def launch(request: Request, backend: Backend) -> int:
             if request.command != VERIFY:
                 decision = decide_prewarm(request, config, prints[config.run_dir])
                 write_decision(config.run_dir, decision)
+                if decision.keys:  # the run uses them as if its own prewarm had found them
+                    manifest = read_manifest(config.cache.dir, strict=False)
+                    uses_entries(config.cache.dir, [manifest[key] for key in decision.keys
+                                                    if key in manifest], config.run.name)
                 jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
             decided.append((config, jobs))
         plans = decided
@@ -186,7 +192,7 @@ def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
     return PrewarmDecision(AUTO, False, (
         f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
         f"{ago(match.time)} and its {len(match.keys)} entries are intact; the training "
-        f"job's processes check their keys as they load"), found)
+        f"job's processes check their keys as they load"), found, keys=match.keys)
 
 
 def ago(when: float) -> str:
@@ -323,8 +329,9 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
-    lines = [*decision_lines(run_dir), *summarize(reports, manifest, config.run.name),
-             *warm_start_lines(reports)]
+    lines = [*decision_lines(run_dir),
+             *summarize(reports, manifest, config.run.name, config.cache.dir),
+             *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
     if trained:
         lines += missing_train_report(reports)
     for line in lines:

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -110,6 +111,8 @@ class InitReport:
     restart_count: int
     process_index: int
     process_count: int
+    # The cache dir JAX opened at the first lookup and used for the whole process: the
+    # config's, or under cache.enforce off one the trainer set before that lookup.
     cache_dir: str
     init_budget_s: float
     lookups: int = 0
@@ -199,6 +202,8 @@ class PrewarmDecision:
     why: str
     fingerprint: Fingerprint | None = None
     time: float = field(default_factory=time.time)
+    # Without a prewarm job: the entries of the recorded prewarm the launch relies on.
+    keys: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,7 @@ class UsedFunction:
 
 @dataclass(frozen=True)
 class JobUsage:
-    """Which keys process 0 of a job looked up, hit or wrote, after its first step."""
+    """Which keys process 0 of a job looked up, hit or wrote, once its init was over."""
 
     run: str
     job: str
@@ -337,6 +342,22 @@ def parse_usage_line(line: str, source: str) -> UsageRecord:
     return from_json(USAGE_EVENTS[event], data, source)
 
 
+@dataclass(frozen=True)
+class FirstStep:
+    """A training attempt's process 0 found its first step: one line of the run dir's
+    `first-steps.jsonl` (`rundir.first_steps_path`), kept across launches of the run, so
+    that `jaxwarm report` shows cold and warm launches of it side by side. A guessed first
+    step that a later finding replaces is written again, with the same `started`."""
+
+    restart: int
+    started: float  # when the process started (wall clock): one attempt's lines share it
+    seconds: float
+    first_step_from: str
+    hits: int
+    lookups: int
+    time: float = field(default_factory=time.time)
+
+
 # -- reading and writing --------------------------------------------------------------------
 
 def to_json(data: Any) -> Any:
@@ -377,6 +398,36 @@ def from_json(cls: type[R], data: Any, source: str) -> R:
         derived = getattr(cls, "DERIVED", ())
         data = {k: v for k, v in data.items() if k not in derived}
     return convert(cls, data, "", source)
+
+
+_skipped: set[str] = set()
+
+
+def read_lines(path: Path, parse: Callable[[str, str], R],
+               keep: Callable[[str], bool] | None = None) -> list[R]:
+    """The records of a JSON-lines file that many jobs append to, in order: `parse(line,
+    source)` each. A line that is not a record (a torn last line of a job killed mid-write,
+    a line from another tool) is skipped with one log line naming the file and line, once
+    per command. With `keep`, only the lines it accepts are parsed."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for number, line in enumerate(lines, 1):
+        if keep is not None and not keep(line):
+            continue
+        try:
+            records.append(parse(line, f"{path}:{number}"))
+        except ConfigError as exc:
+            if str(exc) not in _skipped:  # one command reads a log more than once
+                _skipped.add(str(exc))
+                log.warning("skipping %s", exc)
+    return records
+
+
+def parse_first_step(line: str, source: str) -> FirstStep:
+    return from_json(FirstStep, parse_json(line, source), source)
 
 
 def read_record(cls: type[R], path: Path) -> R | None:

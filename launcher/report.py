@@ -22,16 +22,25 @@ from launcher.records import (
     OPTIONS_DIFFER,
     RANKS,
     SETTING_CHANGED,
+    FirstStep,
     FunctionRecord,
     InitReport,
     PrewarmProgress,
     Verdict,
     VerifyResult,
     from_json,
+    parse_first_step,
     parse_json,
+    read_lines,
     read_record,
 )
-from launcher.rundir import TRAIN, parse_report_path, reports_dir, verify_result_path
+from launcher.rundir import (
+    TRAIN,
+    first_steps_path,
+    parse_report_path,
+    reports_dir,
+    verify_result_path,
+)
 from launcher.store.manifest import ManifestEntry
 from launcher.store.misses import explain_miss
 
@@ -260,10 +269,13 @@ def phase_totals(report: InitReport) -> dict[str, float]:
 
 
 def _warm_or_cold(report: InitReport, targets: Targets) -> str:
+    """`warm` when the process loaded its prewarmed functions, `cold` when it compiled one;
+    without a prewarm (none known), `warm` when any lookup hit."""
     prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
-    if not prewarmed:
-        return ""
-    return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+    if prewarmed:
+        return "warm" if all(fn.hit for fn in prewarmed) else "cold"
+    looked_up = [fn for fn in report.functions if fn.key is not None]
+    return "" if not looked_up else "warm" if any(fn.hit for fn in looked_up) else "cold"
 
 
 def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
@@ -273,7 +285,8 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
     for report in reports:
         if not report.phases:
             continue
-        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions if fn in targets))
+        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions
+                               if fn in targets or fn.hit))
         groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
     bars = []
     for (job, restart, _), members in groups.items():
@@ -393,7 +406,7 @@ HEADLINE_LINES = 10
 
 
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str) -> list[str]:
+              run: str, cache_dir: str | None = None) -> list[str]:
     """Headline lines, at most HEADLINE_LINES: what the latest training attempt did with each
     prewarmed target (hit, on which processes, and how much that saved; or process 0's
     miss, and why, against the same target only), its time to first step against the
@@ -428,13 +441,14 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 fn.name, fn.components, manifest, run=run,
                 process_count=report.process_count, signature=fn.signature,
                 global_options=fn.global_options, max_size=size_cap(report.environment),
-                xla_flags=report.environment.get("XLA_FLAGS")))
+                xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
+                looked_in=report.cache_dir if moved_cache_dir(report) else None))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = "process" if len(others) == 1 else "processes"
         lines.append(f"{which} {ranges(others)}: no hits; on CPU JAX hashes each process's "
                      f"local devices into the key, so only process 0 can hit")
-    lines += first_step_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
+    lines += budget_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
     if len(lines) > HEADLINE_LINES:
         more = len(lines) - HEADLINE_LINES + 1
         lines = lines[:HEADLINE_LINES - 1] + [
@@ -459,7 +473,7 @@ def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntr
             f"loaded in {_span(list(loads))} s{saved}")
 
 
-def first_step_lines(attempt: list[InitReport]) -> list[str]:
+def budget_lines(attempt: list[InitReport]) -> list[str]:
     """One training attempt's time to first step over its processes, against the budget,
     and the longest any of them waited for the others (`launcher.injob.ranks`)."""
     timed = [r for r in attempt if r.time_to_first_step_s is not None]
@@ -481,6 +495,35 @@ def first_step_lines(attempt: list[InitReport]) -> list[str]:
         line += (f"; waiting for the other ranks up to {waited.ranks_wait_s:.2f} s "
                  f"(process {waited.process_index})")
     return [line]
+
+
+def load_first_steps(run_dir: str | Path) -> list[FirstStep]:
+    """Every training attempt's first step, across launches of the run, in order."""
+    return read_lines(first_steps_path(run_dir), parse_first_step)
+
+
+def first_step_lines(history: list[FirstStep]) -> list[str]:
+    """The newest cold attempt (no hit on process 0) and the newest warm one of this run,
+    side by side; each attempt's last finding counts (a guess may be replaced)."""
+    attempts = sorted({step.started: step for step in history}.values(),
+                      key=lambda step: step.started)
+    if not attempts:
+        return []
+    newest = attempts[-1]
+    shown = [step for step in (next((s for s in reversed(attempts) if not s.hits), None),
+                               next((s for s in reversed(attempts) if s.hits), None)) if step]
+
+    def said(step: FirstStep) -> str:
+        return (f"{'warm' if step.hits else 'cold'} {step.seconds:.2f} s ({step.hits} of "
+                f"{step.lookups} lookups hit, restart {step.restart}"
+                f"{', newest' if step is newest else ''})")
+
+    lines = [f"time to first step on process 0, this run's attempts: "
+             f"{', '.join(said(step) for step in shown)}"]
+    if len({step.first_step_from for step in shown}) > 1:
+        lines += [f"  {'warm' if step.hits else 'cold'} first step: {step.first_step_from}"
+                  for step in shown]
+    return lines
 
 
 def missing_train_report(reports: list[InitReport]) -> list[str]:

@@ -2,7 +2,8 @@
 
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
-reports), verify/p0.json (verify's verdicts: process 0 decides for the run),
+reports), first-steps.jsonl (every training attempt's time to first step, across launches),
+verify/p0.json (verify's verdicts: process 0 decides for the run),
 prewarm-decision.json (whether the launch ran the prewarm job, and why),
 prewarm-progress.json (what it compiles), mlperf-r<restart>.log (MLPerf's lines, with
 report.mlperf), slurm/<job>/ (submitit's job folders) with slurm/jobs.json (what was
@@ -39,6 +40,12 @@ def log_path(run_dir: str | Path, job: str, process: int) -> Path:
 
 def reports_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "reports"
+
+
+def first_steps_path(run_dir: str | Path) -> Path:
+    """Each training attempt's time to first step, kept across launches of the run (an init
+    report is replaced by the next launch's): cold and warm launches side by side."""
+    return Path(run_dir) / "first-steps.jsonl"
 
 
 @dataclass(frozen=True)

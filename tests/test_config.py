@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError, apply_override, load_config, parse_config
-from launcher.submit.jobs import check_modules
+from launcher.submit.fingerprint import step_sources
+from launcher.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, run_cli
 
 
@@ -173,7 +174,8 @@ def test_mesh_axes_are_optional_when_the_factory_builds_the_mesh() -> None:
 
 
 def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path) -> None:
-    """maxtext.trainers has no __init__.py: the check finds the module without importing."""
+    """maxtext.trainers has no __init__.py: the pre-launch check and the run's fingerprint
+    find the module without importing it."""
     package = tmp_path / "nspkg"
     (package / "trainers").mkdir(parents=True)
     (package / "__init__.py").write_text("raise RuntimeError('the check imported me')\n")
@@ -185,6 +187,9 @@ def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path
         config = load_config(DEMO, ["entrypoint.command=null", entry, "step.factory=factory:make",
                                     env])
         check_modules(config)
+    with job_import_path(config):  # the run's fingerprint reads the factory's sources too
+        sources = step_sources("nspkg.trainers.train")
+    assert list(sources) == [str(package / "trainers" / "train.py")]
     missing = load_config(DEMO, ["entrypoint.command=null", "step.factory=factory:make", env,
                                  "entrypoint.module=nspkg.trainers.nope"])
     with pytest.raises(ConfigError, match="module 'nspkg.trainers.nope' was not found"):

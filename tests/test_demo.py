@@ -120,6 +120,31 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
     assert train["hits"] == 0 and train["backend_compile_s"] > 0
 
 
+def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path) -> None:
+    """jaxwarm-train calls mark_first_step(): its time to first step is there cold
+    (--no-prewarm on an empty cache) and warm, and the report shows both launches."""
+    args = (str(DEMO), "--local", "train.steps=1", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}")
+    run_dir = tmp_path / "runs" / "demo"
+    cold = run_cli("launch", *args, "--no-prewarm")
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    first = report(run_dir, "train", 0)
+    assert first["hits"] == 0 and first["first_step_from"] == "trainer"
+    assert first["time_to_first_step_s"] > first["backend_compile_s"]
+    shutil.rmtree(run_dir / "checkpoints")
+
+    warm = run_cli("launch", *args)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    second = report(run_dir, "train", 0)
+    assert function(second, "jit_train_step")["hit"] and second["first_step_from"] == "trainer"
+    line = next(line for line in warm.stdout.splitlines()
+                if line.startswith("time to first step on process 0"))
+    cold_part, warm_part = line.split(": ", 1)[1].split("), warm ")
+    assert cold_part.startswith(f"cold {first['time_to_first_step_s']:.2f} s (0 of "), line
+    assert warm_part.startswith(f"{second['time_to_first_step_s']:.2f} s ("), line
+    assert warm_part.endswith("restart 0, newest)") and " 0 of " not in warm_part
+
+
 def test_failing_entrypoint_fails_the_launch_with_its_log_tail(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",

@@ -24,16 +24,22 @@ def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path: Pat
     assert target.read_bytes() == b"new" and (target.stat().st_mode & 0o777) == 0o600
 
 
-def test_a_stuck_holder_is_named_after_the_timeout(tmp_path: Path) -> None:
-    lock = tmp_path / "manifest.lock"
+def hold(lock: Path, what: str) -> subprocess.Popen[str]:
+    """Another process holding `lock` until it reads a line (or is killed)."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from launcher.files import locked\n"
-         f"with locked({str(lock)!r}, 'test'):\n"
-         "    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
+         "import sys; from launcher.files import locked\n"
+         f"with locked({str(lock)!r}, {what!r}):\n"
+         "    print('held', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_stuck_holder_is_named_after_the_timeout(tmp_path: Path) -> None:
+    lock = tmp_path / "manifest.lock"
+    holder = hold(lock, "test")
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(LockTimeout) as caught:
             with locked(lock, "manifest", timeout_s=0.5):
                 pass
@@ -53,12 +59,7 @@ def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path) -> None:
     """What the init report says a process waited for jaxwarm's locks: the holder lets go
     only once this process is trying, so at least one retry (50 ms) was waited."""
     lock = tmp_path / "jaxwarm-usage.jsonl.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from launcher.files import locked\n"
-         f"with locked({str(lock)!r}, 'usage log'):\n"
-         "    print('held', flush=True); sys.stdin.readline()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = hold(lock, "usage log")
     before = lock_waits().get("usage log", 0.0)
     trying = threading.Event()
 
@@ -68,7 +69,6 @@ def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path) -> None:
         holder.communicate("go\n", timeout=60)
 
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         releaser = threading.Thread(target=release_once_trying)
         releaser.start()
         trying.set()

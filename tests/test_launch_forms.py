@@ -123,3 +123,42 @@ def test_a_function_that_needs_more_than_argv_is_refused_before_any_job(
     assert "needs 2 argument(s) (argv, config)" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_setting_the_step_factory_changes_is_said_as_the_step_factory(tmp_path: Path) -> None:
+    """In the prewarm and verify jobs the trainer does not run: the step factory does (here
+    replaying the trainer's 60 s threshold), and the guard's line says so."""
+    config = write_config(tmp_path, tmp_path / "cache", {"module": "tinytrain"}, [FORMS])
+    for job in ("verify", "prewarm"):
+        result = run_cli(job, str(config), "--local", "step.args={threshold: 60}")
+        assert result.returncode in (0, 1), result.stderr[-3000:]  # verify: COLD at first
+        report = json.loads(report_path(tmp_path / "runs" / "forms", job, 0, 0).read_text())
+        changed = [w["text"] for w in report["warnings"] if w["kind"] == SETTING_CHANGED]
+        assert len(changed) == 1 and changed[0].startswith(
+            "the step factory set jax_persistent_cache_min_compile_time_secs to 60.0 after "
+            "jaxwarm set 0"), changed
+        assert "cache.enforce is on: jaxwarm set it back" in changed[0]
+        assert changed[0] in result.stderr and "the trainer set" not in result.stderr
+
+
+def test_without_enforce_a_miss_names_the_dir_the_process_used(tmp_path: Path) -> None:
+    """cache.enforce off: tinytrain's own dir wins, and its miss of the prewarmed step is
+    explained by where it looked, not as an entry "gone": the entry is intact in jaxwarm's
+    dir. (Without XLA's caches the cache path is not in the key, so the keys are equal.)"""
+    cache, own = tmp_path / "cache", tmp_path / "own" / "own-cache"
+    config = write_config(tmp_path, cache, {"module": "tinytrain"}, [FORMS])
+    data = json.loads(config.read_text())
+    data["cache"].update(enforce=False, xla_caches="none")
+    config.write_text(json.dumps(data))
+    launched = run_cli("launch", str(config), "--local")
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    report = json.loads(report_path(tmp_path / "runs" / "forms", "train", 0, 0).read_text())
+    assert report["cache_dir"] == str(own)
+    step, = [fn for fn in report["functions"] if fn["name"] == "jit_tiny_step"]
+    assert not step["hit"] and (cache / f"{step['key']}-cache").is_file()
+    assert "jit_tiny_step: MISS on process 0" in launched.stdout
+    assert f"why: this process looked its entries up in {own}, the trainer's cache dir" \
+        in launched.stdout
+    assert (f"why: the manifest lists {step['key']} and its entry is in {cache}, but this "
+            f"process looked it up in {own}") in launched.stdout
+    assert "pruned or deleted" not in launched.stdout

@@ -112,3 +112,31 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
     assert other.returncode == 0, other.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "second")
     assert chained.prewarm and f"jax 0.10.2 -> {leg.jax}" in chained.why
+
+
+def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
+    # The factory imports its model by a computed name: the fingerprint does not reach it.
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    factory = source / "mystep" / "chunkwise.py"
+    factory.write_text(factory.read_text().replace(
+        "from prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
+        "param_specs",
+        "import importlib\n_model = importlib.import_module('mystep.' + 'model')\n"
+        "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "
+        "_model.Params, _model.init_params, _model.loss_fn, _model.param_specs)"))
+    args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
+    assert launch(tmp_path, "first", *args).returncode == 0
+    model = source / "mystep" / "model.py"
+    model.write_text(model.read_text().replace("_NORM_EPS = 1e-5", "_NORM_EPS = 1e-6"))
+    # Same fingerprint: the training job runs alone, misses, and forgets the record...
+    blind = launch(tmp_path, "blind", *args)
+    assert blind.returncode == 0, blind.stderr[-3000:]
+    assert not decision(tmp_path / "runs" / "blind").prewarm
+    assert not step_hit(tmp_path / "runs" / "blind")
+    assert "the next launch with its fingerprint runs its prewarm again" in blind.stderr
+    assert read_prewarms(tmp_path / "cache") == {}
+    # ...so the next launch with it runs the prewarm job again.
+    again = launch(tmp_path, "again", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert decision(tmp_path / "runs" / "again").prewarm

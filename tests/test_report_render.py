@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from launcher.config import ConfigError
+from launcher.jaxkey.logs import input_elements
 from launcher.records import (
     SETTING_CHANGED,
     EntryChecked,
     EntryPruned,
+    FirstStep,
     FunctionRecord,
     InitReport,
     JobUsage,
@@ -28,16 +30,18 @@ from launcher.records import (
 )
 from launcher.report import (
     Targets,
+    first_step_lines,
     format_table,
     format_verdicts,
     function_lines,
+    load_first_steps,
     load_reports,
     load_verdicts,
     phase_table,
     summarize,
     warm_start_lines,
 )
-from launcher.rundir import ReportName, parse_report_path, report_path
+from launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
 from launcher.store.commands import cache_stats, entry_rows
 from launcher.store.manifest import read_manifest
 from launcher.store.usage import append_usage, key_histories, read_usage, usage_path
@@ -265,3 +269,28 @@ def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_
         "62%); then imports 2.10 s, distributed 0.60 s, other 0.50 s, trace 0.45 s, "
         "cache load 0.23 s, lower 0.20 s, compile 0.06 s",
         "  the first step's collectives wait for every process: process 1 compiled for 7.16 s"]
+
+
+def test_cold_and_warm_attempts_are_shown_side_by_side(tmp_path: Path) -> None:
+    """The run dir's first-step history: each attempt's last finding (a guess replaced by a
+    later one), the newest cold and the newest warm attempt; how each first step was found
+    when they differ; a torn line skipped."""
+    guess = "the first execution of jit_step, the function with the largest inputs so far"
+    lines = [FirstStep(0, 100.0, 0.9, "the first execution of jit__lambda", 0, 2),
+             FirstStep(0, 100.0, 7.33, guess, 0, 7),  # the same attempt, later
+             FirstStep(0, 200.0, 1.62, "the first execution of jit_step", 7, 7)]
+    path = first_steps_path(tmp_path)
+    path.write_text("".join(dumps(line) + "\n" for line in lines) + '{"restart": 0, "sta')
+    history = load_first_steps(tmp_path)
+    assert history == lines
+    assert first_step_lines(history) == [
+        "time to first step on process 0, this run's attempts: cold 7.33 s (0 of 7 lookups "
+        "hit, restart 0), warm 1.62 s (7 of 7 lookups hit, restart 0, newest)",
+        f"  cold first step: {guess}",
+        "  warm first step: the first execution of jit_step"]
+    assert first_step_lines([]) == []
+
+
+def test_input_elements_are_counted_from_jax_s_lowering_line() -> None:
+    assert input_elements("(ShapedArray(bfloat16[4,5]), ShapedArray(uint32[2]), "
+                          "ShapedArray(key<fry>[]), ShapedArray(float32[]))") == 24

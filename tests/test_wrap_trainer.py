@@ -130,6 +130,43 @@ def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
     assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in launched.stdout
 
 
+@pytest.mark.e2e
+def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
+        tmp_path: Path, installed: str) -> None:
+    """jsp-train never calls mark_first_step(). Cold (--no-prewarm, an empty cache, no
+    prewarm of its step anywhere), the function with the largest inputs is taken for the
+    step: its train step, not its init (which compiles longer) nor its eval step. Warm from
+    another run's prewarm, the step that prewarm recorded ends the first step. The report
+    shows both attempts of the run side by side."""
+    args = args_for(tmp_path, installed, *layout(1))
+    cold = run_cli("launch", *args, "--local", "--no-prewarm")
+    assert cold.returncode == 0, cold.stdout + cold.stderr[-3000:]
+    first = report(tmp_path)
+    assert not any(fn["hit"] for fn in first["functions"])
+    assert first["time_to_first_step_s"] > 0
+    assert first["first_step_from"].startswith(
+        "the first execution of jit_step, the function with the largest inputs so far")
+    train_step = step_records(first)[0]  # the train step is compiled (and run) first
+    assert first["time_to_first_step_s"] > sum(
+        fn["seconds"] for fn in first["functions"][:first["functions"].index(train_step) + 1])
+
+    other = run_cli("prewarm", *args, "run.name=another-run", "--local")
+    assert other.returncode == 0, other.stderr[-3000:]
+    warm = run_cli("launch", *args, "--local", "--no-prewarm")
+    assert warm.returncode == 0, warm.stdout + warm.stderr[-3000:]
+    second = report(tmp_path)
+    assert step_records(second)[0]["hit"]
+    assert second["first_step_from"] == "the first execution of jit_step"
+    assert 0 < second["time_to_first_step_s"]
+
+    shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
+    line = next(line for line in shown.splitlines()
+                if line.startswith("time to first step on process 0"))
+    assert f"cold {first['time_to_first_step_s']:.2f} s (0 of" in line, shown
+    assert f"warm {second['time_to_first_step_s']:.2f} s ({second['hits']} of" in line
+    assert "newest" in line.split("warm")[1]
+
+
 FACTORY = '''
 import jax, numpy as np
 from prewarm.step import CompileTarget, StepBundle

@@ -7,7 +7,10 @@ dir's path enters the compile options), and misses every prewarmed entry. Measur
 after that is ignored for reads and writes but still enters every later key. The thresholds
 are read at each write. The end of each lowering comes before the key and the lookup, so the
 recorder calls `check()` there: every change is said once, in one line, and under
-`cache.enforce` jaxwarm's values are put back before the lookup that needs them.
+`cache.enforce` jaxwarm's values are put back before the lookup that needs them. The line
+names who made the change: in a training job the trainer; in a prewarm or verify job the
+step factory, the only code besides jaxwarm's that runs there (an adapter that calls the
+trainer's own set-up, e.g. MaxText's `initialize`).
 """
 
 from __future__ import annotations
@@ -28,22 +31,27 @@ _CONSEQUENCE = {
     "jax_compilation_cache_max_size": "every writer of one cache must use the same size cap",
 }
 WATCHED = tuple(_CONSEQUENCE)
-CHANGE_PREFIX = "the trainer set "
+# Whose code changed a setting: in a training job the trainer's; in a prewarm or verify job
+# the step factory's (an adapter that runs the trainer's own set-up, as MaxText's does).
+TRAINER, STEP_FACTORY = "the trainer", "the step factory"
 
 
-def change_line(name: str, ours: Any, theirs: Any, enforce: bool, looked_up: bool) -> str:
+def change_line(name: str, ours: Any, theirs: Any, enforce: bool, looked_up: bool,
+                actor: str = TRAINER) -> str:
     """The one line a changed setting becomes, in the job log and the init report."""
-    line = (f"{CHANGE_PREFIX}{name} to {theirs!r} after jaxwarm set {ours!r}; "
+    line = (f"{actor} set {name} to {theirs!r} after jaxwarm set {ours!r}; "
             f"{_CONSEQUENCE[name].format(ours=repr(ours))}")
     if enforce:
         return (line + f"; cache.enforce is on: jaxwarm set it back to {ours!r} before the "
                        f"next cache lookup")
-    line += "; cache.enforce is off: jaxwarm follows the trainer"
+    line += f"; cache.enforce is off: jaxwarm follows {actor}"
     if name == CACHE_DIR and looked_up:
         line += (f" (JAX had already opened {ours!r} and keeps reading and writing there, but "
                  f"the new path enters every later key, so those lookups miss)")
-    elif name == CACHE_DIR:
+    elif name == CACHE_DIR and actor == TRAINER:
         line += ", so this process will not load the prewarmed entries"
+    elif name == CACHE_DIR:
+        line += f", so this job looks entries up in {theirs!r}, not in the config's cache dir"
     return line
 
 
@@ -53,11 +61,14 @@ class CacheGuard:
 
     ours: dict[str, Any]
     enforce: bool
+    actor: str = TRAINER  # whose code runs in this job besides jaxwarm's
     _said: set[tuple[str, str]] = field(default_factory=set)
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], enforce: bool) -> CacheGuard:
-        return cls({name: options[name] for name in WATCHED if name in options}, enforce)
+    def from_options(cls, options: dict[str, Any], enforce: bool,
+                     actor: str = TRAINER) -> CacheGuard:
+        return cls({name: options[name] for name in WATCHED if name in options}, enforce,
+                   actor)
 
     def check(self, looked_up: bool) -> list[str]:
         """Lines for settings changed since the last check; puts ours back under enforce."""
@@ -70,7 +81,8 @@ class CacheGuard:
                 continue
             if (name, repr(theirs)) not in self._said:
                 self._said.add((name, repr(theirs)))
-                lines.append(change_line(name, ours, theirs, self.enforce, looked_up))
+                lines.append(change_line(name, ours, theirs, self.enforce, looked_up,
+                                         self.actor))
                 log.warning("jaxwarm: %s", lines[-1])
             if self.enforce:
                 jax.config.update(name, ours)

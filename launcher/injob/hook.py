@@ -18,19 +18,32 @@ from pathlib import Path
 
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
-from launcher.files import GROUP_UMASK
-from launcher.injob.guard import CacheGuard
+from launcher.files import GROUP_UMASK, append_line
+from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport
 from launcher.injob.stage import node_cache_dir
 from launcher.jaxkey.lookup import watch_lookups
 from launcher.mlperf import MlperfLog, MlperfUnavailable
-from launcher.records import EntryMissed, Staging
-from launcher.rundir import TRAIN, mlperf_log_path, report_path
-from launcher.store.entries import entry_path, written_since
+from launcher.records import (
+    EntryMissed,
+    FirstStep,
+    PrewarmDecision,
+    Staging,
+    dumps,
+    read_record,
+)
+from launcher.rundir import (
+    TRAIN,
+    first_steps_path,
+    mlperf_log_path,
+    prewarm_decision_path,
+    report_path,
+)
+from launcher.store.entries import entry_path, function_of, written_since
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
-from launcher.store.prewarms import forget_prewarms
+from launcher.store.prewarms import forget_prewarm, read_prewarms
 from launcher.store.security import (
     DirIdentity,
     check_cache_dir,
@@ -148,26 +161,51 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         environment={k: v for k, v in sorted(os.environ.items()) if owned(k)}, stage=staging)
     recorder = InitRecorder(
         report, lambda process: report_path(config.run_dir, job, restart, process),
-        recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce)).install()
+        recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce,
+                                                  actor_of(job))).install()
     ranks = RankCoordinator(recorder, agreement_on(config))
     watch_lookups(ranks.before_lookup, ranks.after_compile)
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
-    atexit.register(recorder.write)
+    atexit.register(recorder.close)
     _active = recorder
     return recorder
 
 
-def prewarmed(config: Config) -> list[ManifestEntry]:
-    """What this run's prewarm compiled: the first execution of one of its steps ends the
-    first step of a trainer that does not call mark_first_step(), a miss of one of them is
-    checked against the global JAX settings it was lowered under, and their compile times
-    size how long the ranks wait for each other (`ranks.meet_timeout`)."""
-    try:  # a broken manifest reads as empty (and says so): bookkeeping never stops training
-        manifest = read_manifest(config.cache.dir, strict=False)
+def manifest_of(config: Config) -> dict[str, ManifestEntry]:
+    """The prewarm manifest, read once per job; one that cannot be read counts as empty (and
+    says so): bookkeeping never stops training."""
+    try:
+        return read_manifest(config.cache.dir, strict=False)
     except OSError as exc:
-        log.warning("no time to first step without mark_first_step(): %s", exc)
-        return []
-    return latest_for_run(manifest, config.run.name)
+        log.warning("the prewarm manifest cannot be read: %s", exc)
+        return {}
+
+
+def watch_prewarmed(config: Config, recorder: InitRecorder,
+                    manifest: dict[str, ManifestEntry]) -> None:
+    """What a training job takes from the prewarm manifest. For a trainer that does not call
+    mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
+    signature: a run warm from another run's entries, or a cold run of a step prewarmed
+    before, is timed by the same function as this run's own prewarm), and, with none,
+    a guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions, whose miss is
+    checked against the global JAX settings they were lowered under."""
+    recorder.guess_first_step = True
+    recorder.step_functions = {
+        (e.function, e.signature) for e in manifest.values()
+        if e.is_step and e.process_count == recorder.report.process_count}
+    recorder.prewarmed_options = {e.function: e.global_options
+                                  for e in latest_for_run(manifest, config.run.name)
+                                  if e.global_options}
+
+
+def record_first_step(config: Config, report: InitReport, started: float) -> None:
+    """Process 0's first step, in the run dir's history (`rundir.first_steps_path`)."""
+    path = first_steps_path(config.run_dir)
+    append_line(path, dumps(FirstStep(
+        restart=report.restart_count, started=started,
+        seconds=report.time_to_first_step_s or 0.0, first_step_from=report.first_step_from or "",
+        hits=report.hits, lookups=report.lookups)) + "\n", 0o644,
+        "the time to first step")
 
 
 def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
@@ -189,16 +227,22 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
         if jax_dir != config.cache.dir:
             checked = check_cache_dir(Path(jax_dir), config.cache, config.source,
                                       key="cache.stage")
-        recorder.before_lookup.append(lambda: recheck_before_lookup(config, jax_dir, checked))
+        actor = actor_of(report.job)
+        recorder.before_lookup.append(
+            lambda: recheck_before_lookup(config, jax_dir, checked, actor))
         if report.job == TRAIN or report.process_count > 1:
-            entries = prewarmed(config)
-        if report.job == TRAIN:
-            recorder.step_functions = {(e.function, e.signature) for e in entries if e.is_step}
-            recorder.prewarmed_options = {e.function: e.global_options for e in entries
-                                          if e.global_options}
-            if report.process_index == 0:
-                recorder.after_first_step.append(
-                    lambda done: forget_missed_prewarms(config, entries, done))
+            manifest = manifest_of(config)
+            entries = latest_for_run(manifest, config.run.name)
+            if report.job == TRAIN:
+                watch_prewarmed(config, recorder, manifest)
+                if report.process_index == 0:
+                    recorder.after_first_step.append(
+                        lambda done: forget_missed_prewarms(config, done))
+    elif report.job == TRAIN:
+        recorder.guess_first_step = True
+    if report.process_index == 0 and report.job == TRAIN:
+        recorder.on_first_step.append(
+            lambda done: record_first_step(config, done, recorder.start_time))
     ranks.bind(meet_timeout(config, entries))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
@@ -220,18 +264,28 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
              report.process_count, report.restart_count)
 
 
-def forget_missed_prewarms(config: Config, entries: list[ManifestEntry],
-                           report: InitReport) -> None:
-    """Process 0 looked a prewarmed function up under another key than its prewarm's: what
-    the login node's fingerprint promised does not hold (a GPU driver, a source it does not
-    reach). Forget that prewarm, so the next launch runs its prewarm job again."""
-    for entry in entries:
-        for record in report.functions:
-            if record.name == entry.function and record.signature == entry.signature and \
-                    record.key not in (None, entry.key) and not record.hit:
-                forget_prewarms(config.cache.dir, entry.key,
-                                f"{record.name} missed under key {record.key}, not the "
-                                f"prewarmed {entry.key}")
+def forget_missed_prewarms(config: Config, report: InitReport) -> None:
+    """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
+    that prewarm's functions up under another key: what the login node's fingerprint
+    promised does not hold (a GPU driver, a module imported by a computed name). Forget
+    that record, so the next launch with this fingerprint runs its prewarm job again. (A
+    launch under another fingerprint that misses is no news: its decision said so.)"""
+    path = prewarm_decision_path(config.run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return
+    digest = decision.fingerprint.digest
+    record = read_prewarms(config.cache.dir).get(digest)
+    if record is None:
+        return
+    promised = {function_of(key): key for key in record.keys}
+    for function in report.functions:
+        key = promised.get(function.name)
+        if key is not None and not function.hit and function.key not in (None, key):
+            forget_prewarm(config.cache.dir, digest, key,
+                           f"{function.name} missed under key {function.key}, not the "
+                           f"prewarmed {key}")
+            return
 
 
 def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
@@ -256,11 +310,18 @@ def publish_at_exit(config: Config, staging: Staging, since: float) -> None:
         log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
 
 
-def recheck_before_lookup(config: Config, jax_dir: str, checked: DirIdentity | None) -> None:
+def actor_of(job: str) -> str:
+    """Whose code besides jaxwarm's runs in a job: the trainer's in the training job, the
+    step factory's in the prewarm and verify jobs."""
+    return TRAINER if job == TRAIN else STEP_FACTORY
+
+
+def recheck_before_lookup(config: Config, jax_dir: str, checked: DirIdentity | None,
+                          actor: str) -> None:
     """Whatever dir JAX is about to use passes the cache-dir checks again: jaxwarm's (the
     config's, or the node's staged copy) must still be the very dir checked at the start,
-    and one the trainer set instead (with cache.enforce off) gets the same checks before
-    JAX reads code from it."""
+    and one the trainer (or a step factory) set instead, with cache.enforce off, gets the
+    same checks before JAX reads code from it."""
     import jax
 
     current = jax.config.jax_compilation_cache_dir
@@ -270,7 +331,7 @@ def recheck_before_lookup(config: Config, jax_dir: str, checked: DirIdentity | N
         recheck_cache_dir(Path(current), config.cache, config.source, checked,
                           key="cache.dir" if jax_dir == config.cache.dir else "cache.stage")
     else:
-        check_cache_dir(Path(current), config.cache, f"{config.source} (set by the trainer)")
+        check_cache_dir(Path(current), config.cache, f"{config.source} (set by {actor})")
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
@@ -279,7 +340,8 @@ def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,
 
     Call it after `jax.distributed.initialize()` and before the first compile. Returns the
     recorder: call `mark_first_step()` on it after the first step finished (without that
-    call, the end of the first execution of a prewarmed step counts). The report is also
+    call, the end of the first execution of a step a prewarm recorded counts, or with none
+    on record the function with the largest inputs: `recorder.Found`). The report is also
     written at exit, with every compile the process made. A function compiled twice under
     different keys is warned about when both compiles took at least `recompile_warn_s`
     (small helpers legitimately compile once per input shape).

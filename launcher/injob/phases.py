@@ -119,10 +119,12 @@ class PhaseClock:
                 and s.end <= before and (not functions or s.function in functions)]
         return max(ends, default=None)
 
-    def finish(self, end: float, step_functions: set[str] | None) -> list[InitPhase]:
+    def finish(self, end: float, step_functions: set[str] | None,
+               final: bool = True) -> list[InitPhase]:
         """The phases from process start to `end` (the first step's end). With
         `step_functions` (a training job), the time from the end of the step's compile or
-        load to `end` is the first step. Spans stop being collected."""
+        load to `end` is the first step. Spans stop being collected, unless not `final`
+        (a guessed first step, which a later one may replace: `stop` ends them then)."""
         spans = self.spans()
         if step_functions is not None:
             # A step the manifest names but this process never compiled: its last compile.
@@ -130,9 +132,14 @@ class PhaseClock:
             if step_end is not None:
                 spans.append(Span(FIRST_STEP, step_end, end))
             self.first_step_start = step_end
+        if final:
+            self.stop()
+        return partition(spans, self.start_time, end)
+
+    def stop(self) -> None:
+        """Collect no more spans: init is over."""
         with self._lock:
             self.done = True
-        return partition(spans, self.start_time, end)
 
 
 def partition(spans: list[Span], start: float, end: float) -> list[InitPhase]:

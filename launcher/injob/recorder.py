@@ -8,6 +8,7 @@ through only what would have been shown anyway, so recording adds no output.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import os
@@ -48,6 +49,7 @@ from launcher.jaxkey.logs import (
     HIT_OR_MISS,
     LOWERING,
     LOWERING_LOGGER,
+    input_elements,
     is_hit,
 )
 from launcher.jaxkey.predict import in_probe
@@ -65,6 +67,8 @@ from launcher.rundir import TRAIN
 log = logging.getLogger("jaxwarm.recorder")
 
 FIRST_STEP_POLL_S = 0.005
+# At exit, how long a watcher may still take to see the execution it waits on end.
+WATCHER_JOIN_S = 60.0
 
 
 def module_name(label: str) -> str:
@@ -81,15 +85,41 @@ def signature_of(avals: str) -> str:
 
 
 def process_start_time() -> float:
-    """Wall-clock time this process started, so init time includes the Python imports."""
+    """Wall-clock time this process started, so that init time includes the Python imports.
+
+    On Linux: the start in clock ticks since boot (`/proc/self/stat`, field 22) against the
+    time since boot now (CLOCK_BOOTTIME, the clock those ticks count on, suspend included),
+    taken from the wall clock now: exact to one tick (10 ms at the usual 100 ticks/s; the
+    middle of the tick is taken, so within 5 ms). `/proc/stat`'s btime, which psutil uses
+    too, is whole seconds and put the start up to 1 s early. Elsewhere: psutil's start time
+    where it is installed, else now (the imports before it then go uncounted)."""
     try:
         stat = Path("/proc/self/stat").read_text()
-        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        ticks = int(stat.rsplit(")", 1)[1].split()[19]) + 0.5
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import psutil
+        return float(psutil.Process().create_time())
+    except Exception:  # not installed, or no start time on this system
+        log.debug("no process start time on this system: timing from now")
         return time.time()
+
+
+class Found(enum.IntEnum):
+    """How the first step's end was found, from least to best founded: a better-founded
+    finding replaces a worse one, whenever it comes."""
+
+    NONE = 0
+    # No prewarm of a step on record: the function with the largest inputs is taken for the
+    # step (the train step takes the whole state; init and eval take less), and replaced by
+    # a later one with larger inputs.
+    LARGEST_INPUTS = 1
+    # A function a prewarm (of any run, on this layout) recorded as a step.
+    PREWARMED_STEP = 2
+    TRAINER = 3  # mark_first_step()
 
 
 class _CaptureFilter(logging.Filter):
@@ -140,12 +170,26 @@ class InitRecorder:
         self.prewarmed_options: dict[str, dict[str, str]] = {}
         # Called once the process knows its index (e.g. the cache dir's safety checks).
         self.on_bind: list[Callable[[InitRecorder], None]] = []
-        # (name, abstract signature) of the functions whose first execution ends the first
-        # step when the trainer never says.
+        # When the trainer never calls mark_first_step(): (name, abstract signature) of the
+        # functions a prewarm recorded as steps (None: any signature), whose first execution
+        # ends the first step; and whether, until one of them has, the function with the
+        # largest inputs is taken for the step (a training job).
         self.step_functions: set[tuple[str, str | None]] = set()
-        self._watching = False
-        # Called with the report once the first step is done (e.g. the cache's usage log).
+        self.guess_first_step = False
+        self._input_elements: dict[str, int] = {}
+        self._found = Found.NONE
+        self._watching_step = False
+        self._guess: tuple[int, int] = (0, -1)  # (serial, input elements) of the candidate
+        self._init_ended = False
+        self._marking = threading.Lock()
+        self._watchers: list[threading.Thread] = []
+        self._closing = threading.Event()
+        # Called with the report once init is over, after the first step (e.g. the cache's
+        # usage log; see `_end_init`)...
         self.after_first_step: list[Callable[[InitReport], None]] = []
+        # ... and each time the first step is found (a better-founded finding, or a guess
+        # with larger inputs, replaces a guess).
+        self.on_first_step: list[Callable[[InitReport], None]] = []
         # Called at the end of each lowering, right before JAX computes the key and looks it
         # up (e.g. the cache dir re-check); an exception stops that compile.
         self.before_lookup: list[Callable[[], None]] = []
@@ -202,6 +246,8 @@ class InitRecorder:
             return
         with self._lock:
             if event == EVENT_LOOKUP:
+                if not self.report.lookups:
+                    self._opened_cache()
                 self.report.lookups += 1
             elif event == EVENT_HIT:
                 self.report.hits += 1
@@ -258,18 +304,26 @@ class InitRecorder:
                     global_options=self._options)
                 self._components = {}
             elif match := LOWERING.match(message):
-                self._signatures[module_name(match["name"])] = signature_of(match["avals"])
+                name = module_name(match["name"])
+                self._signatures[name] = signature_of(match["avals"])
+                self._input_elements[name] = input_elements(match["avals"])
+
+    def _opened_cache(self) -> None:
+        """At the first lookup JAX opens its cache dir, and keeps it for the process: that
+        dir (the config's, or under cache.enforce off one the trainer set) is the one the
+        report names, and what a miss is explained against."""
+        import jax
+
+        self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
 
     def _check_settings(self) -> None:
         if self.guard is None:
             return
         lines = self.guard.check(looked_up=self.report.lookups > 0)
         if lines:
-            import jax
             with self._lock:
                 self.report.warnings.extend(ReportWarning(SETTING_CHANGED, line)
                                             for line in lines)
-                self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
 
     def _finish_function(self, fun_name: str, duration: float) -> FunctionRecord:
         # JAX's backend-compile duration wraps the whole lookup: the retrieval on a hit,
@@ -321,75 +375,140 @@ class InitRecorder:
 
     # -- milestones ---------------------------------------------------------------------------
 
-    def _maybe_watch_first_step(self, record: FunctionRecord) -> None:
-        """Start waiting for the first execution of a prewarmed step, once per process.
+    def _first_step_candidate(self, record: FunctionRecord) -> tuple[Found, str] | None:
+        """Whether the end of this function's first execution would be the first step, how
+        well founded that is, and how to say it (`first_step_from`)."""
+        name = record.name
+        with self._lock:
+            if self._found >= Found.PREWARMED_STEP or self._watching_step:
+                return None
+            if any(name == known and signature in (None, record.signature)
+                   for known, signature in self.step_functions):
+                self._watching_step = True
+                return Found.PREWARMED_STEP, f"the first execution of {name}"
+            size = self._input_elements.get(name, 0)
+            if not self.guess_first_step or size <= self._guess[1]:
+                return None
+            self._guess = (self._guess[0] + 1, size)
+            return Found.LARGEST_INPUTS, (
+                f"the first execution of {name}, the function with the largest inputs so far "
+                f"(no prewarm of a step on record; mark_first_step() says it exactly)")
 
-        A trainer that never calls mark_first_step() still gets a time to first step: the
-        compile just finished returns to a call that executes the step at once, so the
-        arrays that appear after it are that step's outputs (or the transfers of its inputs,
-        then its outputs); the step has ended when they are ready.
+    def _maybe_watch_first_step(self, record: FunctionRecord) -> None:
+        """Wait for the first execution of the function just compiled when it ends the first
+        step (`_first_step_candidate`), for a trainer that never calls mark_first_step().
+
+        The compile just finished returns to a call that executes the function at once, so
+        the arrays that appear after it are its outputs (or the transfers of its inputs,
+        then its outputs); its execution has ended when they are ready.
         """
-        if self._watching or (record.name, record.signature) not in self.step_functions or \
-                self.report.time_to_first_step_s is not None:
+        candidate = self._first_step_candidate(record)
+        if candidate is None:
             return
         import jax
 
-        self._watching = True
         before = {id(array) for array in jax.live_arrays()}
-        threading.Thread(target=self._wait_first_execution, args=(record.name, before),
-                         name="jaxwarm-first-step", daemon=True).start()
+        watcher = threading.Thread(target=self._wait_first_execution,
+                                   args=(*candidate, record.name, self._guess[0], before),
+                                   name="jaxwarm-first-step", daemon=True)
+        self._watchers.append(watcher)
+        watcher.start()
 
-    def _wait_first_execution(self, name: str, before: set[int]) -> None:
+    def _superseded(self, found: Found, serial: int) -> bool:
+        return self._found > found or (found == Found.LARGEST_INPUTS and
+                                       serial != self._guess[0])
+
+    def _wait_first_execution(self, found: Found, source: str, name: str, serial: int,
+                              before: set[int]) -> None:
         import jax
 
         fresh: list[Any] = []
         while not fresh:
-            if self.report.time_to_first_step_s is not None:
-                return  # the trainer said it first
+            if self._superseded(found, serial) or self._closing.is_set():
+                return  # the trainer said, a better-founded candidate came, or the end
             time.sleep(FIRST_STEP_POLL_S)
             fresh = [a for a in jax.live_arrays() if id(a) not in before]
         # One more look: the call may transfer uncommitted inputs just before it dispatches.
         time.sleep(FIRST_STEP_POLL_S)
         before.update(id(array) for array in fresh)
         fresh += [a for a in jax.live_arrays() if id(a) not in before]
-        jax.block_until_ready(fresh)
-        self.mark_first_step(source=f"the first execution of {name}")
+        for array in fresh:
+            try:
+                array.block_until_ready()
+            except RuntimeError:
+                # Donated to (or deleted by) a call since it appeared, e.g. a state the
+                # trainer's step consumed: it was ready, or that call would not have run.
+                continue
+        self._mark(found, source, serial, name)
 
-    def mark_first_step(self, source: str = "trainer") -> None:
+    def mark_first_step(self) -> None:
         """Call once the first train step has finished (after block_until_ready).
 
         The trainer's own call wins over the time jaxwarm detected, whichever came first.
         """
+        self._mark(Found.TRAINER, "trainer")
+
+    def _mark(self, found: Found, source: str, serial: int = 0,
+              function: str | None = None) -> None:
+        """The first step ends now (with the first execution of `function`, when jaxwarm
+        detected it): said once by the trainer or a prewarmed step, while a guess
+        (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
+        # One mark at a time, callbacks included: the trainer's and a watcher's may come at
+        # once, and what the callbacks record must end with the one that stands.
+        with self._marking:
+            with self._lock:
+                if self._superseded(found, serial) or \
+                        (self._found == found and found != Found.LARGEST_INPUTS):
+                    return
+                self._found = found
+                now = time.time()
+                self.report.time_to_first_step_s = now - self.start_time
+                self.report.first_step_from = source
+                steps = {name for name, _ in self.step_functions}
+            phases = self.clock.finish(now, self.first_step_of(function, steps),
+                                       final=found != Found.LARGEST_INPUTS)
+            with self._lock:
+                self.report.phases = phases
+            self.write()
+            self._run(self.on_first_step)
+        if found != Found.LARGEST_INPUTS:
+            self._end_init()
+
+    def _end_init(self) -> None:
+        """Init is over: the `after_first_step` bookkeeping runs, once. After a guessed
+        first step it waits for a better-founded one, or the end of the process (`close`):
+        a later function with larger inputs would still replace the guess."""
         with self._lock:
-            detected = self.report.first_step_from not in (None, "trainer")
-            if self.report.time_to_first_step_s is not None and \
-                    not (detected and source == "trainer"):
+            if self._init_ended or self.report.time_to_first_step_s is None:
                 return
-            first = self.report.time_to_first_step_s is None
-            now = time.time()
-            self.report.time_to_first_step_s = now - self.start_time
-            self.report.first_step_from = source
-            steps = {name for name, _ in self.step_functions}
-        phases = self.clock.finish(now, self.first_step_of(source, steps))
-        with self._lock:
-            self.report.phases = phases
-        self.write()
-        if not first:
-            return
-        for callback in self.after_first_step:
+            self._init_ended = True
+        self.clock.stop()
+        self._run(self.after_first_step)
+
+    def _run(self, callbacks: list[Callable[[InitReport], None]]) -> None:
+        for callback in callbacks:
             try:
                 callback(self.report)
             except OSError as exc:  # bookkeeping must never stop training
                 log.warning("after the first step: %s", exc)
 
-    def first_step_of(self, source: str, steps: set[str]) -> set[str] | None:
+    def close(self) -> Path | None:
+        """At the end of the process: stop waiting for first executions (a watcher still
+        inside JAX when the interpreter ends would abort the process), end init if only a
+        guess found the first step, and write the report."""
+        self._closing.set()
+        for watcher in self._watchers:
+            watcher.join(timeout=WATCHER_JOIN_S)
+        self._end_init()
+        return self.write()
+
+    def first_step_of(self, function: str | None, steps: set[str]) -> set[str] | None:
         """The functions whose compile or load ends before the first step: the one whose
         first execution was detected, else the prewarmed steps (every function when none
         is known); None for a job that runs no step (prewarm, verify)."""
         if self.report.job != TRAIN:
             return None
-        detected = source.removeprefix("the first execution of ")
-        return {detected} if detected != source else steps
+        return {function} if function is not None else steps
 
     def write(self) -> Path | None:
         """Write the report; not before the process knows its index (a wrapped trainer that

@@ -42,6 +42,21 @@ def is_hit(match: re.Match[str]) -> bool:
     return match.group(1).startswith("Persistent")
 
 
+_ARRAY = re.compile(r"\w+(?:<\w+>)?\[(?P<dims>[\d, ]*)\]")
+
+
+def input_elements(avals: str) -> int:
+    """The number of elements of a function's inputs, from the `LOWERING` line's global
+    shapes and types (`(ShapedArray(float32[4,64]), ShapedArray(key<fry>[]))`)."""
+    total = 0
+    for match in _ARRAY.finditer(avals):
+        count = 1
+        for dim in filter(None, match["dims"].replace(" ", "").split(",")):
+            count *= int(dim)
+        total += count
+    return total
+
+
 # A level no record has: the records of a silenced thread reach no handler.
 SILENT = logging.CRITICAL + 1
 

@@ -7,8 +7,10 @@ adapter's JAX knowledge (`launcher.jaxkey.components`: the components and their 
 
 from __future__ import annotations
 
+from launcher.environment import is_remote
 from launcher.jaxkey.components import differing_components, likely_causes
 from launcher.jaxkey.globalopts import differences
+from launcher.store.entries import entry_path
 from launcher.store.manifest import ManifestEntry
 
 
@@ -16,7 +18,8 @@ def explain_miss(function: str, components: dict[str, str],
                  manifest: dict[str, ManifestEntry], *, run: str | None = None,
                  process_count: int | None = None, signature: str | None = None,
                  global_options: dict[str, str] | None = None, job: str = "run",
-                 max_size: int = -1, xla_flags: str | None = None) -> list[str]:
+                 max_size: int = -1, xla_flags: str | None = None,
+                 cache_dir: str | None = None, looked_in: str | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
@@ -27,7 +30,9 @@ def explain_miss(function: str, components: dict[str, str],
     (`max_size`), an entry the manifest lists that is gone is most likely JAX's own LRU
     eviction, and is named as that. An entry prewarmed through a mock of the layout on one
     node says so, and with this job's `xla_flags` (XLA_FLAGS) a difference in the XLA flags
-    names the flags."""
+    names the flags. A process that looked its entries up in another dir (`looked_in`, a
+    trainer's own under cache.enforce off) than the manifest's (`cache_dir`) is told where
+    the entry is, when it is there."""
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -53,6 +58,10 @@ def explain_miss(function: str, components: dict[str, str],
                                        -e.created))
     lines = [component_line(component, closest, xla_flags) for component
              in differing_components(closest.components, components)]
+    if not lines and cache_dir is not None and looked_in not in (None, cache_dir) and \
+            not is_remote(cache_dir) and entry_path(cache_dir, closest.key).exists():
+        return [f"the manifest lists {closest.key} and its entry is in {cache_dir}, but this "
+                f"process looked it up in {looked_in}"]
     if not lines and max_size > 0:
         return [f"the manifest lists {closest.key} but its cache entry is gone: with "
                 f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "

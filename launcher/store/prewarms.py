@@ -64,14 +64,14 @@ def record_prewarm(cache_dir: str | Path, record: PrewarmRecord) -> None:
         _write(cache_dir, records)
 
 
-def forget_prewarms(cache_dir: str | Path, key: str, why: str) -> None:
-    """Drop every record that promised the entry `key`: a job missed it anyway."""
+def forget_prewarm(cache_dir: str | Path, digest: str, key: str, why: str) -> None:
+    """Drop the record of fingerprint `digest` when it promised the entry `key`: a job
+    launched with that very fingerprint missed it anyway."""
     with locked(str(prewarms_path(cache_dir)) + ".lock", "prewarm records"):
         records = read_prewarms(cache_dir)
-        stale = [digest for digest, record in records.items() if key in record.keys]
-        if not stale:
+        record = records.get(digest)
+        if record is None or key not in record.keys:
             return
-        for digest in stale:
-            del records[digest]
+        del records[digest]
         _write(cache_dir, records)
-    log.warning("%s; the next launch runs its prewarm again", why)
+    log.warning("%s; the next launch with its fingerprint runs its prewarm again", why)

@@ -1,7 +1,8 @@
 """The cache's usage log, `jaxwarm-usage.jsonl`: who looked up, hit or wrote which key.
 
-Append-only, one JSON line per job's process 0 after its first step, and one per entry
-jaxwarm quarantined or pruned, or fully checked when nobody had recorded it. It is what
+Append-only, one JSON line per job's process 0 once its init is over (after its first step;
+at its exit when the first step was only guessed), and one per entry jaxwarm quarantined,
+pruned, or (a prewarm) fully checked, and one per entry a job missed. It is what
 `jaxwarm cache ls` shows as "made by / used by",
 what prune reads as a last use, and where `cache verify` finds the checksum of an entry a
 job (not a prewarm) wrote.
@@ -10,14 +11,13 @@ job (not a prewarm) wrote.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, ConfigError
-from launcher.files import locked, modes_in, writing
+from launcher.config import Config
+from launcher.files import append_line, locked, modes_in
 from launcher.records import (
     EntryChecked,
     EntryMissed,
@@ -27,6 +27,7 @@ from launcher.records import (
     UsedFunction,
     dumps,
     parse_usage_line,
+    read_lines,
     to_json,
 )
 
@@ -56,15 +57,7 @@ def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
     path = usage_path(cache_dir)
     line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, modes_in(path.parent)[0])
-        try:
-            end = os.fstat(fd).st_size
-            if end and os.pread(fd, 1, end - 1) != b"\n":
-                line = "\n" + line
-            with writing(path, "a record to the cache's usage log"):
-                os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(path, line, modes_in(path.parent)[0], "a record to the cache's usage log")
 
 
 def job_usage(config: Config, report: InitReport) -> JobUsage:
@@ -79,31 +72,12 @@ def job_usage(config: Config, report: InitReport) -> JobUsage:
                    for record in report.functions if record.key is not None])
 
 
-_skipped: set[str] = set()
-
-
 def read_usage(cache_dir: str | Path,
                keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
-    """The usage log in order. A line that is not a usage record (a torn last line of a job
-    killed mid-write, a line from another tool) is skipped with one log line naming the
-    file and line. With `keep`, only the lines it accepts are parsed: a warm check of one
-    key must not pay for parsing a log with one line per job ever run."""
-    path = usage_path(cache_dir)
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for number, line in enumerate(lines, 1):
-        if keep is not None and not keep(line):
-            continue
-        try:
-            records.append(parse_usage_line(line, f"{path}:{number}"))
-        except ConfigError as exc:
-            if str(exc) not in _skipped:  # one command reads the log more than once
-                _skipped.add(str(exc))
-                log.warning("skipping %s", exc)
-    return records
+    """The usage log in order; a line that is not a usage record is skipped with one log
+    line (`records.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
+    check of one key must not pay for parsing a log with one line per job ever run."""
+    return read_lines(usage_path(cache_dir), parse_usage_line, keep)
 
 
 def records_entry(key: str) -> Callable[[str], bool]:

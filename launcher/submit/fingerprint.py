@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import platform
-import sys
 import sysconfig
 from importlib.metadata import distributions, version
 from pathlib import Path
@@ -40,7 +37,7 @@ from typing import Any
 from launcher.config import Config
 from launcher.environment import job_environment
 from launcher.records import Fingerprint
-from launcher.submit.jobs import job_import_path, parse_source
+from launcher.submit.jobs import find_module, job_import_path, parse_source
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
 RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
@@ -105,22 +102,6 @@ def _library_dirs() -> list[Path]:
     paths = sysconfig.get_paths()
     return [Path(paths[name]).resolve() for name in ("stdlib", "platstdlib", "purelib",
                                                      "platlib") if name in paths]
-
-
-def find_module(name: str) -> importlib.machinery.ModuleSpec | None:
-    """Where a module is, found without importing it or its parent packages."""
-    parts = name.split(".")
-    try:
-        found = importlib.util.find_spec(parts[0]) if parts[0] not in sys.modules else \
-            getattr(sys.modules[parts[0]], "__spec__", None)
-        for depth in range(1, len(parts)):
-            if found is None or found.submodule_search_locations is None:
-                return None
-            found = importlib.machinery.PathFinder.find_spec(
-                ".".join(parts[:depth + 1]), list(found.submodule_search_locations))
-    except (ImportError, ValueError):
-        return None
-    return found
 
 
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:

@@ -106,21 +106,28 @@ def check_modules(config: Config) -> None:
 
 def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleSpec:
     """Where `module` is, found without importing it or its parent packages."""
-    parts = module.split(".")
-    try:
-        found = importlib.util.find_spec(parts[0])
-        for depth in range(1, len(parts)):
-            if found is None or found.submodule_search_locations is None:
-                found = None
-                break
-            found = find_submodule(".".join(parts[:depth + 1]),
-                                   list(found.submodule_search_locations))
-    except (ImportError, ValueError):
-        found = None
+    found = find_module(module)
     if found is None:
         where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
         raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
                           f"(is it installed in {sys.executable}{where}?)")
+    return found
+
+
+def find_module(name: str) -> importlib.machinery.ModuleSpec | None:
+    """Where a module is, found without importing it or its parent packages (a top-level
+    package already imported is taken as it is); None when it is not found."""
+    parts = name.split(".")
+    try:
+        found = importlib.util.find_spec(parts[0]) if parts[0] not in sys.modules else \
+            getattr(sys.modules[parts[0]], "__spec__", None)
+        for depth in range(1, len(parts)):
+            if found is None or found.submodule_search_locations is None:
+                return None
+            found = find_submodule(".".join(parts[:depth + 1]),
+                                   list(found.submodule_search_locations))
+    except (ImportError, ValueError):
+        return None
     return found
 
 

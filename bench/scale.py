@@ -7,12 +7,12 @@ processes of one CPU device each (a 64-device mesh, data 8 x fsdp 8), through th
 - `cold`: prewarm (every rank compiles) then train 1 step;
 - `warm`: the same command again, 2 steps: the prewarm finds every function WARM and the
   training job resumes from step 1 and loads the step (process 0; on CPU only it can hit);
-- `requeue`: 400 steps, and once the training job logged 2 steps past its start, SIGTERM
+- `requeue`: 40 steps, and once the training job logged 2 steps past its start, SIGTERM
   to the launcher (locally; on SLURM `scancel --signal=USR2`, SLURM's warning): every rank
   checkpoints and stops, and the job is requeued (SLURM) or the launch ends with 143;
 - `resume`: the same command resumes from that checkpoint and finishes (locally; on SLURM
   the requeued job does it by itself, and this phase waits for it);
-- `kill-train`: 400 more steps, and `kill -9` of one rank's trainer once it built its step:
+- `kill-train`: 40 more steps, and `kill -9` of one rank's trainer once it built its step:
   the time until every process of the job has ended, and the one line;
 - `kill-prewarm`: a cold prewarm into a second cache, `kill -9` of one rank while it
   compiles; then `relaunch`: the next launch (prewarm and train) works.
@@ -154,21 +154,27 @@ class Scale:
         phase.rank_wait_max_s = max((r.get("ranks_wait_s", 0.0) for r in reports), default=None)
 
     def kill_when(self, job: str, marker: str):
-        """A `during` that SIGKILLs rank KILLED_RANK's job process once its log shows
-        `marker`, then times how long until no process of the run is left."""
+        """A `during` that SIGKILLs rank KILLED_RANK's job process once its log of this
+        launch shows `marker`, then times how long until no process of the run is left."""
+        command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
+
+        def victims() -> list[int]:
+            return [pid for pid, (rank, line) in run_processes(self.run_dir).items()
+                    if rank == KILLED_RANK and command in line and "supervise" not in line
+                    and "submitit" not in line]
+
         def during(process: subprocess.Popen[str], phase: Phase) -> None:
-            log = self.job_log(job, KILLED_RANK)
-            while process.poll() is None and not (
-                    log is not None and log.exists() and marker in log.read_text(errors="replace")):
+            started = time.time()
+            while process.poll() is None:
+                log = self.job_log(job, KILLED_RANK)
+                if log is not None and log.exists() and log.stat().st_mtime >= started and \
+                        marker in log.read_text(errors="replace") and victims():
+                    break
                 time.sleep(0.5)
-                log = log or self.job_log(job, KILLED_RANK)
-            command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
-            victims = [pid for pid, (rank, line) in run_processes(self.run_dir).items()
-                       if rank == KILLED_RANK and command in line and "supervise" not in line
-                       and "submitit" not in line]
-            if not victims:
+            found = victims()
+            if not found:
                 return
-            os.kill(victims[0], signal.SIGKILL)
+            os.kill(found[0], signal.SIGKILL)
             killed = time.monotonic()
             while run_processes(self.run_dir) and time.monotonic() - killed < 1800:
                 time.sleep(0.2)
@@ -210,18 +216,18 @@ class Scale:
         if "warm" in wanted:
             phases.append(self.phase("warm", self.launch_argv(cache, "train.steps=2")))
         if "requeue" in wanted:
-            phases.append(self.phase("requeue", self.launch_argv(cache, "train.steps=400"),
+            phases.append(self.phase("requeue", self.launch_argv(cache, "train.steps=40"),
                                      self.requeue_after(2)))
         if "resume" in wanted and not self.args.slurm:
-            phases.append(self.phase("resume", self.launch_argv(cache, "train.steps=400")))
+            phases.append(self.phase("resume", self.launch_argv(cache, "train.steps=40")))
         if "kill-train" in wanted:
-            phases.append(self.phase("kill-train", self.launch_argv(cache, "train.steps=800"),
+            phases.append(self.phase("kill-train", self.launch_argv(cache, "train.steps=80"),
                                      self.kill_when("train", "chunkwise step:")))
         if "kill-prewarm" in wanted:
             cold = self.work / "cache-killed"
-            phases.append(self.phase("kill-prewarm", self.launch_argv(cold, "train.steps=801"),
+            phases.append(self.phase("kill-prewarm", self.launch_argv(cold, "train.steps=81"),
                                      self.kill_when("prewarm", "COLD  train_step")))
-            phases.append(self.phase("relaunch", self.launch_argv(cold, "train.steps=801")))
+            phases.append(self.phase("relaunch", self.launch_argv(cold, "train.steps=81")))
         return phases
 
 

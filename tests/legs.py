@@ -25,9 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENVS = REPO / ".venvs"
 PYENV_ROOT = Path.home() / ".pyenv"
-# Prints the interpreter's (major, minor), and fails where it cannot make a venv (Debian's
+# Prints the interpreter's (major, minor) and its real executable (a pyenv shim names another
+# file depending on the caller's PATH), and fails where it cannot make a venv (Debian's
 # python3.X without python3.X-venv).
-VERSION_WITH_VENV = "import sys, venv; print(sys.version_info[:2])"
+VERSION_WITH_VENV = ("import os, sys, venv; print(sys.version_info[:2]); "
+                     "print(os.path.realpath(sys.executable))")
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,9 @@ LEGS: tuple[Leg, ...] = (
 
 
 def find_python(minor: str) -> Path | None:
-    """An interpreter of this minor version: on PATH, or installed by pyenv. Each candidate
-    is run once, since a pyenv shim on PATH exists whether or not its version does."""
+    """An interpreter of this minor version: on PATH, or installed by pyenv; its real path, so
+    the leg's stamp names the same file whoever asks. Each candidate is run once, since a
+    pyenv shim on PATH exists whether or not its version does."""
     candidates = [shutil.which(f"python{minor}"),
                   *sorted(map(str, PYENV_ROOT.glob(f"versions/{minor}.*/bin/python{minor}"))),
                   f"/usr/bin/python{minor}", f"/usr/local/bin/python{minor}"]
@@ -72,8 +75,9 @@ def find_python(minor: str) -> Path | None:
                                    text=True, timeout=30)
         except OSError:
             continue
-        if found.returncode == 0 and found.stdout.strip() == wanted:
-            return Path(candidate)
+        version, _, executable = found.stdout.strip().partition("\n")
+        if found.returncode == 0 and version == wanted:
+            return Path(executable)
     return None
 
 

@@ -16,9 +16,10 @@ demo: $(STAMP)
 	$(VENV)/bin/jaxwarm launch configs/demo.yaml --local
 
 # One venv per tested jax beyond the main venv's (tests/legs.py), under .venvs/; a jax
-# whose Python is not installed is skipped (and the tests say so).
-legs: $(STAMP)
-	$(VENV)/bin/python -m tests.legs build
+# whose Python is not installed is skipped (and the tests say so). tests/legs.py needs no
+# more than the standard library, so the legs build beside .venv (`make test`).
+legs:
+	$(PYTHON) -m tests.legs build
 
 # The fast tier (under a minute): lint and import order (ruff), the types of the public
 # modules (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
@@ -27,19 +28,22 @@ check: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slurm"
 
-# The whole suite, every tested jax included; tests that need SLURM start the project's own
-# dev cluster.
-test: $(STAMP) legs
-	$(VENV)/bin/python -m pytest -q
+# The whole suite, every tested jax included, on TEST_WORKERS parallel pytest-xdist workers
+# (tests/conftest.py: which tests share a worker, and the order work is handed out in);
+# tests that need SLURM start the project's own dev cluster. .venv and the legs are built
+# side by side first.
+TEST_WORKERS ?= 3
+test:
+	$(MAKE) --no-print-directory -j2 $(STAMP) legs
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.
-matrix: legs
+matrix: $(STAMP) legs
 	$(VENV)/bin/python -m pytest -q tests/test_jax_versions.py
 
 # MaxText from PyPI, unchanged, wrapped by examples/maxtext: builds (or reuses) .venvs/maxtext
 # (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test, a HIT on 1 and 2
-# processes. Not part of `make test`, where tests/test_maxtext.py skips while the venv is
-# not built; .ci/run runs it after `make test`.
+# processes; `make test` builds the same venv with the legs and runs the same test.
 maxtext: $(STAMP)
 	$(VENV)/bin/python -m tests.legs build maxtext
 	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

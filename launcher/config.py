@@ -160,6 +160,10 @@ class TrainConfig:
     checkpoint_every: NonNegativeInt = 0
     seed: NonNegativeInt = 0
     log_every: PositiveInt = 1
+    # Seconds the reference trainer sleeps after dispatching each step, as a GPU job's host
+    # waits on its device: on CPU a job meant to run for minutes until a signal (a time-limit
+    # requeue, a preemption) then leaves the cores to others instead of spinning on them.
+    step_pause_s: NonNegativeFloat = 0.0
     # Stop a training job whose first step has not come this long after it started (local
     # runner; the job's process 0 report marks the first step). None: wait as long as it takes.
     first_step_timeout_s: PositiveFloat | None = None

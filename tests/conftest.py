@@ -1,4 +1,22 @@
-"""Shared fixtures: run the real `jaxwarm` CLI in a subprocess against temp dirs."""
+"""Shared fixtures: run the real `jaxwarm` CLI in a subprocess against temp dirs; and how
+`make test` spreads the suite over parallel workers (pytest-xdist, `--dist loadgroup`).
+
+Most end-to-end tests wait on subprocesses (JAX start-up, a SLURM queue), so a few workers on
+a 2-core machine overlap one test's waiting with another's compiling. Three rules keep that
+sound; a new test follows them by being marked like its neighbours:
+
+- Tests marked `slurm` share the one dev cluster (4 nodes): they run on one worker, in file
+  order (xdist group `slurm`), so two tests never compete for its nodes.
+- A module-scoped fixture exists to run something once for several tests: the tests that use
+  one (per parameter) run on one worker, so it does run once (group `<file>::<fixture>[...]`).
+  A fixture that is cheap to repeat should be function-scoped.
+- The longest work is handed out first (the SLURM group, then the shared-fixture groups and
+  `slow` tests, then other `e2e` tests, then the pure ones), so the workers end together
+  instead of one starting a long test at the end.
+
+Without xdist (`make check`, a plain `pytest`) the groups mean nothing and only the order
+applies; no test depends on the order of the others.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from bench.common import TINY_STEP
 
@@ -32,5 +51,51 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
 
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache dir for tests that only need a warm step, so each compiles it once."""
-    return tmp_path_factory.mktemp("shared-cache")
+    """One cache dir for tests that only need a warm step, so the step is compiled once per
+    run, not once per test. Under xdist every worker gets the same dir (beside the workers'
+    own temp dirs): jaxwarm's cache store is safe for concurrent jobs."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    with FileLock(str(root / "shared-cache.lock")):
+        cache = root / "shared-cache"
+        cache.mkdir(exist_ok=True)
+    return cache
+
+
+SLURM_GROUP = "slurm"
+# The order work is handed out in, first to last.
+FIRST, SHARED, SLOW, E2E, PURE = range(5)
+
+
+def module_fixture_group(item: pytest.Item) -> str | None:
+    """`<file>::<fixtures>[<params>]`: the module-scoped fixtures this test uses that its own
+    file defines, with their parameters (one group per fixture instance); None if none."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    here = item.nodeid.split("::")[0]
+    names = sorted(name for name, defs in info.name2fixturedefs.items()
+                   if any(d.scope == "module" and d.baseid == here for d in defs))
+    if not names:
+        return None
+    indices = getattr(getattr(item, "callspec", None), "indices", {})
+    params = ",".join(f"{name}={indices[name]}" for name in names if name in indices)
+    return f"{here}::{','.join(names)}" + (f"[{params}]" if params else "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group and order the tests for xdist's `loadgroup` scheduling (module docstring)."""
+    rank: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            group, order = SLURM_GROUP, FIRST
+        elif (group := module_fixture_group(item)) is not None:
+            order = SHARED
+        else:
+            order = SLOW if item.get_closest_marker("slow") else \
+                E2E if item.get_closest_marker("e2e") else PURE
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        rank[item.nodeid] = order
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: file order within a rank

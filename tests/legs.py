@@ -1,7 +1,8 @@
 """The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`,
 and the venv of a real third-party trainer (MaxText), built the same way.
 
-    python -m tests.legs build           # what `make legs` runs: make (or reuse) every leg's venv
+    python -m tests.legs build           # what `make legs` (and so `make test`) runs: make
+                                         # (or reuse) every venv, MaxText's included, side by side
     python -m tests.legs build maxtext   # what `make maxtext` runs first: .venvs/maxtext
 
 A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
@@ -14,19 +15,24 @@ Importing this module does not import jax.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENVS = REPO / ".venvs"
 PYENV_ROOT = Path.home() / ".pyenv"
-# Prints the interpreter's (major, minor), and fails where it cannot make a venv (Debian's
+# Prints the interpreter's (major, minor) and its real executable (a pyenv shim names another
+# file depending on the caller's PATH), and fails where it cannot make a venv (Debian's
 # python3.X without python3.X-venv).
-VERSION_WITH_VENV = "import sys, venv; print(sys.version_info[:2])"
+VERSION_WITH_VENV = ("import os, sys, venv; print(sys.version_info[:2]); "
+                     "print(os.path.realpath(sys.executable))")
 
 
 @dataclass(frozen=True)
@@ -64,15 +70,17 @@ LEGS: tuple[Leg, ...] = (
     Leg("0.12.0.1", ("3.13", "3.12")),
 )
 # MaxText (examples/maxtext), unchanged from PyPI, with the CPU set of packages it needs
-# (it declares none without an extra); `make maxtext`, not `make legs`.
+# (it declares none without an extra); `make legs` builds it beside the jax legs, `make maxtext`
+# builds it alone.
 MAXTEXT = Leg("0.12.0.1", ("3.12", "3.13"), name="maxtext",
               requirements=REPO / "examples" / "maxtext" / "requirements.txt")
 EXTRA = {MAXTEXT.name: MAXTEXT}
 
 
 def find_python(minor: str) -> Path | None:
-    """An interpreter of this minor version: on PATH, or installed by pyenv. Each candidate
-    is run once, since a pyenv shim on PATH exists whether or not its version does."""
+    """An interpreter of this minor version: on PATH, or installed by pyenv; its real path, so
+    the leg's stamp names the same file whoever asks. Each candidate is run once, since a
+    pyenv shim on PATH exists whether or not its version does."""
     candidates = [shutil.which(f"python{minor}"),
                   *sorted(map(str, PYENV_ROOT.glob(f"versions/{minor}.*/bin/python{minor}"))),
                   f"/usr/bin/python{minor}", f"/usr/local/bin/python{minor}"]
@@ -83,8 +91,9 @@ def find_python(minor: str) -> Path | None:
                                    text=True, timeout=30)
         except OSError:
             continue
-        if found.returncode == 0 and found.stdout.strip() == wanted:
-            return Path(candidate)
+        version, _, executable = found.stdout.strip().partition("\n")
+        if found.returncode == 0 and version == wanted:
+            return Path(executable)
     return None
 
 
@@ -98,10 +107,21 @@ def leg_python(leg: Leg) -> tuple[Path | None, str]:
                   f"untested here")
 
 
+def install_inputs() -> str:
+    """What of pyproject.toml a leg's `pip install -e .` reads: the build system, the project
+    without its extras (a leg installs none), the package finding and data. Lint, type and
+    test settings, and the extras, change nothing in a leg, so changing them rebuilds none."""
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = {k: v for k, v in data["project"].items() if k != "optional-dependencies"}
+    setuptools = data.get("tool", {}).get("setuptools", {})
+    return json.dumps({"build-system": data.get("build-system"), "project": project,
+                       "setuptools": setuptools}, sort_keys=True, indent=1)
+
+
 def stamp_text(leg: Leg, python: Path) -> str:
     """What the venv was built from; a different text rebuilds it."""
     pinned = leg.requirements.read_text() if leg.requirements is not None else ""
-    return "\n".join([str(python), *leg.pins, (REPO / "pyproject.toml").read_text(), pinned])
+    return "\n".join([str(python), *leg.pins, install_inputs(), pinned])
 
 
 def ready(leg: Leg) -> bool:
@@ -127,17 +147,28 @@ def build(leg: Leg) -> str:
             f"{time.monotonic() - start:.0f} s")
 
 
+def build_or_say(leg: Leg) -> bool:
+    """Build one leg and print what happened; False when it could not be built."""
+    try:
+        print(f"legs: {leg.label}: {build(leg)}", flush=True)
+        return True
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"legs: {leg.label}: could not build {leg.venv}: {exc}", file=sys.stderr)
+        return False
+
+
 def main(argv: list[str]) -> int:
     if argv[1:2] != ["build"] or len(argv) > 3 or not set(argv[2:]) <= set(EXTRA):
         print(f"usage: python -m tests.legs build [{' | '.join(EXTRA)}]", file=sys.stderr)
         return 2
-    for leg in [EXTRA[argv[2]]] if argv[2:] else LEGS:
-        try:
-            print(f"legs: {leg.label}: {build(leg)}", flush=True)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            print(f"legs: {leg.label}: could not build {leg.venv}: {exc}", file=sys.stderr)
-            return 1
-    return 0
+    if argv[2:]:
+        return 0 if build_or_say(EXTRA[argv[2]]) else 1
+    # Side by side: an install is part unpacking, part byte-compiling, part waiting on disk,
+    # so the legs together take less than one after the other, even on 2 cores.
+    every = (*LEGS, *EXTRA.values())
+    with ThreadPoolExecutor(max_workers=len(every)) as pool:
+        built = list(pool.map(build_or_say, every))
+    return 0 if all(built) else 1
 
 
 if __name__ == "__main__":

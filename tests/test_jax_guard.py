@@ -30,8 +30,9 @@ ONE_LINE = (f"jaxwarm: error: jax {UNTESTED} is outside jaxwarm's tested range, 
             f"0.12.x (tested on 0.8.3, 0.10.2, 0.11.2, 0.12.0.1)")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def untested_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    # Function-scoped: cheap to repeat, so its tests spread over the workers (conftest.py).
     site = tmp_path_factory.mktemp("untested-jax")
     for name in ("jax", "jaxlib"):
         info = site / f"{name}-{UNTESTED}.dist-info"

@@ -18,7 +18,10 @@ from tests.conftest import DEMO, REPO, run_cli
 pytestmark = pytest.mark.e2e
 
 
-STEPS = 40
+STEPS = 16
+# The interrupted run pauses after each step (train.step_pause_s), so the SIGTERM sent at
+# step 3 meets a trainer that is seconds from its end however loaded the machine is.
+PAUSED = "train.step_pause_s=0.5"
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -51,7 +54,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
 
     run_dir = tmp_path / "run" / "demo"
     launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli",
-                                 *launch_args(tmp_path / "run", shared_cache)],
+                                 *launch_args(tmp_path / "run", shared_cache, PAUSED)],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
     # The event: process 0 logged step 3 (the launcher echoes its lines as they come); the

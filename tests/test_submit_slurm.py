@@ -46,6 +46,13 @@ def step_hit(report: dict) -> bool:
     return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
 
 
+# A training job that runs until a signal stops it. A step of the demo's 2 processes costs
+# about 0.6 s of CPU (their collectives spin); a pause after each step (train.step_pause_s)
+# keeps the job from holding both cores for the minutes it waits. Every 2 steps (under 10 s)
+# its processes agree whether to stop, well inside SLURM's KillWait of 30 s.
+UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -131,7 +138,7 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
 
 
 def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:
-    first = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=1000000"))
+    first = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
@@ -146,11 +153,11 @@ def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Pat
 
 
 def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
-    # The warning is due 60 s after start; SLURM checks limits every ~30 s, so it comes 30-60 s
-    # in. One requeue allowed: the restart resumes, gets the warning again, checkpoints, ends.
+    # SLURM rounds the limit up to whole minutes (3), so the warning is due 90 s after start;
+    # it checks limits every ~30 s, so the warning comes 90-120 s in. One requeue allowed:
+    # the restart resumes, gets the warning again, checkpoints, ends.
     result = run_cli("launch", *args_for(tmp_path, "slurm.time=00:02:30", "slurm.signal_lead_s=90",
-                                         "slurm.max_requeues=1", "train.steps=1000000",
-                                         "train.log_every=20"))
+                                         "slurm.max_requeues=1", *UNTIL_STOPPED))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
@@ -170,8 +177,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
 
 def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
         tmp_path: Path) -> None:
-    result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=1000000",
-                                         "train.log_every=5"))
+    result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     job_id = read_jobs(run_dir)[-1].job_id
@@ -180,7 +186,15 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
              "the first training steps")
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     restart_report = report_path(run_dir, "train", 1, 0)
-    wait_for(lambda: restart_report.exists(), 240, "the restart's init report")
+
+    def restart_looked_up_the_step() -> bool:
+        # The report is first written when a first execution is only guessed (the largest
+        # inputs so far: the init state's), before the step's own lookup is in it.
+        return restart_report.exists() and any(
+            fn["name"] == "jit_train_step"
+            for fn in json.loads(restart_report.read_text())["functions"])
+
+    wait_for(restart_looked_up_the_step, 240, "the restart's lookup of the train step")
     subprocess.run(["scancel", job_id], check=True)
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert restart["environment"] == first["environment"]

@@ -23,7 +23,7 @@ RUN = "jsp-example"
 DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
     """jsp-train as an installed console script: the dist-info an installer writes (its entry
     points from the example's pyproject), on a PYTHONPATH that also holds the adapter."""

@@ -14,6 +14,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,8 @@ def train(config: Config, stop: StopRequest) -> int:
             return 0
         if config.train.checkpoint_every and done % config.train.checkpoint_every == 0:
             checkpoint.save(root, state, done, config)
+        if config.train.step_pause_s:
+            time.sleep(config.train.step_pause_s)
     if checkpoint.latest_step(root) != config.train.steps:
         checkpoint.save(root, state, config.train.steps, config)
     log.info("training done: %d steps", config.train.steps)

@@ -446,8 +446,10 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = "process" if len(others) == 1 else "processes"
-        lines.append(f"{which} {ranges(others)}: no hits; on CPU JAX hashes each process's "
-                     f"local devices into the key, so only process 0 can hit")
+        why = "on CPU JAX hashes each process's local devices into the key, so only " \
+              "process 0 can hit" if attempt[0].environment.get("JAX_PLATFORMS") == "cpu" else \
+            "they share process 0's keys here, so their rows below say why they missed"
+        lines.append(f"{which} {ranges(others)}: no hits; {why}")
     lines += budget_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
     if len(lines) > HEADLINE_LINES:
         more = len(lines) - HEADLINE_LINES + 1

@@ -82,6 +82,14 @@ def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> N
     assert len(lines) == 4
 
 
+def test_on_gpu_ranks_without_hits_are_not_explained_by_cpu_keys() -> None:
+    reports = [dataclasses.replace(r, environment={**r.environment, "JAX_PLATFORMS": "cuda"})
+               for r in load_reports(RUN)]
+    lines = summarize(reports, read_manifest(CACHE), "demo")
+    assert lines[1] == ("process 1: no hits; they share process 0's keys here, so their rows "
+                        "below say why they missed")
+
+
 def test_a_miss_is_explained_by_the_component_that_differs() -> None:
     reports = load_reports(RUN)
     train = next(r for r in reports if (r.job, r.process_index) == ("train", 0))

@@ -281,15 +281,13 @@ def _warm_or_cold(report: InitReport, targets: Targets) -> str:
 def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
     """One row (or bar) per job attempt and outcome: its label and the median seconds per
     phase of the processes that hit and missed the same prewarmed functions."""
-    groups: dict[tuple, list[InitReport]] = {}
-    for report in reports:
-        if not report.phases:
-            continue
-        outcome = tuple(sorted((fn.name, fn.hit) for fn in report.functions
-                               if fn in targets or fn.hit))
-        groups.setdefault((report.job, report.restart_count, outcome), []).append(report)
+    def outcome(report: InitReport) -> Hashable:
+        return tuple(sorted((fn.name, fn.hit) for fn in report.functions
+                            if fn in targets or fn.hit))
+
     bars = []
-    for (job, restart, _), members in groups.items():
+    for members in fold([r for r in reports if r.phases], outcome, show_all=False):
+        job, restart = members[0].job, members[0].restart_count
         who = _processes([r.process_index for r in members])
         state = _warm_or_cold(members[0], targets)
         totals = [phase_totals(r) for r in members]

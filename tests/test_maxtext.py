@@ -40,8 +40,8 @@ def leg() -> Leg:
     if python is None:
         pytest.skip(why)
     if not ready(MAXTEXT):
-        pytest.skip(f"{MAXTEXT.venv} is not built (or stale): `make test` (or `make maxtext`) "
-                    f"builds it and runs this test")
+        pytest.skip(f"{MAXTEXT.venv} is not built (or stale): `make maxtext` builds it and "
+                    f"runs this test")
     return MAXTEXT
 
 

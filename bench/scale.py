@@ -105,7 +105,8 @@ class Scale:
             f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *TINY_STEP,
             "run.name=scale", f"run.out_dir={self.work / 'runs'}",
             f"ranks.meet_timeout_s={MEET_TIMEOUT_S}", "train.checkpoint_every=0",
-            "slurm.time=04:00:00", "slurm.signal_lead_s=60", "slurm.max_requeues=1"]
+            "slurm.time=04:00:00", "slurm.signal_lead_s=60", "slurm.max_requeues=1",
+            *args.overrides]
         self.backend = "--slurm" if args.slurm else "--local"
 
     def launch_argv(self, cache: Path, *extra: str) -> list[str]:
@@ -231,6 +232,12 @@ class Scale:
         return phases
 
 
+def cluster(*layout: str) -> None:
+    """`scripts/slurm-dev-cluster start [NODES CPUS]` (no layout: the default one)."""
+    subprocess.run([str(REPO / "scripts" / "slurm-dev-cluster"), "start",
+                    *(layout or ("4", "2"))], check=True, stdout=subprocess.DEVNULL)
+
+
 def failure_line(output: str) -> str:
     """The launch's own line about how it ended (a failed job, a signal), if any."""
     lines = [line for line in output.splitlines() if line.startswith("jaxwarm: ") and (
@@ -261,14 +268,23 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/jaxwarm-scale", help="run dirs and caches")
     parser.add_argument("--phases", default="cold,warm,requeue,resume,kill-train,kill-prewarm")
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE",
+                        help="more config overrides for every launch")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    phases = Scale(args).run()
+    if args.slurm:  # grown for this run, back to the default layout after it
+        cluster(str(args.nodes), str(max(2, args.ranks // args.nodes)))
+    try:
+        phases = Scale(args).run()
+    finally:
+        if args.slurm:
+            cluster()
     print(render(phases, args))
     print(f"\nload average before: {load[0]:.1f}, after: {os.getloadavg()[0]:.1f}")
     if args.json:
         write_json(args.json, {"machine": machine(), "ranks": args.ranks, "nodes": args.nodes,
+                               "overrides": args.overrides,
                                "backend": "slurm" if args.slurm else "local",
                                "load_before": load, "load_after": os.getloadavg(),
                                "phases": [asdict(p) for p in phases]})

@@ -248,8 +248,11 @@ def agreement(ctx: Context) -> dict[str, Any]:
     work = ctx.work / "agreement"
     work.mkdir()
     figures = {mode: agree_cost.measure(mode, functions, work) for mode in ("meet", "agree")}
-    agree = figures["agree"]
-    per_function_s = (agree["before_lookup"] or 0.0) + (agree["after_compile"] or 0.0)
+    before, after = figures["agree"]["before_lookup"], figures["agree"]["after_compile"]
+    if before is None or after is None:  # no sample: the protocol never ran, nothing to claim
+        raise BenchError("agreement: the ranks' protocol recorded no time (did the 2 "
+                         "processes run jaxwarm's recorder?)")
+    per_function_s = before + after
     return {"platform": "cpu: 2 host processes", "functions": functions,
             "median_s": figures, "agree_per_function_ms": 1e3 * per_function_s,
             "under_50_ms": per_function_s < 0.05}

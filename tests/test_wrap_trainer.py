@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -169,7 +170,11 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
     line = next(line for line in shown.splitlines()
                 if line.startswith("time to first step on process 0"))
     assert f"cold {first['time_to_first_step_s']:.2f} s (0 of" in line, shown
-    assert f"warm {second['time_to_first_step_s']:.2f} s ({second['hits']} of" in line
+    # The line is written at the first step: a lookup still in flight then (counted, its
+    # hit not yet recorded) shows in the report's final figures only.
+    warm_hits = re.search(rf"warm {second['time_to_first_step_s']:.2f} s \((\d+) of", line)
+    assert warm_hits is not None, shown
+    assert 1 <= int(warm_hits[1]) <= second["hits"]
     assert "newest" in line.split("warm")[1]
 
 

@@ -31,7 +31,7 @@ import json, sys, time
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-address, count, index, mode, cache, functions = sys.argv[1:7]
+address, count, index, mode, cache, functions, platform = sys.argv[1:8]
 jax.distributed.initialize(address, int(count), int(index))
 spent = {"before_lookup": [], "after_compile": []}
 if mode == "none":
@@ -53,7 +53,8 @@ else:
     enable_cache(parse_config({
         "run": {"name": "agree", "out_dir": cache + "-runs"},
         "cache": {"dir": cache, "min_compile_time_secs": 0},
-        "topology": {"processes_per_node": int(count)}, "mesh": {"axes": {"d": int(count)}},
+        "topology": {"processes_per_node": int(count), "platform": platform},
+        "mesh": {"axes": {"d": int(count)}},
         "step": {"factory": "m:f"}, "entrypoint": {"command": ["t"]},
         "ranks": {"agree": mode == "agree", "meet_timeout_s": 600}}))
 mesh = Mesh(np.array(jax.devices()), ("d",))
@@ -69,13 +70,18 @@ print("RESULT " + json.dumps({"walls": walls, **spent}))
 MODES = ("none", "meet", "agree")
 
 
-def measure(mode: str, functions: int, work: Path) -> dict[str, float | None]:
+def measure(mode: str, functions: int, work: Path,
+            platform: str = "cpu") -> dict[str, float | None]:
+    """One mode's warm figures. On `platform="gpu"` (`bench.gpu_check`) the 2 processes share
+    the GPU there: nothing runs, so no communicator is built, and the ranks' keys are equal
+    (JAX hashes the GPU topology, not each process's devices), so the warm run hits."""
     cache = str(work / mode)
     samples: dict[str, list[float]] = {}
     for _ in ("cold", "warm"):  # the warm run's figures are kept
         samples = {"walls": [], "before_lookup": [], "after_compile": []}
         for proc in run_jax_processes(CHILD, processes=2, devices=1, timeout=900,
-                                      args=(mode, cache, str(functions))):
+                                      args=(mode, cache, str(functions), platform),
+                                      platform=platform):
             for name, values in result(proc).items():
                 samples[name] += values
     return {name: statistics.median(values) if values else None

@@ -250,8 +250,10 @@ _SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
 # marks, embeddings, overrides and isolates (RLO makes a line display other than it reads).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
                       "\u2066-\u2069]")
-# Variables the job environment owns: a user value would make prewarm and run disagree.
-_MANAGED_ENV = re.compile(r"JAX_.*|XLA_FLAGS|JAXWARM_.*")
+# Variables the job environment owns: a user value would make prewarm and run disagree. Not
+# JAX_LOCAL_DEVICE_IDS: which of a node's GPUs a process uses is not in the key
+# (launcher.injob.distributed sets it from the layout unless the config does).
+_MANAGED_ENV = re.compile(r"JAX_(?!LOCAL_DEVICE_IDS$).*|XLA_FLAGS|JAXWARM_.*")
 # Sections (by key prefix) whose numbers may be written where a string is expected.
 _STRINGLY = ("env.", "slurm.extra.")
 

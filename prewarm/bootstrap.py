@@ -35,7 +35,7 @@ def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]
     mesh and step. Prewarm, verify and the trainer all start here, so they lower the same
     program."""
     apply_mock(config)
-    initialize()
+    initialize(config.topology)
     require_devices(config)
     recorder = enable_cache(config, job=job)
     mesh, bundle = build_step(config)

@@ -19,11 +19,17 @@ REPO = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "RESULT "
 
 
-def jax_env(devices: int) -> dict[str, str]:
-    """The environment of a CPU-only child with `devices` fake devices and the repo importable."""
+def jax_env(devices: int, platform: str = "cpu") -> dict[str, str]:
+    """The environment of a child with the repo importable: on CPU, `devices` fake devices;
+    on GPU (`bench.gpu_check`), the GPUs there, with memory taken as needed so that several
+    children can share one GPU."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
+    if platform == "cpu":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["JAX_PLATFORMS"] = "cpu"
+    else:
+        env["JAX_PLATFORMS"] = "cuda"
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
@@ -41,8 +47,10 @@ def run_jax(code: str, devices: int, timeout: float = 300,
 
 
 def run_jax_processes(code: str, processes: int, devices: int, timeout: float = 300,
-                      args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess[str]]:
-    """Run `code` as a `processes`-process JAX job, each with `devices` fake devices.
+                      args: tuple[str, ...] = (),
+                      platform: str = "cpu") -> list[subprocess.CompletedProcess[str]]:
+    """Run `code` as a `processes`-process JAX job, each with `devices` fake devices (or, with
+    `platform="gpu"`, the GPUs there: see `jax_env`).
 
     Each child gets sys.argv[1:] = [coordinator address, process count, process id] for
     `jax.distributed.initialize`, then `args`. All are started before any is waited on,
@@ -51,7 +59,7 @@ def run_jax_processes(code: str, processes: int, devices: int, timeout: float = 
     address = f"localhost:{free_port()}"
     children = [subprocess.Popen([sys.executable, "-c", code, address, str(processes), str(i),
                                   *args],
-                                 env=jax_env(devices), cwd=REPO, text=True,
+                                 env=jax_env(devices, platform), cwd=REPO, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                 for i in range(processes)]
     results = []

@@ -8,26 +8,52 @@ own environment. A single-process job needs no coordinator.
 from __future__ import annotations
 
 import logging
+import os
 
+from launcher.config import ConfigError, TopologyConfig
 from launcher.injob.phases import timed_join
 from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.distributed")
 
+# JAX's own variable (jax >= 0.10) for the GPUs a process uses; jaxwarm reads it first too.
+LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
 
-def initialize() -> None:
+
+def local_device_ids(topology: TopologyConfig, place: Place) -> list[int] | None:
+    """The GPUs of this process on its node, by the layout: the `devices_per_process` after
+    those of the node's earlier processes. Left alone, JAX gives a detected cluster's process
+    one GPU, its local rank (SLURM_LOCALID, or the local runner's Open MPI variables), which
+    is wrong for 2 or more per process. `JAX_LOCAL_DEVICE_IDS` in the config's `env` wins
+    (e.g. "0": processes sharing one GPU, as `bench.gpu_check` runs them). None on CPU."""
+    given = os.environ.get(LOCAL_DEVICE_IDS)
+    if given:
+        try:
+            return [int(part) for part in given.split(",")]
+        except ValueError:
+            raise ConfigError(f"env: {LOCAL_DEVICE_IDS}={given!r}: expected GPU indices "
+                              f"separated by commas, e.g. 0,1") from None
+    if topology.platform != "gpu":
+        return None
+    first = place.local_rank * topology.devices_per_process
+    return list(range(first, first + topology.devices_per_process))
+
+
+def initialize(topology: TopologyConfig) -> None:
     """Call before anything touches devices; a no-op for a single-process job."""
     import jax
 
     place = Place.here()
     if place.num_processes <= 1 and place.coordinator is None:
         return
+    devices = local_device_ids(topology, place)
     with timed_join():  # an init phase of its own in the report
         if place.coordinator is not None:
             jax.distributed.initialize(coordinator_address=place.coordinator,
                                        num_processes=place.num_processes,
-                                       process_id=place.process_id)
+                                       process_id=place.process_id,
+                                       local_device_ids=devices)
         else:
-            jax.distributed.initialize()
+            jax.distributed.initialize(local_device_ids=devices)
     log.info("joined jax.distributed as process %d of %d", jax.process_index(),
              jax.process_count())

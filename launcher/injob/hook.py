@@ -19,6 +19,7 @@ from pathlib import Path
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK, append_line
+from launcher.injob.gpu import mocked_topology
 from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
@@ -163,8 +164,10 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         report, lambda process: report_path(config.run_dir, job, restart, process),
         recompile_warn_s, CacheGuard.from_options(options, config.cache.enforce,
                                                   actor_of(job))).install()
-    ranks = RankCoordinator(recorder, agreement_on(config))
-    watch_lookups(ranks.before_lookup, ranks.after_compile)
+    # A mocked prewarm is one process compiling for several: no other rank to meet.
+    ranks = None if mocked_topology() else RankCoordinator(recorder, agreement_on(config))
+    if ranks is not None:
+        watch_lookups(ranks.before_lookup, ranks.after_compile)
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
     atexit.register(recorder.close)
     _active = recorder
@@ -209,7 +212,7 @@ def record_first_step(config: Config, report: InitReport, started: float) -> Non
 
 
 def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
-            ranks: RankCoordinator) -> None:
+            ranks: RankCoordinator | None) -> None:
     """What needs the process index: the cache dir checks (every rank loads native code from
     it, process 0 creates it), the prewarmed steps to time, the ranks' meeting bound (from
     the compile times the manifest recorded), process 0's bookkeeping (and, on a staged
@@ -243,7 +246,8 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
     if report.process_index == 0 and report.job == TRAIN:
         recorder.on_first_step.append(
             lambda done: record_first_step(config, done, recorder.start_time))
-    ranks.bind(meet_timeout(config, entries))
+    if ranks is not None:
+        ranks.bind(meet_timeout(config, entries))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
     if report.process_index == 0 and not is_remote(config.cache.dir):

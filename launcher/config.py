@@ -253,7 +253,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
 # Variables the job environment owns: a user value would make prewarm and run disagree. Not
 # JAX_LOCAL_DEVICE_IDS: which of a node's GPUs a process uses is not in the key
 # (launcher.injob.distributed sets it from the layout unless the config does).
-_MANAGED_ENV = re.compile(r"JAX_(?!LOCAL_DEVICE_IDS$).*|XLA_FLAGS|JAXWARM_.*")
+LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
+_MANAGED_ENV = re.compile(rf"JAX_(?!{LOCAL_DEVICE_IDS[4:]}$).*|XLA_FLAGS|JAXWARM_.*")
+_DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 # Sections (by key prefix) whose numbers may be written where a string is expected.
 _STRINGLY = ("env.", "slurm.extra.")
 
@@ -586,6 +588,10 @@ def _validate(config: Config) -> None:
         if _MANAGED_ENV.fullmatch(name):
             fail(f"env.{name}", "jaxwarm sets this variable itself, the same for every job; "
                                 "use the cache, jax or xla_flags section instead")
+    ids = config.env.get(LOCAL_DEVICE_IDS)
+    if ids is not None and not _DEVICE_IDS.fullmatch(ids):
+        fail(f"env.{LOCAL_DEVICE_IDS}", f"expected GPU indices separated by commas, e.g. "
+                                        f"0,1, got {ids!r}")
     for name in config.slurm.extra:
         if not _SBATCH_OPTION.fullmatch(name):
             fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "

@@ -8,12 +8,14 @@ all). jaxwarm passes the layout's GPUs instead, unless the config names them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from launcher.config import ConfigError, TopologyConfig, load_config
-from launcher.injob.distributed import LOCAL_DEVICE_IDS, local_device_ids
+from launcher.config import LOCAL_DEVICE_IDS, ConfigError, TopologyConfig, load_config
+from launcher.injob.distributed import local_device_ids
 from launcher.injob.place import Place
-from tests.conftest import DEMO
+from tests.conftest import DEMO, run_cli
 
 
 def topology(platform: str, devices_per_process: int) -> TopologyConfig:
@@ -54,10 +56,17 @@ def test_the_config_can_name_the_gpus_every_process_uses(monkeypatch: pytest.Mon
     assert config.env == {LOCAL_DEVICE_IDS: "0"}  # allowed, unlike the other JAX_ variables
     monkeypatch.setenv(LOCAL_DEVICE_IDS, "0")
     assert local_device_ids(config.topology, slurm_task(3, 4)) == [0]
-    monkeypatch.setenv(LOCAL_DEVICE_IDS, "0,x")
-    with pytest.raises(ConfigError, match=r"env: JAX_LOCAL_DEVICE_IDS='0,x': expected GPU "
-                                          r"indices separated by commas"):
-        local_device_ids(config.topology, slurm_task(3, 4))
+
+
+@pytest.mark.e2e  # starts the CLI
+def test_gpus_named_in_another_form_are_refused_at_load(tmp_path: Path) -> None:
+    """One line naming the file and key, exit 2, before anything is submitted."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEMO.read_text() + 'env: {JAX_LOCAL_DEVICE_IDS: "0,x"}\n')
+    done = run_cli("verify", str(bad), "--local")
+    assert done.returncode == 2
+    assert done.stderr == (f"jaxwarm: error: {bad}: env.JAX_LOCAL_DEVICE_IDS: expected GPU "
+                           f"indices separated by commas, e.g. 0,1, got '0,x'\n")
 
 
 def test_other_jax_variables_stay_jaxwarm_s() -> None:

@@ -10,29 +10,22 @@ from __future__ import annotations
 import logging
 import os
 
-from launcher.config import ConfigError, TopologyConfig
+from launcher.config import LOCAL_DEVICE_IDS, TopologyConfig
 from launcher.injob.phases import timed_join
 from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.distributed")
-
-# JAX's own variable (jax >= 0.10) for the GPUs a process uses; jaxwarm reads it first too.
-LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
-
 
 def local_device_ids(topology: TopologyConfig, place: Place) -> list[int] | None:
     """The GPUs of this process on its node, by the layout: the `devices_per_process` after
     those of the node's earlier processes. Left alone, JAX gives a detected cluster's process
     one GPU, its local rank (SLURM_LOCALID, or the local runner's Open MPI variables), which
     is wrong for 2 or more per process. `JAX_LOCAL_DEVICE_IDS` in the config's `env` wins
-    (e.g. "0": processes sharing one GPU, as `bench.gpu_check` runs them). None on CPU."""
+    (e.g. "0": processes sharing one GPU, as `bench.gpu_check` runs them; the config checks
+    its form; JAX >= 0.10 reads it too, jaxwarm passes it on every jax). None on CPU."""
     given = os.environ.get(LOCAL_DEVICE_IDS)
     if given:
-        try:
-            return [int(part) for part in given.split(",")]
-        except ValueError:
-            raise ConfigError(f"env: {LOCAL_DEVICE_IDS}={given!r}: expected GPU indices "
-                              f"separated by commas, e.g. 0,1") from None
+        return [int(part) for part in given.split(",")]
     if topology.platform != "gpu":
         return None
     first = place.local_rank * topology.devices_per_process

@@ -1,6 +1,7 @@
 """What the ranks' protocol costs per function: `python -m bench.agree_cost`.
 
-A 2-process CPU job (jax.distributed over 127.0.0.1, one device each) compiles `--functions`
+A 2-process CPU job (jax.distributed over 127.0.0.1, one device each; `bench.gpu_check` runs
+the same on 2 processes sharing one GPU, `measure(..., platform="gpu")`) compiles `--functions`
 small distinct programs that span both processes, each `lower().compile()`d, in three modes:
 `none` (JAX's cache set by hand, no jaxwarm), `meet` (jaxwarm's recorder: each rank
 publishes its state before the lookup and the ranks meet after each compile, the CPU

@@ -14,14 +14,14 @@ The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, e
   key it predicts), the prewarm job, the trainer (2 steps): the step must HIT, and the entry
   the prewarm wrote must be the file verify named; verify again says WARM.
 - cold_vs_warm: a step that compiles for 30 s or more there (default: d_model 1024, 128
-  unrolled layers, bf16, 4 chunks; `--size step.args.KEY=VALUE` changes it): the trainer on an empty
-  cache, again on the filled cache, and on a new cache holding only XLA's autotune sub-cache
-  of the first: compile and retrieval seconds, entry size, time to first step, and what the
-  autotune sub-cache saves of a compile.
+  unrolled layers, bf16, 4 chunks; `--size step.args.KEY=VALUE` changes it): the trainer on
+  an empty cache, again on the filled cache, and on a new cache holding only XLA's autotune
+  sub-cache of the first: compile and retrieval seconds, entry size, time to first step,
+  and what the autotune sub-cache saves of a compile.
 - mock: a 2-process layout (1 node x 2 processes x 1 GPU) prewarmed through JAX's mock GPU
   topology (`prewarm.layout: mock`, one process), then the real 2 processes on the one GPU:
   verify (process 0's verdict for the run) and `bench.compile_only` (each rank's real lookup;
-  NCCL refuses two ranks of one communicator on one GPU, so no step runs): HIT on both
+  NCCL refuses two ranks on one GPU, "Duplicate GPU detected", so no step runs): HIT on both
   ranks, or the key components that differ.
 - agreement: the ranks' protocol per function on a warm start (`bench.agree_cost`, `meet`
   and `agree` modes), on 2 processes sharing the one GPU, compile only (as in mock).

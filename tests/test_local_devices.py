@@ -35,6 +35,7 @@ def slurm_task(rank: int, per_node: int) -> Place:
 @pytest.fixture(autouse=True)
 def no_ids_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LOCAL_DEVICE_IDS, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
 def test_each_process_gets_the_gpus_after_those_of_its_node_s_earlier_processes() -> None:
@@ -44,6 +45,17 @@ def test_each_process_gets_the_gpus_after_those_of_its_node_s_earlier_processes(
     one = topology("gpu", 1)
     assert [local_device_ids(one, slurm_task(rank, 4)) for rank in (0, 3, 4, 7)] == \
         [[0], [3], [0], [3]]
+
+
+def test_a_task_slurm_bound_to_its_own_gpus_uses_all_it_sees(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """`--gpus-per-task` (or `--gpu-bind`): task 3 sees one GPU, as its index 0."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert local_device_ids(topology("gpu", 1), slurm_task(3, 4)) == [0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    assert local_device_ids(topology("gpu", 2), slurm_task(3, 4)) == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # the whole node: by rank
+    assert local_device_ids(topology("gpu", 2), slurm_task(3, 4)) == [6, 7]
 
 
 def test_a_cpu_job_leaves_the_devices_to_jax() -> None:

@@ -16,20 +16,28 @@ from launcher.injob.place import Place
 
 log = logging.getLogger("jaxwarm.distributed")
 
+
 def local_device_ids(topology: TopologyConfig, place: Place) -> list[int] | None:
-    """The GPUs of this process on its node, by the layout: the `devices_per_process` after
-    those of the node's earlier processes. Left alone, JAX gives a detected cluster's process
-    one GPU, its local rank (SLURM_LOCALID, or the local runner's Open MPI variables), which
-    is wrong for 2 or more per process. `JAX_LOCAL_DEVICE_IDS` in the config's `env` wins
-    (e.g. "0": processes sharing one GPU, as `bench.gpu_check` runs them; the config checks
-    its form; JAX >= 0.10 reads it too, jaxwarm passes it on every jax). None on CPU."""
+    """The GPUs of this process, counted within what CUDA_VISIBLE_DEVICES shows it. Left
+    alone, JAX gives a detected cluster's process one GPU, its local rank (SLURM_LOCALID, or
+    the local runner's Open MPI variables): wrong for 2 or more per process, and wrong where
+    SLURM binds each task its own GPUs (local rank 3 of a task that sees one GPU). So:
+    `JAX_LOCAL_DEVICE_IDS` from the config's `env` when given (e.g. "0": processes sharing
+    one GPU, as `bench.gpu_check` runs them; the config checks its form; JAX >= 0.10 reads
+    it too, jaxwarm passes it on every jax); all it sees when it sees exactly its
+    `devices_per_process` (bound by SLURM); else the `devices_per_process` after those of
+    the node's earlier processes. None on CPU."""
     given = os.environ.get(LOCAL_DEVICE_IDS)
     if given:
         return [int(part) for part in given.split(",")]
     if topology.platform != "gpu":
         return None
-    first = place.local_rank * topology.devices_per_process
-    return list(range(first, first + topology.devices_per_process))
+    count = topology.devices_per_process
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and len(visible.split(",")) == count:
+        return list(range(count))
+    first = place.local_rank * count
+    return list(range(first, first + count))
 
 
 def initialize(topology: TopologyConfig) -> None:

@@ -41,7 +41,7 @@ def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
             "train.steps=1", *TINY_STEP)
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`jaxwarm ARGS...` as a user runs it; output captured as text."""
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or REPO,

@@ -21,13 +21,17 @@ def pinned_env(tmp_path: Path, cache: str, cwd: Path) -> dict[str, str]:
     return job_environment(config, pinned)
 
 
+# The demo config's own flag, then the fake-device count of its layout.
+DEMO_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4"
+
+
 def test_prewarm_and_train_get_the_same_environment(tmp_path: Path) -> None:
     config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path}",
                                                    f"cache.dir={tmp_path / 'c'}"]))
     assert prewarm_job(config, pinned).env == train_job(config, pinned).env
     env = prewarm_job(config, pinned).env
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "c")
-    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert env["XLA_FLAGS"] == DEMO_XLA_FLAGS
     assert env["JAX_PLATFORMS"] == "cpu"
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.5"
     assert env["JAXWARM_CONFIG"] == str(pinned)
@@ -64,7 +68,7 @@ def test_inherited_jax_variables_are_replaced(tmp_path: Path) -> None:
     merged = merge_environment(inherited, job_environment(config, pinned))
     assert merged["PATH"] == "/bin"
     assert "JAX_ENABLE_X64" not in merged
-    assert merged["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert merged["XLA_FLAGS"] == DEMO_XLA_FLAGS
     assert merged["JAXWARM_CONFIG"] == str(pinned)
 
 

@@ -32,8 +32,11 @@ def step_hit(run_dir: Path) -> bool:
 
 
 def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None):
+    """The demo on one process of 4 devices: what decides the prewarm does not depend on the
+    number of processes, and each launch costs half the CPU."""
     args = ["launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1", *extra]
+            f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
+            "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}", *extra]
     if python is None:
         return run_cli(*args)
     import subprocess

@@ -1,0 +1,21 @@
+"""A step factory whose processes other than 0 build the step LATE_S seconds late: the skew
+of a real launch (process 0 loads the step from the cache while the others compile it, for
+30-70 s on 2 cores with 16 ranks), made certain instead of depending on the machine's load.
+LATE_S is beyond Gloo's fixed 30 s wait for a collective's peers on CPU."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+from prewarm.workload.chunkwise import make_train_step
+
+LATE_S = 40.0
+
+
+def make_train_step_late(config: Any, mesh: Any) -> Any:
+    if jax.process_index() != 0:
+        time.sleep(LATE_S)
+    return make_train_step(config, mesh)

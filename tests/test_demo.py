@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import report_path
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -89,13 +89,13 @@ def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> N
     verify = report(tmp_path / "runs" / "demo", "verify", 0)
     assert verify["lookups"] == 0 and verify["backend_compile_s"] == 0, verify
 
-    cold = run_cli("verify", *args, "xla_flags=[--xla_cpu_enable_fast_math=true]")
+    cold = run_cli("verify", *args, with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert cold.returncode == 1
     assert "COLD  jit_train_step" in cold.stdout
     assert "XLA flags differs" in cold.stdout
 
     missed = run_cli("launch", *args, "--no-prewarm", "train.steps=1",
-                     "xla_flags=[--xla_cpu_enable_fast_math=true]")
+                     with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert missed.returncode == 0, missed.stderr[-3000:]
     assert "jit_train_step: MISS on process 0" in missed.stdout
     assert "why: prewarmed as" in missed.stdout and "XLA flags differs" in missed.stdout

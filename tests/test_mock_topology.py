@@ -32,7 +32,7 @@ from launcher.submit.local import LocalBackend
 from launcher.submit.prepare import pin_config
 from launcher.submit.sbatch import directives, render
 from launcher.submit.slurm import executor_parameters, read_jobs
-from tests.conftest import DEMO, REPO, run_cli
+from tests.conftest import DEMO, REPO, run_cli, with_xla_flag
 from tests.slurm_cluster import ensure_cluster, job_field
 
 LLAMA = REPO / "configs" / "llama3-8b-64gpu.yaml"
@@ -252,7 +252,7 @@ def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
               f"cache.dir={tmp_path / 'cache'}", "topology.processes_per_node=1",
               "topology.devices_per_process=8"]
     flag = "--xla_cpu_enable_fast_math=false"
-    prewarmed = run_cli("prewarm", *common, f"xla_flags=[{flag}]")
+    prewarmed = run_cli("prewarm", *common, with_xla_flag(flag))
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
     entries = read_manifest(tmp_path / "cache").values()
     assert all(flag in entry.xla_flags.split() for entry in entries)

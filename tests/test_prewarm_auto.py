@@ -14,7 +14,7 @@ import pytest
 from launcher.records import PrewarmDecision, read_record
 from launcher.rundir import prewarm_decision_path, report_path
 from launcher.store.prewarms import read_prewarms
-from tests.conftest import DEMO, REPO, run_cli
+from tests.conftest import DEMO, REPO, run_cli, with_xla_flag
 from tests.legs import LEGS, leg_python, ready
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     assert never.returncode == 0 and decision(tmp_path / "runs" / "never").mode == "never"
 
     # A changed config changes the fingerprint: the prewarm job runs, and says why.
-    changed = launch(tmp_path, "changed", "xla_flags=[--xla_cpu_enable_fast_math=true]")
+    changed = launch(tmp_path, "changed", with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert changed.returncode == 0, changed.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "changed")
     assert chained.prewarm and "environment differs" in chained.why

@@ -92,6 +92,16 @@ def test_an_environment_that_differs_on_one_rank_is_one_line_naming_it() -> None
                            "but '/r/config.yaml' on ranks 0-4, 6-7 (and 1 more variable(s))")
 
 
+def test_a_long_value_is_shown_from_where_it_differs() -> None:
+    flags = "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=1"
+    environments = {rank: {"XLA_FLAGS": flags} for rank in range(4)}
+    environments[3] = {"XLA_FLAGS": f"{flags} --xla_cpu_enable_fast_math=true"}
+    line = environment_line(environments)
+    assert line is not None and line.startswith(
+        "the ranks' environments differ: XLA_FLAGS is '...tform_device_count=1 "
+        f"--xla_cpu_enable_fast_math=true' on rank 3, but '{flags}' on ranks 0-2;")
+
+
 def test_same_keys_and_entries_agree_and_every_rank_uses_the_cache() -> None:
     posts = {rank: post() for rank in range(4)}
     assert agree("jit_step", posts, "gpu").stop is None

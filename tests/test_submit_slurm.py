@@ -17,7 +17,7 @@ from launcher.files import locked
 from launcher.rundir import report_path
 from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, run_cli, with_xla_flag
 from tests.slurm_cluster import ensure_cluster, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -100,7 +100,7 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
 
     # A changed config changes the fingerprint: the prewarm job is chained again.
     changed = run_cli("launch", *args_for(tmp_path, *layout, "run.name=changed",
-                                          "xla_flags=[--xla_cpu_enable_fast_math=true]"))
+                                          with_xla_flag("--xla_cpu_enable_fast_math=true")))
     assert changed.returncode == 0, changed.stdout + changed.stderr[-3000:]
     changed_dir = tmp_path / "runs" / "changed"
     assert [j.name for j in read_jobs(changed_dir)] == ["prewarm", "train"]

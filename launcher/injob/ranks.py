@@ -58,6 +58,9 @@ PREFIX = "jaxwarm"
 # for the run's layout (a rank that compiles while another loads is late by about one
 # compile; contention and a slower node get the rest), and never under the floor.
 TIMEOUT_FACTOR = 3.0
+# A long value in the environment line: its length, and what precedes its difference.
+SHOWN_CHARS = 80
+SHOWN_CONTEXT = 20
 TIMEOUT_FLOOR_S = 300.0
 # Variables that differ between the ranks of one job by design.
 PER_PROCESS_VARIABLES = (PROCESS_ID, RECORDER_PID)
@@ -129,12 +132,22 @@ def environment_line(environments: dict[int, dict[str, str]]) -> str | None:
     if not differing:
         return None
     name, groups = differing[0]
+    majority = environments[groups[0][0]].get(name) or ""
 
     def shown(rank: int) -> str:
+        """The value, at most about 80 characters: a long one from a little before where it
+        first differs from the majority's, so that the line shows the difference."""
         value = environments[rank].get(name)
         if value is None:
             return "unset"
-        return ascii(value if len(value) <= 80 else value[:77] + "...")
+        if len(value) <= SHOWN_CHARS:
+            return ascii(value)
+        start = max(0, len(os.path.commonprefix([value, majority])) - SHOWN_CONTEXT)
+        if rank in groups[0] or start < SHOWN_CONTEXT:
+            start = 0
+        head = "..." if start else ""
+        cut = value[start:start + SHOWN_CHARS - len(head) - 3]
+        return ascii(head + cut + ("..." if start + len(cut) < len(value) else ""))
 
     others = "; ".join(f"{shown(group[0])} on {ranks_of(group)}" for group in groups[1:])
     more = f" (and {len(differing) - 1} more variable(s))" if len(differing) > 1 else ""

@@ -141,16 +141,17 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, tmp_path: Pa
     the default XLA caches put the cache path in the key, so there a staged launch is
     refused in one line, and runs with `cache.xla_caches: none`."""
     cache, stage = tmp_path / "cache", tmp_path / "stage"
-    portable: tuple[str, ...] = ()
+    # One process: staging is per node, and a second process would only compile again.
+    overrides: tuple[str, ...] = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
     if cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES):
         refused = cli(leg, "launch", *demo_args(tmp_path, cache, f"cache.stage={stage}"))
         assert f"cache.stage: on jax {leg.jax} the cache dir's path string is part of " \
                f"every key" in ok(refused, 2) + refused.stderr
         assert not cache.exists() and not stage.exists()
-        portable = ("cache.xla_caches=none",)
-    ok(cli(leg, "prewarm", *demo_args(tmp_path, cache, *portable)))
+        overrides += ("cache.xla_caches=none",)
+    ok(cli(leg, "prewarm", *demo_args(tmp_path, cache, *overrides)))
     out = ok(cli(leg, "launch", "--no-prewarm",
-                 *demo_args(tmp_path, cache, *portable, f"cache.stage={stage}")))
+                 *demo_args(tmp_path, cache, *overrides, f"cache.stage={stage}")))
     report = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
     assert report["cache_dir"] == str(stage) and len(report["stage"]["copied"]) == 2
     assert {fn["name"] for fn in report["functions"] if fn["hit"]} == \

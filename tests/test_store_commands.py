@@ -141,9 +141,9 @@ def test_five_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> Non
         result = run_cli("launch", *job_args(tmp_path, cache, "--no-prewarm",
                                              f"train.steps={2 * (attempt + 1)}",
                                              "train.checkpoint_every=2",
-                                             "topology.processes_per_node=2",
+                                             "topology.processes_per_node=1",
                                              "topology.devices_per_process=2",
-                                             "mesh.axes={data: 2, fsdp: 2}",
+                                             "mesh.axes={data: 1, fsdp: 2}",
                                              "step.args.n_layers=1",
                                              "cache.min_compile_time_secs=0"))
         assert_ok(result)

@@ -20,12 +20,14 @@ RESULT_PREFIX = "RESULT "
 
 
 def jax_env(devices: int, platform: str = "cpu") -> dict[str, str]:
-    """The environment of a child with the repo importable: on CPU, `devices` fake devices;
-    on GPU (`bench.gpu_check`), the GPUs there, with memory taken as needed so that several
-    children can share one GPU."""
+    """The environment of a child with the repo importable: on CPU, `devices` fake devices
+    and LLVM at -O0 as in the demo config (the children check what compiles and what it
+    computes, not how fast it runs; -O0 halves the compile); on GPU (`bench.gpu_check`),
+    the GPUs there, with memory taken as needed so that several children can share one GPU."""
     env = dict(os.environ)
     if platform == "cpu":
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
+                            f"--xla_force_host_platform_device_count={devices}")
         env["JAX_PLATFORMS"] = "cpu"
     else:
         env["JAX_PLATFORMS"] = "cuda"

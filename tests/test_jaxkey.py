@@ -264,7 +264,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     results = []
     try:
         for proc in procs:
-            stdout, stderr = proc.communicate(timeout=90)
+            stdout, stderr = proc.communicate(timeout=600)
             results.append(_result(proc.returncode, stdout, stderr))
     finally:
         for proc in procs:

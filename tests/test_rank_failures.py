@@ -140,4 +140,4 @@ def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
     assert launcher.returncode == 1, err[-3000:]
     assert f"train job {train.job_id} ended FAILED: task 3: " in err, err[-3000:]
     assert "was killed by SIGKILL" in err
-    assert wait_until(lambda: run_processes(run_dir) == {}, timeout=120)
+    assert wait_until(lambda: run_processes(run_dir) == {}, timeout=300)

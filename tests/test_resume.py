@@ -64,8 +64,8 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     reader.start()
     assert stepped.wait(timeout=600), "".join(lines)[-3000:]
     launcher.send_signal(signal.SIGTERM)
-    reader.join(timeout=120)
-    launcher.wait(timeout=120)
+    reader.join(timeout=600)
+    launcher.wait(timeout=600)
     stderr = "".join(lines)
     assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "forwarding SIGTERM" in stderr and "checkpointed at step" in stderr

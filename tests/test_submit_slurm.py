@@ -132,8 +132,8 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
             seen = run_cli("status", str(run_dir)).stdout
             return bool(pattern.search(seen))
 
-        wait_for(shows_progress, 300, "jaxwarm status to show the prewarm's progress")
-    assert wait_job(read_jobs(run_dir)[-1].job_id, timeout=300) == "COMPLETED"
+        wait_for(shows_progress, 900, "jaxwarm status to show the prewarm's progress")
+    assert wait_job(read_jobs(run_dir)[-1].job_id, timeout=900) == "COMPLETED"
     assert "compiling" not in run_cli("status", str(run_dir)).stdout
 
 
@@ -161,7 +161,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
-    assert wait_job(train.job_id, timeout=420) == "COMPLETED"
+    assert wait_job(train.job_id, timeout=900) == "COMPLETED"
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert step_hit(first) and step_hit(restart)
     assert restart["restart_count"] == 1 and restart["environment"] == first["environment"]
@@ -182,7 +182,7 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     run_dir = tmp_path / "runs" / "demo"
     job_id = read_jobs(run_dir)[-1].job_id
     metrics = run_dir / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180,
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 600,
              "the first training steps")
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     restart_report = report_path(run_dir, "train", 1, 0)
@@ -194,7 +194,7 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
             fn["name"] == "jit_train_step"
             for fn in json.loads(restart_report.read_text())["functions"])
 
-    wait_for(restart_looked_up_the_step, 240, "the restart's lookup of the train step")
+    wait_for(restart_looked_up_the_step, 600, "the restart's lookup of the train step")
     subprocess.run(["scancel", job_id], check=True)
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert restart["environment"] == first["environment"]
@@ -239,7 +239,7 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
 
     prewarm = submit_rendered("prewarm")
     train = submit_rendered("train", f"--dependency=afterok:{prewarm}")
-    assert wait_job(train, timeout=240) == "COMPLETED"
+    assert wait_job(train, timeout=600) == "COMPLETED"
     assert step_hit(report(run_dir, 0))
 
     # The same entrypoint (`env`) through the submitit path and the rendered template, with a
@@ -250,7 +250,7 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
     via_submitit = run_cli("launch", *args, *dump, "--no-prewarm", "--wait")
     assert via_submitit.returncode == 0, via_submitit.stderr[-2000:]
     rendered_job = submit_rendered("train", overrides=dump)
-    assert wait_job(rendered_job, timeout=120) == "COMPLETED"
+    assert wait_job(rendered_job, timeout=600) == "COMPLETED"
     log_dir = run_dir / "slurm" / "train"
     submitit_env = task_environment(log_dir / f"{read_jobs(run_dir)[-1].job_id}_1_log.out")
     template_env = task_environment(log_dir / f"{rendered_job}_1_log.out")

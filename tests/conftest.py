@@ -34,6 +34,7 @@ from bench.common import TINY_STEP
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
 
+
 def with_xla_flag(flag: str) -> str:
     """The override `xla_flags=[...]` adding FLAG to the demo's own flags (a list given on
     the command line replaces the config's), so the launch keeps the demo's compile time."""

@@ -58,12 +58,12 @@ PREFIX = "jaxwarm"
 # for the run's layout (a rank that compiles while another loads is late by about one
 # compile; contention and a slower node get the rest), and never under the floor.
 TIMEOUT_FACTOR = 3.0
-# A long value in the environment line: its length, and what precedes its difference.
-SHOWN_CHARS = 80
-SHOWN_CONTEXT = 20
 TIMEOUT_FLOOR_S = 300.0
 # Variables that differ between the ranks of one job by design.
 PER_PROCESS_VARIABLES = (PROCESS_ID, RECORDER_PID)
+# A long value in the environment line: its length, and what precedes its difference.
+SHOWN_CHARS = 80
+SHOWN_CONTEXT = 20
 NO_STATE = "published no state (not started, or stopped before its first lowering)"
 
 

@@ -12,7 +12,9 @@ processes of: the time inside the protocol before the lookup (`launcher.injob.ra
 `before_lookup`: a stat, the state, and in `agree` mode a KV post, a barrier, a KV read and
 the decision), inside the meeting after the compile (`after_compile`: mostly waiting for the
 other rank), and the whole `compile()` call. On CPU the agreement makes the warm run compile
-(rank 1 never has an entry there); the protocol times do not include that compile.
+(rank 1 never has an entry there); the protocol times do not include that compile. The
+CPU children compile at LLVM -O0 (`tests.jaxproc.jax_env`), which shortens the compile()
+column a little and leaves the protocol's columns as they are.
 """
 
 from __future__ import annotations

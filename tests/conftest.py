@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from filelock import FileLock
 
 from bench.common import TINY_STEP
+from launcher.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
@@ -38,7 +38,7 @@ DEMO = REPO / "configs" / "demo.yaml"
 def with_xla_flag(flag: str) -> str:
     """The override `xla_flags=[...]` adding FLAG to the demo's own flags (a list given on
     the command line replaces the config's), so the launch keeps the demo's compile time."""
-    return f"xla_flags=[{', '.join([*yaml.safe_load(DEMO.read_text())['xla_flags'], flag])}]"
+    return f"xla_flags=[{', '.join([*load_config(DEMO).xla_flags, flag])}]"
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:

@@ -140,14 +140,10 @@ def environment_line(environments: dict[int, dict[str, str]]) -> str | None:
         value = environments[rank].get(name)
         if value is None:
             return "unset"
-        if len(value) <= SHOWN_CHARS:
-            return ascii(value)
-        start = max(0, len(os.path.commonprefix([value, majority])) - SHOWN_CONTEXT)
-        if rank in groups[0] or start < SHOWN_CONTEXT:
-            start = 0
-        head = "..." if start else ""
-        cut = value[start:start + SHOWN_CHARS - len(head) - 3]
-        return ascii(head + cut + ("..." if start + len(cut) < len(value) else ""))
+        differs_at = 0 if rank in groups[0] else len(os.path.commonprefix([value, majority]))
+        elided = len(value) > SHOWN_CHARS and differs_at > SHOWN_CHARS // 2
+        text = "..." + value[differs_at - SHOWN_CONTEXT:] if elided else value
+        return ascii(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "...")
 
     others = "; ".join(f"{shown(group[0])} on {ranks_of(group)}" for group in groups[1:])
     more = f" (and {len(differing) - 1} more variable(s))" if len(differing) > 1 else ""

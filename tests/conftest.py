@@ -5,8 +5,11 @@ Most end-to-end tests wait on subprocesses (JAX start-up, a SLURM queue), so a f
 a 2-core machine overlap one test's waiting with another's compiling. Three rules keep that
 sound; a new test follows them by being marked like its neighbours:
 
-- Tests marked `slurm` share the one dev cluster (4 nodes): they run on one worker, in file
-  order (xdist group `slurm`), so two tests never compete for its nodes.
+- Tests marked `slurm` share the one dev cluster (4 nodes) in two lanes, each on one worker
+  in file order (xdist groups `slurm-1`, `slurm-2`; `@pytest.mark.slurm(lane=2)` picks the
+  second, the first is the default). A test uses at most 2 nodes at a time, so the lanes
+  never wait for each other's nodes; most of a SLURM test's time is waiting (queue, signals,
+  a job's own pauses), which the other lane and the other workers fill.
 - A module-scoped fixture exists to run something once for several tests: the tests that use
   one (per parameter) run on one worker, so it does run once (group `<file>::<fixture>[...]`).
   A fixture that is cheap to repeat should be function-scoped.
@@ -71,7 +74,7 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-SLURM_GROUP = "slurm"
+SLURM_LANES = (1, 2)
 # The order work is handed out in, first to last.
 FIRST, SHARED, SLOW, E2E, PURE = range(5)
 
@@ -92,12 +95,20 @@ def module_fixture_group(item: pytest.Item) -> str | None:
     return f"{here}::{','.join(names)}" + (f"[{params}]" if params else "")
 
 
+def slurm_group(marker: pytest.Mark) -> str:
+    """`slurm-<lane>` for a test marked `slurm` (lane 1 unless `slurm(lane=N)` says)."""
+    lane = marker.kwargs.get("lane", SLURM_LANES[0])
+    if lane not in SLURM_LANES:
+        raise pytest.UsageError(f"slurm(lane={lane!r}): the lanes are {SLURM_LANES}")
+    return f"slurm-{lane}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group and order the tests for xdist's `loadgroup` scheduling (module docstring)."""
     rank: dict[str, int] = {}
     for item in items:
-        if item.get_closest_marker("slurm"):
-            group, order = SLURM_GROUP, FIRST
+        if (slurm := item.get_closest_marker("slurm")) is not None:
+            group, order = slurm_group(slurm), FIRST
         elif (group := module_fixture_group(item)) is not None:
             order = SHARED
         else:

@@ -224,7 +224,7 @@ def test_a_gpu_job_started_without_a_gpu_refuses_itself_in_one_line(tmp_path: Pa
 
 
 @pytest.mark.e2e
-@pytest.mark.slurm
+@pytest.mark.slurm(lane=2)
 def test_on_slurm_the_mocked_prewarm_is_one_node_and_refuses_a_node_without_a_gpu(
         tmp_path: Path) -> None:
     """The dev cluster's nodes have no GPU: the one-node prewarm job refuses itself in one

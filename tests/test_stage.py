@@ -368,7 +368,7 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
     assert {"jit_train_step", "jit_init_state"} <= hits(train_report(tmp_path, 0, "unstaged"))
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm(lane=2)
 @pytest.mark.e2e
 def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
     """2 nodes x 2 processes: SLURM_LOCALID 0 of each node copies, its neighbour waits for

@@ -218,7 +218,7 @@ def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(
 
 
 @pytest.mark.e2e
-@pytest.mark.slurm
+@pytest.mark.slurm(lane=2)
 def test_unchanged_trainer_hits_on_slurm(tmp_path: Path, installed: str) -> None:
     ensure_cluster()
     launched = run_cli("launch", *args_for(tmp_path, installed, "topology.nodes=2",

@@ -44,6 +44,11 @@ def with_xla_flag(flag: str) -> str:
     return f"xla_flags=[{', '.join([*load_config(DEMO).xla_flags, flag])}]"
 
 
+# The demo on one process of its 4 devices: for tests that check no multi-process behaviour,
+# a launch at half the CPU (the second process of the demo misses on CPU and compiles again).
+ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
+
+
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
     """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the
     smallest batch that mesh takes, the tiny step and one training step."""

@@ -3,12 +3,13 @@
 Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
 Python and jax: the probe's guards and its leaving no trace (as in tests/test_jaxkey.py),
 the key-variation matrix (cases sharing process settings share a process:
-8 processes for the 19 cases), then the demo as a user runs it (verify on an empty cache is
-COLD, launch is a HIT on process 0, verify is WARM under the key of the file JAX wrote, and
-says the key prediction is exact), then `cache export` / `cache import` into a cache at
-another path, where verify must be WARM, and a training job staged to node-local storage
-(`cache.stage`) hits what an unstaged prewarm wrote. A leg whose Python is not installed is skipped
-with the reason; one whose venv was not built fails (run `make legs`).
+8 processes for the 19 cases), then the demo as a user runs it, on one process (verify on an
+empty cache is COLD, launch is a HIT on process 0, verify is WARM under the key of the file
+JAX wrote, and says the key prediction is exact), then `cache export` / `cache import` into a
+cache at another path, where verify must be WARM, and a training job staged to node-local
+storage (`cache.stage`) hits what an unstaged prewarm wrote. The last two start from the
+demo's prewarmed cache (one launch per leg, not one per test). A leg whose Python is not
+installed is skipped with the reason; one whose venv was not built fails (run `make legs`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import pytest
 
 from launcher.jaxkey.versions import cache_path_in_key
 from launcher.rundir import report_path
-from tests.conftest import DEMO
+from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir
 from tests.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.test_jaxkey import GUARDS, assert_probe_guards, run_jax
@@ -61,8 +63,15 @@ def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
 
 
 def demo_args(tmp: Path, cache: Path, *overrides: str) -> list[str]:
+    """The demo on one process: no test here checks what a second one does (on CPU it only
+    misses and compiles again), and each launch costs half the CPU."""
     return [str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}", f"cache.dir={cache}",
-            "train.steps=1", *overrides]
+            "train.steps=1", *ONE_PROCESS, *overrides]
+
+
+def path_in_key(leg: Leg) -> bool:
+    """Whether the demo's keys (default XLA caches) include its cache dir's path."""
+    return cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES)
 
 
 def warm_key(stdout: str) -> str:
@@ -90,12 +99,20 @@ def test_probe_guards_and_leaves_no_trace(leg: Leg, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def demo(leg: Leg, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The demo's verify, launch, verify, once per leg for the tests that use its cache; and
+    the cache a copy at another path hits ("portable", with its overrides): the demo's own,
+    or, where its keys include the path, a prewarm with `cache.xla_caches: none`."""
     tmp = tmp_path_factory.mktemp(f"demo-{leg.jax}")
     cache = tmp / "cache"
     cold = cli(leg, "verify", *demo_args(tmp, cache))
     launch = cli(leg, "launch", *demo_args(tmp, cache))
     warm = cli(leg, "verify", *demo_args(tmp, cache))
-    return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm}
+    portable, overrides, prewarm = cache, (), launch
+    if path_in_key(leg):
+        portable, overrides = tmp / "portable-cache", ("cache.xla_caches=none",)
+        prewarm = cli(leg, "prewarm", *demo_args(tmp, portable, *overrides))
+    return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm,
+            "portable": portable, "portable_overrides": overrides, "portable_prewarm": prewarm}
 
 
 def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
@@ -112,44 +129,43 @@ def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
     before, only when exported with `cache.xla_caches: none` (and import says so)."""
     tmp, source = demo["tmp"], demo["cache"]
     bundle = tmp / "demo.tar"
-    ok(cli(leg, "cache", "export", *demo_args(tmp, source)[:1], f"cache.dir={source}",
+    ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={source}",
            f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
     moved = tmp / "moved-cache"
     imported = cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}",
                    f"run.out_dir={tmp / 'runs'}")
-    if cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES):
+    portable = demo["portable_overrides"]
+    if path_in_key(leg):
         assert "include the cache path" in imported.stderr and "< 0.11" in imported.stderr
         ok(imported, 2)
-        portable = ("cache.xla_caches=none",)
-        source = tmp / "portable-cache"
-        ok(cli(leg, "prewarm", *demo_args(tmp, source, *portable)))
-        ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={source}", *portable,
+        ok(demo["portable_prewarm"])
+        ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={demo['portable']}", *portable,
                f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
         moved = tmp / "moved-portable-cache"
         ok(cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}", *portable,
                f"run.out_dir={tmp / 'runs'}"))
     else:
         ok(imported)
-        portable = ()
     warm = ok(cli(leg, "verify", *demo_args(tmp, moved, *portable)))
     assert (moved / f"{warm_key(warm)}-cache").is_file()
 
 
-def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, tmp_path: Path) -> None:
+def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, demo: dict[str, Any],
+                                                          tmp_path: Path) -> None:
     """Node-local staging (`cache.stage`) leaves the key as it is: a training job reading
-    its node's copy hits the entries a prewarm wrote into the shared dir. Before jax 0.11
-    the default XLA caches put the cache path in the key, so there a staged launch is
-    refused in one line, and runs with `cache.xla_caches: none`."""
+    its node's copy hits the entries a prewarm wrote into the shared dir (a copy of the
+    demo's portable cache). Before jax 0.11 the default XLA caches put the cache path in
+    the key, so there a staged launch is refused in one line, and runs with
+    `cache.xla_caches: none`."""
     cache, stage = tmp_path / "cache", tmp_path / "stage"
-    # One process: staging is per node, and a second process would only compile again.
-    overrides: tuple[str, ...] = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
-    if cache_path_in_key(leg.jax, DEFAULT_XLA_CACHES):
+    overrides = demo["portable_overrides"]
+    if path_in_key(leg):
         refused = cli(leg, "launch", *demo_args(tmp_path, cache, f"cache.stage={stage}"))
         assert f"cache.stage: on jax {leg.jax} the cache dir's path string is part of " \
                f"every key" in ok(refused, 2) + refused.stderr
         assert not cache.exists() and not stage.exists()
-        overrides += ("cache.xla_caches=none",)
-    ok(cli(leg, "prewarm", *demo_args(tmp_path, cache, *overrides)))
+    ok(demo["portable_prewarm"])
+    shutil.copytree(demo["portable"], cache)
     out = ok(cli(leg, "launch", "--no-prewarm",
                  *demo_args(tmp_path, cache, *overrides, f"cache.stage={stage}")))
     report = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())

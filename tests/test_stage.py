@@ -5,8 +5,9 @@ The pure tests use real files and no JAX: what a node copies, reuses and replace
 torn or wrong copy never lands, publishing, the wait for a node's stager and every fallback
 to the shared dir (one line each). The e2e tests run the demo: a staged training job hits
 the entry an unstaged prewarm wrote (the key does not change), a bad local copy is replaced
-or the node reads the shared dir, and an entry a staged job compiles reaches the shared dir
-recorded. tests/test_jax_versions.py runs the staged hit on every tested jax.
+or the node reads the shared dir (these two check the jobs of one module fixture), and an
+entry a staged job compiles reaches the shared dir recorded. tests/test_jax_versions.py runs
+the staged hit on every tested jax.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import resource
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +36,7 @@ from launcher.store.manifest import ManifestEntry, record_entries
 from launcher.store.staging import publish_entries, stage_entries, staging_problem
 from launcher.store.usage import read_usage
 from launcher.submit.jobs import train_job
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, ONE_PROCESS, run_cli
 
 STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
 INIT = "jit_init_state-" + hashlib.sha256(b"init").hexdigest()
@@ -289,59 +291,69 @@ def hits(report: dict) -> set[str]:
     return {fn["name"] for fn in report["functions"] if fn["hit"]}
 
 
-@pytest.mark.e2e
-def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(tmp_path: Path) -> None:
-    """Prewarm unstaged, then train staged: process 0 loads both targets from its node's
-    copy, which is byte for byte the prewarmed entry; process 1 waited for that copy."""
-    prewarm = run_cli("prewarm", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                      f"cache.dir={tmp_path / 'cache'}", "cache.xla_caches=none", timeout=900)
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One unstaged prewarm of the demo (2 processes), then three training jobs staged from
+    it, each in a fresh run dir (no checkpoint to resume): into an empty stage dir (run dir
+    `runs`, the prewarm's), into that dir again after its copy of `cut` was cut short
+    (`again`), and into a stage dir that cannot be made (`blocked`). Each job's output by
+    run dir, and the node's copies as the first job left them."""
+    tmp = tmp_path_factory.mktemp("staged")
+    prewarm = run_cli("prewarm", str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}",
+                      f"cache.dir={tmp / 'cache'}", "cache.xla_caches=none", timeout=900)
     assert prewarm.returncode == 0, prewarm.stderr[-3000:]
-    stage = tmp_path / "stage"
-    out = launch(tmp_path, "--no-prewarm", f"cache.stage={stage}")
-    first, second = train_report(tmp_path, 0), train_report(tmp_path, 1)
+    stage = tmp / "stage"
+    runs = {"runs": launch(tmp, "--no-prewarm", f"cache.stage={stage}")}
+    copied = train_report(tmp, 0)["stage"]["copied"]
+    copies = {key: entry_path(stage, key).read_bytes() for key in copied}
+    cut = next(key for key in copied if key.startswith("jit_train_step-"))
+    entry_path(stage, cut).write_bytes(entry_path(stage, cut).read_bytes()[:1000])
+    runs["again"] = launch(tmp, "--no-prewarm", f"cache.stage={stage}", runs="again")
+    blocked = tmp / "not-a-dir"
+    blocked.write_text("")
+    runs["blocked"] = launch(tmp, "--no-prewarm", f"cache.stage={blocked}", runs="blocked")
+    return {"tmp": tmp, "out": runs, "copies": copies, "cut": cut}
+
+
+@pytest.mark.e2e
+def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(staged: dict[str, Any]) -> None:
+    """Prewarm unstaged, then train staged: process 0 loads both targets from its node's
+    copy, which is byte for byte the prewarmed entry; process 1 waited for that copy. The
+    next start of the run on the node copies nothing it holds intact."""
+    tmp, stage = staged["tmp"], staged["tmp"] / "stage"
+    first, second = train_report(tmp, 0), train_report(tmp, 1)
     assert hits(first) == {"jit_train_step", "jit_init_state"}, first["functions"]
     assert first["cache_dir"] == str(stage) and first["stage"]["stager"]
     assert len(first["stage"]["copied"]) == 2 and first["stage"]["fallback"] is None
     assert second["cache_dir"] == str(stage) and not second["stage"]["stager"]
-    for key in first["stage"]["copied"]:
-        assert entry_path(stage, key).read_bytes() == \
-            entry_path(tmp_path / "cache", key).read_bytes()
+    assert staged["copies"] == {key: entry_path(tmp / "cache", key).read_bytes()
+                                for key in first["stage"]["copied"]}
+    out = staged["out"]["runs"]
     assert "jit_train_step: HIT on process 0" in out
     assert "staging: 1 node(s) loaded the run's entries from their own copy" in out
-    # The next start of the run on this node (a fresh run dir: no checkpoint) copies nothing.
-    launch(tmp_path, "--no-prewarm", f"cache.stage={stage}", runs="again")
-    again = train_report(tmp_path, 0, runs="again")
-    assert len(again["stage"]["reused"]) == 2 and not again["stage"]["copied"]
+    again = train_report(tmp, 0, runs="again")
+    assert again["stage"]["reused"] == [key for key in first["stage"]["copied"]
+                                        if key != staged["cut"]]
+    assert not again["stage"]["copied"]
     assert hits(again) == {"jit_train_step", "jit_init_state"}
 
 
 @pytest.mark.e2e
-def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(tmp_path: Path) -> None:
+def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(
+        staged: dict[str, Any]) -> None:
     """A truncated local copy is replaced by a verified one (HIT from the stage dir); a
     stage dir that cannot be made sends the node to the shared dir with one line (HIT from
     the shared dir): never a wrong or torn entry, never a miss."""
-    out = launch(tmp_path, "run.name=prewarmed")  # unstaged: prewarm and train
-    shared = tmp_path / "cache"
-    keys = [fn["key"] for fn in train_report(tmp_path, 0, "prewarmed")["functions"]
-            if fn["hit"]]
-    assert len(keys) == 2, out
-    stage = tmp_path / "stage"
-    stage.mkdir(mode=0o700)
-    for key in keys:
-        entry_path(stage, key).write_bytes(entry_path(shared, key).read_bytes()[:1000])
-    out = launch(tmp_path, "run.name=prewarmed", "--no-prewarm", f"cache.stage={stage}",
-                 runs="second")
-    report = train_report(tmp_path, 0, "prewarmed", "second")
-    assert sorted(report["stage"]["replaced"]) == sorted(keys)
-    assert report["cache_dir"] == str(stage) and len(hits(report)) == 2
-    assert out.count("was partial or corrupt; replaced it with a verified copy") == 2
+    tmp = staged["tmp"]
+    report = train_report(tmp, 0, runs="again")
+    assert report["stage"]["replaced"] == [staged["cut"]]
+    assert report["cache_dir"] == str(tmp / "stage") and len(hits(report)) == 2
+    assert staged["out"]["again"].count(
+        "was partial or corrupt; replaced it with a verified copy") == 1
 
-    blocked = tmp_path / "not-a-dir"
-    blocked.write_text("")
-    out = launch(tmp_path, "run.name=prewarmed", "--no-prewarm", f"cache.stage={blocked}",
-                 runs="third")
-    report = train_report(tmp_path, 0, "prewarmed", "third")
-    assert report["cache_dir"] == str(shared) and len(hits(report)) == 2
+    blocked, out = tmp / "not-a-dir", staged["out"]["blocked"]
+    report = train_report(tmp, 0, runs="blocked")
+    assert report["cache_dir"] == str(tmp / "cache") and len(hits(report)) == 2
     fallback = [line for line in out.splitlines() if "reading the shared cache dir" in line]
     assert len(fallback) == 1 and f"staging into {blocked} failed" in fallback[0], out[-3000:]
     assert "staging: node 0 read the shared cache dir: staging into" in out
@@ -350,9 +362,10 @@ def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(tmp_path:
 @pytest.mark.e2e
 def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) -> None:
     """No prewarm, empty cache: process 0 compiles into its node's copy, and the entries
-    reach the shared dir with their checksums in the usage log; an unstaged run then hits."""
+    reach the shared dir with their checksums in the usage log; an unstaged run then hits.
+    One process: what it compiles is what the node publishes."""
     stage = tmp_path / "stage"
-    launch(tmp_path, "--no-prewarm", f"cache.stage={stage}")
+    launch(tmp_path, "--no-prewarm", f"cache.stage={stage}", *ONE_PROCESS)
     written = {fn["key"]: fn["sha256"] for fn in train_report(tmp_path, 0)["functions"]
                if fn["sha256"]}
     assert {key.rsplit("-", 1)[0] for key in written} >= {"jit_train_step", "jit_init_state"}
@@ -364,7 +377,7 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
         tmp_path / "cache"))
     verify = run_cli("cache", "verify", str(tmp_path / "cache"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    launch(tmp_path, "--no-prewarm", "run.name=unstaged")
+    launch(tmp_path, "--no-prewarm", "run.name=unstaged", *ONE_PROCESS)
     assert {"jit_train_step", "jit_init_state"} <= hits(train_report(tmp_path, 0, "unstaged"))
 
 

@@ -3,9 +3,10 @@
 Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
 Python and jax: the probe's guards and its leaving no trace (as in tests/test_jaxkey.py),
 the key-variation matrix (cases sharing process settings share a process:
-8 processes for the 19 cases), then the demo as a user runs it, on one process (verify on an
-empty cache is COLD, launch is a HIT on process 0, verify is WARM under the key of the file
-JAX wrote, and says the key prediction is exact), then `cache export` / `cache import` into a
+8 processes for the 19 cases), then the demo as a user runs it, on two processes at the
+ends of the range and one between (verify on an empty cache is COLD, launch is a HIT on
+process 0, verify is WARM under the key of the file JAX wrote, and says the key
+prediction is exact), then `cache export` / `cache import` into a
 cache at another path, where verify must be WARM, and a training job staged to node-local
 storage (`cache.stage`) hits what an unstaged prewarm wrote. The last two start from the
 demo's prewarmed cache (one launch per leg, not one per test). A leg whose Python is not
@@ -62,11 +63,17 @@ def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
     return result.stdout
 
 
-def demo_args(tmp: Path, cache: Path, *overrides: str) -> list[str]:
-    """The demo on one process: no test here checks what a second one does (on CPU it only
-    misses and compiles again), and each launch costs half the CPU."""
+def two_processes(leg: Leg) -> bool:
+    """The oldest and the newest leg run the demo's two processes (jax.distributed and the
+    ranks' meetings through its key-value store, at both ends of the supported range); a
+    leg between them runs one (on CPU a second process only misses and compiles again) at
+    half the CPU."""
+    return leg in (LEGS[0], LEGS[-1])
+
+
+def demo_args(leg: Leg, tmp: Path, cache: Path, *overrides: str) -> list[str]:
     return [str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}", f"cache.dir={cache}",
-            "train.steps=1", *ONE_PROCESS, *overrides]
+            "train.steps=1", *(() if two_processes(leg) else ONE_PROCESS), *overrides]
 
 
 def path_in_key(leg: Leg) -> bool:
@@ -104,13 +111,13 @@ def demo(leg: Leg, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     or, where its keys include the path, a prewarm with `cache.xla_caches: none`."""
     tmp = tmp_path_factory.mktemp(f"demo-{leg.jax}")
     cache = tmp / "cache"
-    cold = cli(leg, "verify", *demo_args(tmp, cache))
-    launch = cli(leg, "launch", *demo_args(tmp, cache))
-    warm = cli(leg, "verify", *demo_args(tmp, cache))
+    cold = cli(leg, "verify", *demo_args(leg, tmp, cache))
+    launch = cli(leg, "launch", *demo_args(leg, tmp, cache))
+    warm = cli(leg, "verify", *demo_args(leg, tmp, cache))
     portable, overrides, prewarm = cache, (), launch
     if path_in_key(leg):
         portable, overrides = tmp / "portable-cache", ("cache.xla_caches=none",)
-        prewarm = cli(leg, "prewarm", *demo_args(tmp, portable, *overrides))
+        prewarm = cli(leg, "prewarm", *demo_args(leg, tmp, portable, *overrides))
     return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm,
             "portable": portable, "portable_overrides": overrides, "portable_prewarm": prewarm}
 
@@ -118,6 +125,9 @@ def demo(leg: Leg, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
     assert "COLD  jit_train_step" in ok(demo["cold"], 1)
     assert "jit_train_step: HIT on process 0" in ok(demo["launch"])
+    trained = [report_path(demo["tmp"] / "runs" / "demo", "train", 0, process).is_file()
+               for process in (0, 1)]
+    assert trained == [True, two_processes(leg)]
     warm = ok(demo["warm"])
     key = warm_key(warm)
     assert (demo["cache"] / f"{key}-cache").is_file(), "verify's key is not the file JAX wrote"
@@ -146,7 +156,7 @@ def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
                f"run.out_dir={tmp / 'runs'}"))
     else:
         ok(imported)
-    warm = ok(cli(leg, "verify", *demo_args(tmp, moved, *portable)))
+    warm = ok(cli(leg, "verify", *demo_args(leg, tmp, moved, *portable)))
     assert (moved / f"{warm_key(warm)}-cache").is_file()
 
 
@@ -160,14 +170,14 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, demo: dict[s
     cache, stage = tmp_path / "cache", tmp_path / "stage"
     overrides = demo["portable_overrides"]
     if path_in_key(leg):
-        refused = cli(leg, "launch", *demo_args(tmp_path, cache, f"cache.stage={stage}"))
+        refused = cli(leg, "launch", *demo_args(leg, tmp_path, cache, f"cache.stage={stage}"))
         assert f"cache.stage: on jax {leg.jax} the cache dir's path string is part of " \
                f"every key" in ok(refused, 2) + refused.stderr
         assert not cache.exists() and not stage.exists()
     ok(demo["portable_prewarm"])
     shutil.copytree(demo["portable"], cache)
     out = ok(cli(leg, "launch", "--no-prewarm",
-                 *demo_args(tmp_path, cache, *overrides, f"cache.stage={stage}")))
+                 *demo_args(leg, tmp_path, cache, *overrides, f"cache.stage={stage}")))
     report = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
     assert report["cache_dir"] == str(stage) and len(report["stage"]["copied"]) == 2
     assert {fn["name"] for fn in report["functions"] if fn["hit"]} == \

@@ -78,10 +78,12 @@ def corrupt(path: Path, how: str) -> None:
             path.write_bytes(zlib.compress(bytes(payload)))
 
 
-def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
+def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    # Four prewarm the same step, four each a different one (d_ff differs), all at once.
-    variants = ["step.args.d_ff=128"] * 4 + [f"step.args.d_ff={64 + 16 * i}" for i in range(4)]
+    # Two prewarm the same step, two each a different one (d_ff differs), all at once. Each
+    # race needs no more: the same-step pair takes turns on one compile, and three writers
+    # of new entries record them in the manifest at once; more writers add JAX processes.
+    variants = ["step.args.d_ff=128"] * 2 + [f"step.args.d_ff={64 + 16 * i}" for i in range(2)]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
 
     def reader() -> None:
@@ -110,12 +112,12 @@ def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Pa
     assert all(w.returncode == 0 for w in writers), outputs
     assert not errors and seen["manifest_reads"] > 0 and seen["ls"] > 0
 
-    reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(8)]
+    reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(len(variants))]
     keys = {step_record(r)["key"] for r in reports}
-    assert len(keys) == 5  # one shared step, four different ones
-    # The same-step writers took turns: one compiled and wrote, three loaded its entry.
-    shared = [step_record(r) for r in reports[:4]]
-    assert sorted(f["hit"] for f in shared) == [False, True, True, True]
+    assert len(keys) == 3  # one shared step, two different ones
+    # The same-step writers took turns: one compiled and wrote, the other loaded its entry.
+    shared = [step_record(r) for r in reports[:2]]
+    assert sorted(f["hit"] for f in shared) == [False, True]
     manifest = read_manifest(cache)
     for report in reports:
         for function in report["functions"]:

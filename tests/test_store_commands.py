@@ -135,23 +135,21 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     assert step_record(init_report(tmp_path, "w0"))["hit"]
 
 
-def test_five_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+    """A cold launch and two relaunches: the second relaunch is the first to start from
+    what a hit left in the cache (its usage record) and the first to drop a checkpoint
+    (orbax keeps two); a later relaunch would meet the same state again."""
     cache = tmp_path / "cache"
     hits = []
-    for attempt in range(6):
+    for attempt in range(3):
         # Each relaunch resumes from the last checkpoint and trains two more steps.
-        result = run_cli("launch", *job_args(tmp_path, cache, "--no-prewarm",
+        result = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm",
                                              f"train.steps={2 * (attempt + 1)}",
-                                             "train.checkpoint_every=2",
-                                             "topology.processes_per_node=1",
-                                             "topology.devices_per_process=2",
-                                             "mesh.axes={data: 1, fsdp: 2}",
-                                             "step.args.n_layers=1",
-                                             "cache.min_compile_time_secs=0"))
+                                             "train.checkpoint_every=2"))
         assert_ok(result)
         hits.append(step_record(init_report(tmp_path))["hit"])
         assert_ok(run_cli("cache", "verify", str(cache)))
-    assert hits == [False, True, True, True, True, True]
+    assert hits == [False, True, True]
     assert not (cache / QUARANTINE_DIR).exists()
 
 

@@ -159,22 +159,29 @@ def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
     assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *TINY)))
     key = step_record(init_report(tmp_path, job="prewarm"))["key"]
     entry = cache / f"{key}{CACHE_SUFFIX}"
-    for how in ("truncated", "zeroed", "flipped"):
+    intact = entry.read_bytes()
+    # A quarantine leaves the same state whatever the damage (the entry moved aside, its
+    # record void), so one run after the last shows what the next run after any of them
+    # does. Before that the intact bytes go back, unrecorded like a copied-in entry: the
+    # flipped bit, which only the recorded checksum can tell, comes first, while the
+    # prewarm's record holds; a truncated or zeroed entry fails the full read either way.
+    for how in ("flipped", "truncated", "zeroed"):
+        if not entry.exists():
+            entry.write_bytes(intact)
         corrupt(entry, how)
         found = run_cli("cache", "verify", str(cache))
         assert found.returncode == 1, found.stdout + found.stderr
         assert f"QUARANTINED {key}" in found.stdout
         assert not entry.exists()
-        run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm",
-                                          run=f"after-{how}"))
-        assert_ok(run)
-        assert not step_record(init_report(tmp_path, f"after-{how}"))["hit"]
-        assert entry.is_file()  # rewritten by the run that recompiled
-        assert_ok(run_cli("cache", "verify", str(cache)))
     assert len(list((cache / QUARANTINE_DIR).glob(f"{key}-cache.*[0-9]"))) >= 1
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
+    assert_ok(run)
+    assert not step_record(init_report(tmp_path, "after"))["hit"]
+    assert entry.is_file()  # rewritten, and recorded, by the run that recompiled
+    assert_ok(run_cli("cache", "verify", str(cache)))
     # Without `cache verify`, the launch's own check catches it before the job starts.
     corrupt(entry, "flipped")
-    run = run_cli("launch", *job_args(tmp_path, cache, *TINY))
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm"))
     assert_ok(run)
     assert f"quarantined {key}" in run.stderr
     assert "cache check:" in run.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
 from launcher.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, REPO
 
@@ -43,6 +44,7 @@ def team() -> Iterator[tuple[str, str, str, Path]]:
             home = base / f"home-{user}"
             home.mkdir()
             shutil.chown(home, user, group)
+        members_venv(base / "venv")
         yield group, users[0], users[1], base
     finally:
         for user in users:
@@ -51,14 +53,24 @@ def team() -> Iterator[tuple[str, str, str, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def members_venv(venv: Path) -> None:
+    """A venv of the system Python whose site-packages is this venv's: the members run
+    jaxwarm installed, as users do. With the packages on PYTHONPATH instead, the system
+    Python would not count them as installed, and every launch's fingerprint would read
+    and hash their thousands of sources as if they were the user's (17 s of CPU each)."""
+    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / "lib" / SYSTEM_PYTHON.name / "site-packages"
+    site.rmdir()
+    site.symlink_to(sysconfig.get_paths()["purelib"], target_is_directory=True)
+
+
 def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`jaxwarm ARGS` as `user`, with the user's own group only (as a login gives it)."""
     group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
     env = {"PATH": "/usr/bin:/bin", "HOME": str(base / f"home-{user}"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]]),
-           "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([str(SYSTEM_PYTHON), "-m", "launcher.cli", *args], cwd=base,
-                          user=user, group=group, extra_groups=[group], env=env,
+           "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([str(base / "venv" / "bin" / "python"), "-m", "launcher.cli", *args],
+                          cwd=base, user=user, group=group, extra_groups=[group], env=env,
                           capture_output=True, text=True, timeout=900, check=False)
 
 
@@ -70,9 +82,12 @@ def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     shutil.chown(shared, first, group)
     shared.chmod(0o2770)
     cache = shared / "cache"
+    # One process, 2 devices, the tiny step: what is checked is who may write what JAX and
+    # jaxwarm create, which no compile time changes.
     common = [f"cache.dir={cache}", f"cache.trusted_group={group}",
               "cache.min_compile_time_secs=0", "topology.processes_per_node=1",
-              "topology.devices_per_process=8", "train.steps=2"]
+              "topology.devices_per_process=2", "mesh.axes={data: 1, fsdp: 2}", *TINY_STEP,
+              "train.steps=2"]
     made = as_user(first, base, "prewarm", str(DEMO), "--local",
                    f"run.out_dir={base / f'home-{first}' / 'runs'}", *common)
     assert made.returncode == 0, made.stderr[-3000:]

@@ -1,8 +1,9 @@
 """One rank among many fails: every rank stops, one line names it, nothing is left running,
-and the next launch works. Real launches of the demo step (tiny) on 4 ranks of one CPU
-device: `kill -9` of one rank in the middle of the prewarm job and of the training job, and
-one rank whose environment differs from the others' (planted by a shell wrapper), which the
-ranks find at their first meeting (launcher/injob/ranks.py)."""
+and the next launch works. Real launches of the demo step (tiny) on 3 ranks of one CPU
+device (the killed rank leaves the coordinator and another rank to stop): `kill -9` of one
+rank in the middle of the prewarm job and of the training job, ranks that do not meet in
+time, and one rank whose environment differs from the others' (planted by a shell wrapper),
+which the ranks find at their first meeting (launcher/injob/ranks.py)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,21 @@ from tests.procs import run_processes, wait_until
 
 pytestmark = pytest.mark.e2e
 
-LAYOUT = ranks_layout(4, 2, 2)
+LAYOUT = ranks_layout(3, 3, 1)
 # How long a stopped job's processes get after SIGTERM before SIGKILL: the bound on how long
 # the other ranks outlive the killed one, on top of the launcher's 0.1 s poll.
 GRACE_S = 5
 
 
-def launch(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", *LAYOUT,
-         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
-         f"stop_grace_s={GRACE_S}", *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def job_args(tmp_path: Path, *extra: str) -> list[str]:
+    """CONFIG, --local and the overrides every launch here has: layout, run dir, cache."""
+    return [str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", f"stop_grace_s={GRACE_S}", *extra]
+
+
+def launch(tmp_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "launch", *job_args(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, rank: int,
@@ -55,7 +59,11 @@ def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, ran
         launcher.kill()
 
 
-def test_a_rank_killed_in_each_job_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+def test_a_killed_rank_or_ranks_late_to_meet_stop_every_rank_with_one_line(
+        tmp_path: Path) -> None:
+    """One run dir and cache through four launches, each checked as it ends: a rank killed
+    in the prewarm job, then in the training job (after a prewarm that completes, which
+    the launches after it need), ranks that do not meet in time, and a relaunch that works."""
     run_dir = tmp_path / "runs" / "demo"
     err, _ = kill_rank_when(launch(tmp_path), run_dir, "prewarm", 2, "COLD  train_step")
     assert "jaxwarm: prewarm failed: process 2 was killed by SIGKILL (exit 137)" in err, \
@@ -68,19 +76,29 @@ def test_a_rank_killed_in_each_job_stops_every_rank_with_one_line(tmp_path: Path
         err[-3000:]
     assert run_processes(run_dir) == {}
 
-    relaunch = run_cli("launch", str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
-                       f"cache.dir={tmp_path / 'cache'}", timeout=900)
+    # After the prewarm, process 0 loads each step in a fraction of a second while the
+    # others compile it for seconds: with a meeting bound of 1 ms it waits in vain.
+    late = run_cli("launch", *job_args(tmp_path, "--no-prewarm", "ranks.meet_timeout_s=0.001"),
+                   timeout=900)
+    assert late.returncode == 1, late.stderr[-3000:]
+    [line] = [line for line in late.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert "the ranks did not meet after jit_" in line, line
+    assert "within 0.001 s (ranks.meet_timeout_s): rank" in line, line
+    assert " still " in line and " s ago)" in line, line
+    assert run_processes(run_dir) == {}
+
+    relaunch = run_cli("launch", *job_args(tmp_path), timeout=900)
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]
     assert "jit_train_step: HIT on process 0" in relaunch.stdout
 
 
 def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path: Path) -> None:
-    plant = ('if [ "$JAXWARM_PROCESS_ID" = 3 ]; then export XLA_FLAGS="$XLA_FLAGS '
+    plant = ('if [ "$JAXWARM_PROCESS_ID" = 2 ]; then export XLA_FLAGS="$XLA_FLAGS '
              '--xla_cpu_enable_fast_math=true"; fi; '
              f'exec {sys.executable} -m prewarm.workload.trainer')
-    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", *LAYOUT,
-                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
-                     f"stop_grace_s={GRACE_S}", f"entrypoint.command=[sh, -c, {json.dumps(plant)}]",
+    result = run_cli("launch", *job_args(tmp_path, "--no-prewarm",
+                                         f"entrypoint.command=[sh, -c, {json.dumps(plant)}]"),
                      timeout=900)
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines()
@@ -88,25 +106,7 @@ def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path:
     assert line.startswith("jaxwarm: train failed: process "), line
     flags = "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=1"
     assert ("the ranks' environments differ: XLA_FLAGS is '...tform_device_count=1 "
-            f"--xla_cpu_enable_fast_math=true' on rank 3, but '{flags}' on ranks 0-2") in line
-    assert run_processes(tmp_path / "runs" / "demo") == {}
-
-
-def test_ranks_that_do_not_meet_in_time_stop_the_job_naming_the_late_ones(
-        tmp_path: Path) -> None:
-    """After a prewarm, process 0 loads each step in a fraction of a second while the
-    others compile it for seconds: with a meeting bound of 1 ms it waits in vain."""
-    args = (str(DEMO), "--local", *LAYOUT, f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", f"stop_grace_s={GRACE_S}")
-    assert run_cli("prewarm", *args, timeout=900).returncode == 0
-    result = run_cli("launch", *args, "--no-prewarm", "ranks.meet_timeout_s=0.001",
-                     timeout=900)
-    assert result.returncode == 1, result.stderr[-3000:]
-    [line] = [line for line in result.stderr.splitlines()
-              if line.startswith("jaxwarm: train failed")]
-    assert "the ranks did not meet after jit_" in line, line
-    assert "within 0.001 s (ranks.meet_timeout_s): rank" in line, line
-    assert " still " in line and " s ago)" in line, line
+            f"--xla_cpu_enable_fast_math=true' on rank 2, but '{flags}' on ranks 0-1") in line
     assert run_processes(tmp_path / "runs" / "demo") == {}
 
 

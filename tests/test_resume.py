@@ -1,5 +1,11 @@
 """The reference trainer: SIGTERM -> checkpoint -> exit; relaunch resumes on the same loss
-curve as an uninterrupted run; a changed config is refused."""
+curve as an uninterrupted run; a changed config is refused.
+
+One process of 4 CPU devices and the tiny step: what is checked is the trainer's stop,
+checkpoint and resume, which one process does as several do, at a fifth of the CPU of the
+demo's two (whose second process compiles every launch: only process 0 can hit on CPU).
+Several processes stopping at one step and resuming their shards are checked on SLURM
+(tests/test_submit_slurm.py), where a requeue is what resumes."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from typing import IO
 
 import pytest
 
+from bench.common import TINY_STEP
 from tests.conftest import DEMO, REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +49,8 @@ def read_until(stream: IO[str], lines: list[str], event: threading.Event, step: 
 
 def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
     return ["launch", str(DEMO), "--local", "--no-prewarm", f"run.out_dir={out}",
-            f"cache.dir={cache}", f"train.steps={STEPS}", "train.checkpoint_every=0", *extra]
+            f"cache.dir={cache}", "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}",
+            *TINY_STEP, f"train.steps={STEPS}", "train.checkpoint_every=0", *extra]
 
 
 def test_sigterm_checkpoints_and_resume_continues_the_same_curve(

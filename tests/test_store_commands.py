@@ -78,10 +78,12 @@ def corrupt(path: Path, how: str) -> None:
             path.write_bytes(zlib.compress(bytes(payload)))
 
 
-def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
+def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    # Four prewarm the same step, four each a different one (d_ff differs), all at once.
-    variants = ["step.args.d_ff=128"] * 4 + [f"step.args.d_ff={64 + 16 * i}" for i in range(4)]
+    # Two prewarm the same step, two each a different one (d_ff differs), all at once. Each
+    # race needs no more: the same-step pair takes turns on one compile, and three writers
+    # of new entries record them in the manifest at once; more writers add JAX processes.
+    variants = ["step.args.d_ff=128"] * 2 + [f"step.args.d_ff={64 + 16 * i}" for i in range(2)]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
 
     def reader() -> None:
@@ -110,12 +112,12 @@ def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Pa
     assert all(w.returncode == 0 for w in writers), outputs
     assert not errors and seen["manifest_reads"] > 0 and seen["ls"] > 0
 
-    reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(8)]
+    reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(len(variants))]
     keys = {step_record(r)["key"] for r in reports}
-    assert len(keys) == 5  # one shared step, four different ones
-    # The same-step writers took turns: one compiled and wrote, three loaded its entry.
-    shared = [step_record(r) for r in reports[:4]]
-    assert sorted(f["hit"] for f in shared) == [False, True, True, True]
+    assert len(keys) == 3  # one shared step, two different ones
+    # The same-step writers took turns: one compiled and wrote, the other loaded its entry.
+    shared = [step_record(r) for r in reports[:2]]
+    assert sorted(f["hit"] for f in shared) == [False, True]
     manifest = read_manifest(cache)
     for report in reports:
         for function in report["functions"]:
@@ -133,23 +135,21 @@ def test_eight_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Pa
     assert step_record(init_report(tmp_path, "w0"))["hit"]
 
 
-def test_five_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+    """A cold launch and two relaunches: the second relaunch is the first to start from
+    what a hit left in the cache (its usage record) and the first to drop a checkpoint
+    (orbax keeps two); a later relaunch would meet the same state again."""
     cache = tmp_path / "cache"
     hits = []
-    for attempt in range(6):
+    for attempt in range(3):
         # Each relaunch resumes from the last checkpoint and trains two more steps.
-        result = run_cli("launch", *job_args(tmp_path, cache, "--no-prewarm",
+        result = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm",
                                              f"train.steps={2 * (attempt + 1)}",
-                                             "train.checkpoint_every=2",
-                                             "topology.processes_per_node=1",
-                                             "topology.devices_per_process=2",
-                                             "mesh.axes={data: 1, fsdp: 2}",
-                                             "step.args.n_layers=1",
-                                             "cache.min_compile_time_secs=0"))
+                                             "train.checkpoint_every=2"))
         assert_ok(result)
         hits.append(step_record(init_report(tmp_path))["hit"])
         assert_ok(run_cli("cache", "verify", str(cache)))
-    assert hits == [False, True, True, True, True, True]
+    assert hits == [False, True, True]
     assert not (cache / QUARANTINE_DIR).exists()
 
 
@@ -159,22 +159,29 @@ def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
     assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *TINY)))
     key = step_record(init_report(tmp_path, job="prewarm"))["key"]
     entry = cache / f"{key}{CACHE_SUFFIX}"
-    for how in ("truncated", "zeroed", "flipped"):
+    intact = entry.read_bytes()
+    # A quarantine leaves the same state whatever the damage (the entry moved aside, its
+    # record void), so one run after the last shows what the next run after any of them
+    # does. Before that the intact bytes go back, unrecorded like a copied-in entry: the
+    # flipped bit, which only the recorded checksum can tell, comes first, while the
+    # prewarm's record holds; a truncated or zeroed entry fails the full read either way.
+    for how in ("flipped", "truncated", "zeroed"):
+        if not entry.exists():
+            entry.write_bytes(intact)
         corrupt(entry, how)
         found = run_cli("cache", "verify", str(cache))
         assert found.returncode == 1, found.stdout + found.stderr
         assert f"QUARANTINED {key}" in found.stdout
         assert not entry.exists()
-        run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm",
-                                          run=f"after-{how}"))
-        assert_ok(run)
-        assert not step_record(init_report(tmp_path, f"after-{how}"))["hit"]
-        assert entry.is_file()  # rewritten by the run that recompiled
-        assert_ok(run_cli("cache", "verify", str(cache)))
     assert len(list((cache / QUARANTINE_DIR).glob(f"{key}-cache.*[0-9]"))) >= 1
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
+    assert_ok(run)
+    assert not step_record(init_report(tmp_path, "after"))["hit"]
+    assert entry.is_file()  # rewritten, and recorded, by the run that recompiled
+    assert_ok(run_cli("cache", "verify", str(cache)))
     # Without `cache verify`, the launch's own check catches it before the job starts.
     corrupt(entry, "flipped")
-    run = run_cli("launch", *job_args(tmp_path, cache, *TINY))
+    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm"))
     assert_ok(run)
     assert f"quarantined {key}" in run.stderr
     assert "cache check:" in run.stderr

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
 from launcher.records import PrewarmDecision, read_record
 from launcher.rundir import prewarm_decision_path, report_path
 from launcher.store.prewarms import read_prewarms
@@ -31,15 +33,17 @@ def step_hit(run_dir: Path) -> bool:
     return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
 
 
-def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None):
-    """The demo on one process of 4 devices: what decides the prewarm does not depend on the
-    number of processes, and each launch costs half the CPU."""
+def launch(tmp_path: Path, name: str, *extra: str,
+           python: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The demo on one process of 4 devices, its step the tiny one: what decides the prewarm
+    depends neither on the number of processes nor on how long the step compiles, and each
+    launch costs a fraction of the CPU. Every compile is cached, however fast."""
     args = ["launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
-            "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}", *extra]
+            "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}", *TINY_STEP,
+            "cache.min_compile_time_secs=0", *extra]
     if python is None:
         return run_cli(*args)
-    import subprocess
     return subprocess.run([python, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 

@@ -33,13 +33,14 @@ def step_hit(run_dir: Path) -> bool:
 
 
 def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
-           trains: bool = True) -> subprocess.CompletedProcess[str]:
+           trains: bool = True, command: str = "launch") -> subprocess.CompletedProcess[str]:
     """The demo on one process of 4 devices, its step the tiny one: what decides the prewarm
     depends neither on the number of processes nor on how long the step compiles, and each
     launch costs a fraction of the CPU. Every compile is cached, however fast. Where only
     the prewarm (its decision, its record) is checked, `trains=False` makes the training
-    job `true`: the trainer is no part of the fingerprint, and a real one starts JAX."""
-    args = ["launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+    job `true`: the trainer is no part of the fingerprint, and a real one starts JAX.
+    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well."""
+    args = [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
             *ONE_PROCESS, *TINY_CACHED, *extra,
             *(() if trains else ("entrypoint.command=['true']",))]
@@ -134,10 +135,11 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
         "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "
         "_model.Params, _model.init_params, _model.loss_fn, _model.param_specs)"))
     args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *args, trains=False).returncode == 0
+    assert launch(tmp_path, "first", *args, command="prewarm").returncode == 0
     model = source / "mystep" / "model.py"
     model.write_text(model.read_text().replace("_NORM_EPS = 1e-5", "_NORM_EPS = 1e-6"))
-    # Same fingerprint: the training job runs alone, misses, and forgets the record...
+    # Same fingerprint as the prewarm's: the training job runs alone, misses, and forgets
+    # the record...
     blind = launch(tmp_path, "blind", *args)
     assert blind.returncode == 0, blind.stderr[-3000:]
     assert not decision(tmp_path / "runs" / "blind").prewarm

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
 from launcher.rundir import report_path
-from tests.conftest import DEMO, run_cli, with_xla_flag
+from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -113,24 +114,35 @@ def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path,
     assert "COLD  jit_train_step" in cold.stdout
     assert "XLA flags differs" in cold.stdout
 
-    missed = run_cli("launch", *args, "--no-prewarm", "train.steps=1",
-                     with_xla_flag("--xla_cpu_enable_fast_math=true"))
-    assert missed.returncode == 0, missed.stderr[-3000:]
-    assert "jit_train_step: MISS on process 0" in missed.stdout
-    assert "why: prewarmed as" in missed.stdout and "XLA flags differs" in missed.stdout
+
+def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
+    """On one process, the step tiny: a miss depends on neither."""
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", "train.steps=1",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     *ONE_PROCESS, *TINY_STEP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    assert not report_path(run_dir, "prewarm", 0, 0).exists()
+    train = report(run_dir, "train", 0)
+    assert not function(train, "jit_train_step")["hit"]
+    assert train["hits"] == 0 and train["backend_compile_s"] > 0
 
 
 def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
                                                                 launched: Launched) -> None:
-    """jaxwarm-train calls mark_first_step(): its time to first step is there cold
-    (--no-prewarm on a clean cache, where the step misses) and warm, and the report shows
-    both launches. The warm launch is on the cache the demo was prewarmed into: that
-    prewarm recorded its fingerprint, this launch has the same one, so its training job
-    runs alone (--prewarm auto) and loads the step."""
-    args = (str(DEMO), "--local", "train.steps=1", f"run.out_dir={tmp_path / 'runs'}")
+    """jaxwarm-train calls mark_first_step(): its time to first step is there cold and warm,
+    and the report shows both launches. Cold: --no-prewarm with an XLA flag the prewarm did
+    not have, so the step misses, and the training job says why. Warm: the prewarmed config,
+    whose fingerprint the prewarm recorded, so its training job runs alone (--prewarm auto)
+    and loads the step."""
+    args = (str(DEMO), "--local", "train.steps=1", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={launched.cache}")
     run_dir = tmp_path / "runs" / "demo"
-    cold = run_cli("launch", *args, f"cache.dir={tmp_path / 'cache'}", "--no-prewarm")
+    cold = run_cli("launch", *args, "--no-prewarm",
+                   with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert cold.returncode == 0, cold.stderr[-3000:]
+    assert "jit_train_step: MISS on process 0" in cold.stdout
+    assert "why: prewarmed as" in cold.stdout and "XLA flags differs" in cold.stdout
     assert not report_path(run_dir, "prewarm", 0, 0).exists()
     first = report(run_dir, "train", 0)
     assert not function(first, "jit_train_step")["hit"]
@@ -139,7 +151,7 @@ def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
     assert first["time_to_first_step_s"] > first["backend_compile_s"]
     shutil.rmtree(run_dir / "checkpoints")
 
-    warm = run_cli("launch", *args, f"cache.dir={launched.cache}")
+    warm = run_cli("launch", *args)
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert "prewarm job: skipped (--prewarm auto)" in warm.stdout
     assert "jit_train_step: HIT on process 0" in warm.stdout

@@ -37,6 +37,13 @@ from launcher.config import load_config
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
 
+# The demo on one process of its 4 devices: for a test that checks nothing of several
+# processes, half the JAX processes of the demo's two.
+ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
+# The tiny step, every compile cached however fast: for a test that needs the step compiled
+# and in the cache, whatever its compile time.
+TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
+
 
 def with_xla_flag(flag: str) -> str:
     """The override `xla_flags=[...]` adding FLAG to the demo's own flags (a list given on

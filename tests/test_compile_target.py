@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, ONE_PROCESS, run_cli
 
 FACTORY = '''
 import contextlib
@@ -60,7 +60,7 @@ def make(config, mesh):
 @pytest.mark.e2e
 def test_a_target_lowered_in_its_context_with_compiler_options(tmp_path: Path) -> None:
     (tmp_path / "ctx_factory.py").write_text(FACTORY)
-    args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+    args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}", *ONE_PROCESS,
             f"cache.dir={tmp_path / 'cache'}", "cache.min_compile_time_secs=0",
             "step.factory=ctx_factory:make", "step.args={options: true}",
             f"env={{PYTHONPATH: {json.dumps(str(tmp_path))}}}"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from bench.common import TINY_STEP
 from launcher.rundir import report_path
-from tests.conftest import DEMO, run_cli, with_xla_flag
+from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -29,11 +32,29 @@ def phases_of(report: dict) -> set[str]:
     return {phase["phase"] for phase in report["phases"] if phase["seconds"] > 0}
 
 
-def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
-    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                     f"cache.dir={tmp_path / 'cache'}", "train.steps=2")
+@dataclass(frozen=True)
+class Launched:
+    result: subprocess.CompletedProcess[str]
+    run_dir: Path
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """The demo launched once on a clean cache (prewarm, then train), which the first test
+    checks and the others verify and launch against: what they need is a cache the demo was
+    prewarmed into, and each prewarm of it costs two JAX processes. They write into the
+    cache only what a training job adds (its entries and usage lines), which none of the
+    checks on this launch reads."""
+    root = tmp_path_factory.mktemp("launched")
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={root / 'runs'}",
+                     f"cache.dir={root / 'cache'}", "train.steps=2")
+    return Launched(result, root / "runs" / "demo", root / "cache")
+
+
+def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
+    result, run_dir, cache = launched.result, launched.run_dir, launched.cache
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "demo"
 
     prewarm = report(run_dir, "prewarm", 0)
     assert not function(prewarm, "jit_train_step")["hit"]
@@ -63,9 +84,9 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert "warm start (train r0 p0): " in result.stdout
     assert "init phases (seconds from process start to the first step" in result.stdout
 
-    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
+    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())
     assert step["key"] in manifest["entries"]
-    assert (tmp_path / "cache" / f"{step['key']}-cache").is_file()
+    assert (cache / f"{step['key']}-cache").is_file()
     assert "jit_train_step: HIT on process 0" in result.stdout
 
     table = run_cli("report", str(run_dir))
@@ -77,14 +98,13 @@ def test_prewarm_then_train_hits_on_process_0(tmp_path: Path) -> None:
     assert "COLD  train_step" in result.stderr
 
 
-def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> None:
+def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path,
+                                                             launched: Launched) -> None:
     args = (str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}")
-    assert run_cli("prewarm", *args).returncode == 0
+            f"cache.dir={launched.cache}")
     warm = run_cli("verify", *args)
     assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
-    prewarm_key = function(report(tmp_path / "runs" / "demo", "prewarm", 0),
-                           "jit_train_step")["key"]
+    prewarm_key = function(report(launched.run_dir, "prewarm", 0), "jit_train_step")["key"]
     assert f"WARM  jit_train_step  {prewarm_key}" in warm.stdout
     verify = report(tmp_path / "runs" / "demo", "verify", 0)
     assert verify["lookups"] == 0 and verify["backend_compile_s"] == 0, verify
@@ -94,24 +114,12 @@ def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path) -> N
     assert "COLD  jit_train_step" in cold.stdout
     assert "XLA flags differs" in cold.stdout
 
-    missed = run_cli("launch", *args, "--no-prewarm", "train.steps=1",
-                     with_xla_flag("--xla_cpu_enable_fast_math=true"))
-    assert missed.returncode == 0, missed.stderr[-3000:]
-    assert "jit_train_step: MISS on process 0" in missed.stdout
-    assert "why: prewarmed as" in missed.stdout and "XLA flags differs" in missed.stdout
-    shutil.rmtree(tmp_path / "runs" / "demo" / "checkpoints")
-
-    # The prewarm above recorded its fingerprint: this launch has the same one, so its
-    # training job runs alone (--prewarm auto) and loads the step.
-    relaunch = run_cli("launch", *args, "train.steps=1")
-    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
-    assert "prewarm job: skipped (--prewarm auto)" in relaunch.stdout
-    assert "jit_train_step: HIT on process 0" in relaunch.stdout
-
 
 def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
+    """On one process, the step tiny: a miss depends on neither."""
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", "train.steps=1",
-                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}")
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     *ONE_PROCESS, *TINY_STEP)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     assert not report_path(run_dir, "prewarm", 0, 0).exists()
@@ -120,21 +128,33 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
     assert train["hits"] == 0 and train["backend_compile_s"] > 0
 
 
-def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path) -> None:
-    """jaxwarm-train calls mark_first_step(): its time to first step is there cold
-    (--no-prewarm on an empty cache) and warm, and the report shows both launches."""
+def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
+                                                                launched: Launched) -> None:
+    """jaxwarm-train calls mark_first_step(): its time to first step is there cold and warm,
+    and the report shows both launches. Cold: --no-prewarm with an XLA flag the prewarm did
+    not have, so the step misses, and the training job says why. Warm: the prewarmed config,
+    whose fingerprint the prewarm recorded, so its training job runs alone (--prewarm auto)
+    and loads the step."""
     args = (str(DEMO), "--local", "train.steps=1", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}")
+            f"cache.dir={launched.cache}")
     run_dir = tmp_path / "runs" / "demo"
-    cold = run_cli("launch", *args, "--no-prewarm")
+    cold = run_cli("launch", *args, "--no-prewarm",
+                   with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert cold.returncode == 0, cold.stderr[-3000:]
+    assert "jit_train_step: MISS on process 0" in cold.stdout
+    assert "why: prewarmed as" in cold.stdout and "XLA flags differs" in cold.stdout
+    assert not report_path(run_dir, "prewarm", 0, 0).exists()
     first = report(run_dir, "train", 0)
-    assert first["hits"] == 0 and first["first_step_from"] == "trainer"
+    assert not function(first, "jit_train_step")["hit"]
+    assert first["hits"] == 0 and first["backend_compile_s"] > 0
+    assert first["first_step_from"] == "trainer"
     assert first["time_to_first_step_s"] > first["backend_compile_s"]
     shutil.rmtree(run_dir / "checkpoints")
 
     warm = run_cli("launch", *args)
     assert warm.returncode == 0, warm.stderr[-3000:]
+    assert "prewarm job: skipped (--prewarm auto)" in warm.stdout
+    assert "jit_train_step: HIT on process 0" in warm.stdout
     second = report(run_dir, "train", 0)
     assert function(second, "jit_train_step")["hit"] and second["first_step_from"] == "trainer"
     line = next(line for line in warm.stdout.splitlines()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from launcher.records import PrewarmDecision, read_record
 from launcher.rundir import prewarm_decision_path, report_path
 from launcher.store.prewarms import read_prewarms
-from tests.conftest import DEMO, REPO, run_cli, with_xla_flag
+from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, run_cli, with_xla_flag
 from tests.legs import LEGS, leg_python, ready
 
 pytestmark = pytest.mark.e2e
@@ -31,21 +32,26 @@ def step_hit(run_dir: Path) -> bool:
     return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
 
 
-def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None):
-    """The demo on one process of 4 devices: what decides the prewarm does not depend on the
-    number of processes, and each launch costs half the CPU."""
-    args = ["launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
+           trains: bool = True, command: str = "launch") -> subprocess.CompletedProcess[str]:
+    """The demo on one process of 4 devices, its step the tiny one: what decides the prewarm
+    depends neither on the number of processes nor on how long the step compiles, and each
+    launch costs a fraction of the CPU. Every compile is cached, however fast. Where only
+    the prewarm (its decision, its record) is checked, `trains=False` makes the training
+    job `true`: the trainer is no part of the fingerprint, and a real one starts JAX.
+    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well."""
+    args = [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
-            "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}", *extra]
+            *ONE_PROCESS, *TINY_CACHED, *extra,
+            *(() if trains else ("entrypoint.command=['true']",))]
     if python is None:
         return run_cli(*args)
-    import subprocess
     return subprocess.run([python, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
 
 def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path: Path) -> None:
-    first = launch(tmp_path, "first")
+    first = launch(tmp_path, "first", trains=False)
     assert first.returncode == 0, first.stderr[-3000:]
     made = decision(tmp_path / "runs" / "first")
     assert made.prewarm and made.mode == "auto"
@@ -68,10 +74,10 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     assert "prewarm job: skipped (--prewarm auto): the fingerprint" in second.stdout
 
     # always runs it anyway (it finds everything WARM); never does not.
-    always = launch(tmp_path, "always", "--prewarm", "always")
+    always = launch(tmp_path, "always", "--prewarm", "always", trains=False)
     assert always.returncode == 0 and decision(tmp_path / "runs" / "always").prewarm
     assert "every function is WARM: nothing to compile" in always.stderr
-    never = launch(tmp_path, "never", "--no-prewarm")
+    never = launch(tmp_path, "never", "--no-prewarm", trains=False)
     assert never.returncode == 0 and decision(tmp_path / "runs" / "never").mode == "never"
 
     # A changed config changes the fingerprint: the prewarm job runs, and says why.
@@ -97,10 +103,10 @@ def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
         module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *factory).returncode == 0
+    assert launch(tmp_path, "first", *factory, trains=False).returncode == 0
     model = source / "mystep" / "model.py"
     model.write_text(model.read_text() + "\n# a comment changes the source\n")
-    second = launch(tmp_path, "second", *factory)
+    second = launch(tmp_path, "second", *factory, trains=False)
     assert second.returncode == 0, second.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "second")
     assert chained.prewarm and f"source: {model.resolve()} changed" in chained.why
@@ -110,8 +116,8 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
     leg = LEGS[0]
     if leg_python(leg)[0] is None or not ready(leg):
         pytest.skip(f"jax {leg.jax} leg not built (make legs)")
-    assert launch(tmp_path, "first").returncode == 0
-    other = launch(tmp_path, "second", python=str(leg.python))
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    other = launch(tmp_path, "second", python=str(leg.python), trains=False)
     assert other.returncode == 0, other.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "second")
     assert chained.prewarm and f"jax 0.10.2 -> {leg.jax}" in chained.why
@@ -129,10 +135,11 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
         "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "
         "_model.Params, _model.init_params, _model.loss_fn, _model.param_specs)"))
     args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *args).returncode == 0
+    assert launch(tmp_path, "first", *args, command="prewarm").returncode == 0
     model = source / "mystep" / "model.py"
     model.write_text(model.read_text().replace("_NORM_EPS = 1e-5", "_NORM_EPS = 1e-6"))
-    # Same fingerprint: the training job runs alone, misses, and forgets the record...
+    # Same fingerprint as the prewarm's: the training job runs alone, misses, and forgets
+    # the record...
     blind = launch(tmp_path, "blind", *args)
     assert blind.returncode == 0, blind.stderr[-3000:]
     assert not decision(tmp_path / "runs" / "blind").prewarm
@@ -140,6 +147,6 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     assert "the next launch with its fingerprint runs its prewarm again" in blind.stderr
     assert read_prewarms(tmp_path / "cache") == {}
     # ...so the next launch with it runs the prewarm job again.
-    again = launch(tmp_path, "again", *args)
+    again = launch(tmp_path, "again", *args, trains=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert decision(tmp_path / "runs" / "again").prewarm

@@ -21,8 +21,8 @@ from launcher.store.entries import CACHE_SUFFIX
 from launcher.store.integrity import entry_problem, missed_since_check
 from launcher.store.manifest import manifest_path, read_manifest
 from launcher.store.usage import usage_path
-from tests.conftest import run_cli
-from tests.test_store_commands import TINY, job_args
+from tests.conftest import ranks_layout, run_cli
+from tests.test_store_commands import job_args
 
 pytestmark = pytest.mark.e2e
 
@@ -51,8 +51,7 @@ def keys(cache: Path) -> dict[str, str]:
 
 def test_verify_leaves_the_cache_dir_as_it_found_it(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    args = job_args(tmp_path, cache, *TINY, "topology.processes_per_node=2",
-                    "topology.devices_per_process=1")
+    args = job_args(tmp_path, cache, "cache.min_compile_time_secs=0", *ranks_layout(2, 1, 2))
     prewarmed = run_cli("prewarm", *args)
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
     step, init = keys(cache)["jit_train_step"], keys(cache)["jit_init_state"]

@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ RUN = "jsp-example"
 DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
     """jsp-train as an installed console script: the dist-info an installer writes (its entry
     points from the example's pyproject), on a PYTHONPATH that also holds the adapter."""
@@ -39,9 +43,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
     return os.pathsep.join([str(site), str(EXAMPLE)])
 
 
-def args_for(tmp_path: Path, pythonpath: str, *extra: str) -> list[str]:
+def args_for(tmp_path: Path, pythonpath: str, *extra: str,
+             cache: Path | None = None) -> list[str]:
+    """The runs under TMP_PATH, the cache too unless CACHE is given."""
     # Threshold 0: the step is stored however fast this machine compiles it.
-    return [str(CONFIG), f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+    return [str(CONFIG), f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={cache or tmp_path / 'cache'}",
             "cache.min_compile_time_secs=0",
             f"env={{PYTHONPATH: {json.dumps(pythonpath)}}}",
             f"entrypoint.args=[--out, {tmp_path / 'trainer'}]", *extra]
@@ -93,58 +100,90 @@ def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
     assert changed[0] in stdout
 
 
+@dataclass(frozen=True)
+class Launched:
+    root: Path  # what args_for was given: the run and the cache are under it
+    result: subprocess.CompletedProcess[str]
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory,
+             installed: str) -> Callable[[int], Launched]:
+    """jsp-train launched locally (prewarm, then train) on 1 or 2 processes, once per module
+    for each: the launch is what the HIT tests check, and a cache its step was prewarmed into
+    on one process is what the tests of verify on another layout, of a trainer that is
+    followed and of a warm first step need (they write into it only what a training job
+    adds, or work on a copy). Each prewarm costs a JAX process per rank."""
+    runs: dict[int, Launched] = {}
+
+    def launch(processes: int) -> Launched:
+        if processes not in runs:
+            root = tmp_path_factory.mktemp(f"launched-{processes}")
+            runs[processes] = Launched(root, run_cli(
+                "launch", *args_for(root, installed, *layout(processes)), "--local"))
+        return runs[processes]
+    return launch
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("processes", [1, 2])
-def test_unchanged_trainer_hits_locally(tmp_path: Path, installed: str, processes: int) -> None:
-    args = args_for(tmp_path, installed, *layout(processes))
-    launched = run_cli("launch", *args, "--local")
-    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
-    assert_trained_with_a_hit(tmp_path, launched.stdout)
-    assert headline(launched.stdout).startswith("jit_step: HIT on process 0")
+def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int], Launched],
+                                        processes: int) -> None:
+    run = launched(processes)
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr[-3000:]
+    assert_trained_with_a_hit(run.root, run.result.stdout)
+    assert headline(run.result.stdout).startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
-    assert "without a sharding" not in launched.stderr
+    assert "without a sharding" not in run.result.stderr
 
-    warm = run_cli("verify", *args, "--local")
+    warm = run_cli("verify", *args_for(run.root, installed, *layout(processes)), "--local")
     assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
-    assert f"WARM  jit_step  {step_records(report(tmp_path))[0]['key']}" in warm.stdout
+    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in warm.stdout
 
-    table = run_cli("report", str(tmp_path / "runs" / RUN), "--all")
+    table = run_cli("report", str(run.root / "runs" / RUN), "--all")
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
 
 
 @pytest.mark.e2e
-def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str) -> None:
-    args = args_for(tmp_path, installed)
-    assert run_cli("prewarm", *args, "--local").returncode == 0
-    cold = run_cli("verify", *args, *layout(2), "--local")
+def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str,
+                                                   launched: Callable[[int], Launched]) -> None:
+    prewarmed = launched(1).cache
+    cold = run_cli("verify", *args_for(tmp_path, installed, *layout(2), cache=prewarmed),
+                   "--local")
     assert cold.returncode == 1, cold.stdout + cold.stderr[-2000:]
     assert "the process layout differs" in cold.stdout
     assert "compile_options differs" not in cold.stdout
 
 
 @pytest.mark.e2e
-def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(tmp_path: Path,
-                                                                 installed: str) -> None:
-    launched = run_cli("launch", *args_for(tmp_path, installed, "cache.enforce=false"),
-                       "--local")
-    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(
+        tmp_path: Path, installed: str, launched: Callable[[int], Launched]) -> None:
+    """On a copy of a prewarmed cache: what the miss is explained against."""
+    shutil.copytree(launched(1).cache, tmp_path / "cache")
+    followed = run_cli("launch", *args_for(tmp_path, installed, "cache.enforce=false"),
+                       "--local", "--no-prewarm")
+    assert followed.returncode == 0, followed.stdout + followed.stderr[-3000:]
     train = report(tmp_path)
     changed = settings_changed(train)
     assert len(changed) == 1 and "jaxwarm follows the trainer" in changed[0]
     assert train["cache_dir"] == str(tmp_path / "trainer" / "jax-cache")
     assert not step_records(train)[0]["hit"]
-    assert "jit_step: MISS on process 0" in launched.stdout
-    assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in launched.stdout
+    assert "jit_step: MISS on process 0" in followed.stdout
+    assert f"why: this process looked its entries up in {tmp_path / 'trainer'}" in followed.stdout
 
 
 @pytest.mark.e2e
 def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
-        tmp_path: Path, installed: str) -> None:
+        tmp_path: Path, installed: str, launched: Callable[[int], Launched]) -> None:
     """jsp-train never calls mark_first_step(). Cold (--no-prewarm, an empty cache, no
     prewarm of its step anywhere), the function with the largest inputs is taken for the
     step: its train step, not its init (which compiles longer) nor its eval step. Warm from
-    another run's prewarm, the step that prewarm recorded ends the first step. The report
-    shows both attempts of the run side by side."""
+    another run's prewarm (the launched one's, in its cache), the step that prewarm recorded
+    ends the first step. The report shows both attempts of the run side by side."""
     args = args_for(tmp_path, installed, *layout(1))
     cold = run_cli("launch", *args, "--local", "--no-prewarm")
     assert cold.returncode == 0, cold.stdout + cold.stderr[-3000:]
@@ -157,9 +196,8 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
     assert first["time_to_first_step_s"] > sum(
         fn["seconds"] for fn in first["functions"][:first["functions"].index(train_step) + 1])
 
-    other = run_cli("prewarm", *args, "run.name=another-run", "--local")
-    assert other.returncode == 0, other.stderr[-3000:]
-    warm = run_cli("launch", *args, "--local", "--no-prewarm")
+    warm = run_cli("launch", *args_for(tmp_path, installed, *layout(1),
+                                       cache=launched(1).cache), "--local", "--no-prewarm")
     assert warm.returncode == 0, warm.stdout + warm.stderr[-3000:]
     second = report(tmp_path)
     assert step_records(second)[0]["hit"]

@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
 
 # The demo on one process of its 4 devices: for a test that checks nothing of several
-# processes, half the JAX processes of the demo's two.
+# processes, a launch at half the CPU (on CPU the demo's second process only misses and
+# compiles again).
 ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 # The tiny step, every compile cached however fast: for a test that needs the step compiled
 # and in the cache, whatever its compile time.
@@ -49,11 +50,6 @@ def with_xla_flag(flag: str) -> str:
     """The override `xla_flags=[...]` adding FLAG to the demo's own flags (a list given on
     the command line replaces the config's), so the launch keeps the demo's compile time."""
     return f"xla_flags=[{', '.join([*load_config(DEMO).xla_flags, flag])}]"
-
-
-# The demo on one process of its 4 devices: for tests that check no multi-process behaviour,
-# a launch at half the CPU (the second process of the demo misses on CPU and compiles again).
-ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
 Anything needing more than one device runs in a fresh subprocess (JAX fixes the device
 count at import) that prints one `RESULT <json>` line; argument parsing and the synthetic
-data are pure and run here.
+data are pure and run here. The subprocesses that train or take gradients compile with
+XLA's older CPU fusion code generator (`LEGACY_CPU_FUSION`): they check what the step
+computes and how it is laid out, and compile in half the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.common import LEGACY_CPU_FUSION
 from launcher.config import Config, ConfigError, parse_config, parse_yaml
 from prewarm.workload.data import BRANCHING, global_batch_numpy
 from prewarm.workload.model import ModelArgs
@@ -142,7 +145,8 @@ def trained() -> dict[str, tuple[dict[str, Any], str]]:
     for devices in sorted({devices for _, devices, _ in TRAIN_CASES.values()}):
         names = [name for name, case in TRAIN_CASES.items() if case[1] == devices]
         cases = [[str(TRAIN_CASES[name][0]), TRAIN_CASES[name][2]] for name in names]
-        proc = run_jax(TRAIN, devices=devices, timeout=600, args=(json.dumps(cases),))
+        proc = run_jax(TRAIN, devices=devices, timeout=600, args=(json.dumps(cases),),
+                       xla_flags=(LEGACY_CPU_FUSION,))
         done.update({name: (out, proc.stderr)
                      for name, out in zip(names, result(proc), strict=True)})
     return done
@@ -220,7 +224,8 @@ GRAD_CASES: dict[str, list[Any]] = {
 def gradients() -> dict[str, dict[str, float]]:
     """Every comparison of GRAD_CASES in one 8-device process: 4 distinct runs, not 6."""
     return result(run_jax(GRADS, devices=8, timeout=600,
-                          args=(str(DEMO), json.dumps(GRAD_CASES))))
+                          args=(str(DEMO), json.dumps(GRAD_CASES)),
+                          xla_flags=(LEGACY_CPU_FUSION,)))
 
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))

@@ -27,9 +27,11 @@ The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, e
   and `agree` modes), on 2 processes sharing the one GPU, compile only (as in mock).
 
 Without a GPU it refuses in one line (exit 2) and writes nothing. `--dry-run` runs the same
-checks on CPU at the demo's size, to test the script itself (tests/test_gpu_check.py): the
-mock check then prewarms on the real layout (JAX mocks GPU topologies only), and the JSON
-says `"dry_run": true`, names no GPU and holds no GPU figure (`"gpu": null`).
+checks on CPU with the demo's step at its smallest, compiled the cheapest way
+(`bench.common.TINY_STEP`, `LEGACY_CPU_FUSION`: the script's logic depends on neither, and
+the test suite runs it; tests/test_gpu_check.py): the mock check then prewarms on the real
+layout (JAX mocks GPU topologies only), and the JSON says `"dry_run": true`, names no GPU
+and holds no GPU figure (`"gpu": null`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import agree_cost
-from bench.common import REPO, BenchError, cpu_model, read_json, write_json
+from bench.common import (
+    LEGACY_CPU_FUSION,
+    REPO,
+    TINY_STEP,
+    BenchError,
+    cpu_model,
+    read_json,
+    with_xla_flag,
+    write_json,
+)
 from launcher.config import Config, load_config
 from launcher.environment import job_environment
 from launcher.errors import say
@@ -107,11 +118,13 @@ class Context:
         return "cpu" if self.dry_run else "gpu"
 
     def pin(self, name: str, overrides: Sequence[str]) -> tuple[Config, Path]:
-        """The demo config as this check's run `name`, pinned as a launch pins it."""
+        """The demo config as this check's run `name`, pinned as a launch pins it (a dry
+        run's step at its smallest, compiled the cheapest way)."""
+        dry_run = (*TINY_STEP, with_xla_flag(LEGACY_CPU_FUSION)) if self.dry_run else ()
         return pin_config(load_config(DEMO, [f"run.name={name}",
                                              f"run.out_dir={self.work / 'runs'}",
                                              f"topology.platform={self.platform}", *COMMON,
-                                             *overrides]))
+                                             *dry_run, *overrides]))
 
 
 def run(job: JobSpec, config: Config) -> None:
@@ -347,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
-                        help="run the checks on CPU at the demo's size: tests the script, "
-                             "measures no GPU")
+                        help="run the checks on CPU with the demo's step at its smallest: "
+                             "tests the script, measures no GPU")
     parser.add_argument("--only", default=",".join(CHECKS),
                         help=f"comma list of checks (default: all of {', '.join(CHECKS)})")
     parser.add_argument("--size", action="append", default=[], metavar="step.args.KEY=VALUE",
@@ -390,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "tool": "bench.gpu_check", "dry_run": args.dry_run,
         "gpu": None if args.dry_run else {"kind": device["kind"], "count": device["count"]},
-        "measured_on": ("cpu, dry run: the checks' logic at the demo's size; no GPU figure"
+        "measured_on": ("cpu, dry run: the checks' logic, the demo's step at its smallest; "
+                        "no GPU figure"
                         if args.dry_run else f"{device['count']} x {device['kind']}"),
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
                     "python": platform.python_version(), "platform": platform.platform(),

@@ -86,12 +86,16 @@ class PeakMemory:
                 continue
             for process in processes:
                 try:
-                    kind = kind_of(process.cmdline())
+                    argv = process.cmdline()
                     peak = high_water_mb(process.pid)
                 except (self.psutil.Error, OSError):
                     continue
-                self.peaks[process.pid] = (kind, max(peak, self.peaks.get(process.pid,
-                                                                           ("", 0.0))[1]))
+                # An exiting process that has let go of its memory (not yet a zombie) shows
+                # no argv and no VmHWM: sampled then, it would lose its kind.
+                if not argv or peak is None:
+                    continue
+                self.peaks[process.pid] = (kind_of(argv),
+                                           max(peak, self.peaks.get(process.pid, ("", 0.0))[1]))
 
     def stop(self) -> dict[str, list[float]]:
         self._stop.set()
@@ -109,11 +113,12 @@ def kind_of(argv: list[str]) -> str:
             TRAINER: "trainer", "launcher.cli": "launcher"}.get(module, "other")
 
 
-def high_water_mb(pid: int) -> float:
+def high_water_mb(pid: int) -> float | None:
+    """The process's peak RSS; None while it has no memory (exiting, or a zombie)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    return 0.0
+    return None
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, dict[str, list[float]]]:

@@ -4,7 +4,8 @@ Runs every benchmark from the repository root and prints one table per measureme
 with its target and PASS/MISS, then writes the figures (medians, every sample, the machine
 and its load average) as JSON and, when matplotlib is installed, a PNG chart next to it.
 By default 2, 4, 8, 16 and 32 layers and 3 repetitions; `--quick` is 2 and 4 layers and one
-repetition, what the test suite runs so that the benchmark cannot rot.
+repetition. The test suite runs one size (`--sizes 2 --repeats 1`) so that the benchmark
+cannot rot.
 
 Repetitions are the outer loop, so a burst of load on the machine spreads over every size
 instead of skewing one of them. See bench/step_cost.py and bench/launch_cost.py for what

@@ -32,7 +32,7 @@ import pytest
 from filelock import FileLock
 
 from bench.common import TINY_STEP
-from launcher.config import load_config
+from bench.common import with_xla_flag as with_xla_flag  # re-exported for the tests
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
@@ -46,10 +46,9 @@ ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
 
 
-def with_xla_flag(flag: str) -> str:
-    """The override `xla_flags=[...]` adding FLAG to the demo's own flags (a list given on
-    the command line replaces the config's), so the launch keeps the demo's compile time."""
-    return f"xla_flags=[{', '.join([*load_config(DEMO).xla_flags, flag])}]"
+# The demo on one process (its 4 devices, mesh data=1 x fsdp=4): the demo's step and its
+# launch flow, for a test that checks nothing of several processes (each costs a JAX start).
+DEMO_ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,18 @@ REPO = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "RESULT "
 
 
-def jax_env(devices: int, platform: str = "cpu") -> dict[str, str]:
+def jax_env(devices: int, platform: str = "cpu",
+            xla_flags: Sequence[str] = ()) -> dict[str, str]:
     """The environment of a child with the repo importable: on CPU, `devices` fake devices
     and LLVM at -O0 as in the demo config (the children check what compiles and what it
-    computes, not how fast it runs; -O0 halves the compile); on GPU (`bench.gpu_check`),
-    the GPUs there, with memory taken as needed so that several children can share one GPU."""
+    computes, not how fast it runs; -O0 halves the compile), and `xla_flags`; on GPU
+    (`bench.gpu_check`), the GPUs there, with memory taken as needed so that several
+    children can share one GPU."""
     env = dict(os.environ)
     if platform == "cpu":
-        env["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
-                            f"--xla_force_host_platform_device_count={devices}")
+        env["XLA_FLAGS"] = " ".join(["--xla_backend_optimization_level=0",
+                                     f"--xla_force_host_platform_device_count={devices}",
+                                     *xla_flags])
         env["JAX_PLATFORMS"] = "cpu"
     else:
         env["JAX_PLATFORMS"] = "cuda"
@@ -37,10 +41,11 @@ def jax_env(devices: int, platform: str = "cpu") -> dict[str, str]:
     return env
 
 
-def run_jax(code: str, devices: int, timeout: float = 300,
-            args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run_jax(code: str, devices: int, timeout: float = 300, args: tuple[str, ...] = (),
+            xla_flags: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """Run `code` with `python -c` (extra `args` in sys.argv[1:]); fail unless it exits 0."""
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=jax_env(devices),
+    proc = subprocess.run([sys.executable, "-c", code, *args],
+                          env=jax_env(devices, xla_flags=xla_flags),
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"JAX subprocess exited {proc.returncode}:\n"

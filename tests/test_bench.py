@@ -1,7 +1,11 @@
-"""The benchmark's quick mode (2 sizes, 1 repetition), run the way a user runs it, so that
-the benchmark keeps working. It checks what a reader of its output relies on: a table per
-measurement with its targets, every figure in the JSON as a number, the chart when
-matplotlib is there. Targets are not asserted: whether they are met depends on the machine.
+"""The benchmarks at their smallest, run the way a user runs them, so that they keep
+working. It checks what a reader of their output relies on: a table per measurement with its
+targets, every figure in the JSON as a number, the chart when matplotlib is there. Targets
+are not asserted: whether they are met depends on the machine.
+
+`bench.run` runs at one size (its 5 processes per size are a fixed cost, about 30 s of CPU
+each size here); what two sizes or more add, the per-layer row, is made by the benchmark's
+own functions from that size's row and a second one, so it is checked too.
 """
 
 from __future__ import annotations
@@ -15,10 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import run, step_cost
 from tests.conftest import REPO
-
-pytestmark = pytest.mark.e2e
-
 
 STEP_FIGURES = ("lower_s", "verify_extra_ms", "cold_compile_s", "warm_load_s",
                 "cold_first_step_s", "warm_first_step_s", "entry_kb", "cold_train_wall_s",
@@ -35,22 +37,29 @@ def positive(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def test_quick_benchmark_prints_tables_and_writes_every_figure(tmp_path: Path) -> None:
+@pytest.mark.e2e
+def test_benchmark_prints_tables_and_writes_every_figure(tmp_path: Path) -> None:
     figures, chart = tmp_path / "bench.json", tmp_path / "chart.png"
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--json", str(figures),
-                           "--png", str(chart)],
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--sizes", "2", "--repeats", "1",
+                           "--json", str(figures), "--png", str(chart)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for title in TABLES:
         assert title in proc.stdout, proc.stdout
 
     data = json.loads(figures.read_text())
-    assert data["settings"] == {"sizes": [2, 4], "repeats": 1}
-    rows = data["step"]["rows"]
-    assert [row["layers"] for row in rows] == [2, 4]
-    for row in rows:
-        assert all(positive(row[key]) for key in STEP_FIGURES), row
-    assert set(data["step"]["per_layer"]) >= set(STEP_FIGURES)
+    assert data["settings"] == {"sizes": [2], "repeats": 1}
+    (row,) = data["step"]["rows"]
+    assert row["layers"] == 2 and all(positive(row[key]) for key in STEP_FIGURES), row
+    assert data["step"]["per_layer"] == {} and "| per layer " not in proc.stdout  # one size
+    # Two sizes: this row and one at twice the layers with every figure doubled, so that
+    # each figure's growth per layer is half of it here.
+    rows = [row, {key: 2 * value for key, value in row.items()}]
+    slopes = step_cost.growth(rows)
+    assert set(slopes) >= set(STEP_FIGURES)
+    for key in STEP_FIGURES:
+        assert slopes[key] == pytest.approx(row[key] / 2), key
+    assert "\n| per layer " in step_cost.init_table(rows, slopes)
     launch = data["launcher"]["row"]
     assert all(positive(launch[f"{path}_s"]) for path in ("direct", "local", "slurm")), launch
     assert all(math.isfinite(launch[f"{path}_overhead_s"]) for path in ("local", "slurm"))
@@ -70,6 +79,15 @@ def test_quick_benchmark_prints_tables_and_writes_every_figure(tmp_path: Path) -
         assert "matplotlib is not installed" in proc.stdout
 
 
+def test_quick_is_two_sizes_and_one_repetition() -> None:
+    """What `--quick` runs, against the defaults."""
+    quick, full = run.parse_args(["--quick"]), run.parse_args([])
+    assert (quick.sizes, quick.repeats) == ([2, 4], 1)
+    assert (full.sizes, full.repeats) == ([2, 4, 8, 16, 32], 3)
+    assert quick.png == quick.json.with_suffix(".png")
+
+
+@pytest.mark.e2e
 def test_growth_at_one_rank_compares_jaxwarm_with_the_cache_set_by_hand(tmp_path: Path) -> None:
     """`bench.growth` at its smallest size: both ways ran the trainer to its first step,
     every figure of the row is a number, and the chart is drawn when matplotlib is there."""
@@ -88,6 +106,7 @@ def test_growth_at_one_rank_compares_jaxwarm_with_the_cache_set_by_hand(tmp_path
         assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.e2e
 def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: Path) -> None:
     """`bench.big_compile` at 1 layer (the Llama-3-8B mesh on 64 CPU devices): the prewarm
     compiled the step, a fresh process loaded it from the cache, and the limit is made of

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import LEGACY_CPU_FUSION, TINY_STEP
 from launcher import flow
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import merge_environment
@@ -247,16 +248,17 @@ def test_on_slurm_the_mocked_prewarm_is_one_node_and_refuses_a_node_without_a_gp
 def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
     """The manifest keeps the XLA flags a prewarm compiled under (a mocked prewarm's
     --xla_gpu_shard_autotuning=false among them on a GPU); a run without one of them is COLD,
-    and verify names the flag. On CPU, with a CPU flag."""
+    and verify names the flag. On CPU, with a CPU flag, the tiny step compiled the cheapest
+    way in both (every compile recorded, however short)."""
     common = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
               f"cache.dir={tmp_path / 'cache'}", "topology.processes_per_node=1",
-              "topology.devices_per_process=8"]
+              "topology.devices_per_process=8", *TINY_STEP, "cache.min_compile_time_secs=0"]
     flag = "--xla_cpu_enable_fast_math=false"
-    prewarmed = run_cli("prewarm", *common, with_xla_flag(flag))
+    prewarmed = run_cli("prewarm", *common, with_xla_flag(flag, LEGACY_CPU_FUSION))
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
     entries = read_manifest(tmp_path / "cache").values()
-    assert all(flag in entry.xla_flags.split() for entry in entries)
-    verified = run_cli("verify", *common, "run.name=without")
+    assert entries and all(flag in entry.xla_flags.split() for entry in entries)
+    verified = run_cli("verify", *common, with_xla_flag(LEGACY_CPU_FUSION), "run.name=without")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
     assert f"XLA flags differs: only the prewarm's XLA_FLAGS have {flag}; every XLA flag " \
            f"is part of the key" in verified.stdout, verified.stdout

@@ -2,7 +2,9 @@
 
 Anything needing more than one device runs in a fresh subprocess (JAX fixes the device
 count at import) that prints one `RESULT <json>` line; argument parsing and the synthetic
-data are pure and run here.
+data are pure and run here. The subprocesses that train or take gradients compile with
+XLA's older CPU fusion code generator (`LEGACY_CPU_FUSION`): they check what the step
+computes and how it is laid out, and compile in half the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.common import LEGACY_CPU_FUSION
 from launcher.config import Config, ConfigError, parse_config, parse_yaml
 from prewarm.workload.data import BRANCHING, global_batch_numpy
 from prewarm.workload.model import ModelArgs
@@ -83,31 +86,35 @@ from prewarm.step import build_step
 from prewarm.workload.data import global_batch_numpy, make_global_batch
 from prewarm.workload.model import ModelArgs
 
-config = load_config(sys.argv[1], sys.argv[2:])
-mesh, bundle = build_step(config)
-args = ModelArgs.from_config(config, dict(mesh.shape))
-state = bundle.init_state(np.uint32(config.train.seed))
-init_matches = jax.tree.all(jax.tree.map(
-    lambda x, s: x.sharding == s.sharding and x.dtype == s.dtype, state, bundle.state))
-losses, norms, batches_match = [], [], True
-for step in range(5):
-    batch = make_global_batch(config, mesh, step)
-    tokens = global_batch_numpy(config.train.seed, step, args.global_batch, args.seq_len,
-                                args.vocab_size)
-    batches_match &= batch.sharding == bundle.batch.sharding and \
-        batch.shape == bundle.batch.shape and batch.dtype == bundle.batch.dtype and \
-        all(np.array_equal(np.asarray(s.data), tokens[s.index]) for s in batch.addressable_shards)
-    state, metrics = bundle.train_step(state, batch)
-    losses.append(float(metrics["loss"]))
-    norms.append(float(metrics["grad_norm"]))
-out_matches = jax.tree.all(jax.tree.map(
-    lambda x, s: x.sharding == s.sharding and x.dtype == s.dtype and x.shape == s.shape,
-    state, bundle.state))
-print("RESULT " + json.dumps({
-    "init_matches": bool(init_matches), "out_matches": bool(out_matches),
-    "batches_match": bool(batches_match), "losses": losses, "grad_norms": norms,
-    "compiles": bundle.train_step._cache_size(), "step": int(state["step"]),
-}))
+
+def train(path, overrides):
+    config = load_config(path, overrides)
+    mesh, bundle = build_step(config)
+    args = ModelArgs.from_config(config, dict(mesh.shape))
+    state = bundle.init_state(np.uint32(config.train.seed))
+    init_matches = jax.tree.all(jax.tree.map(
+        lambda x, s: x.sharding == s.sharding and x.dtype == s.dtype, state, bundle.state))
+    losses, norms, batches_match = [], [], True
+    for step in range(5):
+        batch = make_global_batch(config, mesh, step)
+        tokens = global_batch_numpy(config.train.seed, step, args.global_batch, args.seq_len,
+                                    args.vocab_size)
+        batches_match &= batch.sharding == bundle.batch.sharding and \
+            batch.shape == bundle.batch.shape and batch.dtype == bundle.batch.dtype and \
+            all(np.array_equal(np.asarray(s.data), tokens[s.index])
+                for s in batch.addressable_shards)
+        state, metrics = bundle.train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+        norms.append(float(metrics["grad_norm"]))
+    out_matches = jax.tree.all(jax.tree.map(
+        lambda x, s: x.sharding == s.sharding and x.dtype == s.dtype and x.shape == s.shape,
+        state, bundle.state))
+    return {"init_matches": bool(init_matches), "out_matches": bool(out_matches),
+            "batches_match": bool(batches_match), "losses": losses, "grad_norms": norms,
+            "compiles": bundle.train_step._cache_size(), "step": int(state["step"])}
+
+
+print("RESULT " + json.dumps([train(*case) for case in json.loads(sys.argv[1])]))
 '''
 
 
@@ -121,15 +128,35 @@ TINY_ON_LLAMA_64 = ["topology.nodes=1", "topology.processes_per_node=1",
                     "step.args.learning_rate=0.003"]
 
 
-@pytest.mark.parametrize("config, devices, overrides", [
-    pytest.param(DEMO, 8, DEMO_1x8, id="demo"),
-    pytest.param(DEMO, 8, [*DEMO_1x8, "mesh.axis_types=explicit"], id="demo-explicit-mesh"),
-    pytest.param(LLAMA_64, 64, TINY_ON_LLAMA_64, id="tiny-on-llama3-8b-mesh"),
-])
+# name: (config, devices, overrides)
+TRAIN_CASES: dict[str, tuple[Path, int, list[str]]] = {
+    "demo": (DEMO, 8, DEMO_1x8),
+    "demo-explicit-mesh": (DEMO, 8, [*DEMO_1x8, "mesh.axis_types=explicit"]),
+    "tiny-on-llama3-8b-mesh": (LLAMA_64, 64, TINY_ON_LLAMA_64),
+}
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, tuple[dict[str, Any], str]]:
+    """Each case of TRAIN_CASES trained, with its process's stderr: the cases of one device
+    count share a process (one JAX start for both demo meshes); each builds its own step,
+    so each counts its own compiles."""
+    done = {}
+    for devices in sorted({devices for _, devices, _ in TRAIN_CASES.values()}):
+        names = [name for name, case in TRAIN_CASES.items() if case[1] == devices]
+        cases = [[str(TRAIN_CASES[name][0]), TRAIN_CASES[name][2]] for name in names]
+        proc = run_jax(TRAIN, devices=devices, timeout=600, args=(json.dumps(cases),),
+                       xla_flags=(LEGACY_CPU_FUSION,))
+        done.update({name: (out, proc.stderr)
+                     for name, out in zip(names, result(proc), strict=True)})
+    return done
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
 @pytest.mark.e2e
-def test_trains_without_recompiling(config: Path, devices: int, overrides: list[str]) -> None:
-    proc = run_jax(TRAIN, devices=devices, timeout=600, args=(str(config), *overrides))
-    out = result(proc)
+def test_trains_without_recompiling(case: str,
+                                    trained: dict[str, tuple[dict[str, Any], str]]) -> None:
+    out, stderr = trained[case]
     assert out["init_matches"] and out["batches_match"]
     losses = out["losses"]
     assert all(np.isfinite(losses)) and all(np.isfinite(out["grad_norms"]))
@@ -138,7 +165,7 @@ def test_trains_without_recompiling(config: Path, devices: int, overrides: list[
     # The output state is typed and sharded exactly like the input: one executable.
     assert out["out_matches"] and out["compiles"] == 1 and out["step"] == 5
     # The layout never makes XLA's partitioner give up and replicate a tensor.
-    assert "Involuntary full rematerialization" not in proc.stderr
+    assert "Involuntary full rematerialization" not in stderr
 
 
 GRADS = r'''
@@ -163,24 +190,49 @@ def loss_and_grads(overrides, chunks):
     return float(loss), jax.tree.map(np.asarray, grads)
 
 
-(loss_a, grads_a), (loss_b, grads_b) = [loss_and_grads(*run) for run in json.loads(sys.argv[2])]
-worst = max(float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
-            for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)))
-print("RESULT " + json.dumps({"loss_a": loss_a, "loss_b": loss_b, "grad_rel_err": worst}))
+done = {}  # a run shared by several comparisons is computed once
+
+
+def run(overrides, chunks):
+    key = json.dumps([overrides, chunks])
+    if key not in done:
+        done[key] = loss_and_grads(overrides, chunks)
+    return done[key]
+
+
+compared = {}
+for name, (a, b) in json.loads(sys.argv[2]).items():
+    (loss_a, grads_a), (loss_b, grads_b) = run(*a), run(*b)
+    worst = max(float(np.max(np.abs(ga - gb)) / np.max(np.abs(ga)))
+                for ga, gb in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)))
+    compared[name] = {"loss_a": loss_a, "loss_b": loss_b, "grad_rel_err": worst}
+print("RESULT " + json.dumps(compared))
 '''
 
+# name: the two runs compared, each [overrides, chunks]
+GRAD_CASES: dict[str, list[Any]] = {
+    "chunks-1-vs-2": [[DEMO_1x8, 1], [DEMO_1x8, 2]],
+    "fsdp-vs-tensor-parallel": [[DEMO_1x8, 2],
+                                [[*DEMO_1x8, "mesh.axes={data: 1, fsdp: 4, tensor: 2}",
+                                  "step.args.tensor_axis=tensor"], 2]],
+    "scanned-vs-unrolled-layers": [[DEMO_1x8, 2],
+                                   [[*DEMO_1x8, "step.args.scan_layers=false"], 2]],
+}
 
-@pytest.mark.parametrize("runs", [
-    pytest.param([[DEMO_1x8, 1], [DEMO_1x8, 2]], id="chunks-1-vs-2"),
-    pytest.param([[DEMO_1x8, 2],
-                  [[*DEMO_1x8, "mesh.axes={data: 1, fsdp: 4, tensor: 2}",
-                    "step.args.tensor_axis=tensor"], 2]], id="fsdp-vs-tensor-parallel"),
-    pytest.param([[DEMO_1x8, 2], [[*DEMO_1x8, "step.args.scan_layers=false"], 2]],
-                 id="scanned-vs-unrolled-layers"),
-])
+
+@pytest.fixture(scope="module")
+def gradients() -> dict[str, dict[str, float]]:
+    """Every comparison of GRAD_CASES in one 8-device process: 4 distinct runs, not 6."""
+    return result(run_jax(GRADS, devices=8, timeout=600,
+                          args=(str(DEMO), json.dumps(GRAD_CASES)),
+                          xla_flags=(LEGACY_CPU_FUSION,)))
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.e2e
-def test_gradients_do_not_depend_on_chunking_or_layout(runs: list[Any]) -> None:
-    out = result(run_jax(GRADS, devices=8, timeout=600, args=(str(DEMO), json.dumps(runs))))
+def test_gradients_do_not_depend_on_chunking_or_layout(
+        case: str, gradients: dict[str, dict[str, float]]) -> None:
+    out = gradients[case]
     assert out["loss_b"] == pytest.approx(out["loss_a"], rel=1e-5)
     # Relative to each tensor's largest gradient: tiny entries carry only rounding.
     assert out["grad_rel_err"] < 1e-5

@@ -32,7 +32,7 @@ check: $(STAMP)
 # (tests/conftest.py: which tests share a worker, and the order work is handed out in);
 # tests that need SLURM start the project's own dev cluster. .venv and the legs are built
 # side by side first.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) legs
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup

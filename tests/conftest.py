@@ -46,11 +46,6 @@ ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
 
 
-# The demo on one process (its 4 devices, mesh data=1 x fsdp=4): the demo's step and its
-# launch flow, for a test that checks nothing of several processes (each costs a JAX start).
-DEMO_ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
-
-
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
     """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the
     smallest batch that mesh takes, the tiny step and one training step."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import report_path
-from tests.conftest import DEMO, DEMO_ONE_PROCESS, REPO
+from tests.conftest import DEMO, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def test_installed_wheel_renders_and_runs_the_demo_elsewhere(tmp_path: Path) -> 
     assert "jaxwarm-train" in rendered.stdout
 
     demo = run(venv / "bin" / "jaxwarm", "launch", DEMO, "--local", "train.steps=1",
-               *DEMO_ONE_PROCESS, "run.out_dir=runs", "cache.dir=cache", cwd=elsewhere)
+               *ONE_PROCESS, "run.out_dir=runs", "cache.dir=cache", cwd=elsewhere)
     assert "jit_train_step: HIT on process 0" in demo.stdout
     report = json.loads(report_path(elsewhere / "runs" / "demo", "train", 0, 0).read_text())
     assert report["hits"] >= 1

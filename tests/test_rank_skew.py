@@ -21,7 +21,7 @@ from launcher.rundir import report_path
 from tests.conftest import DEMO, ranks_layout, run_cli
 from tests.late_factory import LATE_S
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # its late rank waits 40 s: handed out early
 
 RANKS = 2
 

@@ -20,7 +20,7 @@ from typing import IO
 import pytest
 
 from bench.common import TINY_STEP
-from tests.conftest import DEMO, REPO, run_cli
+from tests.conftest import DEMO, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +49,8 @@ def read_until(stream: IO[str], lines: list[str], event: threading.Event, step: 
 
 def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
     return ["launch", str(DEMO), "--local", "--no-prewarm", f"run.out_dir={out}",
-            f"cache.dir={cache}", "topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}",
-            *TINY_STEP, f"train.steps={STEPS}", "train.checkpoint_every=0", *extra]
+            f"cache.dir={cache}", *ONE_PROCESS, *TINY_STEP, f"train.steps={STEPS}",
+            "train.checkpoint_every=0", *extra]
 
 
 def test_sigterm_checkpoints_and_resume_continues_the_same_curve(

@@ -82,8 +82,9 @@ FIRST, SHARED, SLOW, E2E, PURE = range(5)
 
 
 def module_fixture_group(item: pytest.Item) -> str | None:
-    """`<file>::<fixtures>[<params>]`: the module-scoped fixtures this test uses that its own
-    file defines, with their parameters (one group per fixture instance); None if none."""
+    """`<file>::<fixtures>(<params>)`: the module-scoped fixtures this test uses that its own
+    file defines, with their parameters (one group per fixture instance); None if none. Not
+    `[...]`: xdist reads a node id ending in `]` as a parametrized test without a group."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
@@ -94,7 +95,7 @@ def module_fixture_group(item: pytest.Item) -> str | None:
         return None
     indices = getattr(getattr(item, "callspec", None), "indices", {})
     params = ",".join(f"{name}={indices[name]}" for name in names if name in indices)
-    return f"{here}::{','.join(names)}" + (f"[{params}]" if params else "")
+    return f"{here}::{','.join(names)}" + (f"({params})" if params else "")
 
 
 def slurm_group(marker: pytest.Mark) -> str:
@@ -105,8 +106,11 @@ def slurm_group(marker: pytest.Mark) -> str:
     return f"slurm-{lane}"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group and order the tests for xdist's `loadgroup` scheduling (module docstring)."""
+    """Group and order the tests for xdist's `loadgroup` scheduling (module docstring).
+    First of the collection hooks: xdist's own turns each `xdist_group` mark into the node
+    id's `@<group>` that its scheduler groups by, so a mark added after it groups nothing."""
     rank: dict[str, int] = {}
     for item in items:
         if (slurm := item.get_closest_marker("slurm")) is not None:

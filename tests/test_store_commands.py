@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -263,13 +262,28 @@ def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
     assert not list(empty.glob(f"*{CACHE_SUFFIX}"))
 
 
+# Writes entries of distinct keys: COUNT of them, or (given a STOP file) until it appears;
+# prints each one's number once it is written.
 WRITER = """
-import sys
+import pathlib, sys
 import jax, jax.numpy as jnp
-for i in range(int(sys.argv[1])):
+count, stop = int(sys.argv[1]), pathlib.Path(sys.argv[2]) if sys.argv[2:] else None
+for i in range(count):
+    if stop is not None and stop.exists():
+        break
     jax.jit(lambda x: jnp.tanh(x @ x.T) * (i + 1)).lower(jnp.ones((i + 8, 32))).compile()
-print("wrote", sys.argv[1])
+    print(i + 1, flush=True)
 """
+
+
+def next_write(writer: subprocess.Popen[str]) -> None:
+    """Wait until the WRITER has written one more entry (or fail with what it said)."""
+    said = []
+    while line := writer.stdout.readline() if writer.stdout else "":
+        if line.strip().isdigit():
+            return
+        said.append(line)
+    raise AssertionError(f"the writer stopped: {''.join(said)[-3000:]}")
 
 
 def writer_env(cache: Path, max_size: int) -> dict[str, str]:
@@ -293,17 +307,17 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
     assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *capped)))
     assert len(list(cache.glob(f"*{ATIME_SUFFIX}"))) == len(list(cache.glob(f"*{CACHE_SUFFIX}")))
 
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, "40"], env=writer_env(cache, cap),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    prunes = 0
-    while writer.poll() is None:
-        pruned = run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned")
-        assert_ok(pruned)
-        prunes += 1
-        time.sleep(0.2)
-    output = writer.communicate()[0]
+    # Four prunes, each after one more write, while the writer goes on writing until told.
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, "1000", str(stop)],
+                              env=writer_env(cache, cap), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    for _ in range(4):
+        next_write(writer)
+        assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
+    stop.touch()
+    output = writer.communicate(timeout=300)[0]
     assert writer.returncode == 0, output[-3000:]
-    assert prunes >= 2
     entries = {p.name[:-len(CACHE_SUFFIX)] for p in cache.glob(f"*{CACHE_SUFFIX}")}
     atimes = {p.name[:-len(ATIME_SUFFIX)] for p in cache.glob(f"*{ATIME_SUFFIX}")}
     assert entries == atimes  # nothing half-deleted

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from launcher.config import ConfigError, apply_override, load_config, parse_config
-from launcher.submit.fingerprint import step_sources
+from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, run_cli
 
@@ -194,3 +195,34 @@ def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path
                                  "entrypoint.module=nspkg.trainers.nope"])
     with pytest.raises(ConfigError, match="module 'nspkg.trainers.nope' was not found"):
         check_modules(missing)
+
+
+def install_into(target: Path, name: str, version: str, source: str) -> None:
+    """What `pip install --target TARGET` leaves of a one-module package: the package and
+    its dist-info, whose RECORD lists the files installed."""
+    (target / name).mkdir(parents=True, exist_ok=True)
+    (target / name / "__init__.py").write_text(source)
+    info = target / f"{name}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n"
+                                 f"{info.name}/RECORD,,\n")
+
+
+def test_packages_installed_on_pythonpath_are_covered_by_their_version(tmp_path: Path) -> None:
+    """A package installed outside site-packages (an HPC module's prefix on PYTHONPATH) is
+    part of the fingerprint by its version, like one in site-packages: its files are not
+    hashed as the user's source (with jax there, that read all of jax at every launch)."""
+    user, modules = tmp_path / "user", tmp_path / "modules"
+    user.mkdir()
+    (user / "model.py").write_text("import modlib\n\ndef make(config, mesh):\n    pass\n")
+    install_into(modules, "modlib", "1.0", "VALUE = 1\n")
+    config = load_config(DEMO, ["step.factory=model:make", f"env={{PYTHONPATH: {user}:{modules}}}"])
+    before = fingerprint(config, tmp_path / "run", "local")
+    assert list(before.files) == [str(user / "model.py")]
+    (modules / "modlib" / "__init__.py").write_text("VALUE = 2\n")  # same version
+    assert fingerprint(config, tmp_path / "run", "local") == before
+    shutil.rmtree(modules / "modlib-1.0.dist-info")  # an upgrade
+    install_into(modules, "modlib", "2.0", "VALUE = 2\n")
+    after = fingerprint(config, tmp_path / "run", "local")
+    assert differences(before, after) == ["packages differs"]

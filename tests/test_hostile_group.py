@@ -23,6 +23,8 @@ from launcher.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
+# The members' packages: this venv's, on PYTHONPATH (as an HPC module gives them).
+SITE = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists(),
@@ -44,7 +46,6 @@ def team() -> Iterator[tuple[str, str, str, Path]]:
             home = base / f"home-{user}"
             home.mkdir()
             shutil.chown(home, user, group)
-        members_venv(base / "venv")
         yield group, users[0], users[1], base
     finally:
         for user in users:
@@ -53,23 +54,12 @@ def team() -> Iterator[tuple[str, str, str, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def members_venv(venv: Path) -> None:
-    """A venv of the system Python whose site-packages is this venv's: the members run
-    jaxwarm installed, as users do. With the packages on PYTHONPATH instead, the system
-    Python would not count them as installed, and every launch's fingerprint would read
-    and hash their thousands of sources as if they were the user's (17 s of CPU each)."""
-    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = venv / "lib" / SYSTEM_PYTHON.name / "site-packages"
-    site.rmdir()
-    site.symlink_to(sysconfig.get_paths()["purelib"], target_is_directory=True)
-
-
 def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`jaxwarm ARGS` as `user`, with the user's own group only (as a login gives it)."""
     group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
     env = {"PATH": "/usr/bin:/bin", "HOME": str(base / f"home-{user}"),
-           "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([str(base / "venv" / "bin" / "python"), "-m", "launcher.cli", *args],
+           "PYTHONPATH": SITE, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([str(SYSTEM_PYTHON), "-m", "launcher.cli", *args],
                           cwd=base, user=user, group=group, extra_groups=[group], env=env,
                           capture_output=True, text=True, timeout=900, check=False)
 

@@ -104,6 +104,31 @@ def _library_dirs() -> list[Path]:
                                                      "platlib") if name in paths]
 
 
+def _installed_tops(libraries: list[Path]) -> dict[Path, set[str]]:
+    """Each dir outside LIBRARIES holding installed distributions (a `pip install --target`
+    dir on PYTHONPATH, an HPC module's prefix) -> the top-level names their RECORDs (what
+    the installer wrote) list there: files the `packages` part covers by name and version.
+    An editable install's RECORD lists only its hook, so the user's source stays hashed."""
+    tops: dict[Path, set[str]] = {}
+    for dist in distributions():
+        where = Path(dist.locate_file("")).resolve()
+        if any(where.is_relative_to(library) for library in libraries):
+            continue
+        if dist.read_text("RECORD") is None:  # not installed: a source tree's egg-info
+            continue
+        names = {file.parts[0] for file in dist.files or () if file.parts}
+        names = {name for name in names
+                 if name != ".." and not name.endswith((".dist-info", ".pth"))}
+        if names:
+            tops.setdefault(where, set()).update(names)
+    return tops
+
+
+def _installed(path: Path, tops: dict[Path, set[str]]) -> bool:
+    return any(path.is_relative_to(where) and path.relative_to(where).parts[0] in names
+               for where, names in tops.items())
+
+
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     """The modules a source file imports (and their parent packages, which run too):
     `import a.b`, `from a.b import c` (a.b, and a.b.c if it is a module), relative ones."""
@@ -129,8 +154,11 @@ def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
 
 def step_sources(module: str) -> dict[str, str]:
     """The hash of each Python source file the step factory's module reaches through its
-    imports, outside the standard library and installed distributions (path -> hash)."""
+    imports, outside the standard library and installed distributions (path -> hash): an
+    installed file is covered by its distribution's version (the `packages` part), wherever
+    it is installed; hashing it again would read all of jax where jax is on PYTHONPATH."""
     libraries = _library_dirs()
+    tops = _installed_tops(libraries)
     seen: set[str] = set()
     files: dict[str, str] = {}
     queue = [module]
@@ -143,7 +171,8 @@ def step_sources(module: str) -> dict[str, str]:
         if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
             continue
         path = Path(spec.origin).resolve()
-        if any(path.is_relative_to(library) for library in libraries):
+        if any(path.is_relative_to(library) for library in libraries) or \
+                _installed(path, tops):
             continue
         try:
             data = path.read_bytes()

@@ -64,6 +64,8 @@ class FunctionRecord:
     signature: str | None = None
     # The process-global JAX settings in force at its lowering (launcher.jaxkey.globalopts).
     global_options: dict[str, str] = field(default_factory=dict)
+    # Why JAX did not write the entry of this miss, in its words (process 0; None if it did).
+    not_stored: str | None = None
 
 
 @dataclass(frozen=True)

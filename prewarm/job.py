@@ -134,7 +134,7 @@ def record_compile(config: Config, target: Target, record: FunctionRecord,
         return None
     written = written_since(cache_dir, record.key, since)
     if written is None:
-        if record.seconds < config.cache.min_compile_time_secs:
+        if record.not_stored is not None:
             return None
         failure = "JAX did not write it (a full disk or a read-only cache dir?)"
     else:
@@ -200,7 +200,7 @@ def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
             for item in compiled]
 
 
-def describe(item: Compiled, min_compile_time_s: float) -> str:
+def describe(item: Compiled) -> str:
     record = item.record
     if item.failure is not None:
         return f"FAILED {record.name}: compiled, but its entry {record.key}: {item.failure}"
@@ -210,9 +210,9 @@ def describe(item: Compiled, min_compile_time_s: float) -> str:
                 f"ranks.agree)")
     if record.hit:
         return f"{record.name}: already in the cache (loaded in {record.seconds:.2f} s)"
-    if record.seconds < min_compile_time_s:
-        return (f"{record.name}: compiled in {record.seconds:.2f} s, under "
-                f"cache.min_compile_time_secs={min_compile_time_s:g}: JAX does not store it")
+    if record.not_stored is not None:
+        return (f"{record.name}: compiled in {record.seconds:.2f} s; JAX did not store it: "
+                f"{record.not_stored}")
     return (f"{record.name}: compiled in {record.seconds:.2f} s "
             f"(lowering {item.target.lower_s:.2f} s), "
             f"written as {record.key}")
@@ -237,7 +237,7 @@ def main() -> int:
     compiled = evictions(config, compile_targets(recorder, cold, config,
                                                  jax.process_index() == 0))
     for item in compiled:
-        log.info("%s", describe(item, config.cache.min_compile_time_secs))
+        log.info("%s", describe(item))
     recorder.mark_first_step()
     failed = any(item.failure for item in compiled)
     if is_remote(config.cache.dir):

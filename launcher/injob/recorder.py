@@ -49,6 +49,7 @@ from launcher.jaxkey.logs import (
     HIT_OR_MISS,
     LOWERING,
     LOWERING_LOGGER,
+    NOT_WRITTEN,
     input_elements,
     is_hit,
 )
@@ -303,6 +304,8 @@ class InitRecorder:
                     components=self._components, signature=self._signatures.get(match["name"]),
                     global_options=self._options)
                 self._components = {}
+            elif (match := NOT_WRITTEN.match(message)) and self._pending is not None:
+                self._pending.not_stored = match["why"]
             elif match := LOWERING.match(message):
                 name = module_name(match["name"])
                 self._signatures[name] = signature_of(match["avals"])

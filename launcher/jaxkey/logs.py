@@ -28,6 +28,11 @@ DISPATCH_LOGGER = "jax._src.dispatch"
 
 HIT_OR_MISS = re.compile(r"^(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS)"
                          r" for '(?P<name>[^']+)' with key '(?P<key>[^']+)'")
+# The compiler's line when process 0 chooses not to write a compiled function's entry, with
+# its own reason: under its min compile time by its own clock (which starts later than the
+# backend-compile duration jaxwarm times), or host callbacks.
+NOT_WRITTEN = re.compile(r"^Not writing persistent cache entry for '(?P<name>[^']+)' because "
+                         r"(?P<why>.+)$", re.DOTALL)
 # pxla's DEBUG line at each lowering: the function's abstract signature (tells apart two
 # functions of one name).
 LOWERING_LOGGER = "jax._src.interpreters.pxla"

@@ -7,7 +7,8 @@ and the venv of a real third-party trainer (MaxText), built the same way.
 
 A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
 own dependencies, plus the leg's pinned requirements file if it has one, into a venv of
-the first Python found among its `pythons` (pip only offers jax 0.11+ to Python 3.12+). A
+the first Python found among its `pythons` (PyPI has jax 0.11+ only for Python 3.12+),
+made and filled by .venv's uv (the Makefile installs it). A
 leg with none of them installed is skipped, and its tests (`tests/test_jax_versions.py`,
 `tests/test_maxtext.py`) report the skip with the reason. jax 0.10.2 is the main venv's.
 Importing this module does not import jax.
@@ -28,11 +29,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENVS = REPO / ".venvs"
 PYENV_ROOT = Path.home() / ".pyenv"
+# What makes each leg's venv and installs its packages (the Makefile puts it into .venv).
+UV = REPO / ".venv" / "bin" / "uv"
 # Prints the interpreter's (major, minor) and its real executable (a pyenv shim names another
-# file depending on the caller's PATH), and fails where it cannot make a venv (Debian's
-# python3.X without python3.X-venv).
-VERSION_WITH_VENV = ("import os, sys, venv; print(sys.version_info[:2]); "
-                     "print(os.path.realpath(sys.executable))")
+# file depending on the caller's PATH).
+VERSION = "import os, sys; print(sys.version_info[:2]); print(os.path.realpath(sys.executable))"
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def find_python(minor: str) -> Path | None:
     wanted = str(tuple(map(int, minor.split("."))))
     for candidate in filter(None, candidates):
         try:
-            found = subprocess.run([candidate, "-c", VERSION_WITH_VENV], capture_output=True,
+            found = subprocess.run([candidate, "-c", VERSION], capture_output=True,
                                    text=True, timeout=30)
         except OSError:
             continue
@@ -136,11 +137,14 @@ def build(leg: Leg) -> str:
         return f"skipped: {why}"
     if ready(leg):
         return f"{leg.venv.relative_to(REPO)} up to date ({python})"
+    if not UV.is_file():
+        raise OSError(f"{UV} is missing: `make legs` installs it first")
     start = time.monotonic()
     shutil.rmtree(leg.venv, ignore_errors=True)
-    subprocess.run([str(python), "-m", "venv", str(leg.venv)], check=True)
-    subprocess.run([str(leg.python), "-m", "pip", "install", "--quiet",
-                    "--disable-pip-version-check", "-e", str(REPO), *leg.pins], check=True)
+    subprocess.run([str(UV), "venv", "--quiet", "--python", str(python), str(leg.venv)],
+                   check=True)
+    subprocess.run([str(UV), "pip", "install", "--quiet", "--system-certs", "--compile-bytecode",
+                    "--python", str(leg.python), "-e", str(REPO), *leg.pins], check=True)
     leg.stamp.write_text(stamp_text(leg, python))
     return (f"built {leg.venv.relative_to(REPO)} with {python} in "
             f"{time.monotonic() - start:.0f} s")

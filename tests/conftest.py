@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from bench.common import TINY_STEP
+from bench.common import LEGACY_CPU_FUSION, TINY_STEP
 from bench.common import with_xla_flag as with_xla_flag  # re-exported for the tests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,14 +44,19 @@ ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 # The tiny step, every compile cached however fast: for a test that needs the step compiled
 # and in the cache, whatever its compile time.
 TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
+# The cheapest step there is, compiled the cheapest way and every compile cached: for a test
+# of what happens around the compile (ranks, SLURM, signals), where neither the step's size
+# nor its compile time is the point. XLA's older CPU fusion emitter, a flag of jax < 0.11
+# (the main venv's), compiles it in a quarter of the time.
+FAST_STEP = (*TINY_CACHED, with_xla_flag(LEGACY_CPU_FUSION))
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
     """Overrides for `processes` ranks of one CPU device each, the mesh data x fsdp, the
-    smallest batch that mesh takes, the tiny step and one training step."""
+    smallest batch that mesh takes, FAST_STEP and one training step."""
     return (f"topology.processes_per_node={processes}", "topology.devices_per_process=1",
             f"mesh.axes={{data: {data}, fsdp: {fsdp}}}", f"step.args.global_batch={data * fsdp}",
-            "train.steps=1", *TINY_STEP)
+            "train.steps=1", *FAST_STEP)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,

@@ -40,7 +40,9 @@ def test_agreeing_ranks_proceed_and_a_rejected_hit_leaves_the_entry(tmp_path: Pa
 
     result = run_cli("launch", *args, "--no-prewarm", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert entries(tmp_path / "cache") == before  # neither read into a rank alone nor rewritten
+    after = entries(tmp_path / "cache")  # the training job wrote its small compiles beside
+    # the prewarm's entries, which were neither read into a rank alone nor rewritten
+    assert {name: entry for name, entry in after.items() if name in before} == before
     run_dir = tmp_path / "runs" / "demo"
     for rank in (0, 1):
         report = json.loads(report_path(run_dir, "train", 0, rank).read_text())

@@ -36,7 +36,7 @@ from launcher.store.manifest import ManifestEntry, record_entries
 from launcher.store.staging import publish_entries, stage_entries, staging_problem
 from launcher.store.usage import read_usage
 from launcher.submit.jobs import train_job
-from tests.conftest import DEMO, ONE_PROCESS, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
 INIT = "jit_init_state-" + hashlib.sha256(b"init").hexdigest()
@@ -391,7 +391,7 @@ def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
     ensure_cluster()
     args = [str(DEMO), "--slurm", "--wait", f"cache.dir={tmp_path / 'cache'}",
             "cache.xla_caches=none", "train.steps=1", "topology.nodes=2",
-            "topology.processes_per_node=2", "topology.devices_per_process=2"]
+            "topology.processes_per_node=2", "topology.devices_per_process=2", *FAST_STEP]
     prewarm = run_cli("prewarm", *args, f"run.out_dir={tmp_path / 'prewarm'}", timeout=900)
     assert prewarm.returncode == 0, prewarm.stderr[-3000:]
     stage = tmp_path / "stage"

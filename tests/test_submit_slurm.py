@@ -17,7 +17,7 @@ from launcher.files import locked
 from launcher.rundir import report_path
 from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, FAST_STEP, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -34,8 +34,10 @@ def cluster() -> None:
 
 
 def args_for(tmp_path: Path, *extra: str) -> list[str]:
+    """The demo's processes on SLURM, on conftest's FAST_STEP: what is tested is the jobs'
+    life on SLURM (chains, signals, requeues, environments), not the step they compile."""
     return [str(DEMO), "--slurm", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", *extra]
+            f"cache.dir={tmp_path / 'cache'}", *FAST_STEP, *extra]
 
 
 def report(run_dir: Path, restart: int, job: str = "train") -> dict:
@@ -47,7 +49,7 @@ def step_hit(report: dict) -> bool:
 
 
 # A training job that runs until a signal stops it. A step of the demo's 2 processes costs
-# about 0.6 s of CPU (their collectives spin); a pause after each step (train.step_pause_s)
+# CPU (their collectives spin); a pause after each step (train.step_pause_s)
 # keeps the job from holding both cores for the minutes it waits. Every 2 steps (under 10 s)
 # its processes agree whether to stop, well inside SLURM's KillWait of 30 s.
 UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")

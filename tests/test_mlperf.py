@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.mlperf import INIT_KEYS, MlperfLog, check_init, init_rules
-from tests.conftest import DEMO, TINY_CACHED, run_cli
+from tests.conftest import DEMO, FAST_STEP, run_cli
 
 TOKEN = ":::MLLOG "
 
@@ -51,7 +51,7 @@ def test_a_second_init_stop_fails_the_check(tmp_path: Path) -> None:
 def test_a_launched_run_logs_init_lines_the_checker_passes(tmp_path: Path) -> None:
     # The tiny step: the init lines and their check do not depend on how long it compiles.
     args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", "report.mlperf=true", *TINY_CACHED]
+            f"cache.dir={tmp_path / 'cache'}", "report.mlperf=true", *FAST_STEP]
     result = run_cli("launch", *args, "train.steps=1")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"

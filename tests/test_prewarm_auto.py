@@ -15,7 +15,7 @@ import pytest
 from launcher.records import PrewarmDecision, read_record
 from launcher.rundir import prewarm_decision_path, report_path
 from launcher.store.prewarms import read_prewarms
-from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, run_cli, with_xla_flag
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
 from tests.legs import LEGS, leg_python, ready
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
     `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well."""
     args = [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
-            *ONE_PROCESS, *TINY_CACHED, *extra,
+            *ONE_PROCESS, *FAST_STEP, *extra,
             *(() if trains else ("entrypoint.command=['true']",))]
     if python is None:
         return run_cli(*args)

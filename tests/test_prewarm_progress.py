@@ -15,7 +15,7 @@ from launcher.report import duration, progress_line
 from launcher.rundir import prewarm_progress_path
 from launcher.store.manifest import ManifestEntry
 from prewarm.progress import last_compile
-from tests.conftest import DEMO, ONE_PROCESS, TINY_CACHED, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 
 def entry(key: str, compile_s: float, created: float, process_count: int = 2,
@@ -45,7 +45,7 @@ def test_the_eta_comes_from_the_last_compile_of_the_same_function_on_this_layout
 def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> None:
     # On one process, the step tiny: what the line says does not depend on either.
     args = ("prewarm", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *TINY_CACHED)
+            f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *FAST_STEP)
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "compiling jit_train_step (1 of 2; no earlier compile of it on this layout)" \

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import LEGACY_CPU_FUSION
 from launcher.config import load_config
 from launcher.jaxkey.entryformat import ZSTD_MAGIC
 from launcher.rundir import report_path
@@ -22,16 +23,17 @@ from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, s
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import read_manifest
 from launcher.submit.prepare import pin_config
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, run_cli, with_xla_flag
 from tests.jaxproc import jax_env
 
 pytestmark = pytest.mark.e2e
 
-# One process x 2 devices and a one-layer step: each job takes seconds, so the tests can
-# run many of them. min_compile_time 0 so that JAX writes every compile.
+# One process x 2 devices and a one-layer step compiled the cheapest way (conftest's
+# FAST_STEP): each job takes seconds, so the tests can run many of them. min_compile_time 0
+# so that JAX writes every compile.
 TINY = ("topology.processes_per_node=1", "topology.devices_per_process=2",
         "mesh.axes={data: 1, fsdp: 2}", "step.args.n_layers=1", "cache.min_compile_time_secs=0",
-        "train.steps=2", "train.checkpoint_every=0")
+        with_xla_flag(LEGACY_CPU_FUSION), "train.steps=2", "train.checkpoint_every=0")
 
 
 def config_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> list[str]:

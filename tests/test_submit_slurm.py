@@ -22,9 +22,11 @@ from tests.slurm_cluster import ensure_cluster, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
-# Ignored when comparing task environments: per job, per step, or set by the shell itself.
+# Ignored when comparing task environments: per job, per step, per node (the two jobs may
+# land on different nodes), or set by the shell itself.
 VOLATILE_PREFIXES = ("SLURM_", "SUBMITIT_", "SRUN_", "SLURMD_")
 VOLATILE = {"_", "SHLVL", "OLDPWD", "PWD", "ENVIRONMENT", "TMPDIR", "SBATCH_OPEN_MODE",
+            "HOSTNAME",
             "COLUMNS", "LINES"}  # terminal size: differs between submitting shells
 
 

@@ -28,9 +28,9 @@ from tests.jaxproc import jax_env
 
 pytestmark = pytest.mark.e2e
 
-# One process x 2 devices and a one-layer step compiled the cheapest way (conftest's
-# FAST_STEP): each job takes seconds, so the tests can run many of them. min_compile_time 0
-# so that JAX writes every compile.
+# One process x 2 devices and a one-layer step, compiled with XLA's older CPU fusion emitter
+# (as conftest's FAST_STEP is): each job takes seconds, so the tests can run many of them.
+# min_compile_time 0 so that JAX writes every compile.
 TINY = ("topology.processes_per_node=1", "topology.devices_per_process=2",
         "mesh.axes={data: 1, fsdp: 2}", "step.args.n_layers=1", "cache.min_compile_time_secs=0",
         with_xla_flag(LEGACY_CPU_FUSION), "train.steps=2", "train.checkpoint_every=0")

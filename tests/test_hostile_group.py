@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import TINY_STEP
 from launcher.files import GROUP_DIR, make_dir, modes_in
-from tests.conftest import DEMO, REPO
+from tests.conftest import DEMO, FAST_STEP, REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
 # The members' packages: this venv's, on PYTHONPATH (as an HPC module gives them).
@@ -72,12 +71,11 @@ def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     shutil.chown(shared, first, group)
     shared.chmod(0o2770)
     cache = shared / "cache"
-    # One process, 2 devices, the tiny step: what is checked is who may write what JAX and
-    # jaxwarm create, which no compile time changes.
+    # One process, 2 devices, conftest's FAST_STEP: what is checked is who may write what
+    # JAX and jaxwarm create, which no compile time changes.
     common = [f"cache.dir={cache}", f"cache.trusted_group={group}",
-              "cache.min_compile_time_secs=0", "topology.processes_per_node=1",
-              "topology.devices_per_process=2", "mesh.axes={data: 1, fsdp: 2}", *TINY_STEP,
-              "train.steps=2"]
+              "topology.processes_per_node=1", "topology.devices_per_process=2",
+              "mesh.axes={data: 1, fsdp: 2}", *FAST_STEP, "train.steps=2"]
     made = as_user(first, base, "prewarm", str(DEMO), "--local",
                    f"run.out_dir={base / f'home-{first}' / 'runs'}", *common)
     assert made.returncode == 0, made.stderr[-3000:]

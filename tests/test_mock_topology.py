@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import LEGACY_CPU_FUSION, TINY_STEP
+from bench.common import LEGACY_CPU_FUSION
 from launcher import flow
 from launcher.config import Config, ConfigError, load_config
 from launcher.environment import merge_environment
@@ -33,7 +33,7 @@ from launcher.submit.local import LocalBackend
 from launcher.submit.prepare import pin_config
 from launcher.submit.sbatch import directives, render
 from launcher.submit.slurm import executor_parameters, read_jobs
-from tests.conftest import DEMO, REPO, run_cli, with_xla_flag
+from tests.conftest import DEMO, REPO, TINY_CACHED, run_cli, with_xla_flag
 from tests.slurm_cluster import ensure_cluster, job_field
 
 LLAMA = REPO / "configs" / "llama3-8b-64gpu.yaml"
@@ -252,7 +252,7 @@ def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
     way in both (every compile recorded, however short)."""
     common = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
               f"cache.dir={tmp_path / 'cache'}", "topology.processes_per_node=1",
-              "topology.devices_per_process=8", *TINY_STEP, "cache.min_compile_time_secs=0"]
+              "topology.devices_per_process=8", *TINY_CACHED]
     flag = "--xla_cpu_enable_fast_math=false"
     prewarmed = run_cli("prewarm", *common, with_xla_flag(flag, LEGACY_CPU_FUSION))
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]

@@ -175,3 +175,45 @@ def test_the_slurm_watcher_reads_state_reason_and_restarts_from_one_sacct_call()
     command = sacct._make_command()
     assert "JobID,State,NodeList,Reason" in command
     assert "--duplicates" in command
+
+
+# Task 0's log of a 4-task job whose task 3 was SIGKILLed (a real run's lines): the batch
+# script's output (srun's account) and task 0's own output share the file.
+KILLED_TASK_3 = """\
+submitit INFO (2026-11-26 09:37:31,358) - Starting with JobEnvironment(job_id=733_1, \
+hostname=vm, local_rank=0(2), node=0(2), global_rank=0(4))
+chunkwise step: 0.000B params, 1 chunks of 4 x 8 tokens, mesh {'data': 2, 'fsdp': 2}
+srun: error: n2: task 3: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=733_1.0
+slurmstepd-n1: error: *** STEP 733_1.0 ON n1 CANCELLED AT 2026-11-26T09:37:34 ***
+srun: error: n2: task 2: Killed
+srun: error: n1: tasks 0-1: Killed
+srun: Force Terminated StepId=733_1.0
+"""
+
+
+def test_a_failed_slurm_job_names_the_task_srun_saw_end_first(tmp_path: Path) -> None:
+    """SLURM ends the other tasks after the first bad exit; one that lost the coordination
+    service on the way may say so before it goes, and a requeued job's log keeps the earlier
+    attempts: the job's cause is still the first task srun named in the last attempt."""
+    from launcher.submit.slurm import SubmittedJob, why_cancelled
+
+    job = SubmittedJob("train", "733_1", str(tmp_path), 0.0)
+    earlier = KILLED_TASK_3.replace("task 3: Exited with exit code 1", "task 1: Killed")
+    job.log_path(0).write_text(earlier + KILLED_TASK_3)
+    job.log_path(2).write_text(
+        "jaxwarm: error: the job's coordination service (run by process 0) stopped answering "
+        "while this rank was waiting for the other ranks after jit_init_state: UNAVAILABLE\n")
+    job.log_path(3).write_text("jaxwarm: error: python was killed by SIGKILL\n")
+    said = why_cancelled([job], {"733_1": "FAILED"})
+    assert said == (f"train job 733_1 ended FAILED: task 3: python was killed by SIGKILL; "
+                    f"its log: {job.log_path(3)}")
+
+    job.log_path(3).write_text("Traceback (most recent call last):\n")  # said nothing
+    assert why_cancelled([job], {"733_1": "FAILED"}) == (
+        f"train job 733_1 ended FAILED: task 3: srun: Exited with exit code 1; "
+        f"its log: {job.log_path(3)}")
+
+    job.log_path(0).unlink()  # no srun account: the lowest task that said why
+    assert why_cancelled([job], {"733_1": "FAILED"}).startswith(
+        "train job 733_1 ended FAILED: task 2: the job's coordination service")

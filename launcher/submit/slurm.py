@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import time
 from collections import Counter
@@ -43,6 +44,12 @@ ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "PREE
                            "REQUEUE_FED"})
 # The longest wait between two sacct calls while following jobs.
 WATCH_MAX_DELAY_S = 15.0
+# srun's line for tasks that ended badly (`tasks 0-1: Killed`, `task 3: Exited with exit
+# code 1`), and submitit's first line of each attempt in the batch output (a requeued job
+# appends to the same log).
+SRUN_TASK_ERROR = re.compile(r"^srun: error: [^:\n]+: tasks? (?P<tasks>[\d,-]+): (?P<words>.+)$",
+                             re.MULTILINE)
+ATTEMPT_START = "- Starting with JobEnvironment("
 
 
 @dataclass(frozen=True)
@@ -227,20 +234,43 @@ def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str
         time.sleep(1.0)
 
 
+def srun_failures(batch_log: str) -> list[tuple[int, str]]:
+    """The tasks srun said ended badly in the job's last attempt, in the order it said so,
+    with its words (`srun: error: n2: task 3: Exited with exit code 1`). With
+    `--kill-on-bad-exit` the first is the task that ended the job: the others were ended by
+    SLURM, or by losing the first, and may have written their own line before they went."""
+    attempt = batch_log.rsplit(ATTEMPT_START, 1)[-1]
+    ended = []
+    for match in SRUN_TASK_ERROR.finditer(attempt):
+        for part in match["tasks"].split(","):
+            first, _, last = part.partition("-")
+            ended += [(task, match["words"]) for task in range(int(first), int(last or first) + 1)]
+    return ended
+
+
 def failed_task(job: SubmittedJob) -> tuple[int, str] | None:
-    """The task of a failed job that said why, and its line: a rank that stopped the job
-    (`launcher.injob.ranks`), a job's bad input, or a trainer killed by a signal (the task
-    wrapper says that one). SLURM's --kill-on-bad-exit ends the others without a line."""
-    said = []
+    """The task that ended a failed job, and its line: the first task srun said ended badly
+    (the batch script's output is task 0's log), with its jaxwarm line (a rank that stopped
+    the job, `launcher.injob.ranks`; a job's bad input; a trainer killed by a signal, said by
+    the task wrapper) or else srun's words. Without srun's account, the lowest task that said
+    why."""
+    said = {}
     for path in Path(job.log_dir).glob(f"{job.job_id}_*_log.out"):
         try:
             line = error_line(path.read_text(errors="replace"))
-            task = int(path.name.split("_")[1])
+            task = int(path.name[len(job.job_id) + 1:].split("_")[0])
         except (OSError, ValueError):
             continue
         if line is not None:
-            said.append((task, line))
-    return min(said) if said else None
+            said[task] = line
+    try:
+        ended = srun_failures(job.log_path(0).read_text(errors="replace"))
+    except OSError:
+        ended = []
+    if ended:
+        task, words = ended[0]
+        return task, said.get(task, f"srun: {words}")
+    return min(said.items()) if said else None
 
 
 def why_cancelled(jobs: list[SubmittedJob], states: dict[str, str]) -> str | None:

@@ -1,7 +1,8 @@
 """The launch flow with a fake backend (no process starts), in submitit's style: what the
 flow checks, holds and writes before a backend sees the jobs, what it hands the backend,
-and how outcomes become exit codes. Also the SLURM job script, against a golden file, and
-how the SLURM watcher reads sacct (fixture output)."""
+and how outcomes become exit codes. Also the SLURM job script, against a golden file, how
+the SLURM watcher reads sacct (fixture output), and which task a failed SLURM job is blamed
+on (a real run's log lines)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,7 @@ def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path
                                     env])
         check_modules(config)
     with job_import_path(config):  # the run's fingerprint reads the factory's sources too
-        sources = step_sources("nspkg.trainers.train")
+        sources = step_sources("nspkg.trainers.train", list(distributions()))
     assert list(sources) == [str(package / "trainers" / "train.py")]
     missing = load_config(DEMO, ["entrypoint.command=null", "step.factory=factory:make", env,
                                  "entrypoint.module=nspkg.trainers.nope"])

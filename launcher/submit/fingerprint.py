@@ -30,7 +30,7 @@ import hashlib
 import json
 import platform
 import sysconfig
-from importlib.metadata import distributions, version
+from importlib.metadata import Distribution, distributions, version
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,10 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
     package metadata and the step's sources)."""
     env = {k: v for k, v in job_environment(config, pinned).items() if k not in RUN_VARIABLES}
     with job_import_path(config):
+        installed = list(distributions())
         packages = sorted({(dist.metadata["Name"] or "?").lower(): dist.version
-                           for dist in distributions()}.items())
-        files = step_sources(config.step.factory.partition(":")[0])
+                           for dist in installed}.items())
+        files = step_sources(config.step.factory.partition(":")[0], installed)
         versions = {name: version(name) for name in ("jax", "jaxlib")}
     parts = {
         **versions,
@@ -104,13 +105,14 @@ def _library_dirs() -> list[Path]:
                                                      "platlib") if name in paths]
 
 
-def _installed_tops(libraries: list[Path]) -> dict[Path, set[str]]:
+def _installed_tops(libraries: list[Path],
+                    installed: list[Distribution]) -> dict[Path, set[str]]:
     """Each dir outside LIBRARIES holding installed distributions (a `pip install --target`
     dir on PYTHONPATH, an HPC module's prefix) -> the top-level names their RECORDs (what
     the installer wrote) list there: files the `packages` part covers by name and version.
     An editable install's RECORD lists only its hook, so the user's source stays hashed."""
     tops: dict[Path, set[str]] = {}
-    for dist in distributions():
+    for dist in installed:
         where = Path(dist.locate_file("")).resolve()
         if any(where.is_relative_to(library) for library in libraries):
             continue
@@ -152,13 +154,14 @@ def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     return names | parents
 
 
-def step_sources(module: str) -> dict[str, str]:
+def step_sources(module: str, installed: list[Distribution]) -> dict[str, str]:
     """The hash of each Python source file the step factory's module reaches through its
     imports, outside the standard library and installed distributions (path -> hash): an
     installed file is covered by its distribution's version (the `packages` part), wherever
-    it is installed; hashing it again would read all of jax where jax is on PYTHONPATH."""
+    it is installed; hashing it again would read all of jax where jax is on PYTHONPATH.
+    `installed`: the distributions the `packages` part read, in the same import path."""
     libraries = _library_dirs()
-    tops = _installed_tops(libraries)
+    tops = _installed_tops(libraries, installed)
     seen: set[str] = set()
     files: dict[str, str] = {}
     queue = [module]

@@ -248,29 +248,33 @@ def srun_failures(batch_log: str) -> list[tuple[int, str]]:
     return ended
 
 
+def task_line(path: Path) -> str | None:
+    """A task log's jaxwarm error line; None if it has none or cannot be read."""
+    try:
+        return error_line(path.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
 def failed_task(job: SubmittedJob) -> tuple[int, str] | None:
     """The task that ended a failed job, and its line: the first task srun said ended badly
     (the batch script's output is task 0's log), with its jaxwarm line (a rank that stopped
     the job, `launcher.injob.ranks`; a job's bad input; a trainer killed by a signal, said by
     the task wrapper) or else srun's words. Without srun's account, the lowest task that said
-    why."""
-    said = {}
-    for path in Path(job.log_dir).glob(f"{job.job_id}_*_log.out"):
-        try:
-            line = error_line(path.read_text(errors="replace"))
-            task = int(path.name[len(job.job_id) + 1:].split("_")[0])
-        except (OSError, ValueError):
-            continue
-        if line is not None:
-            said[task] = line
+    why (reading every task's log: a last resort at 64 ranks)."""
     try:
         ended = srun_failures(job.log_path(0).read_text(errors="replace"))
     except OSError:
         ended = []
     if ended:
         task, words = ended[0]
-        return task, said.get(task, f"srun: {words}")
-    return min(said.items()) if said else None
+        return task, task_line(job.log_path(task)) or f"srun: {words}"
+    said = []
+    for path in Path(job.log_dir).glob(f"{job.job_id}_*_log.out"):
+        number = path.name[len(job.job_id) + 1:].split("_")[0]
+        if number.isdigit() and (line := task_line(path)) is not None:
+            said.append((int(number), line))
+    return min(said) if said else None
 
 
 def why_cancelled(jobs: list[SubmittedJob], states: dict[str, str]) -> str | None:

@@ -28,8 +28,8 @@ demo: $(STAMP)
 legs: | $(UV)
 	$(PYTHON) -m tests.legs build
 
-# The fast tier (under a minute): lint and import order (ruff), the types of the public
-# modules (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
+# The fast tier (under a minute): lint and import order (ruff), the types of every module
+# of the package (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -133,6 +133,7 @@ def record_compile(config: Config, target: Target, record: FunctionRecord,
     if record.key is None or record.hit or is_remote(cache_dir):
         return None
     written = written_since(cache_dir, record.key, since)
+    failure: str | None
     if written is None:
         if record.not_stored is not None:
             return None
@@ -196,6 +197,7 @@ def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
                 f"{config.cache.max_size} bytes; this prewarm's entries need {need} bytes: "
                 f"raise cache.max_size"))
             if item.failure is None and item.record.sha256 is not None
+            and item.record.key is not None
             and not entry_path(config.cache.dir, item.record.key).exists() else item
             for item in compiled]
 

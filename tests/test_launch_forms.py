@@ -5,19 +5,23 @@ that execs Python (through the bootstrap sitecustomize, which runs the environme
 sitecustomize too). The trainer (tests/launchforms/tinytrain.py) sets its own cache dir and
 threshold; each launch must write its init report, say the guard's lines, keep jaxwarm's
 cache dir, and say truly which form it found. One process, one tiny jit, --no-prewarm, one
-shared cache: each test is one CLI process and one JAX process."""
+shared cache: each test is one CLI process and one JAX process. A user error as the recorder
+installs, or in what the reference trainer is given, ends the trainer with one line."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from launcher.errors import EXIT_ERROR
 from launcher.records import SETTING_CHANGED
 from launcher.rundir import report_path
+from launcher.submit.jobs import with_bootstrap
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -123,6 +127,46 @@ def test_a_function_that_needs_more_than_argv_is_refused_before_any_job(
     assert "needs 2 argument(s) (argv, config)" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def run_python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """A Python process started as a job starts it (the bootstrap first on PYTHONPATH, then
+    tinytrain's folder), on CPU, with `env` added."""
+    job_env = with_bootstrap({**os.environ, "JAX_PLATFORMS": "cpu", **env,
+                              "PYTHONPATH": os.pathsep.join(map(str, [FORMS, REPO]))})
+    return subprocess.run([sys.executable, *args], env=job_env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_user_error_as_the_recorder_installs_ends_the_trainer_with_one_line(
+        tmp_path: Path) -> None:
+    """The recorder installs inside the trainer's own `import jax`; a user error there (here
+    the pinned config that JAXWARM_CONFIG names, edited into a bad value) ends the trainer
+    with one line naming the file and the key, exit 2: no traceback, no step run."""
+    config = write_config(tmp_path, tmp_path / "cache", {"module": "tinytrain"}, [FORMS])
+    data = json.loads(config.read_text())
+    data["cache"]["min_compile_time_secs"] = "soon"
+    config.write_text(json.dumps(data))
+    result = run_python(str(FORMS / "tinytrain.py"), "--out", str(tmp_path / "own"),
+                        JAXWARM_CONFIG=str(config))
+    assert result.returncode == EXIT_ERROR, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"jaxwarm: error: {config}: cache.min_compile_time_secs: expected a number, "
+        f"got string 'soon'")
+    assert "first step done" not in result.stdout
+
+
+def test_the_reference_trainer_refuses_a_bundle_of_targets_only(tmp_path: Path) -> None:
+    """jaxwarm-train runs the short form (train_step, init_state); tinytrain's factory gives
+    only `targets`: one line naming the file and the key, exit 2, no traceback."""
+    config = write_config(tmp_path, tmp_path / "cache", {"command": ["jaxwarm-train"]}, [FORMS])
+    result = run_python("-m", "prewarm.workload.trainer", str(config))
+    assert result.returncode == EXIT_ERROR, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        f"jaxwarm: error: {config}: step.factory: tiny_adapter:make returned no train_step "
+        f"and init_state")
 
 
 def test_a_setting_the_step_factory_changes_is_said_as_the_step_factory(tmp_path: Path) -> None:

@@ -32,7 +32,6 @@ from types import ModuleType
 # imports the one it shadows itself (so that runs even where jaxwarm cannot be imported).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RECORDER_PID = "JAXWARM_RECORDER_PID"
-EXIT_ERROR = 2
 
 
 def install_now() -> None:
@@ -44,11 +43,10 @@ def install_now() -> None:
     try:
         install_recorder()
     except Exception as exc:  # one line, never a traceback from a hook
-        from launcher.errors import USER_ERRORS, one_line
-        if not isinstance(exc, (*USER_ERRORS, OSError)):
+        from launcher.errors import is_user_error, one_line, say
+        if not is_user_error(exc):
             raise
-        print(f"jaxwarm: error: {one_line(exc)}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_ERROR) from None
+        raise SystemExit(say(one_line(exc))) from None
     os.environ[RECORDER_PID] = str(os.getpid())
 
 

@@ -85,7 +85,7 @@ def wrap_distributed_initialize() -> None:
     initialize.__doc__ = original.__doc__
     initialize.__wrapped__ = original  # type: ignore[attr-defined]
     initialize._jaxwarm_timed = True  # type: ignore[attr-defined]
-    jax.distributed.initialize = initialize  # type: ignore[assignment]
+    jax.distributed.initialize = initialize
 
 
 class PhaseClock:

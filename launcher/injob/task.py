@@ -82,6 +82,9 @@ class TaskCommand:
     def _requeue(self) -> None:
         place = Place.here()
         job_id, restarts = place.slurm_job_id, place.restart
+        if job_id is None:  # a task started by hand, not by SLURM: no job to requeue
+            log.warning("jaxwarm: not requeueing: this task is not part of a SLURM job")
+            return
         if restarts >= self.max_requeues:
             log.warning("jaxwarm: not requeueing job %s: it already restarted %d time(s), "
                         "max_requeues=%d", job_id, restarts, self.max_requeues)

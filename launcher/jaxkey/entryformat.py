@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
@@ -31,7 +31,14 @@ class PayloadTooBig(ValueError):
     """The stream decompresses to more than the cap: a decompression bomb, not an entry."""
 
 
-def payload_size(source: BinaryIO, limit: int) -> int:
+class Readable(Protocol):
+    """What an entry is read from: an open file, or a reader that passes its bytes through
+    (`launcher.store.integrity` hashes them on the way)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def payload_size(source: Readable, limit: int) -> int:
     """How many bytes JAX's entry payload decompresses to, read from `source` block by block
     (whichever compressor wrote it: zstd when importable, else zlib). Raises PayloadTooBig
     past `limit` output bytes, ValueError (or the compressor's error) for a broken stream."""
@@ -74,7 +81,7 @@ def _count(blocks: Iterable[bytes], limit: int) -> int:
 class _Prefixed:
     """`source` with `head`, already read from it, put back in front."""
 
-    def __init__(self, head: bytes, source: BinaryIO) -> None:
+    def __init__(self, head: bytes, source: Readable) -> None:
         self.head, self.source = head, source
 
     def read(self, size: int = -1) -> bytes:

@@ -122,7 +122,9 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
         raise BundleError(f"{source}: {BUNDLE_META} is not a regular file of at most "
                           f"{MAX_META_BYTES} bytes")
     try:
-        meta = convert(BundleMeta, json.loads(tar.extractfile(member).read()), "", BUNDLE_META)
+        reader = tar.extractfile(member)
+        assert reader is not None  # a regular file, checked above
+        meta = convert(BundleMeta, json.loads(reader.read()), "", BUNDLE_META)
     except (ValueError, RecursionError, tarfile.TarError) as exc:  # ConfigError: a ValueError
         raise BundleError(f"{source}: not a valid jaxwarm bundle "
                           f"({exc if not isinstance(exc, RecursionError) else 'nested too deep'})"
@@ -274,6 +276,7 @@ def copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, sou
     read), then check it in full: the listed checksum, and a decompression within the
     entry's payload cap (a zlib bomb is refused, not imported)."""
     reader = tar.extractfile(member)
+    assert reader is not None  # a regular file (`checked_member`)
     digest = hashlib.sha256()
     left = item.size
     with target.open("wb") as out:

@@ -113,7 +113,7 @@ def _installed_tops(libraries: list[Path],
     An editable install's RECORD lists only its hook, so the user's source stays hashed."""
     tops: dict[Path, set[str]] = {}
     for dist in installed:
-        where = Path(dist.locate_file("")).resolve()
+        where = Path(str(dist.locate_file(""))).resolve()
         if any(where.is_relative_to(library) for library in libraries):
             continue
         if dist.read_text("RECORD") is None:  # not installed: a source tree's egg-info

@@ -171,7 +171,7 @@ def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:
     restarts are counted from the same call."""
     from submitit.slurm.slurm import SlurmInfoWatcher
 
-    class RunWatcher(SlurmInfoWatcher):  # type: ignore[misc]
+    class RunWatcher(SlurmInfoWatcher):
         def _make_command(self) -> list[str] | None:
             command = super()._make_command()
             if command is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.config import Config, load_config
+from launcher.config import Config, ConfigError, load_config
 from launcher.environment import resolve_paths
 from launcher.injob.hook import config_from_env
 from launcher.rundir import TRAIN, checkpoints_dir, metrics_path
@@ -78,6 +78,11 @@ def train(config: Config, stop: StopRequest) -> int:
     import jax
 
     recorder, mesh, bundle = start_job(config, TRAIN)
+    if bundle.train_step is None or bundle.init_state is None:
+        raise ConfigError(
+            f"{config.source}: step.factory: {config.step.factory} returned no train_step "
+            f"and init_state; jaxwarm-train runs the short form StepBundle(train_step, state, "
+            f"batch, init_state) (a bundle of `targets` only is for a trainer of your own)")
     stop.install()
     root = checkpoints_dir(config.run_dir)
     restored = checkpoint.restore(root, bundle.state, config)

@@ -27,7 +27,7 @@ from launcher.config import Config, ConfigError
 from launcher.entryargv import PYTHON, entry_args, python_command
 from launcher.environment import job_environment, merge_environment
 from launcher.gputarget import mock_environment
-from launcher.injob.boot import BOOTSTRAP_DIR
+from launcher.injob.boot import BOOTSTRAP_DIR, VERIFY_TRAINER
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
 from launcher.store.staging import refuse_key_change
@@ -330,3 +330,10 @@ def train_job(config: Config, config_path: str | Path) -> JobSpec:
     entry = entrypoint(config, config_path)
     env = job_environment(config, config_path)
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)
+
+
+def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
+    """`jaxwarm verify --trainer`: the training job's entrypoint, argv and environment, as
+    the verify job: it runs up to the lookup of each prewarmed function (`prewarm.verify`)."""
+    train = train_job(config, config_path)
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1"})

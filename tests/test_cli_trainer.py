@@ -43,6 +43,19 @@ def test_the_trainer_launched_with_its_flags_hits(tmp_path: Path) -> None:
     hits = {fn["name"]: fn["hit"] for fn in train_report(tmp_path)["functions"]}
     assert hits == {"jit_init": True, "jit_train_step": True}, hits
 
-    wider = run_cli("verify", *cli_args(tmp_path, "--d-model", "24"))
-    assert wider.returncode == 1, wider.stdout + wider.stderr[-3000:]
-    assert "COLD  jit_train_step" in wider.stdout
+    # Only the trainer's flags change: verify, through the adapter, sees another program.
+    for flags in [("--d-model", "24"), ("--batch", "8"), ("--dtype", "bfloat16"),
+                  (*FLAGS, "--no-donate")]:
+        changed = run_cli("verify", *cli_args(tmp_path, *flags))
+        assert changed.returncode == 1, changed.stdout + changed.stderr[-3000:]
+        cold = changed.stdout.split("COLD  jit_train_step", 1)
+        assert len(cold) == 2 and "why: " in cold[1].split("\n")[1], changed.stdout
+
+    # And the launch: its fingerprint has the trainer's command line, so --prewarm auto
+    # runs the prewarm, and the step it then loads is the wider one.
+    wider = run_cli("launch", *cli_args(tmp_path, "--d-model", "24"))
+    assert wider.returncode == 0, wider.stdout + wider.stderr[-3000:]
+    assert "entrypoint differs (the trainer's command line, which the step factory reads)" \
+        in wider.stdout, wider.stdout
+    report = train_report(tmp_path)
+    assert all(fn["hit"] for fn in report["functions"]), report["functions"]

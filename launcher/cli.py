@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="will the run hit? lower and predict keys, no compile "
                        "(exit 0 warm, 1 cold, 2 error)")
     _add_job_arguments(verify)
+    verify.add_argument("--trainer", action="store_true",
+                        help="run the real entrypoint with its real arguments up to the "
+                             "lookup of each prewarmed function, and answer from the keys "
+                             "its own lowering gives (compiles nothing it can avoid)")
     render = commands.add_parser("render", help="print the sbatch script of a job")
     render.add_argument("config", help="YAML config file")
     render.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE")
@@ -88,7 +92,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     request = flow.Request(args.command, configs, overrides,
                            prewarm=getattr(args, "prewarm", flow.AUTO),
                            check_cache=not args.no_check_cache,
-                           wait=getattr(args, "wait", False))
+                           wait=getattr(args, "wait", False),
+                           trainer=getattr(args, "trainer", False))
     return flow.launch(request, choose_backend(args.backend))
 
 

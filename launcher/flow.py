@@ -70,7 +70,14 @@ from launcher.store.manifest import read_manifest, uses_entries
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
 from launcher.submit.fingerprint import differences, fingerprint
-from launcher.submit.jobs import JobSpec, check_modules, prewarm_job, train_job, verify_job
+from launcher.submit.jobs import (
+    JobSpec,
+    check_modules,
+    prewarm_job,
+    train_job,
+    verify_job,
+    verify_trainer_job,
+)
 from launcher.submit.prepare import (
     adopt_run_dir,
     holding_run_dir,
@@ -99,6 +106,8 @@ class Request:
     prewarm: str = AUTO
     check_cache: bool = True
     wait: bool = False
+    # verify --trainer: ask the trainer's own code, not the step factory.
+    trainer: bool = False
 
 
 def launch(request: Request, backend: Backend) -> int:
@@ -113,7 +122,8 @@ def launch(request: Request, backend: Backend) -> int:
         backend.refuse_platform(config)
     runs = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
-    plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER))
+    plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER,
+                           request.trainer))
              for config, pinned in runs]
     prints = {config.run_dir: fingerprint(config, pinned, backend.name)
               for config, pinned in runs} if request.command != VERIFY else {}
@@ -224,11 +234,12 @@ def refuse_shared_run_dirs(configs: list[Config]) -> None:
                               f"run.name")
 
 
-def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> list[JobSpec]:
+def plan(command: str, config: Config, pinned: Path, prewarm: bool = True,
+         trainer: bool = False) -> list[JobSpec]:
     """The jobs of a command, in order; each starts only when the one before completed.
     Every job is built before any starts, so a missing entrypoint stops the launch first."""
     if command == VERIFY:
-        return [verify_job(config, pinned)]
+        return [verify_trainer_job(config, pinned) if trainer else verify_job(config, pinned)]
     jobs = [prewarm_job(config, pinned)] if prewarm or command == PREWARM else []
     if command == LAUNCH:
         jobs.append(train_job(config, pinned))
@@ -348,7 +359,11 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
 def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     """Process 0's verify result, with the entries the cache check read in full and found
     `bad` COLD: WARM/COLD lines; 0 when every function is warm, else 1."""
-    verdicts = with_cache_check(load_verdicts(config.run_dir).functions, bad)
+    result = load_verdicts(config.run_dir)
+    verdicts = with_cache_check(result.functions, bad)
     for line in format_verdicts(verdicts):
         print(line)
+    if result.trainer_s is not None:
+        print(f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its "
+              f"start to its last prewarmed function's lookup")
     return 0 if all(v.warm for v in verdicts) else EXIT_COLD

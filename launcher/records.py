@@ -165,6 +165,9 @@ class Verdict:
     predict_s: float
     explanation: list[str] = field(default_factory=list)
     components: dict[str, str] = field(default_factory=dict)
+    # verify --trainer: seconds from the trainer's start to its lookup of this function
+    # (None: lowered by the verify job through the step factory).
+    reached_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,9 @@ class VerifyResult:
 
     process_index: int
     functions: list[Verdict]
+    # verify --trainer: what the answer cost, seconds from the trainer's start to its last
+    # prewarmed function's lookup (or to the time limit).
+    trainer_s: float | None = None
 
     @property
     def warm(self) -> bool:

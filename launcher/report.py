@@ -541,8 +541,9 @@ def format_verdicts(verdicts: list[Verdict]) -> list[str]:
     """verify's answer per function: WARM or COLD, the key, the cost, and why when cold."""
     lines = []
     for v in verdicts:
-        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}  "
-                     f"(lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms)")
+        cost = f"lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms" \
+            if v.reached_s is None else f"the trainer looked it up at {v.reached_s:.2f} s"
+        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}  ({cost})")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
 

@@ -18,15 +18,14 @@ recording a full check and which run uses an entry) is the prewarm job's alone: 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.injob.gpu import mocked_topology
+from launcher.injob.warm import Decision, Target, judge, say
 from launcher.jaxkey.agree import broadcast_flags
 from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.predict import (
@@ -35,37 +34,11 @@ from launcher.jaxkey.predict import (
     UnsupportedJaxVersion,
     predict_key,
 )
-from launcher.records import Verdict
-from launcher.store.integrity import MISSED_NOTE, WarmCheck, warm_check
-from launcher.store.manifest import read_manifest
-from launcher.store.misses import explain_miss
 from prewarm.specs import warn_risky_inputs
 from prewarm.step import CompileTarget, lower_target
 
 log = logging.getLogger("jaxwarm.judge")
 
-MISSED_BUT_INTACT = ("a job missed it, but it is intact in full (sha256 and decompression): "
-                     "the miss had another cause")
-
-
-@dataclass(frozen=True)
-class Target:
-    """One compile target, lowered, with the key JAX will look it up under (None where the
-    key could not be predicted: an untested jax, with the prewarm's consent)."""
-
-    name: str
-    lowered: Any
-    lower_s: float
-    prediction: KeyPrediction | None
-    predict_s: float = 0.0
-    is_step: bool = True
-    compiler_options: dict[str, Any] | None = None
-    # The process-global JAX settings it was lowered under (what the run must match).
-    global_options: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str | None:
-        return self.prediction.key if self.prediction else None
 
 
 def predicted(name: str, lowered: Any, lower_s: float, *, strict: bool = True,
@@ -97,50 +70,6 @@ def lower_targets(targets: list[CompileTarget], source: str, *,
                                  compiler_options=target.compiler_options,
                                  is_step=target.is_step))
     return lowered
-
-
-@dataclass(frozen=True)
-class Decision:
-    """WARM or COLD for one target, and why (process 0's words; other processes get the
-    answer only). `check` is process 0's look at the entry, for the prewarm's repairs."""
-
-    target: Target
-    warm: bool
-    why: list[str] = field(default_factory=list)
-    check: WarmCheck | None = None
-
-    def verdict(self) -> Verdict:
-        """As verify reports it (a verify target always has a key: `strict`)."""
-        prediction = self.target.prediction
-        assert prediction is not None
-        return Verdict(function=prediction.module_name, key=prediction.key, warm=self.warm,
-                       lower_s=self.target.lower_s, predict_s=self.target.predict_s,
-                       explanation=self.why, components=prediction.components)
-
-
-def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: int = -1,
-          signature: str | None = None, process_count: int | None = None,
-          job: str = "verify", recheck_missed: bool = False) -> Decision:
-    """One target's decision from its entry, with nothing written. Only a COLD one reads the
-    whole manifest, to explain the miss against the same target (`run` first, then the same
-    layout; `signature` tells functions of one name apart): a WARM decision costs a check of
-    its entry."""
-    if target.prediction is None:
-        return Decision(target, False, ["its key could not be predicted"])
-    prediction = target.prediction
-    check = warm_check(cache_dir, prediction.key, recheck_missed=recheck_missed)
-    if check.warm:
-        why = ([MISSED_BUT_INTACT] if check.read_in_full else [MISSED_NOTE]) \
-            if check.missed else []
-    elif check.problem == "missing":
-        why = explain_miss(prediction.module_name, prediction.components,
-                           read_manifest(cache_dir, strict=False), run=run,
-                           process_count=process_count, signature=signature,
-                           global_options=target.global_options, job=job, max_size=max_size,
-                           xla_flags=os.environ.get("XLA_FLAGS", ""))
-    else:
-        why = [f"its entry is in the cache but would not load: {check.problem}"]
-    return Decision(target, check.warm, why, check)
 
 
 Repair = Callable[[list[Decision]], None]
@@ -175,8 +104,6 @@ def decide(targets: list[Target], config: Config, signature: Callable[[str], str
     if jax.process_index() != 0:
         decisions = [Decision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
     for decision in decisions:
-        log.info("%s  %s  %s", "WARM" if decision.warm else "COLD", decision.target.name,
-                 decision.target.key)
-        for line in decision.why:
-            log.info("      why: %s", line)
+        say(decision)
     return decisions
+

@@ -10,6 +10,12 @@ the exact `NamedSharding` the real arrays will have. The persistent-cache key de
 on those shardings (an unsharded dummy batch lowers to a different program), so the prewarm
 job compiles from the bundle's abstract inputs and the trainer feeds arrays that match them.
 
+A trainer with a command line keeps its settings there: the factory reads them with the
+trainer's own parser from `trainer_argv(config)`, the argv the trainer will get, so the
+program it builds is the trainer's for every launch (`jaxwarm launch cfg.yaml
+entrypoint.args=[--d-model,96]` included). `config.step.args` is for a trainer without a
+command line (a function called with no argument, a notebook's step).
+
 `mesh` is the config's (`mesh.axes`). Without `mesh.axes` it is None: the factory builds the
 trainer's own mesh (a trainer that derives it from its own parallelism settings, as MaxText
 does) and returns it in the bundle, and the run is lowered on that mesh.
@@ -31,6 +37,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from launcher.config import Config, ConfigError
+from launcher.entryargv import trainer_argv as _trainer_argv
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,17 @@ class StepBundle:
             raise ValueError(f"a StepBundle needs at least one compile target, each with its "
                              f"own name; got {names}")
         return found
+
+
+def trainer_argv(config: Config) -> list[str]:
+    """The training entrypoint's argv, exactly as the trainer's `sys.argv` will be: its
+    command and `entrypoint.args` after the launch's overrides, `{config}` filled in. Hand
+    it to the trainer's own parser (`parser.parse_args(argv[1:])`, or the config code that
+    takes the whole argv, as MaxText's `initialize(argv)` does). argv[0] is the script as
+    given for `python SCRIPT`, the module's file for `entrypoint.module` and `python -m`,
+    the name of a console script, `module:function` for `entrypoint.function` (what absl's
+    `main(argv)` gets); for a shell-script command, the command line the script gets."""
+    return _trainer_argv(config)
 
 
 def seed_spec() -> jax.ShapeDtypeStruct:

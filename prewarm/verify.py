@@ -7,28 +7,22 @@ under it, a COLD one explained by the key components that differ from a prewarm 
 target. Process 0 decides for the run and writes it (`verify/p0.json`). Verify writes
 nothing into the cache dir: what a check finds (a torn entry, an entry nobody recorded) is
 said here and repaired by the next prewarm.
+
+`jaxwarm verify --trainer` asks the trainer itself: `launcher.injob.trainerverify`.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
-from launcher.files import atomic_write
 from launcher.injob.hook import config_from_env
-from launcher.records import Verdict, VerifyResult, dumps
+from launcher.injob.trainerverify import write_result
 from launcher.rundir import VERIFY, verify_result_path
 from prewarm.bootstrap import job_main, start_job
 from prewarm.judge import decide, lower_targets
 
 log = logging.getLogger("jaxwarm.verify")
-
-
-def write_result(path: Path, verdicts: list[Verdict]) -> None:
-    """Process 0's verdicts, the run's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dumps(VerifyResult(0, verdicts), indent=1) + "\n")
 
 
 def main() -> int:

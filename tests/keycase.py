@@ -5,7 +5,7 @@
 ROLE `prewarm`: lower `train_step` from ShapeDtypeStructs, predict its key, compile it with
 the persistent cache on under an `InitRecorder`, and record a manifest entry with the key and
 components JAX itself logged. ROLE `run`: lower the run's way (from the real arrays), call
-`prewarm.judge.judge`, then call the function on real arrays under an `InitRecorder`. Each
+`launcher.injob.warm.judge`, then call the function on real arrays under an `InitRecorder`. Each
 case has its own cache, `WORKDIR/<variation>/cache`, and writes what it predicted and what
 JAX did to `WORKDIR/<variation>/<role>.json`.
 
@@ -265,7 +265,8 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
 
-    from prewarm.judge import judge, predicted
+    from launcher.injob.warm import judge
+    from prewarm.judge import predicted
 
     report = recorder.report
     since = (len(report.functions), report.lookups, report.hits)

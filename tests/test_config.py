@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json.tool
 import shutil
 from importlib.metadata import distributions
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError, apply_override, load_config, parse_config
+from launcher.entryargv import trainer_argv
 from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, run_cli
@@ -227,3 +230,22 @@ def test_packages_installed_on_pythonpath_are_covered_by_their_version(tmp_path:
     install_into(modules, "modlib", "2.0", "VALUE = 2\n")
     after = fingerprint(config, tmp_path / "run", "local")
     assert differences(before, after) == ["packages differs"]
+
+
+@pytest.mark.parametrize(("entrypoint", "argv"), [
+    ("{command: [python3, -u, train.py, --d-model, '8'], args: [--out, '{config}']}",
+     ["train.py", "--d-model", "8", "--out", "PINNED"]),
+    ("{command: [python, -m, json.tool], args: [--sort-keys]}",
+     [str(Path(json.tool.__file__)), "--sort-keys"]),
+    ("{module: json.tool, args: [-h]}", [str(Path(json.tool.__file__)), "-h"]),
+    ("{command: [jsp-train, --steps, '3'], args: [--out, x]}",
+     ["jsp-train", "--steps", "3", "--out", "x"]),
+    ("{function: 'trainer:main', args: [--lr, '1']}", ["trainer:main", "--lr", "1"]),
+    ("{command: [./run.sh, a], args: [b]}", ["./run.sh", "a", "b"]),
+])
+def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str]) -> None:
+    """The argv a step factory reads (`prewarm.step.trainer_argv`), per launch form, as the
+    trainer's sys.argv will be; `{config}` is the pinned config the job reads."""
+    config = load_config(DEMO, [f"entrypoint={entrypoint}"])
+    pinned = dataclasses.replace(config, source="PINNED")
+    assert trainer_argv(pinned) == argv

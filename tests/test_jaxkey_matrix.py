@@ -2,7 +2,7 @@
 
 For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step
 with the persistent cache on and records a manifest entry with the key and components JAX
-itself logged; a fresh RUN process, with the variation applied, asks `prewarm.judge.judge`
+itself logged; a fresh RUN process, with the variation applied, asks `launcher.injob.warm.judge`
 (prediction only) and then really calls the step under an `InitRecorder`. Asserted per
 variation: the predicted key (and each component) is the key JAX used; WARM/COLD is JAX's
 hit/miss; judging neither looked up the cache nor compiled; a miss is explained by exactly

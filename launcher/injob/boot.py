@@ -32,6 +32,8 @@ from types import ModuleType
 # imports the one it shadows itself (so that runs even where jaxwarm cannot be imported).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RECORDER_PID = "JAXWARM_RECORDER_PID"
+# Set by `jaxwarm verify --trainer`: the trainer runs only up to its prewarmed lookups.
+VERIFY_TRAINER = "JAXWARM_VERIFY_TRAINER"
 
 
 def install_now() -> None:
@@ -41,7 +43,12 @@ def install_now() -> None:
     from launcher.injob.hook import install_recorder
 
     try:
-        install_recorder()
+        if os.environ.get(VERIFY_TRAINER):  # jaxwarm verify --trainer (prewarm.verify)
+            from launcher.injob.trainerverify import watch_trainer
+            from launcher.rundir import VERIFY
+            watch_trainer(install_recorder(job=VERIFY))
+        else:
+            install_recorder()
     except Exception as exc:  # one line, never a traceback from a hook
         from launcher.errors import is_user_error, one_line, say
         if not is_user_error(exc):

@@ -17,6 +17,10 @@ A key probe (`predict.in_probe`) passes through untouched, and single-process pr
 one set comprehension over their devices.
 
 With auto-PGLE JAX computes two keys per compile; each goes to `before_lookup`.
+
+`watch_keys` is the same seam for every compile of the process, one process or several:
+`jaxwarm verify --trainer` hears each key the trainer's own lowering gives, and answers
+whether JAX may look it up (a WARM entry loads) or compiles it without the cache.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.jaxkey import logs
-from launcher.jaxkey.predict import _check_seam, in_probe
+from launcher.jaxkey.predict import KeyPrediction, _check_seam, in_probe
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,29 @@ def watch_lookups(before_lookup: Callable[[Lookup], bool],
     compiler.compile_or_get_cached = compile_or_get_cached
     compilation_cache.get_cache_key = get_cache_key
     monitoring.register_event_duration_secs_listener(on_duration)
+
+
+def watch_keys(on_key: Callable[[KeyPrediction], bool]) -> None:
+    """For the life of the process, every key JAX computes for a compile (not a key probe)
+    goes to `on_key`, with each component's hash; when it returns False, JAX compiles that
+    program without the persistent cache (nothing read, nothing written). Installed after
+    `watch_lookups`, it hears the key that one let through (None: ranks compile uncached)."""
+    from jax._src import compilation_cache, compiler
+
+    _check_seam(compilation_cache, compiler)
+    original_key = compilation_cache.get_cache_key
+
+    def get_cache_key(*args: Any, **kwargs: Any) -> str | None:
+        if in_probe():
+            return original_key(*args, **kwargs)
+        with logs.key_lines(threading.get_ident(), silence=False) as lines:
+            key = original_key(*args, **kwargs)
+        if key is None:
+            return None
+        components = {match["component"]: match["hash"]
+                      for match in map(logs.COMPONENT.match, lines) if match}
+        found = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
+                              components=components)
+        return key if on_key(found) else None
+
+    compilation_cache.get_cache_key = get_cache_key

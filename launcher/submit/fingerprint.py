@@ -14,7 +14,12 @@ compression library; what decides those, and the launcher can see without starti
   constraint and GPUs per node, which pick the machines), `backend` (local or SLURM);
 - `source`: the step factory's module and every module it imports, transitively, that is
   Python source outside the standard library and installed distributions (the user's model
-  code, an editable install), found by reading their imports without importing them.
+  code, an editable install), found by reading their imports without importing them;
+- `entrypoint`: the trainer's command and arguments, where those sources read them
+  (`prewarm.step.trainer_argv`: the factory builds the step with the trainer's own parser,
+  so a changed flag is another program); a factory that does not read them builds the
+  same step whatever they are, and a run that only changes its output dir or step count
+  keeps its prewarm.
 
 What it cannot see is found by the jobs themselves: the compute nodes' GPU model and driver
 (the backend version), a module imported dynamically (`importlib.import_module` of a computed
@@ -41,6 +46,8 @@ from launcher.submit.jobs import find_module, job_import_path, parse_source
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
 RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
+# What a step factory reads the trainer's command line through (`prewarm.step`).
+ARGV_READER = "trainer_argv"
 # The most source files followed from the factory: a bound on the walk, not a limit anyone
 # should reach (a big trainer is a few hundred).
 MAX_FILES = 5000
@@ -69,11 +76,14 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
         "topology": short_hash(config.topology),
         "mesh": short_hash(config.mesh),
         "step": short_hash(config.step),
+        "entrypoint": short_hash(config.entrypoint),
         "hardware": short_hash([config.slurm.partition, config.slurm.constraint,
                                 config.slurm.gpus_per_node]),
         "backend": backend,
         "source": short_hash(files),
     }
+    if reads_trainer_argv(files):
+        parts["entrypoint"] = short_hash(config.entrypoint)
     return Fingerprint(digest=short_hash(parts), parts=parts, files=files)
 
 
@@ -93,9 +103,26 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
             lines.append(f"source: {shown} changed")
         elif name in ("jax", "jaxlib", "python", "backend"):
             lines.append(f"{name} {before} -> {after}")
+        elif name == "entrypoint":
+            lines.append("entrypoint differs (the trainer's command line, which the step "
+                         "factory reads)" if before and after else
+                         "the step factory reads the trainer's command line" if after else
+                         "the step factory no longer reads the trainer's command line")
         else:
             lines.append(f"{name} differs")
     return lines
+
+
+def reads_trainer_argv(files: dict[str, str]) -> bool:
+    """Whether the step factory's sources (`step_sources`) name `trainer_argv`: then the
+    trainer's command line is part of the step."""
+    for path in files:
+        try:
+            if ARGV_READER in Path(path).read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _library_dirs() -> list[Path]:

@@ -14,7 +14,6 @@ import importlib.util
 import logging
 import os
 import pkgutil
-import re
 import shutil
 import subprocess
 import sys
@@ -25,9 +24,10 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from launcher.config import Config, ConfigError
+from launcher.entryargv import PYTHON, entry_args, python_command
 from launcher.environment import job_environment, merge_environment
 from launcher.gputarget import mock_environment
-from launcher.injob.boot import BOOTSTRAP_DIR
+from launcher.injob.boot import BOOTSTRAP_DIR, VERIFY_TRAINER
 from launcher.jaxkey.versions import version_problem
 from launcher.rundir import PREWARM, TRAIN, VERIFY
 from launcher.store.staging import refuse_key_change
@@ -38,7 +38,6 @@ PREWARM_MODULE = "prewarm.job"
 VERIFY_MODULE = "prewarm.verify"
 CALL_MODULE = "launcher.injob.call"
 BOOT_MODULE = "launcher.injob.boot"
-CONFIG_PLACEHOLDER = "{config}"
 
 
 @dataclass(frozen=True)
@@ -208,11 +207,6 @@ def console_script(config: Config, name: str) -> EntryPoint | None:
     return next(iter(found), None)
 
 
-# An interpreter's own flags that take no value and may come before the script or -m.
-_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
-_PYTHON_FLAGS = re.compile(r"-[BEIOPRbdqsuv]+")
-
-
 @dataclass(frozen=True)
 class Entrypoint:
     """The training job's argv, and whether its Python processes need the bootstrap
@@ -234,7 +228,7 @@ def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
       bootstrap `sitecustomize` goes first on the job's PYTHONPATH.
     """
     entry = config.entrypoint
-    args = [arg.replace(CONFIG_PLACEHOLDER, str(config_path)) for arg in entry.args]
+    args = entry_args(config, config_path)
     if entry.function is not None:
         log.info("entrypoint.function: %s is called as a console script's main() or absl's "
                  "main(argv), with jaxwarm's init recorder", entry.function)
@@ -251,7 +245,7 @@ def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
         return Entrypoint(call_argv(sys.executable, [], "--script", command[0],
                                     [script.value, *command[1:], *args]))
     found = find_command(config, command[0])
-    if _PYTHON.fullmatch(Path(found).name):
+    if PYTHON.fullmatch(Path(found).name):
         return python_entrypoint(config, found, command[1:], args)
     log.warning("%s: entrypoint.command %s is not a Python console script nor a Python "
                 "interpreter (a shell script?): it runs as it is, with jaxwarm's bootstrap "
@@ -280,22 +274,18 @@ def python_entrypoint(config: Config, python: str, rest: list[str],
                     "records no init report; install jaxwarm into it, or name %s",
                     config.source, python, sys.executable)
         return Entrypoint([python, *rest, *args])
-    flags = []
-    while rest and _PYTHON_FLAGS.fullmatch(rest[0]):
-        flags.append(rest.pop(0))
-    if rest[:1] == ["-m"] and len(rest) >= 2:
-        form, target, rest = "--module", rest[1], rest[2:]
-    elif rest and not rest[0].startswith("-"):
-        form, target, rest = "--path", rest[0], rest[1:]
-    else:
+    parts = python_command(rest)
+    if parts is None:
         log.warning("%s: entrypoint.command: Python (%s) with %s, neither a script nor -m "
                     "module: it runs as it is, with jaxwarm's bootstrap first on its "
                     "PYTHONPATH, which records the init report when it imports jax",
                     config.source, python, " ".join(rest[:1]) or "no script")
-        return Entrypoint([python, *flags, *rest, *args], bootstrap=True)
+        return Entrypoint([python, *rest, *args], bootstrap=True)
     log.info("entrypoint.command: Python (%s) running %s %s: it runs with jaxwarm's init "
-             "recorder", python, "module" if form == "--module" else "script", target)
-    return Entrypoint(call_argv(python, flags, form, target, [*rest, *args]))
+             "recorder", python, "module" if parts.form == "--module" else "script",
+             parts.target)
+    return Entrypoint(call_argv(python, parts.flags, parts.form, parts.target,
+                                [*parts.args, *args]))
 
 
 def imports_jaxwarm(config: Config, python: str) -> bool:
@@ -340,3 +330,10 @@ def train_job(config: Config, config_path: str | Path) -> JobSpec:
     entry = entrypoint(config, config_path)
     env = job_environment(config, config_path)
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)
+
+
+def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
+    """`jaxwarm verify --trainer`: the training job's entrypoint, argv and environment, as
+    the verify job: it runs up to the lookup of each prewarmed function (`prewarm.verify`)."""
+    train = train_job(config, config_path)
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1"})

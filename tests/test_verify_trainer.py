@@ -1,0 +1,102 @@
+"""`jaxwarm verify --trainer` against what a real launch then observes: one prewarm of the
+CLI test trainer (tests/cli_trainer), then per case of a change matrix (the trainer's flags,
+its adapter's own copy of them, an XLA flag, the device count; alone and together) a verify
+--trainer and a launch without prewarm, on the prewarmed cache (the same dir: before jax
+0.11 its path is part of the key), with a compile-time threshold no compile here reaches,
+so that no case's launch writes an entry another case could hit (the threshold is no part
+of the key). For every prewarmed function, WARM must be the launch's HIT and COLD its MISS. verify --trainer
+writes nothing into the cache dir, and says what it cost."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.rundir import report_path
+from tests.conftest import run_cli
+from tests.test_cli_trainer import FLAGS, RUN, cli_args
+from tests.test_verify_writes_nothing import snapshot
+
+pytestmark = pytest.mark.e2e
+
+XLA_FLAGS = "xla_flags=[--xla_backend_optimization_level=0, --xla_cpu_use_fusion_emitters=false"
+
+# name -> (trainer flags, overrides, the expected HIT of (jit_init, jit_train_step)).
+CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[bool, bool]]] = {
+    "unchanged": (FLAGS, (), (True, True)),
+    "steps (not in the program)": (("--d-model", "16", "--batch", "4", "--steps", "2"), (),
+                                   (True, True)),
+    "width": (("--d-model", "24", "--batch", "4"), (), (False, False)),
+    "batch": (("--d-model", "16", "--batch", "8"), (), (True, False)),
+    "dtype": (("--d-model", "16", "--batch", "4", "--dtype", "bfloat16"), (), (False, False)),
+    "donation": ((*FLAGS, "--no-donate"), (), (True, False)),
+    "width and batch": (("--d-model", "32", "--batch", "8"), (), (False, False)),
+    "an XLA flag in the config": (FLAGS, (f"{XLA_FLAGS}, --xla_cpu_enable_fast_math=true]",),
+                                  (False, False)),
+    "the device count": (FLAGS, ("topology.devices_per_process=4",), (False, False)),
+    "device count and dtype": ((*FLAGS, "--dtype", "bfloat16"),
+                               ("topology.devices_per_process=1",), (False, False)),
+    # The adapter's own copy in step.args: verify --trainer asks the trainer, not the copy.
+    "CLI only, adapter keeps a copy": (("--d-model", "24", "--batch", "4"),
+                                       ("step.factory=adapter:from_args",), (False, False)),
+    "CLI and the copy": (("--d-model", "24", "--batch", "4"),
+                         ("step.factory=adapter:from_args", "step.args={d_model: 24}"),
+                         (False, False)),
+}
+
+
+@pytest.fixture(scope="module")
+def prewarmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache one prewarm of the config's flags left."""
+    root = tmp_path_factory.mktemp("prewarmed")
+    done = run_cli("prewarm", *cli_args(root))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return root / "cache"
+
+
+def hits(tmp_path: Path) -> tuple[bool, bool]:
+    report = json.loads(report_path(tmp_path / "runs" / RUN, "train", 0, 0).read_text())
+    found = {fn["name"]: fn["hit"] for fn in report["functions"]}
+    return found["jit_init"], found["jit_train_step"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verify_trainer_agrees_with_the_launch(tmp_path: Path, prewarmed: Path,
+                                               case: str) -> None:
+    flags, overrides, expected = CASES[case]
+    args = [*cli_args(tmp_path, *flags), f"cache.dir={prewarmed}",
+            "cache.min_compile_time_secs=1000", *overrides]
+    before = snapshot(prewarmed)
+    verified = run_cli("verify", "--trainer", *args)
+    assert verified.returncode == (0 if all(expected) else 1), \
+        verified.stdout + verified.stderr[-3000:]
+    assert snapshot(prewarmed) == before
+    answered = {}
+    for line in verified.stdout.splitlines():
+        if line.startswith(("WARM  ", "COLD  ")):
+            answered[line.split()[1]] = line.startswith("WARM")
+    assert "verify --trainer: " in verified.stdout and "last prewarmed function's lookup" \
+        in verified.stdout, verified.stdout
+
+    launched = run_cli("launch", "--no-prewarm", *args)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    observed = hits(tmp_path)
+    assert (answered["jit_init"], answered["jit_train_step"]) == observed == expected, \
+        verified.stdout
+
+
+def test_a_time_limit_ends_it_with_one_line(tmp_path: Path, prewarmed: Path) -> None:
+    """A trainer that never reaches its step within init_budget_s: what it had not looked
+    up is unknown, said in one line."""
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\nimport jax\ntime.sleep(600)\n")
+    stopped = run_cli("verify", "--trainer", *cli_args(tmp_path), f"cache.dir={prewarmed}",
+                      "init_budget_s=1",
+                      f"entrypoint.command=[{sys.executable}, {slow}]", "entrypoint.args=[]")
+    assert stopped.returncode == 2, stopped.stdout + stopped.stderr[-3000:]
+    assert "verify --trainer: stopped at the time limit (init_budget_s 1 s): the trainer " \
+           "had not looked up jit_init, jit_train_step" in stopped.stderr
+    assert "Traceback" not in stopped.stderr

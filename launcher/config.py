@@ -15,6 +15,7 @@ environment, where a newline starts a new command).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import functools
@@ -370,6 +371,14 @@ def parse_config(raw: dict[str, Any], source: str = "<config>",
     config = dataclasses.replace(config, source=source)
     _validate(config)
     return config
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The `KEY.SUB=VALUE ...` overrides of a command that reads a config. The empty
+    default makes them optional: without it argparse names them as required beside a
+    missing config (`the following arguments are required: config, KEY.SUB=VALUE`)."""
+    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY.SUB=VALUE",
+                        help=help)
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher import flow, selfcheck
+from launcher.config import add_overrides_argument
 from launcher.errors import run_main
 from launcher.rundir import PREWARM, TRAIN
 from launcher.store import commands as cache_commands
@@ -22,8 +23,7 @@ from launcher.submit.backend import choose_backend
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config file")
-    parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE",
-                        help="override config values (VALUE is read as YAML)")
+    add_overrides_argument(parser, "override config values (VALUE is read as YAML)")
     parser.add_argument("--no-check-cache", action="store_true",
                         help="skip checking the cache entries this run expects to load")
     where = parser.add_mutually_exclusive_group()
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "its own lowering gives (compiles nothing it can avoid)")
     render = commands.add_parser("render", help="print the sbatch script of a job")
     render.add_argument("config", help="YAML config file")
-    render.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE")
+    add_overrides_argument(render)
     render.add_argument("--job", choices=(PREWARM, TRAIN), required=True)
     report = commands.add_parser("report", help="show a run's init reports")
     report.add_argument("run_dir", type=Path, help="<out_dir>/<run name>")

@@ -15,6 +15,7 @@ environment, where a newline starts a new command).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import functools
@@ -38,15 +39,23 @@ class ConfigError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Bound:
-    """The lowest value a number field takes (NaN and infinity never pass the converter)."""
+    """The range a number field takes (NaN and infinity never pass the converter): from
+    `low`, and up to `high` where a larger value passes parsing only to break later (a
+    meeting's timeout in a barrier's integer milliseconds, a requeue signal sbatch refuses);
+    `high_means` says what that maximum is, in the one line."""
 
     low: float
     inclusive: bool = True
+    high: float | None = None
+    high_means: str = ""
 
     def problem(self, value: float) -> str | None:
+        kind = "integer" if isinstance(value, int) else "number"
+        if self.high is not None and value > self.high:
+            means = f" ({self.high_means})" if self.high_means else ""
+            return f"expected at most {self.high:g}{means}, got {value:g}"
         if value > self.low or (self.inclusive and value == self.low):
             return None
-        kind = "integer" if isinstance(value, int) else "number"
         if self.low == 0 and not self.inclusive:
             return f"expected a positive {kind}, got {value}"
         return f"expected {'an' if kind == 'integer' else 'a'} {kind} " \
@@ -57,6 +66,18 @@ PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
 PositiveFloat = Annotated[float, Bound(0, inclusive=False)]
 NonNegativeFloat = Annotated[float, Bound(0)]
+# Every duration and size of the config has a maximum, so that a typo (`1e16`) is refused
+# here in one line instead of breaking a job later. A week is longer than any one wait,
+# timeout or budget of a job, and within what every reader takes (a barrier's milliseconds
+# fit an int32); a pebibyte is more than any cache dir.
+MAX_DURATION_S = 7 * 24 * 3600
+MAX_SIZE_BYTES = 1 << 50
+Seconds = Annotated[float, Bound(0, high=MAX_DURATION_S, high_means="a week")]
+PositiveSeconds = Annotated[float, Bound(0, inclusive=False, high=MAX_DURATION_S,
+                                         high_means="a week")]
+Bytes = Annotated[int, Bound(0, high=MAX_SIZE_BYTES, high_means="1 PiB")]
+# sbatch's --signal=<sig>@<time>: SLURM takes at most 65535 s.
+SIGNAL_LEAD_MAX_S = 65535
 
 
 @dataclass(frozen=True)
@@ -68,10 +89,11 @@ class RunConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     dir: str = "jax-cache"
-    min_compile_time_secs: NonNegativeFloat = 1.0
-    min_entry_size_bytes: NonNegativeInt = 0
+    min_compile_time_secs: Seconds = 1.0
+    min_entry_size_bytes: Bytes = 0
     # JAX's jax_persistent_cache_enable_xla_caches: "none", "all" or a comma list.
     xla_caches: str = "xla_gpu_per_fusion_autotune_cache_dir"
+    # -1 (unbounded) or a positive number of bytes up to MAX_SIZE_BYTES (_validate).
     max_size: int = -1
     # A group that shares the dir on purpose: then another member may own it (see security).
     trusted_group: str | None = None
@@ -83,7 +105,7 @@ class CacheConfig:
     # `$VAR`s in it are expanded on each node (e.g. $TMPDIR).
     stage: str | None = None
     # How long a node's other processes wait for that copy before they read `dir` instead.
-    stage_wait_s: PositiveFloat = 600.0
+    stage_wait_s: PositiveSeconds = 600.0
 
 
 @dataclass(frozen=True)
@@ -149,7 +171,8 @@ class SlurmConfig:
     cpus_per_task: PositiveInt = 1
     mem: str | None = None
     signal: str = "USR1"
-    signal_lead_s: NonNegativeInt = 300
+    signal_lead_s: Annotated[int, Bound(0, high=SIGNAL_LEAD_MAX_S,
+                                        high_means="what sbatch --signal takes")] = 300
     max_requeues: NonNegativeInt = 3
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -163,10 +186,10 @@ class TrainConfig:
     # Seconds the reference trainer sleeps after dispatching each step, as a GPU job's host
     # waits on its device: on CPU a job meant to run for minutes until a signal (a time-limit
     # requeue, a preemption) then leaves the cores to others instead of spinning on them.
-    step_pause_s: NonNegativeFloat = 0.0
+    step_pause_s: Seconds = 0.0
     # Stop a training job whose first step has not come this long after it started (local
     # runner; the job's process 0 report marks the first step). None: wait as long as it takes.
-    first_step_timeout_s: PositiveFloat | None = None
+    first_step_timeout_s: PositiveSeconds | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +200,7 @@ class RanksConfig:
     # How long a rank waits for the others at a meeting before it stops the job with one
     # line naming the late ranks. None: 3x the longest compile the manifest recorded for the
     # run's layout, at least 300 s.
-    meet_timeout_s: PositiveFloat | None = None
+    meet_timeout_s: PositiveSeconds | None = None
     # Rank agreement before each compile: "auto" (on for GPU jobs), true or false.
     agree: bool | str = "auto"
 
@@ -205,9 +228,9 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
-    init_budget_s: PositiveFloat = 1800.0
+    init_budget_s: PositiveSeconds = 1800.0
     # How long a job's processes get to exit after SIGTERM/SIGINT before SIGKILL (local runner).
-    stop_grace_s: PositiveFloat = 30.0
+    stop_grace_s: PositiveSeconds = 30.0
     # Where the config came from; used in error messages, never written back.
     source: str = field(default="<config>", compare=False)
 
@@ -370,6 +393,14 @@ def parse_config(raw: dict[str, Any], source: str = "<config>",
     config = dataclasses.replace(config, source=source)
     _validate(config)
     return config
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The `KEY.SUB=VALUE ...` overrides of a command that reads a config. The empty
+    default makes them optional: without it argparse names them as required beside a
+    missing config (`the following arguments are required: config, KEY.SUB=VALUE`)."""
+    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY.SUB=VALUE",
+                        help=help)
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
@@ -560,9 +591,10 @@ def _validate(config: Config) -> None:
     if stage is not None and _within(stage, config.cache.dir):
         fail("cache.stage", f"{stage} is inside cache.dir {config.cache.dir} (or contains "
                             f"it); the node-local copy needs a dir of its own")
-    if config.cache.max_size < -1 or config.cache.max_size == 0:
-        fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, "
-                               f"got {config.cache.max_size}")
+    if config.cache.max_size < -1 or config.cache.max_size == 0 or \
+            config.cache.max_size > MAX_SIZE_BYTES:
+        fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, at "
+                               f"most {MAX_SIZE_BYTES} (1 PiB), got {config.cache.max_size}")
     for i, flag in enumerate(config.xla_flags):
         if not flag.startswith("--xla_") or " " in flag:
             fail(f"xla_flags[{i}]", f"expected one flag like '--xla_...', got {flag!r}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ OWNED_PREFIXES = ("JAX_", "JAXWARM_")
 OWNED_NAMES = ("XLA_FLAGS",)
 
 PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
+# `$NAME` or `${NAME}` in a path the node expands (cache.stage).
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
 
 def canonical_path(path: str | Path, base: Path | None = None) -> str:
@@ -34,6 +38,23 @@ def canonical_path(path: str | Path, base: Path | None = None) -> str:
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
     return os.path.realpath(path)
+
+
+def expand_variables(text: str,
+                     environ: Mapping[str, str] = os.environ) -> tuple[str, list[str]]:
+    """`text` with each `$NAME` / `${NAME}` replaced by its value, and the names that are
+    unset or empty, which are left as written. An empty value counts as unset: expanded,
+    `$TMPDIR/x` with TMPDIR set to '' would be `/x`, a dir in the filesystem root."""
+    missing: list[str] = []
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if environ.get(name):
+            return environ[name]
+        missing.append(name)
+        return match[0]
+
+    return _VARIABLE.sub(value, text), missing
 
 
 def is_remote(path: str) -> bool:

@@ -317,8 +317,9 @@ def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run dir (expected <out_dir>/<run name>)")
     if plot is not None:
-        from launcher.plot import plot_init
+        from launcher.plot import plot_init, plot_path
 
+        plot_path(plot, run_dir)
         config = load_config(pinned_config(run_dir))
         plot_init(load_reports(run_dir), Targets.of(read_manifest(config.cache.dir,
                                                                   strict=False)),

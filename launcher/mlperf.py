@@ -2,9 +2,10 @@
 
 With `report.mlperf: true`, process 0 of the training job logs, through the `mlperf-logging`
 package (the `mlperf` extra), only what it can honestly say: `init_start` at the process's
-start (its time from /proc, so imports count), `init_stop` and `run_start` where the step's
-compile or cache load ended, right before its first execution (the start of the `first
-step` init phase). Lines go to the job's log (stdout) and to `<run dir>/mlperf-r<restart>.log`.
+start (its time from /proc, so imports count), `init_stop` and `run_start` right before the
+step's first execution: where its compile or cache load ended and, in a job of several
+processes, after the ranks' meeting that follows it (waiting for ranks still compiling is
+init too). Lines go to the job's log (stdout) and to `<run dir>/mlperf-r<restart>.log`.
 
 MLPerf's compliance checker (`mlperf_logging.compliance_checker`) wants a whole benchmark's
 keys (submission, eval, run_stop...), which a launcher cannot emit. `check_init` runs that

@@ -4,12 +4,15 @@ One horizontal bar per process (processes of one job attempt that did the same t
 or miss per function, folded into one bar of their median phases), its init phases stacked
 in the order they happen, cold bars (they compiled a prewarmed function) beside warm ones
 (they loaded it), and the init budget as a vertical line. matplotlib is optional (the `plot`
-extra); without it, one line says how to get it.
+extra); without it, one line says how to get it. The picture goes to exactly the path asked,
+a `.png`, in a dir that exists (or inside the run dir): `plot_path`.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 from launcher.config import ConfigError
 from launcher.injob.phases import ORDER
@@ -21,6 +24,10 @@ DPI = 100
 WIDTH_PX = 1000
 BASE_HEIGHT_PX = 160
 BAR_HEIGHT_PX = 45
+# The legend: at most this many phases a row (the longest names side by side fit the
+# width), each row this many pixels high, under the axis label.
+LEGEND_COLUMNS = 5
+LEGEND_ROW_PX = 16
 COLORS = {"imports": "#9e9e9e", "distributed": "#8d6e63", "trace": "#42a5f5",
           "lower": "#1565c0", "key prediction": "#ab47bc", "compile": "#e53935",
           "cache load": "#43a047", "waiting for ranks": "#6d4c41", "first step": "#ffb300",
@@ -32,19 +39,50 @@ def size_px(bars: int) -> tuple[int, int]:
     return WIDTH_PX, BASE_HEIGHT_PX + BAR_HEIGHT_PX * bars
 
 
-def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
-              path: Path, title: str) -> Path:
-    """Draw the run's init phases into a PNG at `path`."""
+def plot_path(path: Path, run_dir: Path) -> Path:
+    """Where `--plot` writes, checked before anything is read: a `.png` (matplotlib would add
+    the suffix to any other name, and write another file than the one said), not a dir, in
+    a dir that exists; a missing dir is made only inside the run dir."""
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"{path}: --plot writes a PNG: give a path ending in .png")
+    if path.is_dir():
+        raise ConfigError(f"{path}: --plot expects a file path ending in .png, got a directory")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        if not parent.is_relative_to(run_dir.absolute()):
+            raise ConfigError(f"{path}: --plot: no directory {parent}; it makes missing "
+                              f"directories only inside the run dir {run_dir}")
+        parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pyplot() -> Any:
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'jaxwarm[plot]'") from None
+    return plt
+
+
+def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
+              path: Path, title: str) -> Path:
+    """Draw the run's init phases into a PNG at exactly `path` (see `plot_path`)."""
+    plt = _pyplot()
     bars = fold_phases(reports, targets)
     if not bars:
         raise ConfigError(f"{title}: no init report with phases to plot (a job writes them "
                           f"at its first step)")
+    figure = draw(plt, bars, budget_s, title)
+    figure.savefig(path, dpi=DPI, format="png")
+    plt.close(figure)
+    return path
+
+
+def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float,
+         title: str) -> Any:
+    """The figure of the bars (label, seconds by phase)."""
     width, height = size_px(len(bars))
     figure, axes = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     labels = [label for label, _ in bars]
@@ -75,12 +113,9 @@ def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
     axes.set_xlabel("seconds from process start to the first step")
     axes.set_title(f"init phases: {title}", fontsize=10, loc="left")
     handles, names = axes.get_legend_handles_labels()
-    figure.legend(handles, names, ncol=len(names), fontsize=7, loc="lower center",
-                  bbox_to_anchor=(0.6, 4 / height), frameon=False)
+    legend_rows = math.ceil(len(names) / LEGEND_COLUMNS)
+    figure.legend(handles, names, ncol=math.ceil(len(names) / legend_rows), fontsize=7,
+                  loc="lower center", bbox_to_anchor=(0.5, 4 / height), frameon=False)
     figure.subplots_adjust(left=0.3, right=0.97, top=1 - 45 / height,
-                           bottom=85 / height)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=DPI)
-    plt.close(figure)
-    return path
-
+                           bottom=(70 + LEGEND_ROW_PX * legend_rows) / height)
+    return figure

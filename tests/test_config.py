@@ -5,13 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json.tool
 import shutil
+import typing
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launcher.config import ConfigError, apply_override, load_config, parse_config
+from launcher.config import (
+    MAX_DURATION_S,
+    MAX_SIZE_BYTES,
+    SIGNAL_LEAD_MAX_S,
+    Config,
+    ConfigError,
+    apply_override,
+    load_config,
+    parse_config,
+)
 from launcher.entryargv import trainer_argv
 from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
@@ -249,3 +259,46 @@ def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str])
     config = load_config(DEMO, [f"entrypoint={entrypoint}"])
     pinned = dataclasses.replace(config, source="PINNED")
     assert trainer_argv(pinned) == argv
+
+
+# Every duration and size of the config, with the largest value it takes.
+LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": MAX_DURATION_S,
+          "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
+          "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
+          "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
+          "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES}
+
+
+def config_fields(tp: type = Config, prefix: str = "") -> dict[str, type]:
+    """Every leaf field of the config's dataclasses, by dotted key, with its annotation."""
+    found = {}
+    for name, hint in typing.get_type_hints(tp, include_extras=True).items():
+        if dataclasses.is_dataclass(hint):
+            found.update(config_fields(hint, f"{prefix}{name}."))
+        elif name != "source":
+            found[f"{prefix}{name}"] = hint
+    return found
+
+
+def test_every_duration_and_size_has_a_maximum() -> None:
+    """A field named like a duration or a size is in LIMITS: a new one gets a maximum."""
+    looks_like = [key for key in config_fields()
+                  if key.endswith(("_s", "_secs", "_bytes", "max_size"))]
+    assert sorted(looks_like) == sorted(LIMITS)
+
+
+@pytest.mark.parametrize("key", sorted(LIMITS))
+def test_a_duration_or_size_past_its_maximum_is_one_line(key: str) -> None:
+    """`ranks.meet_timeout_s: 1e16` passed, and every multi-rank job then died at its first
+    meeting; now it is refused here, and the line says the maximum."""
+    limit = LIMITS[key]
+    load_config(DEMO, [f"{key}={limit}"])  # the maximum itself is taken
+    floats = ("1.0e+16", "1.0e+308") if LIMITS[key] == MAX_DURATION_S else ()
+    for too_big in (f"{limit + 1}", "10000000000000000", *floats):
+        with pytest.raises(ConfigError) as refused:
+            load_config(DEMO, [f"{key}={too_big}"])
+        line = str(refused.value)
+        assert line.startswith(f"{DEMO}: {key}: expected ") and "\n" not in line, line
+        assert f"at most {limit:g}" in line or f"at most {limit}" in line, line
+        if floats:
+            assert "(a week)" in line

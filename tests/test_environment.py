@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config import load_config
-from launcher.environment import job_environment, merge_environment
+from launcher.environment import expand_variables, job_environment, merge_environment
 from launcher.injob.hook import config_from_env
 from launcher.submit.jobs import prewarm_job, train_job
 from launcher.submit.prepare import pin_config
@@ -99,3 +99,10 @@ def test_a_job_uses_the_pinned_paths_as_pinned(tmp_path: Path,
     assert config_from_env().cache.dir == through_link
     # A YAML file given by hand, which no launch resolved, is resolved.
     assert config_from_env(pinned).cache.dir == str(real / "cache")
+
+
+def test_an_empty_variable_in_a_path_is_unset_not_nothing() -> None:
+    env = {"TMPDIR": "", "NODE": "n1", "SCRATCH": "/scratch"}
+    assert expand_variables("$SCRATCH/${NODE}/x", env) == ("/scratch/n1/x", [])
+    assert expand_variables("$TMPDIR/x", env) == ("$TMPDIR/x", ["TMPDIR"])
+    assert expand_variables("${GONE}/$TMPDIR", env) == ("${GONE}/$TMPDIR", ["GONE", "TMPDIR"])

@@ -14,6 +14,7 @@ from launcher.injob.phases import (
     LOAD,
     LOWER,
     OTHER,
+    RANKS_WAIT,
     TRACE,
     PhaseClock,
     Span,
@@ -68,6 +69,23 @@ def test_the_first_step_starts_where_the_steps_compile_or_load_ended() -> None:
     assert sum(p.seconds for p in phases) == pytest.approx(6.0)
     clock.add(Span(COMPILE, 7.0, 8.0, "later"))  # after the first step: not kept
     assert all(span.function != "later" for span in clock.spans())
+
+
+def test_the_first_execution_starts_after_the_ranks_meeting() -> None:
+    """Process 0 loaded the step, then waited at the meeting for a rank still compiling it:
+    its first execution (where MLPerf's init_stop is dated) begins after that wait."""
+    clock = PhaseClock(start_time=0.0)
+    clock.hook_time = 1.0
+    clock.add(Span(LOAD, 2.0, 3.0, "jit_step"))
+    clock.add(Span(RANKS_WAIT, 3.0, 5.0, "jit_step"))
+    phases = clock.finish(6.0, {"jit_step"})
+    assert clock.first_step_start == 5.0
+    assert seconds(phases, RANKS_WAIT) == pytest.approx(2.0)
+    assert seconds(phases, FIRST_STEP) == pytest.approx(1.0)
+    alone = PhaseClock(start_time=0.0)  # no meeting (one process): where the load ended
+    alone.add(Span(LOAD, 2.0, 3.0, "jit_step"))
+    alone.finish(6.0, {"jit_step"})
+    assert alone.first_step_start == 3.0
 
 
 def test_a_job_without_a_step_has_no_first_step_phase() -> None:

@@ -1,6 +1,7 @@
 """`jaxwarm report RUN_DIR --plot init.png`: the init phases per process (folded when
-identical), cold beside warm, the budget; a valid PNG of the size the number of bars gives.
-Drawn from the fixture run's reports (real matplotlib, no JAX)."""
+identical), cold beside warm, the budget; a valid PNG of the size the number of bars gives,
+its legend whole inside it, at exactly the path asked (a `.png`; no dir made outside the run
+dir). Drawn from the fixture run's reports (real matplotlib, no JAX)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli import main
 from launcher.config import ConfigError
-from launcher.plot import plot_init, size_px
+from launcher.injob.phases import ORDER
+from launcher.plot import _pyplot, draw, plot_init, size_px
 from launcher.report import Targets, fold_phases, load_reports
 from launcher.store.manifest import read_manifest
 from tests.conftest import run_cli
@@ -58,6 +61,67 @@ def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -
     path = plot_init(load_reports(run), Targets.of(read_manifest(CACHE)), 12.0,
                      tmp_path / "budget.png", "run demo")  # a budget within the bars
     assert png_size(path) == size_px(2)
+
+
+@pytest.mark.parametrize("phases", [1, 6, len(ORDER)])
+@pytest.mark.parametrize("bars", [1, 3])
+def test_the_legend_fits_whole_under_the_axis(phases: int, bars: int) -> None:
+    """Every phase's entry inside the picture (the last one was cut off at the right edge)
+    and below the axis label."""
+    plt = _pyplot()
+    drawn = [(f"train r0 p{i}  warm", {name: 1.0 for name in ORDER[:phases]})
+             for i in range(bars)]
+    figure = draw(plt, drawn, 1800, "run demo")
+    try:
+        figure.canvas.draw()
+        (legend,) = figure.legends
+        box = legend.get_window_extent()
+        assert [text.get_text() for text in legend.get_texts()] == list(ORDER[:phases])
+        assert 0 <= box.x0 and box.x1 <= figure.bbox.width
+        assert 0 <= box.y0 and box.y1 < figure.axes[0].xaxis.label.get_window_extent().y0
+        assert (figure.bbox.width, figure.bbox.height) == pytest.approx(size_px(bars))
+    finally:
+        plt.close(figure)
+
+
+def pinned_run(tmp_path: Path) -> Path:
+    """The fixture run with a pinned config that points at the fixture cache."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "config.yaml").write_text(
+        f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
+        f"step: {{factory: 'prewarm.workload.chunkwise:make_train_step'}}\n"
+        f"entrypoint: {{command: [jaxwarm-train]}}\n")
+    return run
+
+
+def test_plot_writes_exactly_the_path_asked(tmp_path: Path) -> None:
+    run = pinned_run(tmp_path)
+    assert main(["report", str(run), "--plot", str(tmp_path / "init.png")]) == 0
+    assert png_size(tmp_path / "init.png") == size_px(2)
+    inside = run / "plots" / "init.PNG"  # a missing dir inside the run dir is made
+    assert main(["report", str(run), "--plot", str(inside)]) == 0
+    assert png_size(inside) == size_px(2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["init.png", "run"]
+
+
+@pytest.mark.parametrize(("asked", "problem"), [
+    ("runs", "--plot writes a PNG: give a path ending in .png"),
+    ("init.svg", "--plot writes a PNG: give a path ending in .png"),
+    ("elsewhere/deep/init.png", "it makes missing directories only inside the run dir"),
+    ("a-dir.png", "got a directory"),
+])
+def test_a_plot_path_it_cannot_write_exactly_is_one_line(
+        tmp_path: Path, asked: str, problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--plot runs` wrote `runs.png` and said `runs`; a missing parent was made anywhere."""
+    run = pinned_run(tmp_path)
+    (tmp_path / "a-dir.png").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["report", str(run), "--plot", str(tmp_path / asked)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(
+        f"jaxwarm: error: {tmp_path / asked}: ") and problem in lines[0], lines
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, no dir made
 
 
 def test_nothing_to_draw_is_one_line(tmp_path: Path) -> None:

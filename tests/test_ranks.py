@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.config import Config, parse_config
+from launcher.config import MAX_DURATION_S, Config, parse_config
 from launcher.injob.place import ranges
 from launcher.injob.ranks import (
     TIMEOUT_FLOOR_S,
@@ -55,6 +55,8 @@ def test_the_meeting_bound_is_sized_from_the_compiles_of_this_layout() -> None:
     assert meet_timeout(config(), [entry(5.0, 64)]) == TIMEOUT_FLOOR_S
     assert meet_timeout(config(), []) == TIMEOUT_FLOOR_S
     assert meet_timeout(config(meet_timeout_s=42), entries) == 42.0
+    # A compile time a shared cache's manifest claims cannot stretch it past the maximum.
+    assert meet_timeout(config(), [entry(1e300, 64)]) == MAX_DURATION_S
 
 
 def test_agreement_is_on_by_default_on_gpu_only() -> None:

@@ -245,15 +245,19 @@ def test_an_unreadable_note_falls_back(tmp_path: Path) -> None:
     assert staging.dir == config.cache.dir and "cannot be read" in str(staging.fallback)
 
 
-@pytest.mark.parametrize("bad", ["file", "unset-variable", "world-writable"])
-def test_a_node_that_cannot_stage_reads_the_shared_dir(tmp_path: Path, bad: str) -> None:
+@pytest.mark.parametrize("bad", ["file", "unset-variable", "empty-variable", "world-writable"])
+def test_a_node_that_cannot_stage_reads_the_shared_dir(
+        tmp_path: Path, bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
     stage = tmp_path / "stage"
     value = str(stage)
     if bad == "file":
         stage.write_text("not a directory")
     elif bad == "unset-variable":
         value = "$JAXWARM_TEST_UNSET_VARIABLE/stage"
-        os.environ.pop("JAXWARM_TEST_UNSET_VARIABLE", None)
+        monkeypatch.delenv("JAXWARM_TEST_UNSET_VARIABLE", raising=False)
+    elif bad == "empty-variable":  # set but empty: never `/jaxwarm-test-stage` in the root
+        value = "${JAXWARM_TEST_EMPTY_VARIABLE}/jaxwarm-test-stage"
+        monkeypatch.setenv("JAXWARM_TEST_EMPTY_VARIABLE", "")
     else:
         stage.mkdir()
         stage.chmod(0o777)
@@ -262,6 +266,11 @@ def test_a_node_that_cannot_stage_reads_the_shared_dir(tmp_path: Path, bad: str)
     staging = stage_node(config, 0)
     assert staging.dir == config.cache.dir and staging.stager
     assert staging.fallback is not None and "\n" not in staging.fallback
+    if bad.endswith("-variable"):
+        assert staging.fallback == (f"cache.stage {value!r}: "
+                                    f"${value.split('/')[0].strip('${}')} is unset or empty "
+                                    f"on this node")
+        assert not Path("/jaxwarm-test-stage").exists()
     if bad == "world-writable":
         assert "writable by every user" in staging.fallback
         assert not list(stage.iterdir()), "nothing may be staged into an unsafe dir"

@@ -294,8 +294,9 @@ def forget_missed_prewarms(config: Config, report: InitReport) -> None:
 
 def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
     """MLPerf's init lines from process 0: `init_start` now (dated at the process's start),
-    `init_stop` and `run_start` at the first step (dated where the step's compile or load
-    ended). Without the package it says so once; training goes on."""
+    `init_stop` and `run_start` at the first step (dated where its first execution began:
+    the step's compile or load ended, and the ranks' meeting after it too). Without the
+    package it says so once; training goes on."""
     try:
         lines = MlperfLog(mlperf_log_path(config.run_dir, recorder.report.restart_count),
                           recorder.start_time)

@@ -100,7 +100,8 @@ class PhaseClock:
         self._spans: list[Span] = []
         self._lock = threading.Lock()
         self.done = False
-        # Where the step's compile or load ended (the first step began), once finished.
+        # Where the step's first execution began, once finished: its compile or load ended,
+        # and the ranks' meeting after it (waiting for ranks still compiling) too.
         self.first_step_start: float | None = None
 
     def add(self, span: Span) -> None:
@@ -123,14 +124,18 @@ class PhaseClock:
                final: bool = True) -> list[InitPhase]:
         """The phases from process start to `end` (the first step's end). With
         `step_functions` (a training job), the time from the end of the step's compile or
-        load to `end` is the first step. Spans stop being collected, unless not `final`
-        (a guessed first step, which a later one may replace: `stop` ends them then)."""
+        load to `end` is the first step (a wait at the ranks' meeting inside it counts as
+        that wait), and `first_step_start` is where its first execution began: after that
+        compile or load and after the meeting. Spans stop being collected, unless not
+        `final` (a guessed first step, which a later one may replace: `stop` ends them then)."""
         spans = self.spans()
         if step_functions is not None:
             # A step the manifest names but this process never compiled: its last compile.
             step_end = self.step_end(end, step_functions) or self.step_end(end, set())
             if step_end is not None:
                 spans.append(Span(FIRST_STEP, step_end, end))
+                step_end = max([step_end, *(s.end for s in spans if s.phase == RANKS_WAIT
+                                            and step_end < s.end <= end)])
             self.first_step_start = step_end
         if final:
             self.stop()

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from launcher.config import Config, ConfigError
+from launcher.config import MAX_DURATION_S, Config, ConfigError
 from launcher.errors import EXIT_ERROR, EXIT_FAILED, say
 from launcher.injob.boot import RECORDER_PID
 from launcher.injob.place import PROCESS_ID, ranges
@@ -70,12 +70,14 @@ NO_STATE = "published no state (not started, or stopped before its first lowerin
 def meet_timeout(config: Config, entries: list[ManifestEntry]) -> float:
     """How long a rank waits for the others at a meeting: `ranks.meet_timeout_s`, or
     TIMEOUT_FACTOR times the longest compile the run's prewarm recorded on this layout (the
-    number of processes is part of the key), at least TIMEOUT_FLOOR_S."""
+    number of processes is part of the key), at least TIMEOUT_FLOOR_S and at most the
+    config's maximum for a duration (a manifest's compile time is another user's word in a
+    shared cache)."""
     if config.ranks.meet_timeout_s is not None:
         return config.ranks.meet_timeout_s
     layout = config.topology.num_processes
     longest = max((e.compile_s for e in entries if e.process_count == layout), default=0.0)
-    return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * longest)
+    return min(max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * longest), MAX_DURATION_S)
 
 
 def agreement_on(config: Config) -> bool:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from launcher.config import Config, ConfigError
+from launcher.environment import expand_variables
 from launcher.errors import one_line
 from launcher.files import atomic_write
 from launcher.injob.place import Place
@@ -59,11 +60,16 @@ def stage_node(config: Config, node: int) -> Staging:
     """This node's copy of the run's entries; on any failure a record that reads the
     shared dir, saying why."""
     shared, wanted = config.cache.dir, str(config.cache.stage)
-    stage = os.path.expandvars(wanted)
+    stage, missing = expand_variables(wanted)
+    if missing:
+        return Staging(node, shared, stager=True,
+                       fallback=f"cache.stage {wanted!r}: {', '.join('$' + n for n in missing)} "
+                                f"{'is' if len(missing) == 1 else 'are'} unset or empty on "
+                                f"this node")
     if "$" in stage or not os.path.isabs(stage):
         return Staging(node, shared, stager=True,
                        fallback=f"cache.stage {wanted!r} is {stage!r} on this node, not an "
-                                f"absolute path (a variable the node does not set?)")
+                                f"absolute path")
     try:
         prepare_cache_dir(Path(stage), config.cache, config.source, key="cache.stage")
         staged = stage_entries(shared, stage, config.run.name, config.cache.max_size)

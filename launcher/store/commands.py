@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config import CacheConfig, Config, ConfigError, load_config
+from launcher.config import CacheConfig, Config, ConfigError, add_overrides_argument, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
 from launcher.records import JobUsage, dumps
 from launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
@@ -67,7 +67,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     def target(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("target", help="a config file (its cache.dir) or a cache dir")
-        parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE")
+        add_overrides_argument(parser)
 
     ls = actions.add_parser("ls", help="entries by function: size, age, last use, who used them")
     target(ls)

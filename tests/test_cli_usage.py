@@ -1,0 +1,32 @@
+"""The command line's usage errors name what is missing and nothing more: the overrides
+(`KEY.SUB=VALUE ...`) are optional everywhere, so argparse never lists them as required
+(`jaxwarm cache ls` alone said `target, KEY.SUB=VALUE` were). In this process, no JAX."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli import main
+
+
+@pytest.mark.parametrize(("argv", "missing"), [
+    (["cache", "ls"], "target"),
+    (["cache", "stats"], "target"),
+    (["cache", "verify"], "target"),
+    (["cache", "prune"], "target"),
+    (["cache", "export", "-o", "b.tar"], "target"),
+    (["cache", "import"], "bundle, target"),
+    (["launch"], "config"),
+    (["prewarm"], "config"),
+    (["verify"], "config"),
+    (["render", "--job", "train"], "config"),
+])
+def test_a_missing_argument_is_named_alone(argv: list[str], missing: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(f"error: the following arguments are required: "
+                                         f"{missing}"), err
+    assert "[KEY.SUB=VALUE ...]" in err  # the usage line still shows them, as optional

@@ -107,7 +107,11 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
                  what: str = "it") -> Iterator[list[Path]]:
     """Temp paths next to each of `paths` to write to. When the block succeeds, each is
     synced and renamed over its path (inside `publish_under`, e.g. a lock, held only for
-    the renames); when it fails, every temp is removed and no path changed: all or nothing."""
+    the renames); when it fails, every temp is removed and no path changed: all or nothing.
+    No paths: nothing to stage, publish or lock (an import that brings nothing new)."""
+    if not paths:
+        yield []
+        return
     temps: list[Path] = []
     try:
         for path in paths:

@@ -141,14 +141,21 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
 
 
 def manifest_record(source: Path, key: str, item: BundleItem) -> ManifestEntry | None:
-    """The manifest record a bundle carries for an entry, checked like the manifest's own."""
+    """The manifest record a bundle carries for an entry, checked like the manifest's own.
+    It must be the record of that entry: one naming another key would rewrite that key's
+    record (its checksum, size, run) in the target cache, an entry the bundle did not bring."""
     if item.manifest is None:
         return None
     try:
-        return convert(ManifestEntry, {**item.manifest, "sha256": item.sha256,
-                                       "size": item.size}, f"entries.{key}.manifest", BUNDLE_META)
+        record = convert(ManifestEntry, {**item.manifest, "sha256": item.sha256,
+                                         "size": item.size}, f"entries.{key}.manifest",
+                         BUNDLE_META)
     except ValueError as exc:
         raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
+    if record.key != key:
+        raise BundleError(f"{source}: {BUNDLE_META}: entries.{key}.manifest.key: "
+                          f"{record.key!r} is not the key of its entry; refusing the bundle")
+    return record
 
 
 def refusal(meta: BundleMeta, config: Config) -> str | None:

@@ -27,6 +27,7 @@ from launcher.errors import UserError
 from launcher.files import atomic_path, modes_in, staged_files
 from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
+from launcher.records import load_json
 from launcher.store.entries import (
     CACHE_SUFFIX,
     MAX_ENTRY_BYTES,
@@ -122,11 +123,9 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
         raise BundleError(f"{source}: {BUNDLE_META} is not a regular file of at most "
                           f"{MAX_META_BYTES} bytes")
     try:
-        meta = convert(BundleMeta, json.loads(tar.extractfile(member).read()), "", BUNDLE_META)
-    except (ValueError, RecursionError, tarfile.TarError) as exc:  # ConfigError: a ValueError
-        raise BundleError(f"{source}: not a valid jaxwarm bundle "
-                          f"({exc if not isinstance(exc, RecursionError) else 'nested too deep'})"
-                          ) from None
+        meta = convert(BundleMeta, load_json(tar.extractfile(member).read()), "", BUNDLE_META)
+    except (ValueError, tarfile.TarError) as exc:  # ConfigError: a ValueError
+        raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
     if meta.version != BUNDLE_VERSION:
         raise BundleError(f"{source}: bundle format {meta.version}, this jaxwarm reads "
                           f"{BUNDLE_VERSION}")

@@ -31,6 +31,7 @@ from typing import Annotated, Any
 import yaml
 
 from launcher.errors import UserError
+from launcher.files import RefusedFile, read_capped
 
 
 class ConfigError(UserError, ValueError):
@@ -287,7 +288,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
+    except RefusedFile as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc.why}") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -300,6 +303,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
 # allowed, but what they expand to counts against the budget ("billion laughs" is refused at
 # once instead of filling memory), and nesting is refused before Python's recursion limit.
 YAML_MAX_NODES = 100_000
+# A config (or a run's pinned copy) is a few KB; one of YAML_MAX_NODES values fits well within.
+CONFIG_CAP = 16 << 20
 YAML_MAX_DEPTH = 64
 
 

@@ -1,13 +1,19 @@
-"""The file primitives every other module uses: an atomic write, a bounded lock, an append.
+"""The file primitives every other module uses: an atomic write, a bounded lock, an append,
+a bounded read.
 
 Run dirs and cache dirs live on shared file systems that many jobs read while others write,
 and jobs get killed at any moment. So a file is either absent, or the old one, or the whole
 new one (`atomic_write`), and no lock is ever waited on forever: a holder that does not let
-go within the timeout is named in a one-line `LockTimeout` (`locked`).
+go within the timeout is named in a one-line `LockTimeout` (`locked`). Whoever can write
+there (a member of a cache's trusted group, a job gone wrong) can also plant a link to
+/dev/zero, a FIFO or a huge file under a name jaxwarm reads back: every such state file is
+read through `open_regular` (`read_bounded`, `stream_lines`, `read_tail`), so it is a regular
+file within its kind's cap or a one-line `RefusedFile`, never a hang.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -20,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
@@ -31,6 +38,11 @@ log = logging.getLogger("jaxwarm.files")
 # directory scan; a minute without progress means a stuck holder, not a slow one.
 LOCK_TIMEOUT_S = 60.0
 HOLDER_SUFFIX = ".holder"
+# A holder note is one short JSON line.
+HOLDER_CAP = 64 << 10
+# What jaxwarm reads of a job's log or a trainer's metrics: their end, where a failed
+# process's one line, srun's account and the last step are.
+LOG_TAIL_BYTES = 1 << 20
 
 
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
@@ -107,7 +119,11 @@ def staged_files(paths: Sequence[Path], mode: int = 0o644,
                  what: str = "it") -> Iterator[list[Path]]:
     """Temp paths next to each of `paths` to write to. When the block succeeds, each is
     synced and renamed over its path (inside `publish_under`, e.g. a lock, held only for
-    the renames); when it fails, every temp is removed and no path changed: all or nothing."""
+    the renames); when it fails, every temp is removed and no path changed: all or nothing.
+    No paths: nothing to stage, publish or lock (an import that brings nothing new)."""
+    if not paths:
+        yield []
+        return
     temps: list[Path] = []
     try:
         for path in paths:
@@ -163,6 +179,95 @@ def append_line(path: str | Path, line: str, mode: int, what: str) -> None:
         os.close(fd)
 
 
+class RefusedFile(UserError, OSError):
+    """A state file jaxwarm will not read: not a regular file (a symlink, a FIFO, a
+    directory, a device) or bigger than the cap of its kind. `why` says which, without the
+    path; the message is `<path>: <why>`."""
+
+    def __init__(self, path: str | Path, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = Path(path), why
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISLNK, "a symlink"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | Path, cap: int | None, what: str,
+                 follow: bool = False) -> BinaryIO:
+    """`path` opened for reading if it is a regular file of at most `cap` bytes (any size
+    with None: a log read from its end). The last component is not followed (O_NOFOLLOW;
+    `follow` for a file the user names, such as a config kept as a link) and the open never
+    blocks (O_NONBLOCK: a FIFO), and the kind and size are those of the file opened
+    (fstat), not of a name that may be swapped. Raises FileNotFoundError, another OSError
+    (permission), or RefusedFile naming `what` ("a usage log") and its cap."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RefusedFile(path, "not a regular file (a symlink)") from None
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.ENODEV):  # a socket, a device
+            raise RefusedFile(path, f"not a regular file ({exc.strerror})") from None
+        raise
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = f"not a regular file ({file_kind(info.st_mode)})"
+    elif cap is not None and info.st_size > cap:
+        problem = f"{info.st_size} bytes, more than {what} may be ({cap} bytes)"
+    if problem:
+        os.close(fd)
+        raise RefusedFile(path, problem)
+    return os.fdopen(fd, "rb")
+
+
+def read_capped(path: str | Path, cap: int, what: str, follow: bool = False) -> bytes:
+    """The bytes of a regular file of at most `cap` bytes (`open_regular`); one that grew
+    past the cap while it was read is refused too."""
+    with open_regular(path, cap, what, follow) as source:
+        data = source.read(cap + 1)
+    if len(data) > cap:
+        raise RefusedFile(path, f"more than {what} may be ({cap} bytes)")
+    return data
+
+
+def read_bounded(path: str | Path, cap: int, what: str) -> str:
+    """`read_capped` as text; undecodable bytes are replaced."""
+    return read_capped(path, cap, what).decode(errors="replace")
+
+
+def stream_lines(path: str | Path, cap: int, what: str) -> Iterator[str]:
+    """The lines of a log (a file many writers append to), streamed: never more than `cap`
+    bytes in all are read, and never a whole file at once (`open_regular`)."""
+    with open_regular(path, cap, what) as source:
+        left = cap
+        for raw in source:
+            left -= len(raw)
+            if left < 0:
+                raise RefusedFile(path, f"more than {what} may be ({cap} bytes)")
+            yield raw.decode(errors="replace").rstrip("\r\n")
+
+
+def read_tail(path: str | Path, size: int = LOG_TAIL_BYTES) -> str:
+    """The last `size` bytes of a log that may be any size (a job's output, a trainer's
+    metrics), from its first whole line: what its end says, without reading the rest
+    (`open_regular`: a regular file, or RefusedFile)."""
+    with open_regular(path, None, "a log") as source:
+        end = os.fstat(source.fileno()).st_size
+        source.seek(max(end - size, 0))
+        data = source.read(size)
+    if end > size:
+        data = data.partition(b"\n")[2]
+    return data.decode(errors="replace")
+
+
 def _holder_path(lock_path: Path) -> Path:
     return lock_path.with_name(lock_path.name + HOLDER_SUFFIX)
 
@@ -170,10 +275,11 @@ def _holder_path(lock_path: Path) -> Path:
 def describe_holder(lock_path: str | Path) -> str:
     """Who holds a lock, as recorded by `locked` (JAX's own lock records nobody)."""
     try:
-        info = json.loads(_holder_path(Path(lock_path)).read_text())
+        info = json.loads(read_bounded(_holder_path(Path(lock_path)), HOLDER_CAP,
+                                       "a lock's holder note"))
         since = time.strftime("%H:%M:%S", time.localtime(info["since"]))
         return f"pid {info['pid']} on {info['host']} ({info['command']}, since {since})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "a process that did not record itself (JAX, or an older jaxwarm)"
 
 

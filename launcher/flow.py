@@ -216,7 +216,7 @@ def write_decision(run_dir: Path, decision: PrewarmDecision) -> None:
 def decision_lines(run_dir: Path) -> list[str]:
     """What the latest launch decided about its prewarm job, for the report."""
     path = prewarm_decision_path(run_dir)
-    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    decision = read_record(PrewarmDecision, path)
     if decision is None:
         return []
     return [f"prewarm job: {'ran' if decision.prewarm else 'skipped'} "
@@ -290,7 +290,7 @@ def prewarm_progress(run_dir: Path, job_lines: list[str]) -> list[str]:
     running = any(line.split()[:1] == [PREWARM] and "RUNNING" in line.split()[2:4]
                   for line in job_lines)
     path = prewarm_progress_path(run_dir)
-    progress = read_record(PrewarmProgress, path) if running and path.is_file() else None
+    progress = read_record(PrewarmProgress, path) if running else None
     if progress is None or progress.done:
         return []
     return [f"  {progress_line(progress, now=time.time())}"]
@@ -329,7 +329,7 @@ def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
         print(dumps(load_reports(run_dir), indent=1))
         return EXIT_OK
     pinned = pinned_config(run_dir)
-    if not pinned.is_file():
+    if not (pinned.exists() or pinned.is_symlink()):  # anything else there: load_config says
         raise ConfigError(f"{run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
     print_report(run_dir, load_config(pinned), show_all=show_all)
     return EXIT_OK

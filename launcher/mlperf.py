@@ -26,12 +26,20 @@ from typing import Any
 
 import yaml
 
+from launcher.files import RefusedFile, stream_lines
+from launcher.records import load_json
+
 log = logging.getLogger("jaxwarm.mlperf")
 
 PACKAGE = "mlperf-logging"
 INSTALL = "pip install 'jaxwarm[mlperf]'"
 # The keys of the init-time rule, as the package's common.yaml names them.
 INIT_KEYS = ("init_start", "init_stop", "run_start")
+TOKEN = ":::MLLOG "
+# jaxwarm writes three lines; a log bigger than this is not one it wrote.
+MLPERF_LOG_CAP = 16 << 20
+# The rule wants each init key once: past this many of their lines it fails whatever follows.
+MAX_INIT_LINES = 64
 
 
 class MlperfUnavailable(ImportError):
@@ -108,8 +116,30 @@ def init_rules(budget_s: float, ruleset: str) -> list[dict[str, Any]]:
     return kept
 
 
+def init_lines(path: Path) -> tuple[list[str], list[str]]:
+    """The `:::MLLOG` lines of the init keys in an MLPerf log, and what is wrong with those
+    that are not JSON: streamed, within MLPERF_LOG_CAP (`files.stream_lines`), each line's
+    JSON within the nesting cap, at most MAX_INIT_LINES kept. Lines of other keys do not
+    concern the init rule and are left out."""
+    kept, problems = [], []
+    for number, line in enumerate(stream_lines(path, MLPERF_LOG_CAP, "an MLPerf log"), 1):
+        _, token, record = line.partition(TOKEN)
+        if not token:
+            continue
+        try:
+            data = load_json(record)
+        except ValueError as exc:
+            problems.append(f"line {number}: not valid JSON ({exc})")
+            continue
+        if isinstance(data, dict) and data.get("key") in INIT_KEYS \
+                and len(kept) < MAX_INIT_LINES:
+            kept.append(TOKEN + record + "\n")
+    return kept, problems
+
+
 def check_init(path: Path, budget_s: float) -> InitCheck:
-    """Run MLPerf's compliance checker with its init-time rule on an MLPerf log."""
+    """Run MLPerf's compliance checker with its init-time rule on an MLPerf log (its init
+    lines, `init_lines`). Raises RefusedFile or OSError for a log that cannot be read."""
     from importlib.metadata import version
 
     _mllog()
@@ -117,12 +147,15 @@ def check_init(path: Path, budget_s: float) -> InitCheck:
 
     ruleset = mlp_compliance.get_parser().get_default("ruleset")
     checker = mlp_compliance.make_checker("training", ruleset, quiet=False, werror=False)
-    lines, errors = mlp_parser.parse_file(str(path), ruleset=ruleset)
+    kept, problems = init_lines(path)
     with tempfile.TemporaryDirectory(prefix="jaxwarm-mlperf-") as tmp:
+        init_log = Path(tmp) / "init.log"
+        init_log.write_text("".join(kept))
+        lines, errors = mlp_parser.parse_file(str(init_log), ruleset=ruleset)
         rules = Path(tmp) / "init.yaml"
         rules.write_text(yaml.safe_dump(init_rules(budget_s, ruleset), sort_keys=False))
         checker.check_loglines(lines, str(rules))
-    messages = [f"line {line}: {error}" for line, error in errors]
+    messages = problems + [f"line {line}: {error}" for line, error in errors]
     messages += [*checker.overwritable.values(), *checker.not_overwritable]
     times = {line.key: line.timestamp for line in reversed(lines)}  # the first of each key
     init_s = (times["init_stop"] - times["init_start"]) / 1e3 \
@@ -144,6 +177,10 @@ def check_line(path: Path, budget_s: float) -> str:
         result = check_init(path, budget_s)
     except MlperfUnavailable as exc:
         return f"MLPerf log {path}: not checked ({exc})"
+    except RefusedFile as exc:
+        return f"MLPerf log {path}: not checked: {exc.why}"
+    except OSError as exc:
+        return f"MLPerf log {path}: not checked: cannot read it ({exc.strerror})"
     init = "-" if result.init_s is None else f"{result.init_s:.2f} s"
     verdict = "pass" if result.ok else "FAIL: " + "; ".join(result.messages)
     return (f"MLPerf log {path}: init (init_start to init_stop) {init}; {PACKAGE} "

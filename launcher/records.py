@@ -6,7 +6,9 @@ that reads the config and the manifest: types come from the annotations, so a fi
 missing key or a wrong type is one line naming the file (and line) and the key. Readers of
 files that many jobs write are lenient per record (`read_record`, `parse_usage_line`): a bad
 report or usage line is skipped with that line logged, never fatal to the command reading
-the others. Output is standard JSON: no NaN or Infinity, which other tools cannot read.
+the others. Every file is read within a cap (`launcher.files`: a regular file, never a link
+to /dev/zero or a FIFO) and every JSON text within a nesting cap (`load_json`). Output is
+standard JSON: no NaN or Infinity, which other tools cannot read.
 
 Pure: both the submit side and the code inside a job import it.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from launcher.config import ConfigError, convert
+from launcher.files import RefusedFile, read_bounded, stream_lines
 
 log = logging.getLogger("jaxwarm.records")
 
@@ -391,10 +394,40 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not standard JSON")
 
 
-def parse_json(text: str, source: str) -> Any:
-    """JSON text as data, or ConfigError naming `source` (NaN and Infinity are refused)."""
+# No record jaxwarm writes nests a tenth as deep; Python's parser gives up near 1000 levels.
+JSON_MAX_DEPTH = 64
+# Every record jaxwarm keeps in a run dir (an init report, verify's result, the prewarm
+# decision and progress, a node's staging note, the submitted jobs): its biggest, a report
+# of thousands of functions, is far below this.
+RECORD_CAP = 16 << 20
+
+
+def load_json(text: str | bytes) -> Any:
+    """JSON text as data, or ValueError: not JSON, NaN or Infinity (not standard JSON), or
+    nested more than JSON_MAX_DEPTH levels deep (never a RecursionError)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        level = [[]]
+    else:
+        level, depth = _containers([data]), 0
+        while level and depth < JSON_MAX_DEPTH:  # level by level: no recursion here either
+            depth += 1
+            level = _containers([child for node in level for child in
+                                 (node.values() if isinstance(node, dict) else node)])
+    if level:
+        raise ValueError(f"nested more than {JSON_MAX_DEPTH} levels deep")
+    return data
+
+
+def _containers(nodes: list[Any]) -> list[Any]:
+    return [node for node in nodes if isinstance(node, (dict, list))]
+
+
+def parse_json(text: str, source: str) -> Any:
+    """JSON text as data, or ConfigError naming `source` (`load_json`)."""
+    try:
+        return load_json(text)
     except ValueError as exc:
         raise ConfigError(f"{source}: not valid JSON ({exc})") from None
 
@@ -411,40 +444,57 @@ def from_json(cls: type[R], data: Any, source: str) -> R:
 _skipped: set[str] = set()
 
 
-def read_lines(path: Path, parse: Callable[[str, str], R],
+def read_lines(path: Path, parse: Callable[[str, str], R], cap: int, what: str,
                keep: Callable[[str], bool] | None = None) -> list[R]:
     """The records of a JSON-lines file that many jobs append to, in order: `parse(line,
-    source)` each. A line that is not a record (a torn last line of a job killed mid-write,
-    a line from another tool) is skipped with one log line naming the file and line, once
-    per command. With `keep`, only the lines it accepts are parsed."""
+    source)` each, streamed (`files.stream_lines`: a regular file of at most `cap` bytes).
+    A line that is not a record (a torn last line of a job killed mid-write, a line from
+    another tool) is skipped with one log line naming the file and line, and a file that is
+    not a regular one within its cap is read as empty with one line, once per command.
+    With `keep`, only the lines it accepts are parsed."""
+    records = []
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(stream_lines(path, cap, what), 1):
+            if keep is not None and not keep(line):
+                continue
+            try:
+                records.append(parse(line, f"{path}:{number}"))
+            except ConfigError as exc:
+                _skip(str(exc))
     except FileNotFoundError:
         return []
-    records = []
-    for number, line in enumerate(lines, 1):
-        if keep is not None and not keep(line):
-            continue
-        try:
-            records.append(parse(line, f"{path}:{number}"))
-        except ConfigError as exc:
-            if str(exc) not in _skipped:  # one command reads a log more than once
-                _skipped.add(str(exc))
-                log.warning("skipping %s", exc)
+    except RefusedFile as exc:
+        _skip(f"{exc}; reading none of it")
+        return []
+    except OSError as exc:
+        _skip(f"{path}: cannot read it ({exc.strerror}); reading none of it")
+        return []
     return records
+
+
+def _skip(problem: str) -> None:
+    """Log `skipping <problem>` once per command (one command reads a log more than once)."""
+    if problem not in _skipped:
+        _skipped.add(problem)
+        log.warning("skipping %s", problem)
 
 
 def parse_first_step(line: str, source: str) -> FirstStep:
     return from_json(FirstStep, parse_json(line, source), source)
 
 
-def read_record(cls: type[R], path: Path) -> R | None:
-    """The record in the file at `path`, or None (logged in one line naming the file and
-    what is wrong) when it is unreadable or not a `cls`: one bad file among many (a job
-    killed while writing, a file from another version) never stops the reader."""
+def read_record(cls: type[R], path: Path, cap: int = RECORD_CAP,
+                what: str = "a jaxwarm record") -> R | None:
+    """The record in the file at `path`, or None: silently when there is none, with one
+    line naming the file and what is wrong when it is unreadable, not a regular file within
+    `cap` bytes (`files.read_bounded`), or not a `cls`: one bad file among many (a job killed
+    while writing, a file from another version, a planted link) never stops the reader."""
     try:
-        return from_json(cls, parse_json(path.read_text(errors="replace"), str(path)),
-                         str(path))
+        return from_json(cls, parse_json(read_bounded(path, cap, what), str(path)), str(path))
+    except FileNotFoundError:
+        pass
+    except RefusedFile as exc:
+        log.warning("skipping %s", exc)
     except OSError as exc:
         log.warning("skipping %s: cannot read it (%s)", path, exc.strerror)
     except ConfigError as exc:

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from launcher.config import ConfigError
 from launcher.environment import size_cap
+from launcher.files import RefusedFile, read_bounded
 from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
 from launcher.injob.place import ranges
 from launcher.records import (
     OPTIONS_DIFFER,
     RANKS,
+    RECORD_CAP,
     SETTING_CHANGED,
     FirstStep,
     FunctionRecord,
@@ -46,6 +48,9 @@ from launcher.store.misses import explain_miss
 
 log = logging.getLogger("jaxwarm.report")
 
+# One line (a few hundred bytes) per training attempt of the run.
+FIRST_STEPS_CAP = 16 << 20
+
 
 def load_reports(run_dir: str | Path) -> list[InitReport]:
     """Every readable report of a run, in job, restart, process order; an unreadable or
@@ -63,7 +68,9 @@ def load_verdicts(run_dir: str | Path) -> VerifyResult:
     the command answers from, so an unreadable one is an error naming it."""
     path = verify_result_path(run_dir)
     try:
-        text = path.read_text(errors="replace")
+        text = read_bounded(path, RECORD_CAP, "a verify result")
+    except RefusedFile:
+        raise
     except OSError as exc:
         raise ConfigError(f"{path}: the verify job wrote no result ({exc.strerror})") from None
     return from_json(VerifyResult, parse_json(text, str(path)), str(path))
@@ -499,7 +506,8 @@ def budget_lines(attempt: list[InitReport]) -> list[str]:
 
 def load_first_steps(run_dir: str | Path) -> list[FirstStep]:
     """Every training attempt's first step, across launches of the run, in order."""
-    return read_lines(first_steps_path(run_dir), parse_first_step)
+    return read_lines(first_steps_path(run_dir), parse_first_step, FIRST_STEPS_CAP,
+                      "a first-step log")
 
 
 def first_step_lines(history: list[FirstStep]) -> list[str]:

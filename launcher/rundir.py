@@ -15,10 +15,12 @@ Pure paths: both the submit side and the code inside a job import it.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from launcher.files import read_tail
+from launcher.records import load_json
 
 PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
 JOBS = (VERIFY, PREWARM, TRAIN)
@@ -102,8 +104,9 @@ def mlperf_log_path(run_dir: str | Path, restart: int) -> Path:
 
 
 def mlperf_logs(run_dir: str | Path) -> list[Path]:
-    """The run's MLPerf logs, the latest attempt's last."""
-    return sorted(Path(run_dir).glob("mlperf-r*.log"), key=lambda path: path.stat().st_mtime)
+    """The run's MLPerf logs, the latest attempt's last (by the time of the name itself: a
+    planted link is ordered, not followed)."""
+    return sorted(Path(run_dir).glob("mlperf-r*.log"), key=lambda path: path.lstat().st_mtime)
 
 
 def slurm_dir(run_dir: str | Path, job: str) -> Path:
@@ -134,12 +137,12 @@ def step_reached(run_dir: str | Path) -> int | None:
     `log_every` steps, the last step, and the step it checkpoints at when told to stop);
     None when it logged none (another trainer, or no step run)."""
     try:
-        lines = metrics_path(run_dir).read_text(errors="replace").splitlines()
+        lines = read_tail(metrics_path(run_dir)).splitlines()
     except OSError:
         return None
     for line in reversed(lines):
         try:
-            step = json.loads(line).get("step")
+            step = load_json(line).get("step")
         except (ValueError, AttributeError):
             continue  # a torn or foreign line
         if isinstance(step, int) and not isinstance(step, bool):

@@ -260,7 +260,7 @@ def record_fingerprint(config: Config, targets: list[Target]) -> None:
     import jaxlib
 
     path = prewarm_decision_path(config.run_dir)
-    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    decision = read_record(PrewarmDecision, path)
     if decision is None or decision.fingerprint is None:
         return  # a job script submitted by hand: no launch computed a fingerprint
     found = decision.fingerprint

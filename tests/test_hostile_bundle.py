@@ -9,11 +9,13 @@ import json
 import tarfile
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from launcher.store.bundle import BUNDLE_META, installed_versions
+from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -35,8 +37,18 @@ def meta(entries: object) -> dict:
             "created": time.time(), "entries": entries}
 
 
-def item(data: bytes) -> dict:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "manifest": None}
+def item(data: bytes, record: dict | None = None) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "manifest": record}
+
+
+def record(n: int, names: str | None = None, run: str = "exporter") -> dict:
+    """The manifest record a prewarm of run `run` would have written for entry `n`'s key (or
+    for the key `names`)."""
+    return asdict(ManifestEntry(function=f"jit_f{n}", key=names or key(n), run=run,
+                                config="/c.yaml", compile_s=1.5, lower_s=0.1, written=True,
+                                jax_version="0", process_count=1,
+                                sha256=hashlib.sha256(entry_bytes(n)).hexdigest(),
+                                size=len(entry_bytes(n))))
 
 
 def write_bundle(path: Path, metadata: dict, members: list[tarfile.TarInfo | tuple[str, bytes]]
@@ -109,6 +121,9 @@ def hostile_bundles(tmp_path: Path, victim: Path) -> dict[str, tuple[dict, list,
             meta({key(1): {**item(entry_bytes(1)), "manifest": {"function": 3}}}), [good(1)],
             "manifest.function: expected a string"),
         "listed but missing": (meta(three), [good(1), good(2)], "listed but missing"),
+        "manifest record of another key": (
+            meta({key(1): item(entry_bytes(1), record(1, names=key(2)))}), [good(1)],
+            f"entries.{key(1)}.manifest.key: '{key(2)}' is not the key of its entry"),
     }
 
 
@@ -142,3 +157,38 @@ def test_a_good_bundle_publishes_every_entry_with_its_atime_file_and_no_temp_fil
     assert names == sorted([f"{key(n)}-cache" for n in (1, 2, 3)]
                            + [f"{key(n)}-atime" for n in (1, 2, 3)])
     assert (cache / f"{key(2)}-cache").read_bytes() == entry_bytes(2)
+
+
+def test_the_same_bundle_twice_imports_nothing_new_and_says_so(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path / "b.tar", meta({key(n): item(entry_bytes(n), record(n))
+                                                    for n in (1, 2)}), [good(1), good(2)])
+    first = import_into(tmp_path, bundle)
+    assert first.returncode == 0, first.stderr
+    assert "imported 2 entries (0 already there)" in first.stdout
+    before = snapshot(tmp_path)
+    again = import_into(tmp_path, bundle)
+    assert again.returncode == 0, again.stderr
+    assert "imported 0 entries (2 already there)" in again.stdout
+    assert "Traceback" not in again.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
+        tmp_path: Path) -> None:
+    """The target holds entry 1 with its prewarm's record; a bundle brings entry 2 with a
+    record that names entry 1's key (another checksum, size, run): refused, nothing written,
+    and entry 1's record is the one its prewarm wrote."""
+    mine = write_bundle(tmp_path / "mine.tar", meta({key(1): item(entry_bytes(1), record(1))}),
+                        [good(1)])
+    assert import_into(tmp_path, mine).returncode == 0
+    cache = tmp_path / "cache"
+    recorded = read_manifest(cache)[key(1)]
+    forged = {**record(2, names=key(1), run="attacker"), "compile_s": 999.0}
+    hostile = write_bundle(tmp_path / "b.tar", meta({key(2): item(entry_bytes(2), forged)}),
+                           [good(2)])
+    before = snapshot(tmp_path)
+    assert_refused(import_into(tmp_path, hostile), str(hostile),
+                   f"entries.{key(2)}.manifest.key: '{key(1)}' is not the key of its entry")
+    assert snapshot(tmp_path) == before
+    assert read_manifest(cache) == {key(1): recorded}
+    assert recorded.run == "exporter" and manifest_path(cache).is_file()

@@ -275,7 +275,7 @@ def forget_missed_prewarms(config: Config, report: InitReport) -> None:
     that record, so the next launch with this fingerprint runs its prewarm job again. (A
     launch under another fingerprint that misses is no news: its decision said so.)"""
     path = prewarm_decision_path(config.run_dir)
-    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    decision = read_record(PrewarmDecision, path)
     if decision is None or decision.fingerprint is None:
         return
     digest = decision.fingerprint.digest

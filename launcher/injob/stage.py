@@ -26,9 +26,9 @@ from pathlib import Path
 from launcher.config import Config, ConfigError
 from launcher.environment import expand_variables
 from launcher.errors import one_line
-from launcher.files import atomic_write
+from launcher.files import atomic_write, read_bounded
 from launcher.injob.place import Place
-from launcher.records import Staging, dumps, from_json, parse_json
+from launcher.records import RECORD_CAP, Staging, dumps, from_json, parse_json
 from launcher.rundir import stage_note_path
 from launcher.store.security import prepare_cache_dir
 from launcher.store.staging import refuse_key_change, stage_entries
@@ -98,7 +98,8 @@ def wait_for_note(config: Config, note: Path, node: int) -> Staging:
     while True:
         waited = round(time.monotonic() - start, 3)
         try:
-            staging = from_json(Staging, parse_json(note.read_text(), str(note)), str(note))
+            staging = from_json(Staging, parse_json(
+                read_bounded(note, RECORD_CAP, "a staging note"), str(note)), str(note))
         except FileNotFoundError:
             if waited >= bound:
                 return Staging(node, config.cache.dir, stager=False, waited_s=waited,

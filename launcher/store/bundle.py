@@ -27,6 +27,7 @@ from launcher.errors import UserError
 from launcher.files import atomic_path, modes_in, staged_files
 from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime
 from launcher.jaxkey.versions import cache_path_in_key
+from launcher.records import load_json
 from launcher.store.entries import (
     CACHE_SUFFIX,
     MAX_ENTRY_BYTES,
@@ -124,11 +125,9 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
     try:
         reader = tar.extractfile(member)
         assert reader is not None  # a regular file, checked above
-        meta = convert(BundleMeta, json.loads(reader.read()), "", BUNDLE_META)
-    except (ValueError, RecursionError, tarfile.TarError) as exc:  # ConfigError: a ValueError
-        raise BundleError(f"{source}: not a valid jaxwarm bundle "
-                          f"({exc if not isinstance(exc, RecursionError) else 'nested too deep'})"
-                          ) from None
+        meta = convert(BundleMeta, load_json(reader.read()), "", BUNDLE_META)
+    except (ValueError, tarfile.TarError) as exc:  # ConfigError: a ValueError
+        raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
     if meta.version != BUNDLE_VERSION:
         raise BundleError(f"{source}: bundle format {meta.version}, this jaxwarm reads "
                           f"{BUNDLE_VERSION}")
@@ -143,14 +142,21 @@ def read_meta(tar: tarfile.TarFile, source: Path) -> BundleMeta:
 
 
 def manifest_record(source: Path, key: str, item: BundleItem) -> ManifestEntry | None:
-    """The manifest record a bundle carries for an entry, checked like the manifest's own."""
+    """The manifest record a bundle carries for an entry, checked like the manifest's own.
+    It must be the record of that entry: one naming another key would rewrite that key's
+    record (its checksum, size, run) in the target cache, an entry the bundle did not bring."""
     if item.manifest is None:
         return None
     try:
-        return convert(ManifestEntry, {**item.manifest, "sha256": item.sha256,
-                                       "size": item.size}, f"entries.{key}.manifest", BUNDLE_META)
+        record = convert(ManifestEntry, {**item.manifest, "sha256": item.sha256,
+                                         "size": item.size}, f"entries.{key}.manifest",
+                         BUNDLE_META)
     except ValueError as exc:
         raise BundleError(f"{source}: not a valid jaxwarm bundle ({exc})") from None
+    if record.key != key:
+        raise BundleError(f"{source}: {BUNDLE_META}: entries.{key}.manifest.key: "
+                          f"{record.key!r} is not the key of its entry; refusing the bundle")
+    return record
 
 
 def refusal(meta: BundleMeta, config: Config) -> str | None:

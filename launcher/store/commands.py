@@ -263,8 +263,8 @@ def run(args: argparse.Namespace) -> int:
         config = require_config(config, args.target, action)
         prepare_cache_dir(Path(cache_dir), config.cache, config.source)
         added, present = import_bundle(args.bundle, config, args.max_bytes)
-        print(f"imported {len(added)} entr{'y' if len(added) == 1 else 'ies'} into "
-              f"{cache_dir} ({len(present)} already there)")
+        print(f"imported {len(added)} entr{'y' if len(added) == 1 else 'ies'} "
+              f"({len(present)} already there) into {cache_dir}")
     return 0
 
 

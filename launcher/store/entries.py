@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import stat as stat_module
 import time
@@ -25,7 +24,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launcher.environment import is_remote
-from launcher.files import atomic_write, is_held, locked, modes_in
+from launcher.files import (
+    RefusedFile,
+    atomic_write,
+    file_kind,
+    is_held,
+    locked,
+    modes_in,
+    open_regular,
+    read_capped,
+)
 from launcher.jaxkey.entryformat import (
     ATIME_SUFFIX,
     CACHE_SUFFIX,
@@ -53,6 +61,8 @@ MIN_PAYLOAD_CAP = 64 << 20
 # Nodes sharing a cache dir disagree on the time by a little; a file time further ahead than
 # this is no evidence of use.
 CLOCK_SKEW_S = 300.0
+# JAX writes 8 bytes (`encode_atime`); anything much longer is not its atime file.
+ATIME_CAP = 64
 
 
 class NotAnEntry(ValueError):
@@ -116,36 +126,19 @@ def open_entry(path: Path) -> BinaryIO:
     FIFO, and bounded (a link to /dev/zero or a huge file is refused, not opened). Raises
     FileNotFoundError, or NotAnEntry saying what is there instead. Read it in blocks."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return open_regular(path, MAX_ENTRY_BYTES, "any JAX entry")
+    except RefusedFile as exc:
+        raise NotAnEntry(exc.why) from None
+    except FileNotFoundError:
+        raise
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        kind = "a symlink" if path.is_symlink() else exc.strerror
-        raise NotAnEntry(f"not a regular file ({kind})") from None
-    source = os.fdopen(fd, "rb")
-    info = os.fstat(fd)
-    problem = None
-    if not stat_module.S_ISREG(info.st_mode):
-        problem = f"not a regular file ({file_kind(info.st_mode)})"
-    elif info.st_size > MAX_ENTRY_BYTES:
-        problem = f"{info.st_size} bytes, more than any JAX entry ({MAX_ENTRY_BYTES} bytes)"
-    if problem:
-        source.close()
-        raise NotAnEntry(problem)
-    return source
+        raise NotAnEntry(f"not a regular file ({exc.strerror})") from None
 
 
 def payload_limit(size: int) -> int:
     """The most an entry of `size` compressed bytes may decompress to: far above what JAX's
     executables reach, far below what a crafted stream (zeros, 1000:1) claims."""
     return max(MIN_PAYLOAD_CAP, PAYLOAD_RATIO * size)
-
-
-def file_kind(mode: int) -> str:
-    kinds = [(stat_module.S_ISDIR, "a directory"), (stat_module.S_ISFIFO, "a FIFO"),
-             (stat_module.S_ISLNK, "a symlink"), (stat_module.S_ISSOCK, "a socket"),
-             (stat_module.S_ISCHR, "a character device"), (stat_module.S_ISBLK, "a block device")]
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def sha256_file(path: Path) -> str:
@@ -178,9 +171,16 @@ def jax_lock(cache_dir: str | Path) -> Iterator[None]:
 
 
 def read_atime(cache_dir: str | Path, key: str) -> float | None:
+    """The last use JAX recorded for `key`; None without an atime file, or (with a line)
+    for one that is not JAX's 8 bytes in a regular file."""
+    path = atime_path(cache_dir, key)
     try:
-        return decode_atime(atime_path(cache_dir, key).read_bytes())
-    except (FileNotFoundError, ValueError):
+        return decode_atime(read_capped(path, ATIME_CAP, "an atime file"))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("skipping %s", exc if isinstance(exc, RefusedFile)
+                    else f"{path}: cannot read it ({exc.strerror})")
         return None
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launcher.environment import is_remote
-from launcher.files import atomic_write, make_dir, modes_in
+from launcher.files import atomic_write, file_kind, make_dir, modes_in
 from launcher.jaxkey.entryformat import (
     BLOCK_BYTES,
     HEAD_BYTES,
@@ -37,7 +37,6 @@ from launcher.store.entries import (
     QUARANTINE_DIR,
     NotAnEntry,
     entry_path,
-    file_kind,
     in_flight,
     jax_lock,
     open_entry,

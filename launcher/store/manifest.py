@@ -18,13 +18,16 @@ from typing import Any
 
 from launcher.config import ConfigError, convert
 from launcher.errors import UserError
-from launcher.files import atomic_write, locked, modes_in
+from launcher.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
+from launcher.records import load_json
 from launcher.store.entries import is_entry_key
 
 log = logging.getLogger("jaxwarm.store")
 
 MANIFEST_NAME = "jaxwarm-manifest.json"
 MANIFEST_VERSION = 1
+# About 1.5 KB per entry: some 80,000 entries, far more than any cache holds.
+MANIFEST_CAP = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, 
     """Entries by cache key from the manifest's text (only `key`'s when given: a warm check
     of one key checks only its record), or ManifestError. Pure."""
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except ValueError as exc:
         raise ManifestError(f"{source}: not a jaxwarm manifest (not valid JSON: {exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
@@ -99,11 +102,16 @@ def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, 
 def read_manifest(cache_dir: str | Path, strict: bool = True,
                   key: str | None = None) -> dict[str, ManifestEntry]:
     """Entries by cache key (only `key`'s when given); empty when there is no manifest yet.
-    A broken one raises ManifestError, or with `strict=False` (a job that only reads it) is
-    logged and read as empty: every entry then gets the full check, slower but never wrong."""
+    A broken one (not a regular file within MANIFEST_CAP, or not a manifest) raises
+    ManifestError, or with `strict=False` (a job that only reads it) is logged and read as
+    empty: every entry then gets the full check, slower but never wrong."""
     path = manifest_path(cache_dir)
     try:
-        return parse_manifest(path.read_text(errors="replace"), str(path), key)
+        try:
+            text = read_bounded(path, MANIFEST_CAP, "a jaxwarm manifest")
+        except RefusedFile as exc:
+            raise ManifestError(str(exc)) from None
+        return parse_manifest(text, str(path), key)
     except FileNotFoundError:
         return {}
     except ManifestError as exc:

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from launcher.config import ConfigError
-from launcher.files import atomic_write, locked, modes_in
+from launcher.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
 from launcher.records import PrewarmRecord, dumps, from_json, parse_json
 
 log = logging.getLogger("jaxwarm.store")
@@ -22,6 +22,8 @@ log = logging.getLogger("jaxwarm.store")
 PREWARMS_NAME = "jaxwarm-prewarms.json"
 # Old records of other fingerprints are of no use once many newer ones exist.
 KEEP = 200
+# KEEP records of a fingerprint each (its packages and source files): a few MB at most.
+PREWARMS_CAP = 64 << 20
 
 
 def prewarms_path(cache_dir: str | Path) -> Path:
@@ -34,8 +36,11 @@ def read_prewarms(cache_dir: str | Path) -> dict[str, PrewarmRecord]:
     never wrong, and records it afresh."""
     path = prewarms_path(cache_dir)
     try:
-        text = path.read_text(errors="replace")
+        text = read_bounded(path, PREWARMS_CAP, "a prewarm record file")
     except FileNotFoundError:
+        return {}
+    except RefusedFile as exc:
+        log.warning("%s; every launch runs its prewarm", exc)
         return {}
     except OSError as exc:
         log.warning("%s: cannot read it (%s); every launch runs its prewarm", path,

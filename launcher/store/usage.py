@@ -34,6 +34,9 @@ from launcher.records import (
 log = logging.getLogger("jaxwarm.store")
 
 USAGE_LOG = "jaxwarm-usage.jsonl"
+# One line per job (a few hundred bytes per function it looked up) and per checked, missed,
+# quarantined or pruned entry: a million jobs' worth.
+USAGE_CAP = 512 << 20
 
 
 def usage_path(cache_dir: str | Path) -> Path:
@@ -74,10 +77,11 @@ def job_usage(config: Config, report: InitReport) -> JobUsage:
 
 def read_usage(cache_dir: str | Path,
                keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
-    """The usage log in order; a line that is not a usage record is skipped with one log
-    line (`records.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
+    """The usage log in order, streamed within USAGE_CAP; a line that is not a usage record
+    (or a log that is not a regular file within the cap) is skipped with one log line
+    (`records.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
     check of one key must not pay for parsing a log with one line per job ever run."""
-    return read_lines(usage_path(cache_dir), parse_usage_line, keep)
+    return read_lines(usage_path(cache_dir), parse_usage_line, USAGE_CAP, "a usage log", keep)
 
 
 def records_entry(key: str) -> Callable[[str], bool]:

@@ -29,6 +29,7 @@ from typing import IO
 from launcher.config import Config, ConfigError, TopologyConfig
 from launcher.environment import merge_environment
 from launcher.errors import EXIT_ERROR, error_line
+from launcher.files import read_tail
 from launcher.gputarget import gpus_here, job_topology, no_gpu
 from launcher.injob.place import process_variables
 from launcher.injob.task import killed_by
@@ -68,7 +69,7 @@ def free_port() -> int:
 
 def tail(path: Path, lines: int = 30) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(read_tail(path).splitlines()[-lines:])
     except OSError:
         return ""
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import Config, ConfigError, load_yaml
+from launcher.config import CONFIG_CAP, Config, ConfigError, load_yaml
 from launcher.environment import is_remote, resolve_paths
-from launcher.files import atomic_write, locked
+from launcher.files import atomic_write, locked, read_capped
 from launcher.rundir import lock_path, pinned_config
 from launcher.store.entries import ensure_atime_files
 from launcher.store.integrity import check_and_quarantine
@@ -71,7 +71,7 @@ def adopt_run_dir(config: Config) -> Path:
     this very config, since its requeued jobs read it. Call under the run dir's lock."""
     path = pinned_config(config.run_dir)
     try:
-        pinned = load_yaml(path.read_text(), str(path))
+        pinned = load_yaml(read_capped(path, CONFIG_CAP, "a config").decode("utf-8"), str(path))
     except FileNotFoundError:
         return write_run_dir(config)
     except (OSError, UnicodeDecodeError, ConfigError) as exc:

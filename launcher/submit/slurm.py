@@ -23,8 +23,9 @@ from typing import Any
 
 from launcher.config import Config, ConfigError, convert
 from launcher.errors import error_line
-from launcher.files import atomic_write
+from launcher.files import atomic_write, read_bounded, read_tail
 from launcher.injob.task import TaskCommand
+from launcher.records import RECORD_CAP, load_json
 from launcher.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
@@ -158,7 +159,8 @@ def read_jobs(run_dir: Path) -> list[SubmittedJob]:
     if not path.exists():
         return []
     try:
-        return convert(list[SubmittedJob], json.loads(path.read_text()), "", str(path))
+        return convert(list[SubmittedJob], load_json(read_bounded(
+            path, RECORD_CAP, "a list of submitted jobs")), "", str(path))
     except ValueError as exc:  # ConfigError, or not JSON
         raise ConfigError(exc if isinstance(exc, ConfigError) else f"{path}: not valid JSON "
                           f"({exc}); it lists the jobs jaxwarm submitted") from None
@@ -251,7 +253,7 @@ def srun_failures(batch_log: str) -> list[tuple[int, str]]:
 def task_line(path: Path) -> str | None:
     """A task log's jaxwarm error line; None if it has none or cannot be read."""
     try:
-        return error_line(path.read_text(errors="replace"))
+        return error_line(read_tail(path))
     except OSError:
         return None
 
@@ -263,7 +265,7 @@ def failed_task(job: SubmittedJob) -> tuple[int, str] | None:
     the task wrapper) or else srun's words. Without srun's account, the lowest task that said
     why (reading every task's log: a last resort at 64 ranks)."""
     try:
-        ended = srun_failures(job.log_path(0).read_text(errors="replace"))
+        ended = srun_failures(read_tail(job.log_path(0)))
     except OSError:
         ended = []
     if ended:

@@ -1,0 +1,239 @@
+"""Class 1 of issue 28: every state file jaxwarm reads back is read within a bound. Each kind
+(init reports, the prewarm decision, the first-step log, MLPerf logs, the submitted jobs, the
+pinned config in a run dir; the manifest, the usage log and atime files in a cache; the
+prewarm records, verify's result and a lock's holder note) planted as a link to /dev/zero, a
+FIFO, a directory, a (sparse) file one byte over its cap, and JSON nested 100,000 deep: the
+command ends, names the file and why in one line, goes on with the rest where the file is
+one among many, and changes nothing.
+
+The commands run as a user runs them, in a process of their own: a regression that read
+/dev/zero or opened a FIFO would otherwise take the test runner's memory or hang it. The
+timeout is a guard against a hang, not a measure of speed."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.config import CONFIG_CAP
+from launcher.files import HOLDER_CAP, RefusedFile, describe_holder
+from launcher.mlperf import MLPERF_LOG_CAP
+from launcher.records import JSON_MAX_DEPTH, RECORD_CAP
+from launcher.report import FIRST_STEPS_CAP, load_verdicts
+from launcher.store.entries import ATIME_CAP
+from launcher.store.manifest import MANIFEST_CAP
+from launcher.store.prewarms import PREWARMS_CAP, read_prewarms
+from launcher.store.usage import USAGE_CAP
+from tests.conftest import DEMO, REPO
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Far longer than any of these commands takes; reached only by a command that hangs.
+HANG_GUARD_S = 120
+# A command that read /dev/zero into memory would fail here, not take the machine's memory.
+MEMORY_GUARD = 4 << 30
+DEEP = "[" * 100_000 + "]" * 100_000
+KEY = f"jit_f1-{hashlib.sha256(b'1').hexdigest()}"
+ATTACKS = ("/dev/zero link", "FIFO", "directory", "oversize", "deep nesting")
+
+
+def plant(path: Path, attack: str, cap: int, deep: str) -> str:
+    """Put the attack at `path`; returns what the one line must say of it."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if attack == "/dev/zero link":
+        path.symlink_to("/dev/zero")
+        return "not a regular file (a symlink)"
+    if attack == "FIFO":
+        os.mkfifo(path)
+        return "not a regular file (a FIFO)"
+    if attack == "directory":
+        path.mkdir()
+        return "not a regular file (a directory)"
+    if attack == "oversize":
+        with path.open("wb") as sparse:  # holes: no disk used
+            sparse.truncate(cap + 1)
+        return f"{cap + 1} bytes, more than"
+    path.write_text(deep)
+    return f"nested more than {JSON_MAX_DEPTH} levels deep"
+
+
+def state(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path under `root` by kind, size and mtime, read with lstat (nothing planted is
+    opened); lock files and their holder notes, which any reader may leave, are left out,
+    and so are the mtimes of dirs (a lock file created in one changes it)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.name.endswith((".lock", ".lockfile", ".holder")):
+            continue
+        info = path.lstat()
+        kind = stat.S_IFMT(info.st_mode)
+        found[str(path.relative_to(root))] = (
+            kind, info.st_size if kind != stat.S_IFDIR else 0,
+            info.st_mtime_ns if kind != stat.S_IFDIR else 0)
+    return found
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_GUARD, MEMORY_GUARD))
+
+
+def jaxwarm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S,
+                          preexec_fn=_limits, env={**os.environ, "PATH": os.defpath})
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run dir (its pinned config pins report.mlperf and the cache below) with the init
+    reports of tests/fixtures, and a cache with one entry and the fixtures' manifest."""
+    root = tmp_path_factory.mktemp("state")
+    result = jaxwarm("render", str(DEMO), f"run.out_dir={root / 'runs'}",
+                     f"cache.dir={root / 'cache'}", "report.mlperf=true", "--job", "train")
+    assert result.returncode == 0, result.stderr
+    shutil.copytree(FIXTURES / "run" / "reports", root / "runs" / "demo" / "reports")
+    shutil.copy(FIXTURES / "cache" / "jaxwarm-manifest.json", root / "cache")
+    (root / "cache" / f"{KEY}-cache").write_bytes(zlib.compress(bytes(4) + bytes(200)))
+    return root
+
+
+@pytest.fixture
+def tree(template: Path, tmp_path: Path) -> Path:
+    """A copy of the template, its pinned config pointing at the copy."""
+    shutil.copytree(template, tmp_path / "t", symlinks=True)
+    pinned = tmp_path / "t" / "runs" / "demo" / "config.yaml"
+    pinned.write_text(pinned.read_text().replace(str(template), str(tmp_path / "t")))
+    return tmp_path / "t"
+
+
+# name -> (path under the tree, cap, the text nested 100,000 deep, the command, whether the
+# command goes on (exit 0 with a `skipping` or `reading it as empty` line) or refuses (exit 2
+# with one error line: the file is the one it answers from), what it still shows).
+RUN, CACHE = "{run}", "{cache}"
+KINDS: dict[str, tuple[str, int, str, list[str], bool, str]] = {
+    "init report": (f"{RUN}/reports/train-r0-p0.json", RECORD_CAP, DEEP,
+                    ["report", RUN], True, "prewarm  0        0-1"),
+    "prewarm decision": (f"{RUN}/prewarm-decision.json", RECORD_CAP, DEEP,
+                         ["report", RUN], True, "train    0        1"),
+    "first-step log": (f"{RUN}/first-steps.jsonl", FIRST_STEPS_CAP, DEEP,
+                       ["report", RUN], True, "train    0        1"),
+    "MLPerf log": (f"{RUN}/mlperf-r0.log", MLPERF_LOG_CAP, ":::MLLOG " + DEEP,
+                   ["report", RUN], True, "train    0        1"),
+    "manifest, in a report": (f"{CACHE}/jaxwarm-manifest.json", MANIFEST_CAP, DEEP,
+                              ["report", RUN], True, "train    0        1"),
+    "manifest, in cache ls": (f"{CACHE}/jaxwarm-manifest.json", MANIFEST_CAP, DEEP,
+                              ["cache", "ls", CACHE], False, ""),
+    "usage log": (f"{CACHE}/jaxwarm-usage.jsonl", USAGE_CAP, DEEP,
+                  ["cache", "ls", CACHE], True, "jit_f1"),
+    "submitted jobs": (f"{RUN}/slurm/jobs.json", RECORD_CAP, DEEP,
+                       ["status", RUN], False, ""),
+    "pinned config": (f"{RUN}/config.yaml", CONFIG_CAP, "x: " + DEEP,
+                      ["report", RUN], False, ""),
+}
+
+
+def absolute(tree: Path, text: str) -> str:
+    return text.format(run=tree / "runs" / "demo", cache=tree / "cache")
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hostile_state_file_is_named_in_one_line_and_the_command_goes_on(
+        tree: Path, kind: str, attack: str) -> None:
+    where, cap, deep, argv, goes_on, still_shown = KINDS[kind]
+    path = Path(absolute(tree, where))
+    why = plant(path, attack, cap, deep)
+    before = state(tree)
+    result = jaxwarm(*(absolute(tree, arg) for arg in argv))
+    out = result.stdout + result.stderr
+    assert "Traceback" not in out and "jaxwarm bug" not in out, out[-3000:]
+    named = [line for line in out.splitlines() if str(path) in line]
+    if kind == "pinned config" and attack == "/dev/zero link":
+        why = "not a regular file (a character device)"  # a config may be a link: followed
+    assert len(named) == 1 and why in named[0], (why, out[-3000:])
+    if goes_on:
+        assert result.returncode == 0, out[-3000:]
+        assert still_shown in result.stdout, result.stdout[-3000:]
+    else:
+        assert result.returncode == 2, out[-3000:]
+        assert named[0].startswith("jaxwarm: error:"), named
+    assert state(tree) == before
+
+
+@pytest.mark.parametrize("attack", ("/dev/zero link", "FIFO", "directory", "oversize"))
+def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str) -> None:
+    path = tree / "cache" / f"{KEY}-atime"
+    why = plant(path, attack, ATIME_CAP, "")
+    before = state(tree)
+    result = jaxwarm("cache", "ls", str(tree / "cache"))
+    assert result.returncode == 0, result.stderr
+    assert "jit_f1" in result.stdout
+    named = [line for line in result.stderr.splitlines() if str(path) in line]
+    assert len(named) == 1 and why in named[0], result.stderr
+    assert state(tree) == before
+
+
+def guarded(call: Callable[[], Any]) -> Any:
+    """`call()` in a thread that may not take longer than HANG_GUARD_S: a reader that
+    blocked on a FIFO fails the test instead of hanging the run."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), f"still reading after {HANG_GUARD_S} s"
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_hostile_prewarm_records_make_the_launch_prewarm_with_one_line(
+        tree: Path, attack: str, caplog: pytest.LogCaptureFixture) -> None:
+    """`--prewarm auto` reads the records of completed prewarms: refused, it prewarms."""
+    path = tree / "cache" / "jaxwarm-prewarms.json"
+    why = plant(path, attack, PREWARMS_CAP, DEEP)
+    with caplog.at_level(logging.WARNING, "jaxwarm"):
+        assert guarded(lambda: read_prewarms(tree / "cache")) == {}
+    named = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len(named) == 1 and why in named[0], caplog.text
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_a_hostile_verify_result_is_one_line_naming_it(tree: Path, attack: str) -> None:
+    path = tree / "runs" / "demo" / "verify" / "p0.json"
+    why = plant(path, attack, RECORD_CAP, DEEP)
+    with pytest.raises((RefusedFile, ValueError)) as raised:
+        guarded(lambda: load_verdicts(tree / "runs" / "demo"))
+    assert str(path) in str(raised.value) and why in str(raised.value)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_a_hostile_holder_note_names_nobody(tree: Path, attack: str) -> None:
+    lock = tree / "cache" / "jaxwarm-manifest.json.lock"
+    plant(lock.with_name(lock.name + ".holder"), attack, HOLDER_CAP, DEEP)
+    assert "did not record itself" in guarded(lambda: describe_holder(lock))

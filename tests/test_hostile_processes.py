@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
-from tests.procs import alive, wait_until
+from tests.procs import alive, run_processes, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -93,6 +93,26 @@ def test_a_killed_launcher_leaves_no_orphan_behind_a_shell_wrapper(tmp_path: Pat
         assert wait_until(lambda: not any(alive(p) for p in pids(pid_file)))
     finally:
         for pid in pids(pid_file):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_launcher_leaves_no_orphan_that_ignores_sigterm(tmp_path: Path) -> None:
+    """The supervisor of process 0 writes to the dead launcher's pipe when the grace runs
+    out; it must SIGKILL the group all the same (issue 28, class 4)."""
+    pid_file = tmp_path / "pids"
+    run_dir = tmp_path / "runs" / "demo"
+    launcher = subprocess.Popen(launch_args(tmp_path, wrapped(pid_file, "IGNORE"),
+                                            "stop_grace_s=1"),
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: len(pids(pid_file)) == 2)
+        assert run_processes(run_dir)
+        launcher.kill()
+        launcher.wait()
+        assert wait_until(lambda: not run_processes(run_dir)), run_processes(run_dir)
+    finally:
+        for pid in [*pids(pid_file), *run_processes(run_dir)]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -9,7 +9,10 @@ the trainer running with parent 1. The supervisor is the launcher's direct child
 SIGTERM when the launcher dies, PR_SET_PDEATHSIG), and it signals the command's whole group:
 forwarded signals, then SIGKILL after the grace period for a group that ignores SIGTERM or
 SIGINT, and whatever of the group outlives the command itself. As the group's subreaper it
-also reaps what the shell left behind. It imports nothing from jaxwarm: it starts at once.
+also reaps what the shell left behind. Its output goes to the launcher's pipe (process 0's
+echo), which breaks when the launcher dies: a failed write is dropped, and however the
+supervisor stops, it SIGKILLs and reaps the group on the way out. It imports nothing from
+jaxwarm: it starts at once.
 
     python -m launcher.submit.supervise GRACE_S -- ARGV...
 """
@@ -38,7 +41,12 @@ def _prctl(option: int, value: int) -> None:
 
 
 def say(line: str) -> None:
-    print(f"jaxwarm: {line}", file=sys.stderr, flush=True)
+    """One line to stderr, which may be a pipe to a launcher that is gone: a failed write
+    is dropped, never allowed to stop the supervisor before it has ended the group."""
+    try:
+        print(f"jaxwarm: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def group_alive(pgid: int) -> bool:
@@ -69,6 +77,16 @@ def reap(pgid: int) -> None:
             return
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL whatever is left of the group and reap it (bounded: a process stuck in the
+    kernel dies when it leaves it)."""
+    signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while group_alive(pgid) and time.monotonic() < deadline:
+        reap(pgid)
+        time.sleep(POLL_S)
+
+
 def end_group(pgid: int, grace_s: float, name: str) -> None:
     """SIGTERM what is left of the group, SIGKILL it after `grace_s`; reap it."""
     if not group_alive(pgid):
@@ -81,11 +99,7 @@ def end_group(pgid: int, grace_s: float, name: str) -> None:
     if group_alive(pgid):
         say(f"{name} exited, but processes it started did not stop within {grace_s:g} s of "
             f"SIGTERM; killing its process group")
-    signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while group_alive(pgid) and time.monotonic() < deadline:
-        reap(pgid)
-        time.sleep(POLL_S)
+    kill_group(pgid)
 
 
 def supervise(argv: list[str], grace_s: float) -> int:
@@ -101,16 +115,19 @@ def supervise(argv: list[str], grace_s: float) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    if os.getppid() == 1:  # the launcher died before PDEATHSIG was set
-        forward(signal.SIGTERM, None)
-    while child.poll() is None:
-        if stop_at and time.monotonic() > stop_at[0]:
-            say(f"{argv[0]} did not stop within {grace_s:g} s of the signal; killing its "
-                f"process group")
-            signal_group(child.pid, signal.SIGKILL)
-            stop_at[0] = float("inf")
-        time.sleep(POLL_S)
-    end_group(child.pid, grace_s, argv[0])
+    try:
+        if os.getppid() == 1:  # the launcher died before PDEATHSIG was set
+            forward(signal.SIGTERM, None)
+        while child.poll() is None:
+            if stop_at and time.monotonic() > stop_at[0]:
+                stop_at[0] = float("inf")
+                signal_group(child.pid, signal.SIGKILL)
+                say(f"{argv[0]} did not stop within {grace_s:g} s of the signal; killing its "
+                    f"process group")
+            time.sleep(POLL_S)
+        end_group(child.pid, grace_s, argv[0])
+    finally:  # whatever stopped the supervisor, nothing of the group outlives it
+        kill_group(child.pid)
     code = child.returncode
     return 128 - code if code < 0 else code
 

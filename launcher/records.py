@@ -66,6 +66,9 @@ class FunctionRecord:
     global_options: dict[str, str] = field(default_factory=dict)
     # Why JAX did not write the entry of this miss, in its words (process 0; None if it did).
     not_stored: str | None = None
+    # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
+    # in full after the miss: `launcher.injob.hook.note_missed_entries`); None otherwise.
+    not_loaded: str | None = None
 
 
 @dataclass(frozen=True)

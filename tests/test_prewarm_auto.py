@@ -164,3 +164,45 @@ def test_a_variable_the_jobs_inherit_enters_the_fingerprint(tmp_path: Path) -> N
     chained = decision(tmp_path / "runs" / "second")
     assert chained.prewarm and "environment: LIBTPU_INIT_ARGS differs" in chained.why
     assert step_hit(tmp_path / "runs" / "second")
+
+
+def corrupt_in_place(entry: Path) -> None:
+    """Flip 64 bytes in the middle of an entry: its size and first bytes stay as recorded."""
+    data = bytearray(entry.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(byte ^ 0xFF for byte in data[middle:middle + 64])
+    entry.write_bytes(bytes(data))
+
+
+def test_an_entry_corrupted_without_changing_its_size_chains_the_prewarm(
+        tmp_path: Path) -> None:
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
+    corrupt_in_place(step)
+    second = launch(tmp_path, "second")
+    assert second.returncode == 0, second.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and f"entry {step.name[:-len('-cache')]}: " in chained.why
+    assert "read in full; quarantined, so the prewarm compiles it again" in chained.why
+    assert step_hit(tmp_path / "runs" / "second")
+
+
+def test_without_the_full_check_a_same_size_corruption_is_a_miss_the_report_explains(
+        tmp_path: Path) -> None:
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
+    corrupt_in_place(step)
+    # --no-check-cache: the launch trusts the quick check, and says so.
+    blind = launch(tmp_path, "blind", "--no-check-cache")
+    assert blind.returncode == 0, blind.stderr[-3000:]
+    skipped = decision(tmp_path / "runs" / "blind")
+    assert not skipped.prewarm and "pass the quick check (size and first bytes only" in \
+        skipped.why and "--no-check-cache" in skipped.why
+    assert not step_hit(tmp_path / "runs" / "blind")
+    report = run_cli("report", str(tmp_path / "runs" / "blind"))
+    assert "why: its entry was in the cache, but JAX could not load it: " in report.stdout
+    # The job recorded the miss: the next launch prewarms, replaces the entry, and hits.
+    again = launch(tmp_path, "again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert decision(tmp_path / "runs" / "again").prewarm
+    assert step_hit(tmp_path / "runs" / "again")

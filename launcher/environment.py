@@ -19,10 +19,22 @@ from typing import Any
 
 from launcher.config import MOCK_LAYOUT, MOCK_XLA_FLAGS, Config
 
-# Variables that belong to the job environment; inherited values are dropped so that a
-# stray `export XLA_FLAGS=...` in the submitting shell cannot split prewarm from run.
+# The environment variables JAX or XLA read that can enter a cache key, in one place: the
+# job environment, the fingerprint of `--prewarm auto` (`launcher.submit.fingerprint`) and the
+# jobs' comparison of process-global settings (`launcher.jaxkey.globalopts`) all read them
+# here (`key_variable`).
+# Owned: the job environment sets them; inherited values are dropped so that a stray
+# `export XLA_FLAGS=...` in the submitting shell cannot split prewarm from run.
 OWNED_PREFIXES = ("JAX_", "JAXWARM_")
 OWNED_NAMES = ("XLA_FLAGS",)
+# Passed on: every job inherits them from the launching shell (the local runner's processes,
+# the environment sbatch exports) unless the config's `env` sets them. JAX hashes these into
+# every key as they are, with XLA_FLAGS, on every backend:
+HASHED_NAMES = ("LIBTPU_INIT_ARGS",)
+# and these choose the devices, the accelerator's runtime or the compiler's toolchain (TPU
+# topology, visible GPUs, CUDA/ROCm paths, XLA's client options), which enter the key through
+# the devices and the backend.
+DEVICE_PREFIXES = ("TPU_", "LIBTPU_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "XLA_")
 
 PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
 # `$NAME` or `${NAME}` in a path the node expands (cache.stage).
@@ -144,6 +156,17 @@ def job_environment(config: Config, config_path: str | Path) -> dict[str, str]:
 
 def owned(name: str) -> bool:
     return name in OWNED_NAMES or name.startswith(OWNED_PREFIXES)
+
+
+def key_variable(name: str) -> bool:
+    """Whether JAX or XLA read this environment variable in a way that can change a key."""
+    return owned(name) or name in HASHED_NAMES or name.startswith(DEVICE_PREFIXES)
+
+
+def key_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dict[str, str]:
+    """The key variables a job of this launch runs with: its own, and what it inherits."""
+    merged = merge_environment(inherited, job_env)
+    return {name: merged[name] for name in sorted(merged) if key_variable(name)}
 
 
 def merge_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dict[str, str]:

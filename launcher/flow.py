@@ -65,7 +65,8 @@ from launcher.rundir import (
     unfinished,
 )
 from launcher.selfcheck import selfcheck
-from launcher.store.integrity import warm_check
+from launcher.store.commands import human_size
+from launcher.store.integrity import FULL_CHECK_BYTES, check_relied
 from launcher.store.manifest import read_manifest, uses_entries
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
@@ -171,13 +172,15 @@ def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> Prew
         why = "jaxwarm prewarm" if request.command == PREWARM else "--prewarm always"
         decision = PrewarmDecision(mode, True, why, found)
     else:
-        decision = auto_decision(config, found)
+        decision = auto_decision(config, found, request.check_cache)
     log.info("%s: prewarm job %s (%s): %s", config.source,
              "runs" if decision.prewarm else "skipped", decision.mode, decision.why)
     return decision
 
 
-def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
+def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> PrewarmDecision:
+    """`auto`: a recorded prewarm of this fingerprint whose entries would all load, checked
+    in full where that is cheap (`check_relied`); anything else runs the prewarm job."""
     if is_remote(config.cache.dir):
         return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
                                found)
@@ -192,17 +195,23 @@ def auto_decision(config: Config, found: Fingerprint) -> PrewarmDecision:
             why += (f"; since run {last.run!r}'s prewarm {ago(last.time)}: "
                     + ", ".join(differences(last.fingerprint, found)))
         return PrewarmDecision(AUTO, True, why, found)
-    for key in match.keys:
-        check = warm_check(config.cache.dir, key)
-        problem = "a job missed it; the prewarm checks it in full" if check.warm and \
-            check.missed else check.problem
-        if problem is not None:
-            return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
-                                               f"prewarm, but entry {key}: {problem}", found)
+    relied = check_relied(config.cache.dir, match.keys, full_check)
+    if relied.problem is not None:
+        return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
+                                           f"prewarm, but {relied.problem}", found)
+    if relied.full:
+        checked = (f"its {len(match.keys)} entries are intact (read in full: "
+                   f"{human_size(relied.size)} in {1e3 * relied.seconds:.0f} ms)")
+    else:
+        why = "--no-check-cache" if not full_check else \
+            f"more than the {human_size(FULL_CHECK_BYTES)} a launch reads in full"
+        checked = (f"its {len(match.keys)} entries pass the quick check (size and first "
+                   f"bytes only: {human_size(relied.size)}, {why}; one corrupted without "
+                   f"changing its size is missed by the training job, whose report says why)")
     return PrewarmDecision(AUTO, False, (
         f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
-        f"{ago(match.time)} and its {len(match.keys)} entries are intact; the training "
-        f"job's processes check their keys as they load"), found, keys=match.keys)
+        f"{ago(match.time)} and {checked}; the training job's processes check their keys "
+        f"as they load"), found, keys=match.keys)
 
 
 def ago(when: float) -> str:

@@ -69,6 +69,9 @@ class FunctionRecord:
     global_options: dict[str, str] = field(default_factory=dict)
     # Why JAX did not write the entry of this miss, in its words (process 0; None if it did).
     not_stored: str | None = None
+    # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
+    # in full after the miss: `launcher.injob.hook.note_missed_entries`); None otherwise.
+    not_loaded: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,11 +198,13 @@ class Fingerprint:
     """Everything the launcher can know, before any job, that enters the cache keys of a
     run's step (`launcher.submit.fingerprint`): `parts` by name (versions as they are, the
     rest as short hashes), `files` the hash of each source file the step factory's module
-    reaches, `digest` the hash of both."""
+    reaches, `digest` the hash of both; `variables` a hash of each environment variable that
+    can enter a key (`launcher.environment.key_variable`), to name the ones that differ."""
 
     digest: str
     parts: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    variables: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

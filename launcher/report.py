@@ -447,7 +447,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 process_count=report.process_count, signature=fn.signature,
                 global_options=fn.global_options, max_size=size_cap(report.environment),
                 xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
-                looked_in=report.cache_dir if moved_cache_dir(report) else None))
+                looked_in=report.cache_dir if moved_cache_dir(report) else None,
+                not_loaded=fn.not_loaded))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = "process" if len(others) == 1 else "processes"

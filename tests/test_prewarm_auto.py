@@ -6,6 +6,7 @@ run dir's prewarm-decision.json and the report say which happened and why."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,21 +34,23 @@ def step_hit(run_dir: Path) -> bool:
 
 
 def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
-           trains: bool = True, command: str = "launch") -> subprocess.CompletedProcess[str]:
+           trains: bool = True, command: str = "launch",
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The demo on one process of 4 devices, its step the tiny one: what decides the prewarm
     depends neither on the number of processes nor on how long the step compiles, and each
     launch costs a fraction of the CPU. Every compile is cached, however fast. Where only
     the prewarm (its decision, its record) is checked, `trains=False` makes the training
     job `true`: the trainer is no part of the fingerprint, and a real one starts JAX.
-    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well."""
+    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well. `env`:
+    variables exported in the launching shell."""
     args = [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
             *ONE_PROCESS, *FAST_STEP, *extra,
             *(() if trains else ("entrypoint.command=['true']",))]
     if python is None:
-        return run_cli(*args)
+        return run_cli(*args, env=env)
     return subprocess.run([python, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
 def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path: Path) -> None:
@@ -150,3 +153,56 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     again = launch(tmp_path, "again", *args, trains=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert decision(tmp_path / "runs" / "again").prewarm
+
+
+def test_a_variable_the_jobs_inherit_enters_the_fingerprint(tmp_path: Path) -> None:
+    # JAX hashes LIBTPU_INIT_ARGS into every key, on CPU too; jaxwarm passes it on to the
+    # jobs from the launching shell. Exported after the prewarm, it must chain a prewarm.
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    exported = launch(tmp_path, "second", env={"LIBTPU_INIT_ARGS": "--xla_jaxwarm_test=1"})
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and "environment: LIBTPU_INIT_ARGS differs" in chained.why
+    assert step_hit(tmp_path / "runs" / "second")
+
+
+def corrupt_in_place(entry: Path) -> None:
+    """Flip 64 bytes in the middle of an entry: its size and first bytes stay as recorded."""
+    data = bytearray(entry.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(byte ^ 0xFF for byte in data[middle:middle + 64])
+    entry.write_bytes(bytes(data))
+
+
+def test_an_entry_corrupted_without_changing_its_size_chains_the_prewarm(
+        tmp_path: Path) -> None:
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
+    corrupt_in_place(step)
+    second = launch(tmp_path, "second")
+    assert second.returncode == 0, second.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and f"entry {step.name[:-len('-cache')]}: " in chained.why
+    assert "read in full; quarantined, so the prewarm compiles it again" in chained.why
+    assert step_hit(tmp_path / "runs" / "second")
+
+
+def test_without_the_full_check_a_same_size_corruption_is_a_miss_the_report_explains(
+        tmp_path: Path) -> None:
+    assert launch(tmp_path, "first", trains=False).returncode == 0
+    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
+    corrupt_in_place(step)
+    # --no-check-cache: the launch trusts the quick check, and says so.
+    blind = launch(tmp_path, "blind", "--no-check-cache")
+    assert blind.returncode == 0, blind.stderr[-3000:]
+    skipped = decision(tmp_path / "runs" / "blind")
+    assert not skipped.prewarm and "pass the quick check (size and first bytes only" in \
+        skipped.why and "--no-check-cache" in skipped.why
+    assert not step_hit(tmp_path / "runs" / "blind")
+    report = run_cli("report", str(tmp_path / "runs" / "blind"))
+    assert "why: its entry was in the cache, but JAX could not load it: " in report.stdout
+    # The job recorded the miss: the next launch prewarms, replaces the entry, and hits.
+    again = launch(tmp_path, "again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert decision(tmp_path / "runs" / "again").prewarm
+    assert step_hit(tmp_path / "runs" / "again")

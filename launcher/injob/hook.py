@@ -43,6 +43,7 @@ from launcher.rundir import (
     report_path,
 )
 from launcher.store.entries import entry_path, function_of, written_since
+from launcher.store.integrity import entry_problem, recorded_entries
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
 from launcher.store.prewarms import forget_prewarm, read_prewarms
 from launcher.store.security import (
@@ -79,15 +80,21 @@ def note_missed_entries(config: Config, jax_dir: str, report: InitReport,
                         since: float) -> None:
     """A miss on a key whose entry was in the cache JAX read (`jax_dir`: the shared dir, or
     the node's staged copy of it) before this process started means JAX could not load that
-    entry (JAX never replaces it): say so, and record it in the usage log, so the next
-    prewarm checks the entry in full and replaces it if it is corrupt."""
+    entry (JAX never replaces it): read it in full to say why (the report shows it), and
+    record it in the usage log, so the next prewarm checks the entry in full and replaces it
+    if it is corrupt."""
     for record in report.functions:
         if record.key is None or record.hit or record.sha256 is not None:
             continue
         path = entry_path(jax_dir, record.key)
         if path.exists() and written_since(jax_dir, record.key, since) is None:
+            known = recorded_entries(config.cache.dir, strict=False, key=record.key)
+            expected = known[record.key].sha256 if record.key in known else None
+            record.not_loaded = entry_problem(path, expected) or \
+                "it reads intact now (was it replaced while this job ran?)"
             log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
-                        "it); the next prewarm checks it in full", record.name, path)
+                        "it: %s); the next prewarm checks it in full", record.name, path,
+                        record.not_loaded)
             append_usage(config.cache.dir, EntryMissed(record.key, config.run.name))
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 
+from launcher.environment import HASHED_NAMES
+
 # jax.config options that change the traced program or its compile options (where this jax
-# has them), and the environment variable JAX hashes with the XLA flags on every backend.
+# has them), and the environment variables JAX hashes with the XLA flags on every backend.
 OPTIONS = ("jax_default_prng_impl", "jax_threefry_partitionable", "jax_use_shardy_partitioner",
            "jax_default_matmul_precision", "jax_enable_x64",
            "jax_remove_size_one_mesh_axis_from_type")
-ENVIRONMENT = ("LIBTPU_INIT_ARGS",)
+ENVIRONMENT = HASHED_NAMES
 # How the training job's line about a prewarmed function that missed under other settings
 # starts (the report leads with these lines).
 MISS_PREFIX = "process-global JAX settings differ from the prewarm's"

@@ -273,3 +273,50 @@ def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
         if repair and not check.ok:
             quarantine(cache_dir, check)
     return checks, time.perf_counter() - start
+
+
+# The most entry bytes a `--prewarm auto` launch reads in full before it goes without its
+# prewarm job: a few seconds of reading, against a prewarm job's start, imports and lowering
+# (on SLURM, and its queue wait), which would check no more than the quick check does.
+FULL_CHECK_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class Relied:
+    """What a launch about to go without its prewarm job found of the entries it relies on:
+    `problem` ("entry K: why") for the first that would not load, None when all pass;
+    `full` whether they were read in full (checksums), else only quick-checked."""
+
+    problem: str | None
+    full: bool
+    size: int
+    seconds: float
+
+
+def check_relied(cache_dir: str, keys: list[str], full_check: bool) -> Relied:
+    """The check of the entries a recorded prewarm left, before a launch relies on them: the
+    quick one for each (missing, being written, torn, missed by a job since), then, with
+    `full_check` and at most `FULL_CHECK_BYTES` in all, each read in full against the
+    checksum recorded when it was written, a bad one quarantined: an entry corrupted
+    without changing its size would otherwise pass, and every job would miss it."""
+    start = time.perf_counter()
+    size = 0
+    for key in keys:
+        check = warm_check(cache_dir, key)
+        problem = "a job missed it; the prewarm checks it in full" if check.warm and \
+            check.missed else check.problem
+        if problem is None:
+            try:
+                size += entry_path(cache_dir, key).lstat().st_size
+            except FileNotFoundError:
+                problem = "missing"
+        if problem is not None:
+            return Relied(f"entry {key}: {problem}", False, size,
+                          time.perf_counter() - start)
+    if not full_check or size > FULL_CHECK_BYTES:
+        return Relied(None, False, size, time.perf_counter() - start)
+    checks, _ = check_and_quarantine(cache_dir, keys, strict=False)
+    bad = next((check for check in checks if not check.ok), None)
+    return Relied(None if bad is None else
+                  f"entry {bad.key}: {bad.problem} (read in full; quarantined, so the prewarm "
+                  f"compiles it again)", True, size, time.perf_counter() - start)

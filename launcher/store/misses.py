@@ -19,7 +19,8 @@ def explain_miss(function: str, components: dict[str, str],
                  process_count: int | None = None, signature: str | None = None,
                  global_options: dict[str, str] | None = None, job: str = "run",
                  max_size: int = -1, xla_flags: str | None = None,
-                 cache_dir: str | None = None, looked_in: str | None = None) -> list[str]:
+                 cache_dir: str | None = None, looked_in: str | None = None,
+                 not_loaded: str | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
@@ -32,7 +33,12 @@ def explain_miss(function: str, components: dict[str, str],
     node says so, and with this job's `xla_flags` (XLA_FLAGS) a difference in the XLA flags
     names the flags. A process that looked its entries up in another dir (`looked_in`, a
     trainer's own under cache.enforce off) than the manifest's (`cache_dir`) is told where
-    the entry is, when it is there."""
+    the entry is, when it is there. Before all that: an entry that was there and that JAX
+    could not load (`not_loaded`: what the job's full read of it found)."""
+    if not_loaded is not None:
+        return [f"its entry was in the cache, but JAX could not load it: {not_loaded}; the "
+                f"job recorded the miss, so the next launch runs its prewarm, which reads the "
+                f"entry in full, quarantines it and compiles it again"]
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})

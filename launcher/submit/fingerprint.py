@@ -9,7 +9,10 @@ compression library; what decides those, and the launcher can see without starti
 - `packages`: every installed distribution and its version, on the job's PYTHONPATH (flax,
   optax, a jax plugin, zstandard, a pip-installed trainer: each can change the program);
 - `environment`: the job environment (cache settings, JAX options, XLA_FLAGS with the device
-  count, the platform, the config's `env`), less what names the run;
+  count, the platform, the config's `env`), less what names the run, and every variable JAX
+  or XLA read that the jobs inherit from this shell (`launcher.environment.key_variable`:
+  LIBTPU_INIT_ARGS, TPU_*, CUDA_*, XLA_*...); `variables` keeps a hash of each key variable,
+  so a difference is said by name;
 - `topology`, `mesh`, `step` (factory and its arguments), `hardware` (the SLURM partition,
   constraint and GPUs per node, which pick the machines), `backend` (local or SLURM);
 - `source`: the step factory's module and every module it imports, transitively, that is
@@ -33,6 +36,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import platform
 import sysconfig
 from importlib.metadata import Distribution, distributions, version
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.environment import job_environment
+from launcher.environment import job_environment, key_environment, key_variable
 from launcher.records import Fingerprint
 from launcher.submit.jobs import find_module, job_import_path, parse_source
 
@@ -61,7 +65,9 @@ def short_hash(data: Any) -> str:
 def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint:
     """The fingerprint of a run's step, as this launcher sees it (pure but for reading
     package metadata and the step's sources)."""
-    env = {k: v for k, v in job_environment(config, pinned).items() if k not in RUN_VARIABLES}
+    job_env = job_environment(config, pinned)
+    env = {k: v for k, v in {**job_env, **key_environment(dict(os.environ), job_env)}.items()
+           if k not in RUN_VARIABLES}
     with job_import_path(config):
         installed = list(distributions())
         packages = sorted({(dist.metadata["Name"] or "?").lower(): dist.version
@@ -84,7 +90,8 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
     }
     if reads_trainer_argv(files):
         parts["entrypoint"] = short_hash(config.entrypoint)
-    return Fingerprint(digest=short_hash(parts), parts=parts, files=files)
+    variables = {name: short_hash(value) for name, value in env.items() if key_variable(name)}
+    return Fingerprint(digest=short_hash(parts), parts=parts, files=files, variables=variables)
 
 
 def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
@@ -101,6 +108,12 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
                                               if len(changed) > 3 else "")
             lines.append(f"source: {shown} changed")
+        elif name == "environment" and old.variables and new.variables:
+            changed = sorted(variable for variable in set(old.variables) | set(new.variables)
+                             if old.variables.get(variable) != new.variables.get(variable))
+            lines.append(f"environment: {', '.join(changed)} differ"
+                         f"{'s' if len(changed) == 1 else ''}" if changed
+                         else "environment differs")
         elif name in ("jax", "jaxlib", "python", "backend"):
             lines.append(f"{name} {before} -> {after}")
         elif name == "entrypoint":

@@ -121,7 +121,8 @@ def init_lines(path: Path) -> tuple[list[str], list[str]]:
     that are not JSON: streamed, within MLPERF_LOG_CAP (`files.stream_lines`), each line's
     JSON within the nesting cap, at most MAX_INIT_LINES kept. Lines of other keys do not
     concern the init rule and are left out."""
-    kept, problems = [], []
+    kept: list[str] = []
+    problems: list[str] = []
     for number, line in enumerate(stream_lines(path, MLPERF_LOG_CAP, "an MLPerf log"), 1):
         _, token, record = line.partition(TOKEN)
         if not token:

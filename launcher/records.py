@@ -413,7 +413,7 @@ def load_json(text: str | bytes) -> Any:
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        level = [[]]
+        level: list[Any] = [[]]
     else:
         level, depth = _containers([data]), 0
         while level and depth < JSON_MAX_DEPTH:  # level by level: no recursion here either

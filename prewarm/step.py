@@ -26,18 +26,30 @@ the in-job hook: how a job starts (join, hook, build) is `prewarm.bootstrap`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import re
+import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from launcher.config import Config, ConfigError
+from launcher.config import Config, ConfigError, convert
 from launcher.entryargv import trainer_argv as _trainer_argv
+
+T = TypeVar("T")
+# Python's words for a call whose arguments do not fit the function (3.11 to 3.13).
+_UNEXPECTED = re.compile(r"(?P<callee>\S+)\(\) got an unexpected keyword argument "
+                         r"'(?P<name>\w+)'")
+_MISSING = re.compile(r"(?P<callee>\S+)\(\) missing \d+ required (?:positional|keyword-only) "
+                      r"arguments?: (?P<names>.+)")
 
 
 @dataclass(frozen=True)
@@ -170,12 +182,90 @@ def load_factory(spec: str,
     return factory
 
 
+def step_args(config: Config, cls: type[T]) -> T:
+    """`step.args` as the factory's own dataclass (a trainer's `ModelConfig`), read by the
+    config's converter: types from its annotations (ranges from `Annotated[..., Bound]`),
+    and an unknown or missing key or a wrong type is one line naming the config file and
+    `step.args.<key>`, exit 2, as every config error is. `cls(**config.step.args)` works
+    too (`call_factory` names an unknown or missing key), but checks no type."""
+    result: T = convert(cls, dict(config.step.args), "step.args", config.source)
+    return result
+
+
+def call_factory(config: Config, mesh: Mesh | None) -> Any:
+    """The step factory's result. A factory that passes `step.args` on to a function or
+    class that does not take them (`ModelConfig(**config.step.args)` with a typo in a key)
+    ends with one line naming the config file, `step.args.<key>` and where the factory
+    made the call, not a traceback; any other error of the factory's keeps its own."""
+    factory = load_factory(config.step.factory, config.source)
+    try:
+        return factory(config, mesh)
+    except TypeError as exc:
+        line = argument_mismatch(exc, config)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
+
+
+def argument_mismatch(exc: TypeError, config: Config) -> str | None:
+    """The one line for a TypeError that is Python refusing a call's arguments, where the
+    arguments are `step.args`' keys; None for any other TypeError. The call is the last
+    frame of the traceback (a call whose arguments do not fit never enters the callee),
+    where the callee is looked up by name to say which keys it takes."""
+    message = str(exc)
+    tb = exc.__traceback__
+    if tb is None or not (match := _UNEXPECTED.fullmatch(message) or
+                          _MISSING.fullmatch(message)):
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+    callee = match["callee"]
+    params = _parameters(callee, tb.tb_frame)
+    args, source = config.step.args, config.source
+    what = callee.removesuffix(".__init__")
+    if "name" in match.groupdict():
+        name = match["name"]
+        if name not in args:
+            return None
+        close = difflib.get_close_matches(name, params or [], n=1)
+        hint = f" (did you mean 'step.args.{close[0]}'?)" if close else ""
+        return (f"{source}: unknown key 'step.args.{name}'{hint}: the step factory passes "
+                f"it to {what}, which takes no such argument ({where})")
+    names = re.findall(r"'(\w+)'", match["names"])
+    if any(name in args for name in names) or params is None or \
+            not set(args) <= set(params):
+        return None  # not a call made with step.args
+    keys = ", ".join(f"'step.args.{name}'" for name in names)
+    return (f"{source}: missing required key{'s' if len(names) > 1 else ''} {keys}: the step "
+            f"factory passes step.args to {what}, which needs "
+            f"{'them' if len(names) > 1 else 'it'} ({where})")
+
+
+def _parameters(qualname: str, frame: types.FrameType) -> list[str] | None:
+    """The argument names of the function or class `qualname` names, looked up from the
+    frame that called it; None when it cannot be found there."""
+    parts = qualname.split("<locals>.")[-1].split(".")
+    if parts[-1] == "__init__":
+        parts.pop()
+    scope = {**frame.f_globals, **frame.f_locals}
+    if parts[0] not in scope:
+        return None
+    found = scope[parts[0]]
+    for part in parts[1:]:
+        found = getattr(found, part, None)
+    try:
+        return list(inspect.signature(found).parameters) if found is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBundle]:
     """The mesh the run uses and the step bundle, for a config: what both the prewarm job and
     the trainer call. The mesh is the factory's own when it returns one (then `mesh.axes`,
     if given, must describe that very mesh), else the config's."""
     given = mesh if mesh is not None else build_mesh(config)
-    bundle = load_factory(config.step.factory, config.source)(config, given)
+    bundle = call_factory(config, given)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
                           f"{type(bundle).__name__}, expected prewarm.step.StepBundle")

@@ -1,0 +1,114 @@
+"""A step factory that hands `step.args` to its model's own config class: a key that class
+does not take (a typo, `d_modle`) or one it needs and does not get ends the job with one line
+naming the config file, `step.args.<key>` and the factory's call, exit 2, in the prewarm job,
+verify and the trainer alike (they all build the step through `prewarm.step.build_step`), not
+a 40-line traceback. `prewarm.step.step_args`, the config's converter, also checks types.
+The pure tests build the step in this process; the e2e test runs each job once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError, load_config
+from prewarm.step import build_step
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+
+FACTORY = '''
+from dataclasses import dataclass
+
+from prewarm.step import step_args
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    n_layers: int = 2
+
+
+def unpacked(config, mesh):
+    model = ModelConfig(**config.step.args)
+    raise AssertionError(f"built {model}")
+
+
+def converted(config, mesh):
+    model = step_args(config, ModelConfig)
+    raise AssertionError(f"built {model}")
+
+
+def other_type_error(config, mesh):
+    return len(5)
+'''
+LINE = 14  # the line of `ModelConfig(**config.step.args)` above
+
+
+@pytest.fixture
+def factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "typo_factory.py"
+    path.write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return path
+
+
+def built(function: str, args: str) -> str:
+    """The one line build_step ends with, for the demo config with this factory."""
+    config = load_config(DEMO, ["mesh.axes=null", f"step.factory=typo_factory:{function}",
+                                f"step.args={args}"])
+    with pytest.raises(ConfigError) as refused:
+        build_step(config)
+    return str(refused.value)
+
+
+@pytest.mark.usefixtures("factory")
+def test_an_unknown_key_passed_on_by_the_factory_is_one_line_with_the_closest_one() -> None:
+    assert built("unpacked", "{d_modle: 64}") == (
+        f"{DEMO}: unknown key 'step.args.d_modle' (did you mean 'step.args.d_model'?): the "
+        f"step factory passes it to ModelConfig, which takes no such argument "
+        f"(typo_factory.py:{LINE})")
+
+
+@pytest.mark.usefixtures("factory")
+def test_a_missing_key_the_factory_s_class_needs_is_one_line() -> None:
+    assert built("unpacked", "{n_layers: 4}") == (
+        f"{DEMO}: missing required key 'step.args.d_model': the step factory passes "
+        f"step.args to ModelConfig, which needs it (typo_factory.py:{LINE})")
+
+
+@pytest.mark.usefixtures("factory")
+def test_step_args_reads_them_with_the_config_s_converter() -> None:
+    assert built("converted", "{d_modle: 64}") == \
+        f"{DEMO}: unknown key 'step.args.d_modle' (did you mean 'step.args.d_model'?)"
+    assert built("converted", "{d_model: wide}") == \
+        f"{DEMO}: step.args.d_model: expected an integer, got string 'wide'"
+    assert built("converted", "{}") == f"{DEMO}: missing required key 'step.args.d_model'"
+
+
+@pytest.mark.usefixtures("factory")
+def test_any_other_type_error_of_the_factory_keeps_its_traceback() -> None:
+    config = load_config(DEMO, ["mesh.axes=null", "step.factory=typo_factory:other_type_error"])
+    with pytest.raises(TypeError, match="has no len"):
+        build_step(config)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("command", [("prewarm",), ("verify",), ("launch", "--prewarm=never")],
+                         ids=["prewarm", "verify", "trainer"])
+def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
+                                          command: tuple[str, ...]) -> None:
+    result = run_cli(*command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *FAST_STEP,
+                     "step.factory=typo_factory:unpacked", "step.args={d_modle: 64}",
+                     f"env={{PYTHONPATH: {json.dumps(str(factory.parent))}}}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = (f"unknown key 'step.args.d_modle' (did you mean 'step.args.d_model'?): the step "
+            f"factory passes it to ModelConfig, which takes no such argument "
+            f"(typo_factory.py:{LINE})")
+    assert line in result.stderr.splitlines()[-1], result.stderr[-3000:]
+    job = "train" if command[0] == "launch" else command[0]
+    run_dir = tmp_path / "runs" / "demo"
+    log = (run_dir / "logs" / f"{job}-p0.log").read_text()
+    # A job reads the run's pinned config, and names it.
+    assert log.splitlines()[-1] == f"jaxwarm: error: {run_dir / 'config.yaml'}: {line}"
+    assert "Traceback" not in log + result.stderr

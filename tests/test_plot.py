@@ -134,12 +134,7 @@ def test_without_matplotlib_the_cli_says_how_to_get_it(tmp_path: Path) -> None:
     shadow = tmp_path / "shadow" / "matplotlib"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
-    run = tmp_path / "run"
-    shutil.copytree(RUN, run)
-    (run / "config.yaml").write_text(
-        f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
-        f"step: {{factory: 'prewarm.workload.chunkwise:make_train_step'}}\n"
-        f"entrypoint: {{command: [jaxwarm-train]}}\n")
+    run = pinned_run(tmp_path)
     result = run_cli("report", str(run), "--plot", str(tmp_path / "init.png"),
                      env={"PYTHONPATH": str(tmp_path / "shadow")})
     assert result.returncode == 2

@@ -169,6 +169,15 @@ def key_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dict[
     return {name: merged[name] for name in sorted(merged) if key_variable(name)}
 
 
+def dropped_variables(inherited: Mapping[str, str], job_env: dict[str, str]) -> list[str]:
+    """The inherited variables a job does not get as they are: owned by the job environment,
+    and either not set by it or set to another value (an `export XLA_FLAGS=...` of the
+    submitting shell). Said at launch, so that a flag the user meant for the run is not
+    lost without a word."""
+    return sorted(name for name, value in inherited.items()
+                  if owned(name) and job_env.get(name) != value)
+
+
 def merge_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dict[str, str]:
     """The inherited environment without the variables the job owns, plus the job's own."""
     merged = {k: v for k, v in inherited.items() if not owned(k)}

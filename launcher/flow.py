@@ -18,6 +18,7 @@ have found everything warm.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 
 from launcher import mlperf
 from launcher.config import Config, ConfigError, load_config
-from launcher.environment import is_remote
+from launcher.environment import dropped_variables, is_remote
 from launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from launcher.files import atomic_write
 from launcher.records import (
@@ -126,6 +127,8 @@ def launch(request: Request, backend: Backend) -> int:
     plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER,
                            request.trainer))
              for config, pinned in runs]
+    say_dropped(sorted({name for _, jobs in plans for job in jobs
+                        for name in dropped_variables(os.environ, job.env)}))
     prints = {config.run_dir: fingerprint(config, pinned, backend.name)
               for config, pinned in runs} if request.command != VERIFY else {}
     with ExitStack() as held:
@@ -156,6 +159,14 @@ def launch(request: Request, backend: Backend) -> int:
         handles = backend.submit(plans)
         return max(finish(request, config, backend, jobs)
                    for (config, _), jobs in zip(plans, handles, strict=True))
+
+
+def say_dropped(names: list[str]) -> None:
+    """One line naming the variables of the launching shell the jobs do not get."""
+    if names:
+        log.warning("the shell's %s %s not passed on to the jobs: jaxwarm gives every job its "
+                    "own (set them in the config's xla_flags, jax or env section)",
+                    ", ".join(names), "is" if len(names) == 1 else "are")
 
 
 def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:

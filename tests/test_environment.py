@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from launcher.config import load_config
-from launcher.environment import expand_variables, job_environment, merge_environment
+from launcher.environment import (
+    dropped_variables,
+    expand_variables,
+    job_environment,
+    merge_environment,
+)
 from launcher.injob.hook import config_from_env
 from launcher.submit.jobs import prewarm_job, train_job
 from launcher.submit.prepare import pin_config
-from tests.conftest import DEMO
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 
 def pinned_env(tmp_path: Path, cache: str, cwd: Path) -> dict[str, str]:
@@ -106,3 +112,27 @@ def test_an_empty_variable_in_a_path_is_unset_not_nothing() -> None:
     assert expand_variables("$SCRATCH/${NODE}/x", env) == ("/scratch/n1/x", [])
     assert expand_variables("$TMPDIR/x", env) == ("$TMPDIR/x", ["TMPDIR"])
     assert expand_variables("${GONE}/$TMPDIR", env) == ("${GONE}/$TMPDIR", ["GONE", "TMPDIR"])
+
+
+def test_the_variables_a_job_does_not_get_as_inherited_are_named() -> None:
+    job = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    shell = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true", "JAX_PLATFORMS": "cpu",
+             "JAX_ENABLE_X64": "1", "JAXWARM_RUN_DIR": "/elsewhere", "HOME": "/home/u"}
+    # JAX_PLATFORMS arrives as it was; HOME is not the job environment's.
+    assert dropped_variables(shell, job) == ["JAXWARM_RUN_DIR", "JAX_ENABLE_X64", "XLA_FLAGS"]
+    assert dropped_variables({"HOME": "/home/u"}, job) == []
+
+
+@pytest.mark.e2e
+def test_a_launch_names_the_shell_s_xla_flags_it_drops(tmp_path: Path) -> None:
+    result = run_cli("verify", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *FAST_STEP,
+                     env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    assert result.returncode == 1, result.stderr[-3000:]  # COLD: an empty cache
+    named = [line for line in result.stderr.splitlines() if "not passed on" in line]
+    assert named == ["jaxwarm: the shell's XLA_FLAGS is not passed on to the jobs: jaxwarm "
+                     "gives every job its own (set them in the config's xla_flags, jax or "
+                     "env section)"], result.stderr[-3000:]
+    job_env = json.loads((tmp_path / "runs" / "demo" / "reports" / "verify-r0-p0.json")
+                         .read_text())["environment"]
+    assert "fast_math" not in job_env["XLA_FLAGS"]

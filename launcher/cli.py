@@ -18,7 +18,7 @@ from launcher.config import add_overrides_argument
 from launcher.errors import run_main
 from launcher.rundir import PREWARM, TRAIN
 from launcher.store import commands as cache_commands
-from launcher.submit.backend import choose_backend
+from launcher.submit.backend import choose_backend, recorded_backend
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,8 +102,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    # Only SLURM jobs outlive the launch that started them.
-    return flow.status(args.run_dir, choose_backend("slurm"))
+    return flow.status(args.run_dir, recorded_backend(args.run_dir))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

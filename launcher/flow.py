@@ -58,11 +58,13 @@ from launcher.rundir import (
     PREWARM,
     TRAIN,
     VERIFY,
+    local_jobs_path,
     mlperf_logs,
     pinned_config,
     prewarm_decision_path,
     prewarm_progress_path,
     slurm_dir,
+    submitted_jobs_path,
     unfinished,
 )
 from launcher.selfcheck import selfcheck
@@ -287,12 +289,15 @@ def finish(request: Request, config: Config, backend: Backend, handles: list[Any
     return EXIT_OK
 
 
-def status(run_dir: Path, backend: Backend) -> int:
-    """`jaxwarm status`: the state of each job the backend recorded, then each training
-    attempt's init summary."""
-    lines = backend.job_lines(run_dir)
+def status(run_dir: Path, backend: Backend | None) -> int:
+    """`jaxwarm status`: the state of each job of the run dir's latest launch, as its
+    backend (`backend.recorded_backend`: local or SLURM) recorded them, what a running
+    prewarm job compiles, then each training attempt's init summary."""
+    lines = backend.job_lines(run_dir) if backend is not None else []
     if not lines:
-        raise ConfigError(f"{run_dir}: no {backend.name} jobs recorded for this run dir")
+        raise ConfigError(f"{run_dir}: no jobs recorded for this run dir (a launch records "
+                          f"them: {local_jobs_path(run_dir).name} locally, "
+                          f"{submitted_jobs_path(run_dir).relative_to(run_dir)} on SLURM)")
     for line in lines + prewarm_progress(run_dir, lines) + \
             attempt_summaries(load_reports(run_dir)):
         print(line)

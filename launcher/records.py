@@ -247,6 +247,28 @@ class PrewarmProgress:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class LocalJobState:
+    """One job of a local launch, for `jaxwarm status`: RUNNING from its start, then how it
+    ended (COMPLETED, FAILED, or STOPPED by a forwarded signal), with process 0's log."""
+
+    name: str
+    state: str
+    processes: int
+    log: str
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    """The jobs of the latest local launch of a run dir, in order
+    (`<run dir>/local-jobs.json`; a SLURM launch keeps `slurm/jobs.json` instead)."""
+
+    jobs: list[LocalJobState] = field(default_factory=list)
+
+
 # -- what the ranks of a job tell each other (jax.distributed's key-value store) -----------
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.js
 reports), first-steps.jsonl (every training attempt's time to first step, across launches),
 verify/p0.json (verify's verdicts: process 0 decides for the run),
 prewarm-decision.json (whether the launch ran the prewarm job, and why),
-prewarm-progress.json (what it compiles), mlperf-r<restart>.log (MLPerf's lines, with
+prewarm-progress.json (what it compiles), local-jobs.json (a local launch's jobs and their
+state), mlperf-r<restart>.log (MLPerf's lines, with
 report.mlperf), slurm/<job>/ (submitit's job folders) with slurm/jobs.json (what was
 submitted), checkpoints/ and metrics.jsonl (the trainer's), stage/<attempt>-n<node>.json
 (what each node's staging of the cache did, `cache.stage`), and launch.lock (held by the
@@ -107,6 +108,11 @@ def mlperf_logs(run_dir: str | Path) -> list[Path]:
     """The run's MLPerf logs, the latest attempt's last (by the time of the name itself: a
     planted link is ordered, not followed)."""
     return sorted(Path(run_dir).glob("mlperf-r*.log"), key=lambda path: path.lstat().st_mtime)
+
+
+def local_jobs_path(run_dir: str | Path) -> Path:
+    """The jobs of the latest local launch and their state (`jaxwarm status`)."""
+    return Path(run_dir) / "local-jobs.json"
 
 
 def slurm_dir(run_dir: str | Path, job: str) -> Path:

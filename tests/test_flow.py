@@ -18,11 +18,13 @@ from launcher.config import Config, ConfigError, load_config
 from launcher.environment import job_environment
 from launcher.errors import EXIT_ERROR, EXIT_FAILED
 from launcher.files import LockTimeout, locked
-from launcher.rundir import lock_path, pinned_config
-from launcher.submit.backend import Outcome
+from launcher.records import LocalJobState
+from launcher.rundir import lock_path, pinned_config, submitted_jobs_path
+from launcher.submit.backend import Outcome, recorded_backend
 from launcher.submit.jobs import JobSpec
+from launcher.submit.local import LocalBackend, record_states
 from launcher.submit.sbatch import render
-from launcher.submit.slurm import watcher
+from launcher.submit.slurm import SlurmBackend, watcher
 from tests.conftest import DEMO
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -146,6 +148,34 @@ def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
 def test_status_asks_the_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert flow.status(tmp_path, FakeBackend()) == 0
     assert f"train job 1 RUNNING in {tmp_path.name}" in capsys.readouterr().out
+
+
+def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A local launch records its jobs as it runs them (`local-jobs.json`): status shows
+    them instead of "no SLURM jobs recorded"; a job RUNNING in the record whose launch is
+    gone (no one holds the run dir) is LOST; the newer of a local and a SLURM record wins."""
+    run_dir = tmp_path / "runs" / "demo"
+    with pytest.raises(ConfigError, match="no jobs recorded for this run dir"):
+        flow.status(run_dir, recorded_backend(run_dir))
+    log = str(run_dir / "logs" / "prewarm-p0.log")
+    run_dir.mkdir(parents=True)
+    record_states(run_dir, [
+        LocalJobState("prewarm", "COMPLETED", 2, log, 100.0, 112.5, 0),
+        LocalJobState("train", "RUNNING", 2, log.replace("prewarm", "train"), 113.0)])
+    backend = recorded_backend(run_dir)
+    assert isinstance(backend, LocalBackend)
+    with locked(lock_path(run_dir), "the test's launch"):
+        running = backend.job_lines(run_dir)
+    assert running[0] == f"prewarm  local        COMPLETED   2 process(es), exit 0 after " \
+                         f"12.5 s  log {log}"
+    assert running[1].startswith("train    local        RUNNING     2 process(es), since ")
+    assert flow.status(run_dir, backend) == 0
+    assert "train    local        LOST        its launch ended without recording how" \
+        in capsys.readouterr().out
+    submitted_jobs_path(run_dir).parent.mkdir()
+    submitted_jobs_path(run_dir).write_text("[]")  # a SLURM launch after it
+    assert isinstance(recorded_backend(run_dir), SlurmBackend)
 
 
 def test_the_rendered_train_script_matches_the_golden_file() -> None:

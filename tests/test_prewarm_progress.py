@@ -1,21 +1,28 @@
 """Progress with an ETA on the prewarm: each target's line says how long the same function
 took last time on this layout (from the manifest) and when it should be done. The demo
-prewarm run twice, the second on an emptied cache whose manifest is kept, shows the ETA."""
+prewarm run twice, the second on an emptied cache whose manifest is kept, shows the ETA, and
+`jaxwarm status` from another shell shows the local job RUNNING with that line."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from launcher.files import locked
 from launcher.records import PrewarmProgress, read_record
 from launcher.report import duration, progress_line
 from launcher.rundir import prewarm_progress_path
+from launcher.store.entries import writer_lock_path
 from launcher.store.manifest import ManifestEntry
 from prewarm.progress import last_compile
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
+from tests.procs import wait_until
 
 
 def entry(key: str, compile_s: float, created: float, process_count: int = 2,
@@ -50,12 +57,40 @@ def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> 
     assert first.returncode == 0, first.stderr[-3000:]
     assert "compiling jit_train_step (1 of 2; no earlier compile of it on this layout)" \
         in first.stderr
-    for entry_file in (tmp_path / "cache").glob("*-cache"):  # the manifest stays
+    cache, run_dir = tmp_path / "cache", tmp_path / "runs" / "demo"
+    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())["entries"]
+    step = next(key for key, e in manifest.items() if e["function"] == "jit_train_step")
+    for entry_file in cache.glob("*-cache"):  # the manifest stays
         entry_file.unlink()
-    second = run_cli(*args)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert re.search(r"compiling jit_train_step \(1 of 2; last time [0-9.]+ s on this layout; "
-                     r"ETA \d\d:\d\d:\d\d\)", second.stderr), second.stderr[-3000:]
-    assert re.search(r"compiling jit_init_state \(2 of 2; last time", second.stderr)
-    done = read_record(PrewarmProgress, prewarm_progress_path(tmp_path / "runs" / "demo"))
+    eta = (r"compiling jit_train_step \(1 of 2; last time [0-9.]+ s on this layout; "
+           r"ETA \d\d:\d\d:\d\d\)")
+    seen = ""
+
+    def shows_progress() -> bool:
+        nonlocal seen
+        seen = run_cli("status", str(run_dir)).stdout
+        return bool(re.search(eta + r", [0-9.]+ s elapsed", seen))
+
+    # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
+    # the writer, as for another prewarm compiling the same key) while status looks.
+    with locked(writer_lock_path(cache, step), "the test, holding the compile"):
+        second = subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_until(shows_progress, 600), seen
+        except BaseException:
+            second.kill()
+            raise
+        finally:
+            lines = seen.splitlines()
+    assert re.fullmatch(r"prewarm +local +RUNNING +1 process\(es\), since \d\d:\d\d:\d\d "
+                        r"\(.+\)  log .*/logs/prewarm-p0\.log", lines[0]), seen
+    _, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    assert re.search(eta, err), err[-3000:]
+    assert re.search(r"compiling jit_init_state \(2 of 2; last time", err)
+    done = read_record(PrewarmProgress, prewarm_progress_path(run_dir))
     assert done is not None and done.done
+    after = run_cli("status", str(run_dir)).stdout
+    assert re.match(r"prewarm +local +COMPLETED +1 process\(es\), exit 0 after", after), after
+    assert "compiling" not in after

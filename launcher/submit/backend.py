@@ -64,6 +64,22 @@ class Backend(Protocol):
         ...
 
 
+def recorded_backend(run_dir: Path) -> Backend | None:
+    """The backend of the run dir's latest launch that recorded jobs (`jaxwarm status`): a
+    local launch's `local-jobs.json` or a SLURM launch's `slurm/jobs.json`, whichever was
+    written last; None when neither is there."""
+    from launcher.rundir import local_jobs_path, submitted_jobs_path
+
+    written = {}
+    for name, path in (("local", local_jobs_path(run_dir)),
+                       ("slurm", submitted_jobs_path(run_dir))):
+        try:
+            written[name] = path.lstat().st_mtime
+        except FileNotFoundError:
+            continue
+    return choose_backend(max(written, key=written.__getitem__)) if written else None
+
+
 def choose_backend(requested: str | None) -> Backend:
     """`--local`, `--slurm`, or by default SLURM where `sbatch` is on PATH."""
     import shutil

@@ -29,17 +29,22 @@ from typing import IO
 from launcher.config import Config, ConfigError, TopologyConfig
 from launcher.environment import merge_environment
 from launcher.errors import EXIT_ERROR, error_line
-from launcher.files import read_tail
+from launcher.files import atomic_write, is_held, read_tail
 from launcher.gputarget import gpus_here, job_topology, no_gpu
 from launcher.injob.place import process_variables
 from launcher.injob.task import killed_by
-from launcher.rundir import TRAIN, log_path, report_path, unfinished
+from launcher.records import LocalJobState, LocalLaunch, dumps, read_record
+from launcher.report import duration
+from launcher.rundir import TRAIN, local_jobs_path, lock_path, log_path, report_path, unfinished
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
 
 log = logging.getLogger("jaxwarm.local")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# A local job's states in `jaxwarm status` (LOST: RUNNING in the record, but the launch that
+# ran it is gone).
+RUNNING, COMPLETED, FAILED, STOPPED, LOST = "RUNNING", "COMPLETED", "FAILED", "STOPPED", "LOST"
 SUPERVISOR = "launcher.submit.supervise"
 
 
@@ -268,9 +273,17 @@ class LocalBackend:
         return [self.run(config, jobs) for config, jobs in runs]
 
     def run(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
+        """The jobs in order, until one does not complete; each one's state is kept in the
+        run dir as it starts and ends (`jaxwarm status` from another shell)."""
         results: list[JobResult] = []
+        states: list[LocalJobState] = []
         for job in jobs:
+            states.append(LocalJobState(job.name, RUNNING, job_topology(
+                config, job.name).num_processes, str(log_path(config.run_dir, job.name, 0))))
+            record_states(config.run_dir, states)
             results.append(run_job(job, config))
+            states[-1] = ended_state(states[-1], outcome(results[-1]), results[-1])
+            record_states(config.run_dir, states)
             if not results[-1].ok or results[-1].signal_received is not None or \
                     results[-1].problem is not None:
                 break
@@ -283,4 +296,37 @@ class LocalBackend:
         return []
 
     def job_lines(self, run_dir: Path) -> list[str]:
-        return []
+        """Each job of the run dir's latest local launch: running since when, or how it
+        ended. A job still RUNNING in the record while no launch holds the run dir lost its
+        launch (killed with it) and is said so."""
+        path = local_jobs_path(run_dir)
+        launch = read_record(LocalLaunch, path, what="the local launch's job states")
+        if launch is None:
+            return []
+        held = is_held(lock_path(run_dir))
+        now = time.time()
+        lines = []
+        for job in launch.jobs:
+            state, detail = job.state, f"{job.processes} process(es)"
+            if job.state == RUNNING and not held:
+                state, detail = LOST, "its launch ended without recording how (killed?)"
+            elif job.state == RUNNING:
+                detail += (f", since {time.strftime('%H:%M:%S', time.localtime(job.started))}"
+                           f" ({duration(max(now - job.started, 0.0))})")
+            else:
+                detail += f", exit {job.exit_code} after " \
+                          f"{duration(max((job.ended or job.started) - job.started, 0.0))}"
+            lines.append(f"{job.name:<8} {'local':<12} {state:<11} {detail}  log {job.log}")
+        return lines
+
+
+def record_states(run_dir: Path, states: list[LocalJobState]) -> None:
+    atomic_write(local_jobs_path(run_dir), dumps(LocalLaunch(list(states)), indent=1) + "\n",
+                 what="the local launch's job states")
+
+
+def ended_state(state: LocalJobState, how: Outcome, result: JobResult) -> LocalJobState:
+    """How a job ended, as status says it: COMPLETED, STOPPED (a forwarded signal) or FAILED."""
+    name = COMPLETED if how.ok else STOPPED if result.signal_received is not None else FAILED
+    return dataclasses.replace(state, state=name, ended=time.time(),
+                               exit_code=0 if how.ok else how.exit_code)

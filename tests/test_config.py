@@ -25,7 +25,7 @@ from launcher.config import (
 from launcher.entryargv import trainer_argv
 from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, REPO, run_cli
 
 
 def demo_raw() -> dict:
@@ -302,3 +302,19 @@ def test_a_duration_or_size_past_its_maximum_is_one_line(key: str) -> None:
         assert f"at most {limit:g}" in line or f"at most {limit}" in line, line
         if floats:
             assert "(a week)" in line
+
+
+def test_the_fingerprint_has_the_trainers_command_line_where_the_factory_reads_it(
+        tmp_path: Path) -> None:
+    """A factory that reads the trainer's argv (tests/cli_trainer's, through trainer_argv)
+    builds another step when only a flag changes; the demo's factory reads none, so its
+    prewarm holds whatever the trainer's arguments are."""
+    cli = REPO / "tests" / "cli_trainer" / "cli-trainer.yaml"
+    base = fingerprint(load_config(cli), tmp_path / "run", "local")
+    wider = fingerprint(load_config(cli, ["entrypoint.args=[--d-model, '24']"]),
+                        tmp_path / "run", "local")
+    assert differences(base, wider) == [
+        "entrypoint differs (the trainer's command line, which the step factory reads)"]
+    demo = fingerprint(load_config(DEMO), tmp_path / "run", "local")
+    assert fingerprint(load_config(DEMO, ["entrypoint.args=[--steps, '3']"]),
+                       tmp_path / "run", "local") == demo

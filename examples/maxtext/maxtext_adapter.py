@@ -4,8 +4,9 @@ MaxText's trainer (`python -m maxtext.trainers.pre_train.train ARGS`) sets itsel
 (`train.initialize`), builds its mesh from its own parallelism settings, and AOT-compiles
 `jit_train_step` inside `jax.set_mesh(mesh)` and flax's `logical_axis_rules(...)` with the
 compiler options of its `compile_xla_flags`. This factory does the same, in the same order,
-with MaxText's functions and the same argv (`entrypoint.args` of the jaxwarm config), so the
-prewarm job lowers the very program the training job then looks up:
+with MaxText's functions and the same argv (`trainer_argv`: the module's file, then
+`entrypoint.args` after the launch's overrides), so the prewarm job lowers the very program
+the training job then looks up:
 
 - `train.initialize(argv)` is MaxText's set-up, process-global JAX settings included
   (`jax_default_prng_impl=unsafe_rbg`, shardy, `jax_remove_size_one_mesh_axis_from_type`,
@@ -25,14 +26,14 @@ from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import max_utils, maxtext_utils, sharding, train_utils
 
 from launcher.config import Config
-from prewarm.step import CompileTarget, StepBundle
+from prewarm.step import CompileTarget, StepBundle, trainer_argv
 
 
 def make_train_step(config: Config, mesh: None) -> StepBundle:
     """MaxText's `jit_train_step` with its abstract (state, batch), on MaxText's own mesh."""
-    # argv as `python -m maxtext.trainers.pre_train.train ARGS` gives it to absl's main(argv):
+    # The argv `python -m maxtext.trainers.pre_train.train ARGS` gives absl's main(argv):
     # the module's file first (MaxText picks its default config file from it), then ARGS.
-    maxtext_config, _ = train.initialize([train.__file__, *config.entrypoint.args])
+    maxtext_config, _ = train.initialize(trainer_argv(config))
     maxtext_mesh = maxtext_utils.get_mesh_from_config(maxtext_config)
     (state, batch), _, state_shardings, _, model = train_compile.get_shaped_inputs(
         maxtext_mesh, maxtext_config)

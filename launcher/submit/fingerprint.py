@@ -82,7 +82,6 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
         "topology": short_hash(config.topology),
         "mesh": short_hash(config.mesh),
         "step": short_hash(config.step),
-        "entrypoint": short_hash(config.entrypoint),
         "hardware": short_hash([config.slurm.partition, config.slurm.constraint,
                                 config.slurm.gpus_per_node]),
         "backend": backend,
@@ -128,8 +127,12 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
 
 def reads_trainer_argv(files: dict[str, str]) -> bool:
     """Whether the step factory's sources (`step_sources`) name `trainer_argv`: then the
-    trainer's command line is part of the step."""
+    trainer's command line is part of the step. jaxwarm's own packages, which define it
+    and which every factory imports, do not count."""
+    own = [Path(__file__).resolve().parents[2] / package for package in ("launcher", "prewarm")]
     for path in files:
+        if any(Path(path).is_relative_to(package) for package in own):
+            continue
         try:
             if ARGV_READER in Path(path).read_text(errors="replace"):
                 return True

@@ -1,4 +1,5 @@
-"""`jsp-train [--out DIR] [--steps N] [--seed S]`: a trainer as real ones are written.
+"""`jsp-train [--out DIR] [--steps N] [--seed S] [--d-model N] [--layers N]`: a trainer as
+real ones are written.
 
 It joins `jax.distributed` itself when a cluster manager started several processes, sets up
 its own persistent compilation cache (its own dir, a 60 s threshold), builds its jitted
@@ -121,19 +122,30 @@ def enable_own_cache(cache_dir: Path) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_TIME_S)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="jsp-train")
     parser.add_argument("--out", default="jsp-runs", help="where runs and the cache go")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--d-model", type=int, default=ModelConfig.d_model)
+    parser.add_argument("--layers", type=int, default=ModelConfig.n_layers)
+    return parser.parse_args(argv)
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The model its command line asks for."""
+    return ModelConfig(d_model=args.d_model, n_layers=args.layers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     if world_size() > 1:
         jax.distributed.initialize()
     enable_own_cache(Path(args.out).absolute() / "jax-cache")
 
-    config = ModelConfig()
+    config = model_config(args)
     mesh = make_mesh()
     optimizer = make_optimizer(config)
     replicated = NamedSharding(mesh, P())

@@ -167,8 +167,11 @@ def append_line(path: str | Path, line: str, mode: int, what: str) -> None:
     """Append one line (a JSON record) in one write. After a torn last line (a writer killed
     mid-line) it starts a new line, so that one bad line does not take this one with it.
     Concurrent writers must hold a lock around it (one write of a short line is not torn
-    by another on a local file system, but the check of the last byte is not atomic)."""
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, mode)
+    by another on a local file system, but the check of the last byte is not atomic).
+    Only to a regular file, never through a final symlink or into a FIFO: anything else
+    planted under the name is a RefusedFile, and nothing is written."""
+    fd = regular_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, None,
+                    what, mode)
     try:
         end = os.fstat(fd).st_size
         if end and os.pread(fd, 1, end - 1) != b"\n":
@@ -207,12 +210,20 @@ def open_regular(path: str | Path, cap: int | None, what: str,
     blocks (O_NONBLOCK: a FIFO), and the kind and size are those of the file opened
     (fstat), not of a name that may be swapped. Raises FileNotFoundError, another OSError
     (permission), or RefusedFile naming `what` ("a usage log") and its cap."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    flags = os.O_RDONLY | (0 if follow else os.O_NOFOLLOW)
+    return os.fdopen(regular_fd(path, flags, cap, what), "rb")
+
+
+def regular_fd(path: str | Path, flags: int, cap: int | None, what: str,
+               mode: int = PRIVATE_FILE) -> int:
+    """`os.open(path, flags)`, never blocking (O_NONBLOCK), checked on the descriptor: a
+    regular file of at most `cap` bytes, or RefusedFile (the descriptor closed)."""
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RefusedFile(path, "not a regular file (a symlink)") from None
+        kinds = {errno.ELOOP: "a symlink", errno.EISDIR: "a directory"}
+        if exc.errno in kinds:
+            raise RefusedFile(path, f"not a regular file ({kinds[exc.errno]})") from None
         if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.ENODEV):  # a socket, a device
             raise RefusedFile(path, f"not a regular file ({exc.strerror})") from None
         raise
@@ -225,7 +236,7 @@ def open_regular(path: str | Path, cap: int | None, what: str,
     if problem:
         os.close(fd)
         raise RefusedFile(path, problem)
-    return os.fdopen(fd, "rb")
+    return fd
 
 
 def read_capped(path: str | Path, cap: int, what: str, follow: bool = False) -> bytes:

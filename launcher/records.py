@@ -487,20 +487,21 @@ def read_lines(path: Path, parse: Callable[[str, str], R], cap: int, what: str,
             try:
                 records.append(parse(line, f"{path}:{number}"))
             except ConfigError as exc:
-                _skip(str(exc))
+                warn_once(str(exc))
     except FileNotFoundError:
         return []
     except RefusedFile as exc:
-        _skip(f"{exc}; reading none of it")
+        warn_once(str(exc))  # the same line as a refused append's (`usage.append_usage`)
         return []
     except OSError as exc:
-        _skip(f"{path}: cannot read it ({exc.strerror}); reading none of it")
+        warn_once(f"{path}: cannot read it ({exc.strerror})")
         return []
     return records
 
 
-def _skip(problem: str) -> None:
-    """Log `skipping <problem>` once per command (one command reads a log more than once)."""
+def warn_once(problem: str) -> None:
+    """Log `skipping <problem>` once per command (one command reads or appends to a log more
+    than once)."""
     if problem not in _skipped:
         _skipped.add(problem)
         log.warning("skipping %s", problem)

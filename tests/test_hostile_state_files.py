@@ -191,6 +191,28 @@ def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str) 
     assert state(tree) == before
 
 
+@pytest.mark.parametrize("attack", ("link to your file", "FIFO", "directory"))
+def test_a_planted_usage_log_is_never_appended_to_and_prune_goes_on(
+        tree: Path, attack: str) -> None:
+    """Prune records what it removed in the usage log: planted as a link to a file of
+    yours, that file is not written through; as a FIFO or a dir, nothing waits on it."""
+    path = tree / "cache" / "jaxwarm-usage.jsonl"
+    yours = tree / "yours.txt"
+    yours.write_text("precious\n")
+    if attack == "link to your file":
+        path.symlink_to(yours)
+        why = "not a regular file (a symlink)"
+    else:
+        why = plant(path, attack, USAGE_CAP, "")
+    result = jaxwarm("cache", "prune", str(tree / "cache"), "--max-size", "0")
+    assert result.returncode == 0, result.stderr
+    assert "pruned 1 entry" in result.stdout
+    named = [line for line in result.stderr.splitlines() if str(path) in line]
+    assert named == [f"jaxwarm: skipping {path}: {why}"], result.stderr
+    assert yours.read_text() == "precious\n"
+    assert not (tree / "cache" / f"{KEY}-cache").exists()
+
+
 def guarded(call: Callable[[], Any]) -> Any:
     """`call()` in a thread that may not take longer than HANG_GUARD_S: a reader that
     blocked on a FIFO fails the test instead of hanging the run."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.files import append_line, locked, modes_in
+from launcher.files import RefusedFile, append_line, locked, modes_in
 from launcher.records import (
     EntryChecked,
     EntryMissed,
@@ -29,6 +29,7 @@ from launcher.records import (
     parse_usage_line,
     read_lines,
     to_json,
+    warn_once,
 )
 
 log = logging.getLogger("jaxwarm.store")
@@ -56,11 +57,16 @@ def _compact(data: Any) -> Any:
 def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
     """One JSON line, appended under a lock so concurrent jobs never interleave lines. After
     a torn last line (a writer killed mid-line) it starts a new line, so that one bad line
-    does not take this record with it."""
+    does not take this record with it. Where something other than a regular file was
+    planted under its name, the record is not written (one line says so)."""
     path = usage_path(cache_dir)
     line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
-        append_line(path, line, modes_in(path.parent)[0], "a record to the cache's usage log")
+        try:
+            append_line(path, line, modes_in(path.parent)[0],
+                        "a record to the cache's usage log")
+        except RefusedFile as exc:  # planted there: the record is lost, the command goes on
+            warn_once(str(exc))
 
 
 def job_usage(config: Config, report: InitReport) -> JobUsage:

@@ -4,8 +4,8 @@ its adapter's own copy of them, an XLA flag, the device count; alone and togethe
 --trainer and a launch without prewarm, on the prewarmed cache (the same dir: before jax
 0.11 its path is part of the key), with a compile-time threshold no compile here reaches,
 so that no case's launch writes an entry another case could hit (the threshold is no part
-of the key). For every prewarmed function, WARM must be the launch's HIT and COLD its MISS. verify --trainer
-writes nothing into the cache dir, and says what it cost."""
+of the key). For every prewarmed function, WARM must be the launch's HIT and COLD its MISS.
+verify --trainer writes nothing into the cache dir, and says what it cost."""
 
 from __future__ import annotations
 

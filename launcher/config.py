@@ -110,6 +110,22 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class PgleConfig:
+    """JAX's automatic profile-guided latency estimation (PGLE, for GPU): each jitted
+    function is compiled, run `profiling_runs` times under the profiler, then compiled again
+    with the profile, and that second compile is stored under a key of its own. A process
+    whose cache holds it loads it at its first call (no first compile, no profiling).
+    Either option changes the key of the first compile too (JAX compiles it without command
+    buffers), so every job of the run (prewarm, verify, train) gets the same ones."""
+
+    enabled: bool = False  # jax_enable_pgle
+    profiling_runs: PositiveInt = 3  # jax_pgle_profiling_runs
+    # Load a stored profile-guided executable even with PGLE off, and warn where a function
+    # has only its first compile stored (jax_compilation_cache_expect_pgle).
+    expect: bool = False
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     nodes: PositiveInt = 1
     processes_per_node: PositiveInt = 1
@@ -221,6 +237,7 @@ class Config:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    pgle: PgleConfig = field(default_factory=PgleConfig)
     entrypoint: EntrypointConfig = field(default_factory=EntrypointConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -255,12 +272,16 @@ SHARD_AUTOTUNING = "--xla_gpu_shard_autotuning"
 MOCK_XLA_FLAGS = (f"{SHARD_AUTOTUNING}=false",)
 # URL schemes a cache dir may have: JAX reaches them through etils.epath (the remote extra).
 REMOTE_SCHEMES = ("s3", "gs")
-# JAX options the cache section sets (see launcher.environment.jax_options), by cache key.
-CACHE_OPTIONS = {"jax_compilation_cache_dir": "dir",
-                 "jax_persistent_cache_min_compile_time_secs": "min_compile_time_secs",
-                 "jax_persistent_cache_min_entry_size_bytes": "min_entry_size_bytes",
-                 "jax_persistent_cache_enable_xla_caches": "xla_caches",
-                 "jax_compilation_cache_max_size": "max_size"}
+# JAX options the cache and pgle sections set (see launcher.environment.jax_options), by
+# config key.
+OWNED_OPTIONS = {"jax_compilation_cache_dir": "cache.dir",
+                 "jax_persistent_cache_min_compile_time_secs": "cache.min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes": "cache.min_entry_size_bytes",
+                 "jax_persistent_cache_enable_xla_caches": "cache.xla_caches",
+                 "jax_compilation_cache_max_size": "cache.max_size",
+                 "jax_enable_pgle": "pgle.enabled",
+                 "jax_pgle_profiling_runs": "pgle.profiling_runs",
+                 "jax_compilation_cache_expect_pgle": "pgle.expect"}
 _AXIS_TYPES = ("auto", "explicit")
 # Patterns are matched with fullmatch: `$` would accept a trailing newline.
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -607,10 +628,11 @@ def _validate(config: Config) -> None:
         if not _JAX_OPTION.fullmatch(option):
             fail(f"jax.{option}", "expected a JAX option name like "
                                   "'jax_default_matmul_precision'")
-        if option in CACHE_OPTIONS:
-            fail(f"jax.{option}", f"the cache section owns this option (every job gets it from "
-                                  f"there, and the cache dir is checked before any job runs); "
-                                  f"set cache.{CACHE_OPTIONS[option]} instead")
+        if option in OWNED_OPTIONS:
+            key = OWNED_OPTIONS[option]
+            fail(f"jax.{option}", f"the {key.split('.')[0]} section owns this option (every "
+                                  f"job gets it from there, and it is checked before any job "
+                                  f"runs); set {key} instead")
     if config.ranks.agree not in (True, False, "auto"):
         fail("ranks.agree", f"expected true, false or auto, got {config.ranks.agree!r}")
     if not _SLURM_TIME.fullmatch(config.slurm.time):

@@ -105,6 +105,12 @@ def jax_options(config: Config) -> dict[str, Any]:
             "none" if is_remote(cache.dir) else cache.xla_caches,
         "jax_compilation_cache_max_size": cache.max_size,
     }
+    # PGLE's options only when on: a run without PGLE keeps the environment (and keys) it had.
+    if config.pgle.enabled:
+        options["jax_enable_pgle"] = True
+        options["jax_pgle_profiling_runs"] = config.pgle.profiling_runs
+    if config.pgle.expect:
+        options["jax_compilation_cache_expect_pgle"] = True
     options.update(config.jax)
     return options
 

@@ -72,6 +72,9 @@ class FunctionRecord:
     # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
     # in full after the miss: `launcher.injob.hook.note_missed_entries`); None otherwise.
     not_loaded: str | None = None
+    # A lookup of JAX's PGLE-optimized executable (launcher.jaxkey.pgle): the profile-guided
+    # second compile, or its load at a restart; not the function's first compile.
+    pgle_optimized: bool = False
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def function_lines(group: list[InitReport], targets: Targets, threshold_s: float
         records = [s.lines[index][1] for s in shown]
         keys = {record.key for record in records}
         key = short_key(fn.key) if len(keys) == 1 else f"{len(keys)} keys"
-        tag = "prewarmed" if target else ""
+        tag = "PGLE profile-guided" if fn.pgle_optimized else "prewarmed" if target else ""
         lines.append(f"  {where}  {name:<28} {_outcome(fn):<8} "
                      f"{_span([record.seconds for record in records]):>8} s  {key}  "
                      f"{tag}".rstrip())
@@ -434,6 +434,9 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
         for fn in report.functions:
             if fn.key is None or fn not in targets:
                 continue
+            if fn.pgle_optimized:
+                lines.append(pgle_line(fn, latest))
+                continue
             if fn.hit:
                 lines.append(_hit_line(fn, attempt, manifest.get(fn.key), latest))
                 continue
@@ -462,6 +465,17 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
         lines = lines[:HEADLINE_LINES - 1] + [
             f"... and {more} more line(s): the table below has them all"]
     return lines
+
+
+def pgle_line(fn: FunctionRecord, restart: int) -> str:
+    """A target's PGLE-optimized executable (launcher.jaxkey.pgle): JAX's second compile,
+    with the profile of the first steps, or its load at a restart in place of both."""
+    if fn.hit:
+        return (f"{fn.name}: HIT of PGLE's profile-guided executable on process 0 (restart "
+                f"{restart}), loaded in {fn.seconds:.2f} s: no first compile, no profiled steps")
+    return (f"{fn.name}: PGLE's second, profile-guided compile on process 0 (restart "
+            f"{restart}), {fn.seconds:.2f} s after the profiled steps; stored under "
+            f"{short_key(fn.key)} for the restarts")
 
 
 def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntry | None,

@@ -16,7 +16,7 @@ from launcher.environment import (
     merge_environment,
 )
 from launcher.injob.hook import config_from_env
-from launcher.submit.jobs import prewarm_job, train_job
+from launcher.submit.jobs import prewarm_job, train_job, verify_job
 from launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
@@ -88,6 +88,21 @@ def test_user_flags_and_options_reach_the_environment(tmp_path: Path) -> None:
                                 "--xla_force_host_platform_device_count=4")
     assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
     assert env["MY_VAR"] == "1"
+
+
+def test_pgle_reaches_every_job_the_same_and_only_when_on(tmp_path: Path) -> None:
+    """PGLE (or expecting its entries) changes the key of the first compile, so prewarm,
+    verify and train get the same options; off, no job's environment changes."""
+    base = [f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}"]
+    off = job_environment(*pin_config(load_config(DEMO, base)))
+    assert not [name for name in off if "PGLE" in name]
+    config, pinned = pin_config(load_config(
+        DEMO, [*base, "pgle.enabled=true", "pgle.profiling_runs=5", "pgle.expect=true"]))
+    jobs = [prewarm_job(config, pinned), verify_job(config, pinned), train_job(config, pinned)]
+    assert all(job.env == jobs[0].env for job in jobs)
+    assert {name: value for name, value in jobs[0].env.items() if "PGLE" in name} == {
+        "JAX_ENABLE_PGLE": "true", "JAX_PGLE_PROFILING_RUNS": "5",
+        "JAX_COMPILATION_CACHE_EXPECT_PGLE": "true"}
 
 
 def test_a_job_uses_the_pinned_paths_as_pinned(tmp_path: Path,

@@ -142,6 +142,31 @@ def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
     assert len(function_lines([process], targets, 0.5, show_all=True)) == 43
 
 
+def test_pgle_s_two_compiles_and_the_restart_s_load_are_named() -> None:
+    """PGLE on a GPU, as the recorder records it (the CPU's profiler gives JAX no profile,
+    so no CPU run compiles twice: tests/test_pgle.py gets the load with a profile given by
+    hand). Restart 0: the prewarmed first compile HITs, and after the profiled steps JAX
+    compiles again under its PGLE-optimized key; restart 1 loads that one only."""
+    reports = [r for r in load_reports(RUN) if r.job == "train" and r.process_index == 0]
+    first = reports[0]
+    optimized = "jit_train_step-" + "b" * 64
+    second = dataclasses.replace(first.functions[0], hit=False, seconds=12.5, key=optimized,
+                                 pgle_optimized=True)
+    first.functions.append(second)
+    lines = summarize(reports, read_manifest(CACHE), "demo")
+    assert lines[0].startswith("jit_train_step: HIT on process 0 (restart 0), loaded in")
+    assert lines[1] == ("jit_train_step: PGLE's second, profile-guided compile on process 0 "
+                        "(restart 0), 12.50 s after the profiled steps; stored under "
+                        "jit_train_step-bbbbbbbbbbbbbbbb for the restarts")
+    table = format_table(reports, Targets.of(read_manifest(CACHE)), threshold_s=1.0)
+    assert "12.50 s  jit_train_step-bbbbbbbbbbbbbbbb  PGLE profile-guided" in table
+    restart = dataclasses.replace(first, restart_count=1, functions=[dataclasses.replace(
+        second, hit=True, seconds=0.4)])
+    lines = summarize([*reports, restart], read_manifest(CACHE), "demo")
+    assert lines[0] == ("jit_train_step: HIT of PGLE's profile-guided executable on process "
+                        "0 (restart 1), loaded in 0.40 s: no first compile, no profiled steps")
+
+
 def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
     result = load_verdicts(RUN)
     assert not result.warm

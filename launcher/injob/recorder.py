@@ -53,6 +53,7 @@ from launcher.jaxkey.logs import (
     input_elements,
     is_hit,
 )
+from launcher.jaxkey.pgle import pgle_components, watch_pgle_keys
 from launcher.jaxkey.predict import in_probe
 from launcher.records import (
     OPTIONS_DIFFER,
@@ -203,6 +204,7 @@ class InitRecorder:
         monitoring.register_event_duration_secs_listener(self.on_duration)
         monitoring.register_event_time_span_listener(self.on_span)
         wrap_distributed_initialize()
+        watch_pgle_keys()
         for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER, LOWERING_LOGGER):
             logger = logging.getLogger(name)
             logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
@@ -299,10 +301,12 @@ class InitRecorder:
             if match := COMPONENT.match(message):
                 self._components[match["component"]] = match["hash"]
             elif match := HIT_OR_MISS.match(message):
+                pgle = pgle_components(match["key"])
                 self._pending = FunctionRecord(
                     name=match["name"], key=match["key"], hit=is_hit(match),
-                    components=self._components, signature=self._signatures.get(match["name"]),
-                    global_options=self._options)
+                    components=self._components if pgle is None else pgle,
+                    signature=self._signatures.get(match["name"]),
+                    global_options=self._options, pgle_optimized=pgle is not None)
                 self._components = {}
             elif (match := NOT_WRITTEN.match(message)) and self._pending is not None:
                 self._pending.not_stored = match["why"]
@@ -358,8 +362,9 @@ class InitRecorder:
 
     def _check_recompile(self, record: FunctionRecord) -> None:
         """Warn once when one function is compiled again under another key: the
-        double-compile pattern (AOT from a dummy batch, then again at step 0)."""
-        if record.key is None or record.name in self._warned or \
+        double-compile pattern (AOT from a dummy batch, then again at step 0). PGLE's
+        profile-guided compile is another key by design, not that."""
+        if record.key is None or record.pgle_optimized or record.name in self._warned or \
                 record.seconds < self.recompile_warn_s:
             return
         for earlier in self.report.functions:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.jaxkey import logs
+from launcher.jaxkey.pgle import is_pgle_options
 from launcher.jaxkey.predict import KeyPrediction, _check_seam, in_probe
 
 
@@ -109,17 +110,20 @@ def watch_keys(on_key: Callable[[KeyPrediction], bool]) -> None:
     """For the life of the process, every key JAX computes for a compile (not a key probe)
     goes to `on_key`, with each component's hash; when it returns False, JAX compiles that
     program without the persistent cache (nothing read, nothing written). Installed after
-    `watch_lookups`, it hears the key that one let through (None: ranks compile uncached)."""
+    `watch_lookups`, it hears the key that one let through (None: ranks compile uncached).
+    JAX's PGLE-optimized key (`pgle.py`) passes untouched: the key that follows it is the
+    first compile's, the one a prewarm writes."""
     from jax._src import compilation_cache, compiler
 
     _check_seam(compilation_cache, compiler)
     original_key = compilation_cache.get_cache_key
 
-    def get_cache_key(*args: Any, **kwargs: Any) -> str | None:
-        if in_probe():
-            return original_key(*args, **kwargs)
+    def get_cache_key(module: Any, devices: Any, options: Any, *args: Any,
+                      **kwargs: Any) -> str | None:
+        if in_probe() or is_pgle_options(options):
+            return original_key(module, devices, options, *args, **kwargs)
         with logs.key_lines(threading.get_ident(), silence=False) as lines:
-            key = original_key(*args, **kwargs)
+            key = original_key(module, devices, options, *args, **kwargs)
         if key is None:
             return None
         components = {match["component"]: match["hash"]

@@ -16,8 +16,9 @@ and the `Lowered` keeps no executable, so a later `lowered.compile()` compiles a
 the entry as if no probe had run. JAX still fires its backend-compile duration event for
 the unwound call: `in_probe()` tells listeners (the recorder) to ignore it.
 
-Not predicted: with auto-PGLE or `jax_compilation_cache_expect_pgle`, JAX first computes
-the "PGLE-optimized" key and may use it after a cache read; the probe returns that first key.
+With auto-PGLE or `jax_compilation_cache_expect_pgle` JAX computes two keys (`pgle.py`):
+the probe lets the PGLE-optimized one through and stops at the next, the first compile's,
+which a prewarm writes and a first run looks up; `KeyPrediction.pgle_key` is the other.
 
 Importing this module does not import jax.
 """
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.jaxkey import logs
 from launcher.jaxkey.components import differing_components
+from launcher.jaxkey.pgle import is_pgle_options
 from launcher.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
 
 if TYPE_CHECKING:
@@ -63,16 +65,20 @@ class KeyPrediction:
     key: str
     module_name: str
     components: dict[str, str]
+    # With PGLE on (or expected): the key JAX stores the profile-guided compile under.
+    pgle_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain dict for json.dump; `from_json` reads it back."""
         return {"key": self.key, "module_name": self.module_name,
-                "components": dict(self.components)}
+                "components": dict(self.components), "pgle_key": self.pgle_key}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KeyPrediction:
+        pgle_key = data.get("pgle_key")
         return cls(key=str(data["key"]), module_name=str(data["module_name"]),
-                   components={str(k): str(v) for k, v in data["components"].items()})
+                   components={str(k): str(v) for k, v in data["components"].items()},
+                   pgle_key=None if pgle_key is None else str(pgle_key))
 
 
 def explain_difference(expected: KeyPrediction, actual: KeyPrediction) -> list[str]:
@@ -112,18 +118,22 @@ def predict_key(lowered: jax.stages.Lowered,
     if not isinstance(lowered, jax.stages.Lowered):
         raise TypeError(f"predict_key needs a jax.stages.Lowered, got {type(lowered).__name__}")
     start = time.perf_counter()
-    key, lines = _probe(lowered, compiler_options)
+    keys, lines = _probe(lowered, compiler_options)
+    key = keys[-1]
+    # The PGLE-optimized key's lines come first; the dict keeps the looked-up key's.
     components = {match["component"]: match["hash"]
                   for match in map(logs.COMPONENT.match, lines) if match}
     prediction = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
-                               components=components)
+                               components=components,
+                               pgle_key=keys[0] if len(keys) > 1 else None)
     log.debug("predicted cache key %s in %.2f ms", key, 1e3 * (time.perf_counter() - start))
     return prediction
 
 
-def _probe(lowered: Any, compiler_options: dict[str, Any] | None) -> tuple[str, list[str]]:
-    """Run `lowered.compile(compiler_options)` up to JAX's key; the key and the cache_key
-    log lines."""
+def _probe(lowered: Any,
+           compiler_options: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """Run `lowered.compile(compiler_options)` up to the key JAX looks up; the keys it
+    computed (a PGLE-optimized one first) and the cache_key log lines."""
     from jax._src import compilation_cache, compiler
 
     _check_seam(compilation_cache, compiler)
@@ -132,11 +142,14 @@ def _probe(lowered: Any, compiler_options: dict[str, Any] | None) -> tuple[str, 
     original_key = compilation_cache.get_cache_key
     original_used = compilation_cache.is_cache_used
 
-    def get_cache_key(*args: Any, **kwargs: Any) -> str:
-        key = original_key(*args, **kwargs)
+    def get_cache_key(module: Any, devices: Any, options: Any, *args: Any,
+                      **kwargs: Any) -> str:
+        key = original_key(module, devices, options, *args, **kwargs)
         if threading.get_ident() != thread:
             return key
         keys.append(key)
+        if is_pgle_options(options):  # the key JAX looks up is computed right after
+            return key
         raise _KeyComputed
 
     def is_cache_used(*args: Any, **kwargs: Any) -> bool:
@@ -152,7 +165,7 @@ def _probe(lowered: Any, compiler_options: dict[str, Any] | None) -> tuple[str, 
         try:
             lowered.compile(compiler_options)
         except _KeyComputed:
-            return keys[0], lines
+            return keys, lines
         except _CacheNotUsed:
             raise KeyNotComputed(
                 "JAX would not look this program up in the persistent cache: no cache dir "

@@ -367,7 +367,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
     lines = [*decision_lines(run_dir),
-             *summarize(reports, manifest, config.run.name, config.cache.dir),
+             *summarize(reports, manifest, config.run.name, config.cache.dir, run_dir),
              *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
     if trained:
         lines += missing_train_report(reports)

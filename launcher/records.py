@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 from launcher.config import ConfigError, convert
 from launcher.files import RefusedFile, read_bounded, stream_lines
+from launcher.rundir import TRAIN
 
 log = logging.getLogger("jaxwarm.records")
 
@@ -48,6 +49,32 @@ class ReportWarning:
 
     kind: str
     text: str
+
+
+@dataclass(frozen=True)
+class InputLeaf:
+    """One input of a compiled program, as JAX lowered it (`launcher.jaxkey.inputs`):
+    `path` the argument's pytree path as JAX names it (`state['params']['embed']`; empty
+    for a constant JAX hoisted), `type` its global type (`f32[256,64]`, `weak f32[]` for a
+    weak-typed Python scalar), `sharding` as the program says it (None: unspecified), and
+    whether it is donated."""
+
+    path: str
+    type: str
+    sharding: str | None = None
+    donated: bool = False
+
+
+@dataclass(frozen=True)
+class InputSignature:
+    """Every input of a compiled program, in order (the arguments JAX kept: unused ones are
+    pruned), and the meshes its shardings name (`@mesh` -> `<["data"=2, "fsdp"=4]>`): what
+    a prewarm records of each target, so that a run that misses it can say which inputs
+    differ (`launcher.store.misses.input_differences`). Static arguments are baked into
+    the program, not inputs: a change in one shows as equal inputs and another program."""
+
+    leaves: list[InputLeaf] = field(default_factory=list)
+    meshes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +102,13 @@ class FunctionRecord:
     # A lookup of JAX's PGLE-optimized executable (launcher.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False
+    # A training job's lookup of a function its run's prewarm recorded (by name, whatever
+    # its inputs now): what the attempt's label counts, and what the report headlines.
+    prewarmed: bool = False
+    # Of a prewarmed function that missed: how its inputs differ from the prewarm's, one
+    # line each (`launcher.store.misses.input_differences`); empty: they are equal, so the
+    # program itself differs; None: not compared (the prewarm recorded no inputs).
+    input_changes: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +150,7 @@ class InitReport:
     `reports/<job>-r<restart>-p<process>.json` (`launcher.rundir.report_path`)."""
 
     # Written for the reader's convenience, recomputed from the rest when read back.
-    DERIVED: ClassVar[tuple[str, ...]] = ("misses", "over_budget")
+    DERIVED: ClassVar[tuple[str, ...]] = ("misses", "over_budget", "label")
 
     job: str
     restart_count: int
@@ -158,9 +192,52 @@ class InitReport:
         return self.time_to_first_step_s is not None and \
             self.time_to_first_step_s > self.init_budget_s
 
+    @property
+    def label(self) -> str:
+        """What a training attempt's process was: warm, partly warm or cold (`warmth`);
+        empty for a prewarm or verify job, whose lookups are not a start."""
+        if self.job != TRAIN:
+            return ""
+        hit, missed = prewarmed_outcomes(self.functions)
+        return warmth(hit, missed, self.hits, self.lookups)
+
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self),
                 **{name: getattr(self, name) for name in self.DERIVED}}
+
+
+def prewarmed_outcomes(functions: list[FunctionRecord]) -> tuple[list[str], dict[str, float]]:
+    """The prewarmed functions a process looked up, by name, each decided by its first
+    lookup (a later compile of other shapes, after the first step, is not the start's):
+    those that hit, and those that missed with their compile seconds."""
+    hit: list[str] = []
+    missed: dict[str, float] = {}
+    for fn in functions:
+        if fn.prewarmed and fn.key is not None and fn.name not in hit and fn.name not in missed:
+            if fn.hit:
+                hit.append(fn.name)
+            else:
+                missed[fn.name] = fn.seconds
+    return hit, missed
+
+
+def warmth(hit: list[str], missed: dict[str, float], hits: int, lookups: int) -> str:
+    """The one label of a training attempt (report table, headline, plot, status, JSON):
+    `warm` only when every prewarmed function it looked up hit, `partly warm (1 of 2
+    prewarmed functions hit: jit_train_step compiled 52.0 s)`, or `cold`. Without a
+    prewarmed function among its lookups, `cold` when none hit, else it says that nothing
+    was prewarmed, with its lookups; with no lookup at all (the cache off), nothing."""
+    if not hit and not missed:
+        if not lookups:
+            return ""
+        return "cold" if not hits else f"no prewarm on record ({hits} of {lookups} lookups hit)"
+    if not missed:
+        return "warm"
+    if not hit:
+        return "cold"
+    compiled = ", ".join(f"{name} compiled {seconds:.1f} s" for name, seconds in missed.items())
+    return (f"partly warm ({len(hit)} of {len(hit) + len(missed)} prewarmed functions hit: "
+            f"{compiled})")
 
 
 @dataclass(frozen=True)
@@ -397,6 +474,14 @@ class FirstStep:
     hits: int
     lookups: int
     time: float = field(default_factory=time.time)
+    # The prewarmed functions the attempt looked up before it: those that hit, and those
+    # that missed with their compile seconds (`prewarmed_outcomes`).
+    prewarmed_hit: list[str] = field(default_factory=list)
+    prewarmed_missed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return warmth(self.prewarmed_hit, self.prewarmed_missed, self.hits, self.lookups)
 
 
 # -- reading and writing --------------------------------------------------------------------

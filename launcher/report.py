@@ -27,6 +27,7 @@ from launcher.records import (
     FirstStep,
     FunctionRecord,
     InitReport,
+    PrewarmDecision,
     PrewarmProgress,
     Verdict,
     VerifyResult,
@@ -38,13 +39,17 @@ from launcher.records import (
 )
 from launcher.rundir import (
     TRAIN,
+    VERIFY,
     first_steps_path,
     parse_report_path,
+    prewarm_decision_path,
     reports_dir,
     verify_result_path,
 )
-from launcher.store.manifest import ManifestEntry
+from launcher.store.manifest import ManifestEntry, latest_for_run
 from launcher.store.misses import explain_miss
+from launcher.store.prewarms import read_prewarms
+from launcher.submit.fingerprint import differences
 
 log = logging.getLogger("jaxwarm.report")
 
@@ -124,9 +129,21 @@ def progress_line(progress: PrewarmProgress, now: float | None = None) -> str:
 
 
 def _status(report: InitReport) -> str:
-    if report.job == "prewarm" or report.time_to_first_step_s is None:
+    if report.job != TRAIN or report.time_to_first_step_s is None:
         return ""
     return "OVER BUDGET" if report.over_budget else "ok"
+
+
+def did(report: InitReport) -> str:
+    """What a job's process did with the cache, in the table's last column: a training
+    attempt's label (`InitReport.label`: warm, partly warm, cold); what a prewarm compiled
+    and found; a verify job looks nothing up (its keys are predicted, not looked up)."""
+    if report.job == TRAIN:
+        return report.label
+    if report.job == VERIFY:
+        return "predicted keys, compiled nothing" if not report.lookups else \
+            f"looked up {report.lookups}, {report.hits} in the cache"
+    return f"compiled {report.misses}, {report.hits} already in the cache"
 
 
 @dataclass(frozen=True)
@@ -145,7 +162,7 @@ class Targets:
                    frozenset((e.function, e.signature) for e in manifest.values()))
 
     def __contains__(self, fn: FunctionRecord) -> bool:
-        if fn.key in self.keys:
+        if fn.prewarmed or fn.key in self.keys:
             return True
         return any(None in (fn.signature, known) or known == fn.signature
                    for name, known in self.functions if name == fn.name)
@@ -243,16 +260,17 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
     if not reports:
         return "no init reports yet"
     header = ("job", "restart", "proc", "lookups", "hits", "misses", "compile_s",
-              "retrieval_s", "first_step_s", "budget_s", "init")
+              "retrieval_s", "first_step_s", "budget_s", "init", "start")
     rows = [header]
-    for group in fold(reports, lambda r: (r.lookups, r.hits, _status(r)), show_all):
+    for group in fold(reports, lambda r: (r.lookups, r.hits, _status(r), did(r)), show_all):
         r = group[0]
+        train = r.job == TRAIN  # only a training job runs a step, and its misses compile
         rows.append((r.job, str(r.restart_count), ranges([g.process_index for g in group]),
-                     str(r.lookups), str(r.hits), str(r.misses),
+                     str(r.lookups), str(r.hits), str(r.misses) if train else "-",
                      _span([g.backend_compile_s for g in group]),
                      _span([g.retrieval_s for g in group]),
-                     _span([g.time_to_first_step_s for g in group]),
-                     f"{r.init_budget_s:.0f}", _status(r)))
+                     _span([g.time_to_first_step_s for g in group]) if train else "-",
+                     f"{r.init_budget_s:.0f}" if train else "-", _status(r), did(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in rows]
@@ -275,16 +293,6 @@ def phase_totals(report: InitReport) -> dict[str, float]:
     return {name: totals[name] for name in ORDER if name in totals}
 
 
-def _warm_or_cold(report: InitReport, targets: Targets) -> str:
-    """`warm` when the process loaded its prewarmed functions, `cold` when it compiled one;
-    without a prewarm (none known), `warm` when any lookup hit."""
-    prewarmed = [fn for fn in report.functions if fn.key is not None and fn in targets]
-    if prewarmed:
-        return "warm" if all(fn.hit for fn in prewarmed) else "cold"
-    looked_up = [fn for fn in report.functions if fn.key is not None]
-    return "" if not looked_up else "warm" if any(fn.hit for fn in looked_up) else "cold"
-
-
 def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
     """One row (or bar) per job attempt and outcome: its label and the median seconds per
     phase of the processes that hit and missed the same prewarmed functions."""
@@ -296,7 +304,7 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
     for members in fold([r for r in reports if r.phases], outcome, show_all=False):
         job, restart = members[0].job, members[0].restart_count
         who = _processes([r.process_index for r in members])
-        state = _warm_or_cold(members[0], targets)
+        state = members[0].label
         totals = [phase_totals(r) for r in members]
         phases = {name: statistics.median(t.get(name, 0.0) for t in totals) for name in ORDER
                   if any(name in t for t in totals)}
@@ -352,9 +360,9 @@ def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple
 
 def warm_start_lines(reports: list[InitReport]) -> list[str]:
     """Which phase dominates the latest warm start: the training attempt whose process 0
-    loaded a prewarmed function from the cache and compiled none of them."""
+    loaded every prewarmed function it looked up from the cache (`InitReport.label`)."""
     starts = [r for r in reports if r.job == TRAIN and r.process_index == 0 and r.phases
-              and r.hits and r.time_to_first_step_s]
+              and r.label == "warm" and r.time_to_first_step_s]
     if not starts:
         return []
     start = max(starts, key=lambda r: r.restart_count)
@@ -410,13 +418,35 @@ def stage_lines(attempt: list[InitReport]) -> list[str]:
 HEADLINE_LINES = 10
 
 
+def since_prewarm(run_dir: str | Path | None, cache_dir: str | None,
+                  key: str) -> list[str] | None:
+    """What changed between the prewarm that left the entry `key` and the latest launch of
+    the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
+    under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
+    either fingerprint is unknown."""
+    if run_dir is None or cache_dir is None:
+        return None
+    path = prewarm_decision_path(run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    if decision is None or decision.fingerprint is None:
+        return None
+    record = next((r for r in reversed(read_prewarms(cache_dir).values()) if key in r.keys),
+                  None)
+    if record is not None:
+        return differences(record.fingerprint, decision.fingerprint)
+    # A record a miss made the training job forget had the launch's fingerprint.
+    return [] if decision.prewarm or key in decision.keys else None
+
+
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str, cache_dir: str | None = None) -> list[str]:
-    """Headline lines, at most HEADLINE_LINES: what the latest training attempt did with each
-    prewarmed target (hit, on which processes, and how much that saved; or process 0's
-    miss, and why, against the same target only), its time to first step against the
-    budget, and what the processes said once (a cache setting the trainer changed, ranks
-    that did not see the same entry)."""
+              run: str, cache_dir: str | None = None,
+              run_dir: str | Path | None = None) -> list[str]:
+    """Headline lines, at most HEADLINE_LINES: the latest training attempt's label (warm,
+    partly warm, cold), what it did with each prewarmed target (hit, on which processes,
+    and how much that saved; or process 0's miss, and why: inputs that differ from the
+    prewarm's, or the step's code, then the key components, against the same target
+    only), its time to first step against the budget, and what the processes said once
+    (a cache setting the trainer changed, ranks that did not see the same entry)."""
     train = [r for r in reports if r.job == TRAIN]
     if not train:
         return []
@@ -424,7 +454,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     attempt = sorted((r for r in train if r.restart_count == latest),
                      key=lambda r: r.process_index)
     targets = Targets.of(manifest)
-    lines: list[str] = []
+    label = attempt[0].label if attempt[0].process_index == 0 else ""
+    lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []
     for report in attempt:
         said += [w.text for w in report.warnings if w.kind == RANKS or (
@@ -445,13 +476,17 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
             if moved_cache_dir(report):
                 lines.append(f"  why: this process looked its entries up in "
                              f"{report.cache_dir}, the trainer's cache dir (below)")
+            prewarmed = _prewarmed_entry(fn, manifest, run)
             lines.extend(f"  why: {line}" for line in explain_miss(
                 fn.name, fn.components, manifest, run=run,
                 process_count=report.process_count, signature=fn.signature,
                 global_options=fn.global_options, max_size=size_cap(report.environment),
                 xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
-                not_loaded=fn.not_loaded))
+                not_loaded=fn.not_loaded,
+                input_changes=fn.input_changes,
+                since_prewarm=None if prewarmed is None else
+                since_prewarm(run_dir, cache_dir, prewarmed.key)))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = "process" if len(others) == 1 else "processes"
@@ -478,6 +513,12 @@ def pgle_line(fn: FunctionRecord, restart: int) -> str:
             f"{short_key(fn.key)} for the restarts")
 
 
+def _prewarmed_entry(fn: FunctionRecord, manifest: dict[str, ManifestEntry],
+                     run: str) -> ManifestEntry | None:
+    """The run's newest prewarm of the function `fn` is a lookup of."""
+    return next((e for e in latest_for_run(manifest, run) if e.function == fn.name), None)
+
+
 def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntry | None,
               restart: int) -> str:
     """A target process 0 loaded: which processes loaded it, how fast, what that saved."""
@@ -487,10 +528,16 @@ def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntr
         (other.name, other.signature) == (fn.name, fn.signature) and other.hit
         for other in r.functions)]
     which = "process" if len(hit_on) == 1 else "processes"
-    saved = "" if entry is None else (
-        f"; prewarm compiled it in {entry.compile_s:.2f} s, so this saved "
-        f"{_span([entry.compile_s - load for load in loads])} s"
-        f"{' on each' if len(hit_on) > 1 else ''}")
+    if entry is None:
+        saved = ""
+    elif entry.compile_s <= 0.0:  # a prewarm that found the entry, not one that compiled it
+        saved = "; the prewarm found it in the cache (no compile time on record)"
+    else:
+        slower = " (loading took longer than compiling)" if max(loads) > entry.compile_s \
+            else ""
+        saved = (f"; prewarm compiled it in {entry.compile_s:.2f} s, so this saved "
+                 f"{_span([max(entry.compile_s - load, 0.0) for load in loads])} s"
+                 f"{' on each' if len(hit_on) > 1 else ''}{slower}")
     return (f"{fn.name}: HIT on {which} {ranges(hit_on)} (restart {restart}), "
             f"loaded in {_span(list(loads))} s{saved}")
 
@@ -526,25 +573,27 @@ def load_first_steps(run_dir: str | Path) -> list[FirstStep]:
 
 
 def first_step_lines(history: list[FirstStep]) -> list[str]:
-    """The newest cold attempt (no hit on process 0) and the newest warm one of this run,
-    side by side; each attempt's last finding counts (a guess may be replaced)."""
+    """The newest attempt that was not warm (cold, partly warm) and the newest warm one of
+    this run (`FirstStep.label`), side by side; each attempt's last finding counts (a
+    guess may be replaced)."""
     attempts = sorted({step.started: step for step in history}.values(),
                       key=lambda step: step.started)
     if not attempts:
         return []
     newest = attempts[-1]
-    shown = [step for step in (next((s for s in reversed(attempts) if not s.hits), None),
-                               next((s for s in reversed(attempts) if s.hits), None)) if step]
+    shown = [step for step in (
+        next((s for s in reversed(attempts) if s.label != "warm"), None),
+        next((s for s in reversed(attempts) if s.label == "warm"), None)) if step]
 
     def said(step: FirstStep) -> str:
-        return (f"{'warm' if step.hits else 'cold'} {step.seconds:.2f} s ({step.hits} of "
+        return (f"{step.label or 'no lookup'} {step.seconds:.2f} s ({step.hits} of "
                 f"{step.lookups} lookups hit, restart {step.restart}"
                 f"{', newest' if step is newest else ''})")
 
     lines = [f"time to first step on process 0, this run's attempts: "
              f"{', '.join(said(step) for step in shown)}"]
     if len({step.first_step_from for step in shown}) > 1:
-        lines += [f"  {'warm' if step.hits else 'cold'} first step: {step.first_step_from}"
+        lines += [f"  {step.label or 'no lookup'} first step: {step.first_step_from}"
                   for step in shown]
     return lines
 
@@ -587,8 +636,9 @@ def attempt_summaries(reports: list[InitReport]) -> list[str]:
     lines = []
     for r in reports:
         if r.job == TRAIN and r.process_index == 0:
-            lines.append(f"attempt r{r.restart_count}: {r.hits} hit(s) of {r.lookups} "
-                         f"lookup(s) on process 0, compile {r.backend_compile_s:.2f} s, "
+            lines.append(f"attempt r{r.restart_count}: {r.label or 'no lookup'}; {r.hits} "
+                         f"hit(s) of {r.lookups} lookup(s) on process 0, compile "
+                         f"{r.backend_compile_s:.2f} s, "
                          f"first step {_seconds(r.time_to_first_step_s)} s "
                          f"of a {r.init_budget_s:.0f} s budget {_status(r)}")
     return lines

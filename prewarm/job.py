@@ -33,7 +33,13 @@ from launcher.files import locked, make_dir
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
-from launcher.records import PrewarmDecision, PrewarmProgress, PrewarmRecord, read_record
+from launcher.records import (
+    InputSignature,
+    PrewarmDecision,
+    PrewarmProgress,
+    PrewarmRecord,
+    read_record,
+)
 from launcher.rundir import PREWARM, prewarm_decision_path
 from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
 from launcher.store.integrity import (
@@ -125,10 +131,11 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,
-                   since: float) -> str | None:
+                   since: float, inputs: InputSignature | None = None) -> str | None:
     """Right after process 0 compiled a target, still under its writer lock: check the entry
-    JAX wrote and record it in the manifest, so no prune or crash finds it unrecorded.
-    Returns why it failed (the torn entry quarantined), or None."""
+    JAX wrote and record it in the manifest, with the `inputs` it was compiled with, so no
+    prune or crash finds it unrecorded. Returns why it failed (the torn entry
+    quarantined), or None."""
     cache_dir = config.cache.dir
     if record.key is None or record.hit or is_remote(cache_dir):
         return None
@@ -147,7 +154,7 @@ def record_compile(config: Config, target: Target, record: FunctionRecord,
     entry = dataclasses.replace(
         manifest_entry(config, target, record.name, record.key, record.seconds, written,
                        record.signature),
-        components=record.components)
+        components=record.components, inputs=inputs)
     try:
         record_entries(cache_dir, [entry])
     except OSError as exc:
@@ -176,7 +183,8 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
             since = time.time()
             target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
-            failure = record_compile(config, target, record, since) if is_writer else None
+            failure = record_compile(config, target, record, since,
+                                     recorder.inputs(record.name)) if is_writer else None
         if target.key is not None and record.key is not None and target.key != record.key:
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)

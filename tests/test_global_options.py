@@ -66,5 +66,5 @@ def test_settings_are_named_before_the_signature_and_beside_the_components() -> 
                               signature="s1", global_options=run)
     assert same_types[:2] == other_types and "computation differs" in same_types[2]
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function named" in explain_miss(
+    assert "another function of the same name" in explain_miss(
         "jit_step", {"computation": "2"}, manifest, signature="s2")[0]

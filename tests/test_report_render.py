@@ -73,20 +73,21 @@ def test_reports_load_in_run_order_and_a_malformed_one_is_skipped_by_name(
 
 def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> None:
     lines = summarize(load_reports(RUN), read_manifest(CACHE), "demo")
-    assert lines[0] == ("jit_train_step: HIT on process 0 (restart 0), loaded in 0.23 s; "
+    assert lines[0] == "train restart 0, process 0: warm"
+    assert lines[1] == ("jit_train_step: HIT on process 0 (restart 0), loaded in 0.23 s; "
                         "prewarm compiled it in 6.84 s, so this saved 6.61 s")
-    assert lines[1].startswith("process 1: no hits; on CPU JAX hashes")
-    assert lines[2] == ("time to first step (restart 0): 10.95-10.99 s on processes 0-1 "
+    assert lines[2].startswith("process 1: no hits; on CPU JAX hashes")
+    assert lines[3] == ("time to first step (restart 0): 10.95-10.99 s on processes 0-1 "
                         "(slowest: process 0), within the 1800 s budget")
-    assert lines[3].startswith("the trainer set jax_persistent_cache_min_compile_time_secs")
-    assert len(lines) == 4
+    assert lines[4].startswith("the trainer set jax_persistent_cache_min_compile_time_secs")
+    assert len(lines) == 5
 
 
 def test_on_gpu_ranks_without_hits_are_not_explained_by_cpu_keys() -> None:
     reports = [dataclasses.replace(r, environment={**r.environment, "JAX_PLATFORMS": "cuda"})
                for r in load_reports(RUN)]
     lines = summarize(reports, read_manifest(CACHE), "demo")
-    assert lines[1] == ("process 1: no hits; they share process 0's keys here, so their rows "
+    assert lines[2] == ("process 1: no hits; they share process 0's keys here, so their rows "
                         "below say why they missed")
 
 
@@ -98,8 +99,9 @@ def test_a_miss_is_explained_by_the_component_that_differs() -> None:
                                  components={**step.components, "XLA flags": "changed"})
     train.functions[0] = missed
     lines = summarize(reports, read_manifest(CACHE), "demo")
-    assert lines[0] == "jit_train_step: MISS on process 0 (restart 0), compiled in 7.20 s"
-    assert lines[1].startswith(f"  why: prewarmed as {STEP} by run 'demo'; XLA flags differs")
+    assert lines[0] == "train restart 0, process 0: cold"
+    assert lines[1] == "jit_train_step: MISS on process 0 (restart 0), compiled in 7.20 s"
+    assert lines[2].startswith(f"  why: prewarmed as {STEP} by run 'demo'; XLA flags differs")
 
 
 def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> None:
@@ -107,12 +109,17 @@ def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> Non
     text = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5)
     rows = text.splitlines()
     assert rows[0].split() == ["job", "restart", "proc", "lookups", "hits", "misses",
-                               "compile_s", "retrieval_s", "first_step_s", "budget_s", "init"]
-    # The two prewarm processes did the same: one row, their figures as ranges.
-    assert rows[1].split() == ["prewarm", "0", "0-1", "2", "0", "2", "8.34-8.61", "0.00",
-                               "16.06", "1800"]  # a prewarm has no budget verdict
+                               "compile_s", "retrieval_s", "first_step_s", "budget_s", "init",
+                               "start"]
+    # The two prewarm processes did the same: one row, their figures as ranges. A prewarm
+    # runs no step (no first step, no budget) and its lookups that missed are what it
+    # compiled, not misses.
+    assert rows[1].split() == ["prewarm", "0", "0-1", "2", "0", "-", "8.34-8.61", "0.00",
+                               "-", "-", "compiled", "2,", "0", "already", "in", "the",
+                               "cache"]
     assert rows[2].split() == ["train", "0", "0", "3", "1", "2", "0.06", "0.23", "10.99",
-                               "1800", "ok"]
+                               "1800", "ok", "warm"]
+    assert rows[3].split()[-2:] == ["ok", "cold"]  # on CPU process 1 compiles
     assert "  train   r0 p0     jit_train_step               HIT          0.23 s  " \
            "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in rows
     assert "  train   r0 p0     + 2 small compile(s) under 0.5 s (not prewarmed, not stored), " \
@@ -261,10 +268,11 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
     manifest = read_manifest(CACHE)
     headline = summarize(reports, manifest, "demo")
     assert len(headline) <= 10
-    assert headline[0] == ("jit_train_step: HIT on processes 0-63 (restart 0), loaded in "
+    assert headline[0] == "train restart 0, process 0: warm"
+    assert headline[1] == ("jit_train_step: HIT on processes 0-63 (restart 0), loaded in "
                            "0.23-0.29 s; prewarm compiled it in 6.84 s, so this saved "
                            "6.55-6.61 s on each")
-    assert headline[1] == (
+    assert headline[2] == (
         "time to first step (restart 0): 10.00-1900.00 s on processes 0-63 (slowest: process "
         "40), OVER the 1800 s budget on process 40; waiting for the other ranks up to 20.00 s "
         "(process 0)")
@@ -273,7 +281,7 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
     table = rows[:rows.index("")]
     assert [row.split()[:3] for row in table[1:]] == [
         ["prewarm", "0", "0-63"], ["train", "0", "0-39,"], ["train", "0", "40"]]
-    assert table[2].split()[3] == "41-63" and table[3].endswith("OVER BUDGET")
+    assert table[2].split()[3] == "41-63" and table[3].endswith("OVER BUDGET  warm")
     functions = rows[rows.index("") + 2:]
     assert functions[0].startswith("  prewarm r0 p0-p63  jit_train_step")
     assert "  train   r0 p0      jit_train_step               HIT          0.23 s  " \
@@ -310,8 +318,10 @@ def test_cold_and_warm_attempts_are_shown_side_by_side(tmp_path: Path) -> None:
     when they differ; a torn line skipped."""
     guess = "the first execution of jit_step, the function with the largest inputs so far"
     lines = [FirstStep(0, 100.0, 0.9, "the first execution of jit__lambda", 0, 2),
-             FirstStep(0, 100.0, 7.33, guess, 0, 7),  # the same attempt, later
-             FirstStep(0, 200.0, 1.62, "the first execution of jit_step", 7, 7)]
+             FirstStep(0, 100.0, 7.33, guess, 0, 7,  # the same attempt, later
+                       prewarmed_missed={"jit_step": 5.0}),
+             FirstStep(0, 200.0, 1.62, "the first execution of jit_step", 7, 7,
+                       prewarmed_hit=["jit_step"])]
     path = first_steps_path(tmp_path)
     path.write_text("".join(dumps(line) + "\n" for line in lines) + '{"restart": 0, "sta')
     history = load_first_steps(tmp_path)
@@ -322,6 +332,13 @@ def test_cold_and_warm_attempts_are_shown_side_by_side(tmp_path: Path) -> None:
         f"  cold first step: {guess}",
         "  warm first step: the first execution of jit_step"]
     assert first_step_lines([]) == []
+    # One prewarmed function of two hit, the other compiled: not warm, whatever the lookups.
+    partly = FirstStep(0, 300.0, 79.49, "trainer", 1, 4, prewarmed_hit=["jit_init"],
+                       prewarmed_missed={"jit_train_step": 52.04})
+    assert first_step_lines([*history, partly])[0] == (
+        "time to first step on process 0, this run's attempts: partly warm (1 of 2 prewarmed "
+        "functions hit: jit_train_step compiled 52.0 s) 79.49 s (1 of 4 lookups hit, "
+        "restart 0, newest), warm 1.62 s (7 of 7 lookups hit, restart 0)")
 
 
 def test_input_elements_are_counted_from_jax_s_lowering_line() -> None:

@@ -73,25 +73,29 @@ def step_records(data: dict) -> list[dict]:
     return [fn for fn in data["functions"] if fn["name"] == "jit_step"]
 
 
-def headline(shown: str) -> str:
-    """The report's first line after the launch's prewarm decision."""
+def headline(shown: str) -> list[str]:
+    """The report's first lines after the launch's prewarm decision."""
     lines = shown.splitlines()
-    return lines[1] if lines[0].startswith("prewarm job: ") else lines[0]
+    return lines[1:] if lines[0].startswith("prewarm job: ") else lines
 
 
 def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
     # The report's headline is the prewarmed step's HIT.
     shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
-    assert headline(shown).startswith("jit_step: HIT on process 0"), shown
+    label, step = headline(shown)[:2]
+    assert label == "train restart 0, process 0: warm", shown
+    assert step.startswith("jit_step: HIT on process 0"), shown
     train = report(tmp_path)
     prewarmed = report(tmp_path, "prewarm")
     train_step, eval_step = step_records(train)
     assert train_step["hit"] and train_step["key"] == step_records(prewarmed)[0]["key"]
     # The eval step is another function named `step`: told apart, never "explained".
     assert eval_step["signature"] != train_step["signature"]
+    assert train_step["prewarmed"] and not eval_step["prewarmed"]
     assert "jit_step: MISS" not in stdout and "why:" not in stdout
     # The trainer never calls mark_first_step(): the end of the step's first run counts.
-    assert train["first_step_from"] == "the first execution of jit_step"
+    assert train["first_step_from"] == \
+        f"the first execution of jit_step, a step the prewarm of run {RUN!r} recorded"
     assert train["time_to_first_step_s"] > 0
     # Its own cache dir is caught in one line, and jaxwarm's stayed in force.
     changed = settings_changed(train)
@@ -136,7 +140,7 @@ def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int]
     run = launched(processes)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr[-3000:]
     assert_trained_with_a_hit(run.root, run.result.stdout)
-    assert headline(run.result.stdout).startswith("jit_step: HIT on process 0")
+    assert headline(run.result.stdout)[1].startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in run.result.stderr
 
@@ -201,7 +205,8 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
     assert warm.returncode == 0, warm.stdout + warm.stderr[-3000:]
     second = report(tmp_path)
     assert step_records(second)[0]["hit"]
-    assert second["first_step_from"] == "the first execution of jit_step"
+    assert second["first_step_from"] == \
+        f"the first execution of jit_step, a step the prewarm of run {RUN!r} recorded"
     assert 0 < second["time_to_first_step_s"]
 
     shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout

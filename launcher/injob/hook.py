@@ -23,7 +23,7 @@ from launcher.injob.gpu import mocked_topology
 from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
 from launcher.injob.place import Place
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
-from launcher.injob.recorder import InitRecorder, InitReport
+from launcher.injob.recorder import InitRecorder, InitReport, Prewarmed
 from launcher.injob.stage import node_cache_dir
 from launcher.jaxkey.lookup import watch_lookups
 from launcher.mlperf import MlperfLog, MlperfUnavailable
@@ -33,6 +33,7 @@ from launcher.records import (
     PrewarmDecision,
     Staging,
     dumps,
+    prewarmed_outcomes,
     read_record,
 )
 from launcher.rundir import (
@@ -196,25 +197,32 @@ def watch_prewarmed(config: Config, recorder: InitRecorder,
     """What a training job takes from the prewarm manifest. For a trainer that does not call
     mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
     signature: a run warm from another run's entries, or a cold run of a step prewarmed
-    before, is timed by the same function as this run's own prewarm), and, with none,
-    a guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions, whose miss is
-    checked against the global JAX settings they were lowered under."""
+    before, is timed by the same function as this run's own prewarm), and, with none, a
+    guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions: a lookup of one is
+    marked prewarmed (a step's, with other inputs, still ends the first step), and a miss
+    of one is compared with the inputs and the global JAX settings the prewarm lowered it
+    with (`InitRecorder._compare_with_prewarm`)."""
     recorder.guess_first_step = True
     recorder.step_functions = {
-        (e.function, e.signature) for e in manifest.values()
+        (e.function, e.signature): e.run for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count}
-    recorder.prewarmed_options = {e.function: e.global_options
-                                  for e in latest_for_run(manifest, config.run.name)
+    own = latest_for_run(manifest, config.run.name)
+    recorder.prewarmed_options = {e.function: e.global_options for e in own
                                   if e.global_options}
+    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run)
+                          for e in own}
+    recorder.inputs_of = {e.function for e in own if e.inputs is not None}
 
 
 def record_first_step(config: Config, report: InitReport, started: float) -> None:
     """Process 0's first step, in the run dir's history (`rundir.first_steps_path`)."""
     path = first_steps_path(config.run_dir)
+    hit, missed = prewarmed_outcomes(report.functions)
     append_line(path, dumps(FirstStep(
         restart=report.restart_count, started=started,
         seconds=report.time_to_first_step_s or 0.0, first_step_from=report.first_step_from or "",
-        hits=report.hits, lookups=report.lookups)) + "\n", 0o644,
+        hits=report.hits, lookups=report.lookups, prewarmed_hit=hit,
+        prewarmed_missed=missed)) + "\n", 0o644,
         "the time to first step")
 
 

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from launcher.injob.phases import (
 from launcher.jaxkey.components import explain
 from launcher.jaxkey.globalopts import differences, options_line
 from launcher.jaxkey.globalopts import snapshot as global_options
+from launcher.jaxkey.inputs import module_inputs, watch_inputs
 from launcher.jaxkey.logs import (
     CACHE_KEY_LOGGER,
     COMPILER_LOGGER,
@@ -61,10 +63,12 @@ from launcher.records import (
     SETTING_CHANGED,
     FunctionRecord,
     InitReport,
+    InputSignature,
     ReportWarning,
     dumps,
 )
 from launcher.rundir import TRAIN
+from launcher.store.misses import input_differences
 
 log = logging.getLogger("jaxwarm.recorder")
 
@@ -124,6 +128,18 @@ class Found(enum.IntEnum):
     TRAINER = 3  # mark_first_step()
 
 
+@dataclass(frozen=True)
+class Prewarmed:
+    """What a training job knows of one function its run prewarmed (the manifest's newest
+    entry of the name): the abstract signature and inputs it was lowered with (None: not
+    recorded), whether it is a step, and the run whose prewarm compiled it."""
+
+    signature: str | None
+    inputs: InputSignature | None
+    is_step: bool
+    run: str
+
+
 class _CaptureFilter(logging.Filter):
     """Hands every record of a JAX logger to the recorder, then lets through only those the
     logger would have passed at its previous level."""
@@ -170,13 +186,24 @@ class InitRecorder:
         # The global JAX settings each prewarmed function (by name) was lowered under: a miss
         # of one of them under other settings is said as the settings that differ.
         self.prewarmed_options: dict[str, dict[str, str]] = {}
+        # This run's prewarmed functions, by name: a lookup of one is marked prewarmed, and
+        # a miss of one says how its inputs differ (`_compare_with_prewarm`).
+        self.prewarmed: dict[str, Prewarmed] = {}
+        self._matched: set[str] = set()  # names looked up with the prewarmed signature
+        # The functions whose inputs are read at their compile (None: all, as the prewarm
+        # and verify jobs do; a training job: its run's prewarmed functions).
+        self.inputs_of: set[str] | None = None
+        self._avals: dict[str, str] = {}
+        self._inputs: dict[str, InputSignature] = {}
         # Called once the process knows its index (e.g. the cache dir's safety checks).
         self.on_bind: list[Callable[[InitRecorder], None]] = []
         # When the trainer never calls mark_first_step(): (name, abstract signature) of the
-        # functions a prewarm recorded as steps (None: any signature), whose first execution
-        # ends the first step; and whether, until one of them has, the function with the
-        # largest inputs is taken for the step (a training job).
-        self.step_functions: set[tuple[str, str | None]] = set()
+        # functions a prewarm recorded as steps, with the run whose prewarm recorded it,
+        # whose first execution ends the first step (as does that of a lookup marked as
+        # one of this run's prewarmed steps, whatever its inputs); and whether, until one of
+        # them has, the function with the largest inputs is taken for the step (a training
+        # job).
+        self.step_functions: dict[tuple[str, str | None], str] = {}
         self.guess_first_step = False
         self._input_elements: dict[str, int] = {}
         self._found = Found.NONE
@@ -205,6 +232,7 @@ class InitRecorder:
         monitoring.register_event_time_span_listener(self.on_span)
         wrap_distributed_initialize()
         watch_pgle_keys()
+        watch_inputs(self.on_compile)
         for name in (COMPILER_LOGGER, CACHE_KEY_LOGGER, LOWERING_LOGGER):
             logger = logging.getLogger(name)
             logger.addFilter(_CaptureFilter(self, logger.getEffectiveLevel()))
@@ -241,6 +269,11 @@ class InitRecorder:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
         with self._lock:
             return self._signatures.get(module_name)
+
+    def inputs(self, module_name: str) -> InputSignature | None:
+        """The inputs `module_name` was last compiled (or looked up) with, when read."""
+        with self._lock:
+            return self._inputs.get(module_name)
 
     # -- callbacks from JAX -----------------------------------------------------------------
 
@@ -296,6 +329,17 @@ class InitRecorder:
             return
         self.clock.add(Span(phase, start, end, name))
 
+    def on_compile(self, name: str, module: Any) -> None:
+        """A compile or lookup is about to start: read the inputs of a function they are
+        wanted of (`inputs_of`), with the weak types of its lowering line."""
+        if self.inputs_of is not None and name not in self.inputs_of:
+            return
+        with self._lock:
+            avals = self._avals.get(name)
+        found = module_inputs(module, avals)
+        with self._lock:
+            self._inputs[name] = found
+
     def on_log(self, message: str) -> None:
         with self._lock:
             if match := COMPONENT.match(message):
@@ -313,6 +357,7 @@ class InitRecorder:
             elif match := LOWERING.match(message):
                 name = module_name(match["name"])
                 self._signatures[name] = signature_of(match["avals"])
+                self._avals[name] = match["avals"]
                 self._input_elements[name] = input_elements(match["avals"])
 
     def _opened_cache(self) -> None:
@@ -342,10 +387,39 @@ class InitRecorder:
         record.seconds = duration
         if not record.hit:
             self.report.backend_compile_s += duration
+        self._compare_with_prewarm(record)
         self._check_recompile(record)
         self._check_global_options(record)
         self.report.functions.append(record)
         return record
+
+    def _compare_with_prewarm(self, record: FunctionRecord) -> None:
+        """Mark a lookup of a function this run prewarmed, and say how the inputs of one
+        that missed differ from the prewarm's (none: the program does).
+
+        Which lookup of the name is the prewarmed function: the one with the prewarmed
+        signature; until one has come, the first with other inputs (the step called with
+        other shapes, the drift this is for). Other signatures besides are other
+        functions of the same name (an eval step named like the train step), and a
+        lookup with the prewarmed signature after a first guess takes its place."""
+        prewarmed = self.prewarmed.get(record.name)
+        if record.key is None or prewarmed is None:
+            return
+        name = record.name
+        if prewarmed.signature in (None, record.signature):
+            if name not in self._matched:
+                self._matched.add(name)
+                for earlier in self.report.functions:
+                    if earlier.name == name and earlier.prewarmed:
+                        earlier.prewarmed, earlier.input_changes = False, None
+            record.prewarmed = True
+        elif name in self._matched or any(earlier.name == name and earlier.prewarmed
+                                          for earlier in self.report.functions):
+            return
+        record.prewarmed = True
+        now = self._inputs.get(name)
+        if not record.hit and prewarmed.inputs is not None and now is not None:
+            record.input_changes = input_differences(prewarmed.inputs, now)
 
     def _check_global_options(self, record: FunctionRecord) -> None:
         """Say once which global JAX settings differ when a prewarmed function misses."""
@@ -390,17 +464,24 @@ class InitRecorder:
         with self._lock:
             if self._found >= Found.PREWARMED_STEP or self._watching_step:
                 return None
-            if any(name == known and signature in (None, record.signature)
-                   for known, signature in self.step_functions):
+            run = next((run for (known, signature), run in self.step_functions.items()
+                        if name == known and signature == record.signature), None)
+            own = self.prewarmed.get(name)
+            if run is None and record.prewarmed and own is not None and own.is_step:
+                run = own.run
+            if run is not None:
                 self._watching_step = True
-                return Found.PREWARMED_STEP, f"the first execution of {name}"
+                return Found.PREWARMED_STEP, (f"the first execution of {name}, a step the "
+                                              f"prewarm of run {run!r} recorded")
             size = self._input_elements.get(name, 0)
             if not self.guess_first_step or size <= self._guess[1]:
                 return None
             self._guess = (self._guess[0] + 1, size)
+            why = "no prewarmed step has run yet" if self.step_functions else \
+                "no prewarm of a step on record"
             return Found.LARGEST_INPUTS, (
                 f"the first execution of {name}, the function with the largest inputs so far "
-                f"(no prewarm of a step on record; mark_first_step() says it exactly)")
+                f"({why}; mark_first_step() says it exactly)")
 
     def _maybe_watch_first_step(self, record: FunctionRecord) -> None:
         """Wait for the first execution of the function just compiled when it ends the first

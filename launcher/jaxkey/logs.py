@@ -62,6 +62,26 @@ def input_elements(avals: str) -> int:
     return total
 
 
+def weak_types(avals: str) -> list[bool]:
+    """Per argument of the `LOWERING` line's global shapes and types (`(ShapedArray(f32[]),
+    ShapedArray(float32[], weak_type=True))`), whether it is weak-typed: a Python scalar
+    JAX lowers like any other input of its dtype."""
+    text = avals.strip()
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    items, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    items.append(text[start:])
+    return [item.replace(" ", "").find("weak_type=True") >= 0 for item in items if item.strip()]
+
+
 # A level no record has: the records of a silenced thread reach no handler.
 SILENT = logging.CRITICAL + 1
 

@@ -19,7 +19,7 @@ from typing import Any
 from launcher.config import ConfigError, convert
 from launcher.errors import UserError
 from launcher.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
-from launcher.records import load_json
+from launcher.records import InputSignature, load_json
 from launcher.store.entries import is_entry_key
 
 log = logging.getLogger("jaxwarm.store")
@@ -60,6 +60,9 @@ class ManifestEntry:
     # compiled under (every flag is in the key): a run's miss names the flags that differ.
     mock_topology: str | None = None
     xla_flags: str | None = None
+    # Its inputs as the prewarm lowered them (None: not recorded, an older prewarm or an
+    # entry found in the cache): a training job that misses it says which inputs differ.
+    inputs: InputSignature | None = None
 
     def used_by(self, run: str) -> bool:
         return run == self.run or run in self.runs

@@ -1,0 +1,250 @@
+"""A prewarmed function that misses with other inputs says which inputs differ, and an
+attempt is called warm only when every prewarmed function hit.
+
+Pure: the comparison of two recorded input signatures, the miss's explanation built on it,
+the labels, the records read back. With JAX (a subprocess): the inputs read from the module
+JAX looks up, for real programs whose width, dtype, weak type or donation differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.jaxkey.inputs import short_type
+from launcher.jaxkey.logs import weak_types
+from launcher.records import (
+    FirstStep,
+    FunctionRecord,
+    InitReport,
+    InputLeaf,
+    InputSignature,
+    dumps,
+    from_json,
+    warmth,
+)
+from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
+from launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
+from tests.jaxproc import RESULT_PREFIX, run_jax
+
+MESH = {"mesh": '["data"=2, "fsdp"=4]'}
+
+
+def leaf(path: str, type_: str = "f32[256,64]", sharding: str | None = '@mesh, [{}, {"fsdp"}]',
+         donated: bool = True) -> InputLeaf:
+    return InputLeaf(path, type_, sharding, donated)
+
+
+PREWARMED = InputSignature([leaf("state['params']['embed']"), leaf("state['step']", "i32[]"),
+                            leaf("batch", "i32[16,33]", '@mesh, [{"data"}, {}]', False)], MESH)
+
+
+def changed(*leaves: InputLeaf) -> InputSignature:
+    """The prewarmed signature with the leaves of the same paths replaced."""
+    by_path = {item.path: item for item in leaves}
+    return InputSignature([by_path.get(item.path, item) for item in PREWARMED.leaves], MESH)
+
+
+def test_equal_inputs_have_no_difference() -> None:
+    assert input_differences(PREWARMED, dataclasses.replace(PREWARMED)) == []
+
+
+def test_a_width_batch_dtype_weak_type_sharding_or_donation_change_is_named_per_input() -> None:
+    width = changed(leaf("state['params']['embed']", "f32[256,96]"))
+    assert input_differences(PREWARMED, width) == [
+        "state['params']['embed'] f32[256,96] vs f32[256,64]"]
+    batch = changed(leaf("batch", "i32[8,33]", '@mesh, [{"data"}, {}]', False))
+    assert input_differences(PREWARMED, batch) == ["batch i32[8,33] vs i32[16,33]"]
+    dtype = changed(leaf("state['params']['embed']", "bf16[256,64]"))
+    assert input_differences(PREWARMED, dtype) == [
+        "state['params']['embed'] bf16[256,64] vs f32[256,64]"]
+    weak = changed(leaf("state['step']", "weak i32[]"))
+    assert input_differences(PREWARMED, weak) == ["state['step'] weak i32[] vs i32[]"]
+    donation = InputSignature([dataclasses.replace(item, donated=False)
+                               for item in PREWARMED.leaves], MESH)
+    assert input_differences(PREWARMED, donation) == [
+        "state['params']['embed'] not donated vs donated",
+        "state['step'] not donated vs donated"]
+    sharded = changed(leaf("batch", "i32[16,33]", None, False))
+    assert input_differences(PREWARMED, sharded) == [
+        "batch sharded unspecified vs @mesh, [{\"data\"}, {}]"]
+
+
+def test_inputs_only_one_side_has_and_another_mesh_are_named() -> None:
+    now = InputSignature([*PREWARMED.leaves[1:], leaf("state['params']['head']")],
+                         {"mesh": '["data"=1, "fsdp"=8]'})
+    assert input_differences(PREWARMED, now) == [
+        'mesh @mesh ["data"=1, "fsdp"=8] vs ["data"=2, "fsdp"=4]',
+        "state['params']['head'] f32[256,64] is new (the prewarmed function had no such input)",
+        "state['params']['embed'] f32[256,64] is gone (an input of the prewarmed function)"]
+
+
+def test_inputs_without_unique_paths_are_paired_by_position() -> None:
+    before = InputSignature([leaf(""), leaf("", "f32[]")])
+    after = InputSignature([leaf(""), leaf("", "f32[2]"), leaf("", "u32[]")])
+    assert input_differences(before, after) == [
+        "input 1 f32[2] vs f32[]",
+        "input 2 u32[] is new (the prewarmed function had no such input)"]
+
+
+def entry(**changes: object) -> ManifestEntry:
+    base = ManifestEntry(function="jit_train_step", key="jit_train_step-" + "a" * 64,
+                         run="demo", config="c.yaml", compile_s=52.0, lower_s=1.0, written=True,
+                         jax_version="0.10.2", process_count=1, signature="s1",
+                         components={"computation": "1", "XLA flags": "2"},
+                         inputs=PREWARMED)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_miss_with_other_inputs_is_said_as_the_inputs_not_as_another_function() -> None:
+    manifest = {entry().key: entry()}
+    changes = input_differences(PREWARMED, changed(
+        leaf("state['params']['embed']", "f32[256,96]"),
+        leaf("batch", "i32[16,97]", '@mesh, [{"data"}, {}]', False)))
+    why = explain_miss("jit_train_step", {"computation": "9", "XLA flags": "2"}, manifest,
+                       run="demo", process_count=1, signature="s2", input_changes=changes)
+    assert why == ["its inputs differ from the prewarmed ones: state['params']['embed'] "
+                   "f32[256,96] vs f32[256,64] (+1 more)"]
+    assert not any("another function" in line for line in why)
+
+
+def test_equal_inputs_and_another_program_say_the_code_changed_first() -> None:
+    manifest = {entry().key: entry()}
+    computation = {"computation": "9", "XLA flags": "2"}
+
+    def why(since: list[str] | None) -> list[str]:
+        return explain_miss("jit_train_step", computation, manifest, run="demo",
+                            process_count=1, signature="s1", input_changes=[],
+                            since_prewarm=since)
+
+    assert why(None)[0] == CODE_CHANGED
+    assert why(["source: model/layers.py changed"])[0] == \
+        f"{CODE_CHANGED}; since the prewarm: source: model/layers.py changed"
+    assert "the trainer's step is not the program the step factory builds" in why([])[0]
+    assert why(None)[1].startswith(f"prewarmed as {entry().key} by run 'demo'; computation "
+                                   f"differs")
+    # Another component alone (an XLA flag) is not a code change.
+    flags = explain_miss("jit_train_step", {"computation": "1", "XLA flags": "3"}, manifest,
+                         run="demo", process_count=1, signature="s1", input_changes=[])
+    assert not any(CODE_CHANGED in line for line in flags)
+
+
+def test_the_attempt_label_is_warm_only_when_every_prewarmed_function_hit() -> None:
+    assert warmth(["jit_init", "jit_train_step"], {}, 2, 9) == "warm"
+    assert warmth(["jit_init"], {"jit_train_step": 52.04}, 1, 4) == (
+        "partly warm (1 of 2 prewarmed functions hit: jit_train_step compiled 52.0 s)")
+    assert warmth([], {"jit_init": 1.0, "jit_train_step": 52.0}, 0, 4) == "cold"
+    assert warmth([], {}, 3, 9) == "no prewarm on record (3 of 9 lookups hit)"
+    assert warmth([], {}, 0, 9) == "cold"
+    assert warmth([], {}, 0, 0) == ""
+
+
+def test_a_report_labels_its_attempt_by_each_prewarmed_function_s_first_lookup() -> None:
+    def fn(name: str, hit: bool, seconds: float, prewarmed: bool = True) -> FunctionRecord:
+        return FunctionRecord(name=name, key=f"{name}-k{int(hit)}", hit=hit, seconds=seconds,
+                              prewarmed=prewarmed)
+
+    report = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
+                        cache_dir="/c", init_budget_s=60.0, lookups=5, hits=2, functions=[
+                            fn("jit_init", True, 0.1), fn("jit_helper", True, 0.01, False),
+                            fn("jit_train_step", False, 52.04), fn("jit_init", False, 3.0)])
+    assert report.label == ("partly warm (1 of 2 prewarmed functions hit: jit_train_step "
+                            "compiled 52.0 s)")
+    # The label goes into --json, and is recomputed (not trusted) when read back.
+    data = json.loads(dumps(report))
+    assert data["label"] == report.label
+    assert from_json(InitReport, {**data, "label": "warm"}, "r.json") == report
+    # A prewarm's lookups are not a start.
+    assert dataclasses.replace(report, job="prewarm").label == ""
+
+
+def test_first_step_lines_read_back_with_their_prewarmed_outcomes(tmp_path: Path) -> None:
+    step = FirstStep(0, 1.0, 79.49, "trainer", 1, 4, prewarmed_hit=["jit_init"],
+                     prewarmed_missed={"jit_train_step": 52.0})
+    again = from_json(FirstStep, json.loads(dumps(step)), "first-steps.jsonl:1")
+    assert again == step and again.label.startswith("partly warm (1 of 2")
+
+
+def test_the_manifest_keeps_each_entry_s_inputs(tmp_path: Path) -> None:
+    record_entries(tmp_path, [entry()])
+    assert read_manifest(tmp_path)[entry().key].inputs == PREWARMED
+    older = json.loads((tmp_path / "jaxwarm-manifest.json").read_text())
+    del older["entries"][entry().key]["inputs"]  # an entry recorded before inputs were
+    (tmp_path / "jaxwarm-manifest.json").write_text(json.dumps(older))
+    assert read_manifest(tmp_path)[entry().key].inputs is None
+
+
+def test_types_and_weak_types_read_from_jax_s_text() -> None:
+    assert short_type("tensor<256x64xf32>") == "f32[256,64]"
+    assert short_type("tensor<f32>") == "f32[]"
+    assert short_type("tensor<4xcomplex<f32>>") == "complex<f32>[4]"
+    assert short_type("tensor<?x8xbf16>") == "bf16[?,8]"
+    assert short_type("!stablehlo.token") == "!stablehlo.token"
+    assert weak_types("(ShapedArray(bfloat16[8]), ShapedArray(float32[], weak_type=True), "
+                      "ShapedArray(key<fry>[]))") == [False, True, False]
+    assert weak_types("()") == []
+
+
+PROGRAMS = r'''
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from launcher.jaxkey.inputs import module_inputs
+from launcher.jaxkey.logs import LOWERING, LOWERING_LOGGER
+from launcher.records import dumps
+from launcher.store.misses import input_differences
+import logging
+
+avals = {}
+class Lowering(logging.Handler):
+    def emit(self, record):
+        match = LOWERING.match(record.getMessage())
+        if match:
+            avals["last"] = match["avals"]
+logging.getLogger(LOWERING_LOGGER).setLevel(logging.DEBUG)
+logging.getLogger(LOWERING_LOGGER).addHandler(Lowering())
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
+
+def step(state, batch, lr):
+    return {"w": state["w"] - lr * batch.sum(), "step": state["step"] + 1}, batch.mean()
+
+def inputs(width=64, dtype=jnp.float32, donate=True, lr=0.1):
+    state = {"w": jax.ShapeDtypeStruct((8, width), dtype,
+                                       sharding=NamedSharding(mesh, P(None, "fsdp"))),
+             "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))}
+    batch = jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    lowered = jax.jit(step, donate_argnums=(0,) if donate else ()).lower(state, batch, lr)
+    return module_inputs(lowered.compiler_ir("stablehlo"), avals["last"])
+
+prewarmed = inputs()
+cases = {"same": inputs(), "width": inputs(width=96), "dtype": inputs(dtype=jnp.bfloat16),
+         "donation": inputs(donate=False), "weak": inputs(lr=np.float32(0.1))}
+print("RESULT " + json.dumps({"prewarmed": json.loads(dumps(prewarmed)),
+                              **{name: input_differences(prewarmed, now)
+                                 for name, now in cases.items()}}))
+'''
+
+
+@pytest.mark.e2e
+def test_inputs_read_from_real_programs_name_what_changed() -> None:
+    """What a training job reads of a real lowering: each input's path, type, sharding and
+    donation from the module, weak types from JAX's lowering line; and the differences a
+    width, dtype, donation or weak-type change makes."""
+    out = run_jax(PROGRAMS, devices=4).stdout
+    result = json.loads(next(line for line in out.splitlines()
+                             if line.startswith(RESULT_PREFIX))[len(RESULT_PREFIX):])
+    leaves = result["prewarmed"]["leaves"]
+    assert [(item["path"], item["type"], item["donated"]) for item in leaves] == [
+        ("state['step']", "i32[]", True), ("state['w']", "f32[8,64]", True),
+        ("batch", "f32[4,3]", False), ("lr", "weak f32[]", False)]
+    assert "fsdp" in leaves[1]["sharding"] and '"fsdp"=2' in result["prewarmed"]["meshes"]["mesh"]
+    assert result["same"] == []
+    assert result["width"] == ["state['w'] f32[8,96] vs f32[8,64]"]
+    assert result["dtype"] == ["state['w'] bf16[8,64] vs f32[8,64]"]
+    assert result["donation"] == ["state['step'] not donated vs donated",
+                                  "state['w'] not donated vs donated"]
+    assert result["weak"] == ["lr f32[] vs weak f32[]"]

@@ -1,0 +1,120 @@
+"""A training job whose step differs from the one prewarmed, as real launches: the headline
+names the prewarmed function that missed, marked prewarmed, with the inputs that differ
+(or, with equal inputs, that the step's code changed), and the attempt is called warm only
+when every prewarmed function hit, in the table, the headline, the first-step history and
+`report --json` alike.
+
+The prewarm is the reference step's on FAST_STEP; each later launch changes one of its
+`step.args` with `--prewarm never` (the trainer then runs a step the prewarm did not
+build, as a trainer whose own settings drifted from its adapter's does), in a run dir of
+its own under the same run name (the prewarm on record is the run's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from launcher.rundir import report_path
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+
+pytestmark = pytest.mark.e2e
+
+ONE_STEP = (*ONE_PROCESS, *FAST_STEP, "train.steps=1")
+
+
+@dataclass(frozen=True)
+class Prewarmed:
+    root: Path
+    cache: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def prewarmed(tmp_path_factory: pytest.TempPathFactory) -> Prewarmed:
+    """The reference step prewarmed and trained once (warm), on a cache of its own."""
+    root = tmp_path_factory.mktemp("prewarmed")
+    cache = root / "cache"
+    result = run_cli("launch", str(DEMO), "--local", *ONE_STEP,
+                     f"run.out_dir={root / 'warm'}", f"cache.dir={cache}")
+    return Prewarmed(root, cache, result)
+
+
+def relaunch(prewarmed: Prewarmed, name: str, *changes: str) -> tuple[str, Path]:
+    """A launch without a prewarm job, with `changes` to the step: its output and run dir."""
+    out_dir = prewarmed.root / name
+    result = run_cli("launch", str(DEMO), "--local", "--prewarm", "never", *ONE_STEP,
+                     *changes, f"run.out_dir={out_dir}", f"cache.dir={prewarmed.cache}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, out_dir / "demo"
+
+
+def headline(stdout: str) -> list[str]:
+    return stdout.split("\njob ")[0].splitlines()
+
+
+def labels(run_dir: Path) -> tuple[str, str]:
+    """Process 0's label as `report --json` and the table's `start` column say it."""
+    data = json.loads(report_path(run_dir, "train", 0, 0).read_text())
+    shown = run_cli("report", str(run_dir))
+    row = next(line for line in shown.stdout.splitlines()
+               if line.split()[:2] == ["train", "0"])
+    return data["label"], row
+
+
+def test_a_warm_attempt_is_warm_everywhere(prewarmed: Prewarmed) -> None:
+    assert prewarmed.result.returncode == 0, prewarmed.result.stderr[-3000:]
+    lines = headline(prewarmed.result.stdout)
+    assert "train restart 0, process 0: warm" in lines
+    label, row = labels(prewarmed.root / "warm" / "demo")
+    assert label == "warm" and row.split()[-2:] == ["ok", "warm"]
+    history = [line for line in lines if line.startswith("time to first step on process 0")]
+    assert history and ": warm " in history[0]
+
+
+def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed) -> None:
+    stdout, run_dir = relaunch(prewarmed, "wide", "step.args.d_model=48")
+    lines = headline(stdout)
+    miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
+    assert lines[miss + 1].startswith("  why: its inputs differ from the prewarmed ones: ")
+    assert "f32[32,48] vs f32[32,32] (+" in lines[miss + 1]
+    assert not any("another function" in line for line in lines)
+    # The init takes the same seed and builds a wider state: equal inputs, another program.
+    init = lines.index(next(line for line in lines if line.startswith("jit_init_state: MISS")))
+    assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones, so the "
+                                      "program differs: the step's code")
+    assert "since the prewarm: step differs" in lines[init + 1]
+    assert "train restart 0, process 0: cold" in lines
+    label, row = labels(run_dir)
+    assert label == "cold" and row.endswith(" cold")
+    table = stdout.splitlines()
+    assert any(line.split()[3:5] == ["jit_train_step", "MISS"] and line.endswith("prewarmed")
+               for line in table)
+
+
+def test_another_batch_is_partly_warm(prewarmed: Prewarmed) -> None:
+    stdout, run_dir = relaunch(prewarmed, "batch", "step.args.global_batch=8")
+    lines = headline(stdout)
+    [partly] = [line for line in lines if line.startswith("train restart 0, process 0: ")]
+    assert partly.startswith("train restart 0, process 0: partly warm (1 of 2 prewarmed "
+                             "functions hit: jit_train_step compiled ")
+    assert any(line.startswith("jit_init_state: HIT") for line in lines)
+    miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
+    assert lines[miss + 1] == ("  why: its inputs differ from the prewarmed ones: batch "
+                               "i32[8,9] vs i32[16,9]")
+    label, row = labels(run_dir)
+    assert label.startswith("partly warm (1 of 2") and row.endswith(label)
+    history = next(line for line in lines if line.startswith("time to first step on process"))
+    assert "attempts: partly warm (1 of 2 prewarmed functions hit" in history
+
+
+def test_another_dtype_names_the_dtype(prewarmed: Prewarmed) -> None:
+    stdout, _ = relaunch(prewarmed, "bf16", "step.args.dtype=bfloat16")
+    lines = headline(stdout)
+    miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
+    assert "bf16[" in lines[miss + 1] and " vs f32[" in lines[miss + 1]
+    assert "train restart 0, process 0: cold" in lines

@@ -68,7 +68,7 @@ class InputLeaf:
 @dataclass(frozen=True)
 class InputSignature:
     """Every input of a compiled program, in order (the arguments JAX kept: unused ones are
-    pruned), and the meshes its shardings name (`@mesh` -> `<["data"=2, "fsdp"=4]>`): what
+    pruned), and the meshes its shardings name (`mesh` -> `["data"=2, "fsdp"=4]`): what
     a prewarm records of each target, so that a run that misses it can say which inputs
     differ (`launcher.store.misses.input_differences`). Static arguments are baked into
     the program, not inputs: a change in one shows as equal inputs and another program."""

@@ -19,6 +19,7 @@ from launcher.jaxkey.logs import weak_types
 from launcher.records import (
     FirstStep,
     FunctionRecord,
+    InitPhase,
     InitReport,
     InputLeaf,
     InputSignature,
@@ -26,6 +27,7 @@ from launcher.records import (
     from_json,
     warmth,
 )
+from launcher.report import Targets, attempt_summaries, fold_phases
 from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 from launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
 from tests.jaxproc import RESULT_PREFIX, run_jax
@@ -159,6 +161,11 @@ def test_a_report_labels_its_attempt_by_each_prewarmed_function_s_first_lookup()
     assert from_json(InitReport, {**data, "label": "warm"}, "r.json") == report
     # A prewarm's lookups are not a start.
     assert dataclasses.replace(report, job="prewarm").label == ""
+    # `jaxwarm status` and the init phases (and --plot's bars) say the same label.
+    assert attempt_summaries([report])[0].startswith(f"attempt r0: {report.label}; 2 hit(s)")
+    timed = dataclasses.replace(report, phases=[InitPhase("compile", 52.04)])
+    assert fold_phases([timed], Targets(frozenset(), frozenset())) == [
+        (f"train r0 p0  {report.label}", {"compile": 52.04})]
 
 
 def test_first_step_lines_read_back_with_their_prewarmed_outcomes(tmp_path: Path) -> None:

@@ -135,3 +135,24 @@ def test_a_trainer_that_ends_first_leaves_the_rest_cold(tmp_path: Path,
     assert "WARM  jit_init  " in verified.stdout
     assert "COLD  jit_train_step  -" in verified.stdout
     assert "why: the trainer never looked it up: it ended first" in verified.stdout
+
+
+def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:
+    """Two processes of one device each (the trainer joins jax.distributed itself): process
+    0's answers are the run's, and both processes end (process 0, which runs the
+    coordination service, last)."""
+    layout = ("topology.processes_per_node=2", "topology.devices_per_process=1",
+              "cache.min_compile_time_secs=1000")
+    prewarmed = run_cli("prewarm", *cli_args(tmp_path), "topology.processes_per_node=2",
+                        "topology.devices_per_process=1")
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    for flags, expected in [(FLAGS, (True, True)), (("--batch", "8"), (True, False))]:
+        args = [*cli_args(tmp_path, *flags), *layout]
+        verified = run_cli("verify", "--trainer", *args)
+        assert verified.returncode == (0 if all(expected) else 1), \
+            verified.stdout + verified.stderr[-3000:]
+        launched = run_cli("launch", "--no-prewarm", *args)
+        assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+        answered = tuple(f"WARM  {name}  " in verified.stdout
+                         for name in ("jit_init", "jit_train_step"))
+        assert answered == hits(tmp_path) == expected, verified.stdout

@@ -17,7 +17,7 @@ import pytest
 
 from launcher.rundir import report_path
 from tests.conftest import run_cli
-from tests.test_cli_trainer import FLAGS, RUN, cli_args
+from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
 
 pytestmark = pytest.mark.e2e
@@ -100,3 +100,59 @@ def test_a_time_limit_ends_it_with_one_line(tmp_path: Path, prewarmed: Path) -> 
     assert "verify --trainer: stopped at the time limit (init_budget_s 1 s): the trainer " \
            "had not looked up jit_init, jit_train_step" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+
+
+RUN_SH = '#!/bin/sh\nexec "{python}" "{script}" "$@"\n'
+
+
+@pytest.mark.parametrize("form", ["module", "function", "shell script"])
+def test_every_launch_form_is_asked(tmp_path: Path, prewarmed: Path, form: str) -> None:
+    """The same trainer and flags as the prewarm, started as `python -m train`, as the
+    function `train:main`, and by a shell script that execs Python (jaxwarm's bootstrap
+    installs the recorder there): each reads the same argv, and both functions are WARM."""
+    entry = {"module": ["entrypoint.command=null", "entrypoint.module=train"],
+             "function": ["entrypoint.command=null", "entrypoint.function=train:main"]}
+    if form == "shell script":
+        script = tmp_path / "run.sh"
+        script.write_text(RUN_SH.format(python=sys.executable,
+                                        script=TRAINER / "train.py"))
+        script.chmod(0o755)
+        entry[form] = [f"entrypoint.command=[{script}]"]
+    verified = run_cli("verify", "--trainer", *cli_args(tmp_path), f"cache.dir={prewarmed}",
+                       *entry[form])
+    assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+    assert "WARM  jit_init  " in verified.stdout and "WARM  jit_train_step  " in \
+        verified.stdout, verified.stdout
+
+
+def test_a_trainer_that_ends_first_leaves_the_rest_cold(tmp_path: Path,
+                                                       prewarmed: Path) -> None:
+    """`--steps 0`: the trainer runs its init and ends without a step; the step it never
+    looked up is COLD, and said why."""
+    verified = run_cli("verify", "--trainer", *cli_args(tmp_path, *FLAGS, "--steps", "0"),
+                       f"cache.dir={prewarmed}")
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert "WARM  jit_init  " in verified.stdout
+    assert "COLD  jit_train_step  -" in verified.stdout
+    assert "why: the trainer never looked it up: it ended first" in verified.stdout
+
+
+def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:
+    """Two processes of one device each (the trainer joins jax.distributed itself): process
+    0's answers are the run's, and both processes end (process 0, which runs the
+    coordination service, last)."""
+    layout = ("topology.processes_per_node=2", "topology.devices_per_process=1",
+              "cache.min_compile_time_secs=1000")
+    prewarmed = run_cli("prewarm", *cli_args(tmp_path), "topology.processes_per_node=2",
+                        "topology.devices_per_process=1")
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    for flags, expected in [(FLAGS, (True, True)), (("--batch", "8"), (True, False))]:
+        args = [*cli_args(tmp_path, *flags), *layout]
+        verified = run_cli("verify", "--trainer", *args)
+        assert verified.returncode == (0 if all(expected) else 1), \
+            verified.stdout + verified.stderr[-3000:]
+        launched = run_cli("launch", "--no-prewarm", *args)
+        assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+        answered = tuple(f"WARM  {name}  " in verified.stdout
+                         for name in ("jit_init", "jit_train_step"))
+        assert answered == hits(tmp_path) == expected, verified.stdout

@@ -1,15 +1,16 @@
 """`jaxwarm verify --trainer`, in the trainer's own process: will the run hit, asked of the
-trainer's code instead of the step factory. The real
-entrypoint runs with its real arguments (the training job's argv, every launch form), and
-`watch_trainer`, installed with the recorder when it imports jax, hears the key of each
-compile its own lowering gives (`launcher.jaxkey.lookup.watch_keys`). The first lookup of
-each function this run's prewarm compiled is judged as verify judges (`launcher.injob.
-warm.judge`); the process ends once the
-last one's key is known, before that function compiles, or at the time limit
-(`init_budget_s`) with one line. Until then it compiles nothing it can avoid and writes
-nothing into the cache dir: a WARM prewarmed function it needs on the way (an init) loads
-(where the cache has no size cap, whose LRU stamps a load); anything else it needs on the
-way, a COLD init included, compiles without the cache, its time part of the cost.
+trainer's code instead of the step factory.
+
+The real entrypoint runs with its real arguments (the training job's argv and environment,
+every launch form), and `watch_trainer`, installed with the recorder when it imports jax,
+hears the key of each compile its own lowering gives (`launcher.jaxkey.lookup.watch_keys`).
+The first lookup of each function this run's prewarm compiled is judged as verify judges
+(`launcher.injob.warm.judge`); the process ends once the last one's key is known, before
+that function compiles, or at the time limit (`init_budget_s`) with one line. Until then it
+compiles nothing it can avoid and writes nothing into the cache dir: a WARM prewarmed
+function it needs on the way (an init) loads (where the cache has no size cap, whose LRU
+stamps a load); anything else it needs on the way, a COLD init included, compiles without
+the cache, its time part of the cost. Process 0 answers for the run, as verify's does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from launcher.injob.hook import config_from_env
 from launcher.injob.recorder import InitRecorder
 from launcher.injob.warm import Decision, Target, judge, say
 from launcher.jaxkey.globalopts import snapshot as global_options
+from launcher.jaxkey.kvstore import KVStore, StoreError
 from launcher.jaxkey.lookup import watch_keys
 from launcher.jaxkey.predict import KeyPrediction
 from launcher.records import Verdict, VerifyResult, dumps
@@ -36,6 +38,9 @@ from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.manifest import latest_for_run, read_manifest
 
 log = logging.getLogger("jaxwarm.verify")
+
+# Where each other process says it heard its last prewarmed key (jax.distributed's store).
+DONE = "jaxwarm/verify-trainer-done"
 
 
 def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = None) -> None:
@@ -93,6 +98,25 @@ class TrainerWatch:
         return [Verdict(function=name, key="-", warm=False, lower_s=0.0, predict_s=0.0,
                         explanation=[why]) for name in sorted(self.pending)]
 
+    def let_the_others_end(self) -> None:
+        """Process 0 runs jax.distributed's coordination service: it ends once every other
+        process has heard its own last key (within the time limit), so that none loses the
+        service while it still looks up."""
+        import jax
+
+        store = KVStore.of_job()
+        if store is None or jax.process_count() == 1:
+            return
+        if jax.process_index() != 0:
+            store.set(f"{DONE}/{jax.process_index()}", "done")
+            return
+        for other in range(1, jax.process_count()):
+            try:
+                store.get(f"{DONE}/{other}",
+                          max(self.config.init_budget_s - self.elapsed(), 1.0))
+            except StoreError:  # one ended at its time limit, or failed: it said so
+                return
+
     def on_time_limit(self) -> None:
         names = ", ".join(sorted(self.pending))
         line = (f"verify --trainer: stopped at the time limit (init_budget_s "
@@ -122,6 +146,8 @@ class TrainerWatch:
         """Write the answer and end the process now: nothing of the trainer runs on (no
         compile, no step, none of its exit handlers that could write a checkpoint)."""
         self.write()
+        if code == 0:
+            self.let_the_others_end()
         if line is not None:
             print(f"jaxwarm: {line}", file=sys.stderr, flush=True)
         logging.shutdown()

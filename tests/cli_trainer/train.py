@@ -2,7 +2,8 @@
 trainer with its own command line, as real ones are written, and the cheapest there is.
 
 A linear layer trained on random rows: `jit_init` makes the state, `jit_train_step` (the state
-donated unless --no-donate) trains it on a batch sharded over every device of its own mesh.
+donated unless --no-donate) trains it on a batch sharded over every device of its own mesh,
+on one process or several (it joins jax.distributed itself).
 It knows nothing of jaxwarm; its settings live in its flags only, so an adapter reads them
 with `parse` from the argv jaxwarm hands it (tests/cli_trainer/adapter.py).
 """
@@ -10,6 +11,7 @@ with `parse` from the argv jaxwarm hands it (tests/cli_trainer/adapter.py).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -79,14 +81,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def main() -> int:
     settings = parse(sys.argv)
+    # Several processes started by a cluster manager (SLURM, or jaxwarm's local runner,
+    # which sets Open MPI's variables): join them, as real trainers do.
+    if int(os.environ.get("SLURM_NTASKS") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1) > 1:
+        jax.distributed.initialize()
     mesh = make_mesh()
     init, train_step = make_functions(settings, mesh)
     state = init(np.uint32(0))
     rng = np.random.default_rng(0)
     for step in range(settings.steps):
-        rows = rng.standard_normal((settings.batch, settings.d_model)).astype(
-            jnp.dtype(settings.dtype))
-        batch = jax.device_put(rows, batch_sharding(mesh))
+        rows = rng.standard_normal((settings.batch // jax.process_count(),
+                                    settings.d_model)).astype(jnp.dtype(settings.dtype))
+        batch = jax.make_array_from_process_local_data(batch_sharding(mesh), rows)
         state, loss = train_step(state, batch)
         print(f"step {step + 1} loss {float(loss):.5f}", flush=True)
     return 0

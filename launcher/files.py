@@ -8,7 +8,8 @@ go within the timeout is named in a one-line `LockTimeout` (`locked`). Whoever c
 there (a member of a cache's trusted group, a job gone wrong) can also plant a link to
 /dev/zero, a FIFO or a huge file under a name jaxwarm reads back: every such state file is
 read through `open_regular` (`read_bounded`, `stream_lines`, `read_tail`), so it is a regular
-file within its kind's cap or a one-line `RefusedFile`, never a hang.
+file within its kind's cap or a one-line `RefusedFile`, never a hang; a log is appended to
+(`append_line`) only as a regular file, never through a link.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ def append_line(path: str | Path, line: str, mode: int, what: str) -> None:
 
 
 class RefusedFile(UserError, OSError):
-    """A state file jaxwarm will not read: not a regular file (a symlink, a FIFO, a
-    directory, a device) or bigger than the cap of its kind. `why` says which, without the
+    """A state file jaxwarm will not read or append to: not a regular file (a symlink, a
+    FIFO, a directory, a device) or bigger than the cap of its kind. `why` says which, without the
     path; the message is `<path>: <why>`."""
 
     def __init__(self, path: str | Path, why: str):

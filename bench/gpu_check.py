@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_check`: every GPU check of issue 21, into one JSON.
+"""`python -m bench.gpu_check`: every GPU check of issues 21 and 32, into one JSON.
 
 On a machine with a GPU (the project's device image: jax 0.11.2 with the CUDA 13 plugin),
 from the repository root:
@@ -25,13 +25,24 @@ The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, e
   ranks, or the key components that differ.
 - agreement: the ranks' protocol per function on a warm start (`bench.agree_cost`, `meet`
   and `agree` modes), on 2 processes sharing the one GPU, compile only (as in mock).
+- load_profile (issue 32): cold_vs_warm's step at 32, 64 and 128 unrolled layers, each
+  compiled on an empty cache and loaded from it: compile and load seconds, entry size.
+  Where a load's seconds go is for a profiler on the GPU; the JSON's `breakdown` is null.
+- warm_requeue: the reference trainer for 50 real steps, checkpointed, then resumed for 50
+  more on the same cache: the step HITs, each step is logged once, first step cold vs
+  resumed.
+- pgle: JAX's automatic PGLE on (`pgle.enabled`, 3 profiled steps): the first run's two
+  compiles of the step (the second with the profile, stored under JAX's PGLE-optimized
+  key), then a relaunch on the same cache, which must load the PGLE-optimized executable.
 
 Without a GPU it refuses in one line (exit 2) and writes nothing. `--dry-run` runs the same
 checks on CPU with the demo's step at its smallest, compiled the cheapest way
 (`bench.common.TINY_STEP`, `LEGACY_CPU_FUSION`: the script's logic depends on neither, and
 the test suite runs it; tests/test_gpu_check.py): the mock check then prewarms on the real
-layout (JAX mocks GPU topologies only), and the JSON says `"dry_run": true`, names no GPU
-and holds no GPU figure (`"gpu": null`).
+layout (JAX mocks GPU topologies only), load_profile's sizes are 1, 2 and 3 layers,
+warm_requeue runs 2 + 2 steps, and pgle's second compile is `bench.profiled_compile` (JAX's
+profiler collects no profile on CPU, so no CPU run compiles twice); the JSON says
+`"dry_run": true`, names no GPU and holds no GPU figure (`"gpu": null`).
 """
 
 from __future__ import annotations
@@ -77,7 +88,11 @@ from launcher.submit.prepare import pin_config
 
 DEMO = REPO / "configs" / "demo.yaml"
 STEP = "jit_train_step"
-CHECKS = ("reference", "cold_vs_warm", "mock", "agreement")
+CHECKS = ("reference", "cold_vs_warm", "mock", "agreement", "load_profile", "warm_requeue",
+          "pgle")
+# The load profile's sizes: BIG's step at these many unrolled layers (a dry run: the tiny
+# step at 1, 2 and 3).
+LAYERS, DRY_LAYERS = (32, 64, 128), (1, 2, 3)
 # A compile of 30 s or more on one GPU: 128 unrolled layers of d_model 1024 (102 s on an
 # H100). The issue's example, d_model 2048 x 16 layers, compiled in 9.2 s scanned and 16.1 s
 # unrolled there, 32 unrolled layers in 20.3 s.
@@ -194,13 +209,7 @@ def cold_vs_warm(ctx: Context) -> dict[str, Any]:
     size = () if ctx.dry_run else (*BIG, *ctx.size)
 
     def trainer(name: str, cache_dir: Path, hit: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        config, pinned = ctx.pin(name, [*ONE, *size, f"cache.dir={cache_dir}"])
-        run(train_job(config, pinned), config)
-        report, step = step_record(config)
-        if step["hit"] != hit:
-            raise BenchError(f"{name}: expected {STEP} to {'hit' if hit else 'miss'}, it did "
-                             f"not (key {step['key']})")
-        return report, step
+        return train_once(ctx, name, [*size, f"cache.dir={cache_dir}"], hit)
 
     cold_report, cold = trainer("cold", cache, hit=False)
     entry_bytes = entry_path(cache, cold["key"]).stat().st_size
@@ -223,6 +232,91 @@ def cold_vs_warm(ctx: Context) -> dict[str, Any]:
             "autotune_cache_files": autotune_files,
             "compile_with_autotune_cache_s": retuned["seconds"],
             "autotune_cache_saves_s": cold["seconds"] - retuned["seconds"]}
+
+
+def train_once(ctx: Context, name: str, overrides: Sequence[str],
+               hit: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The trainer on one GPU as run `name`: its init report and the step's first record,
+    which must hit (or miss) as `hit` says."""
+    config, pinned = ctx.pin(name, [*ONE, *overrides])
+    run(train_job(config, pinned), config)
+    report, _ = step_record(config)
+    step = next(fn for fn in report["functions"] if fn["name"] == STEP)
+    if step["hit"] != hit:
+        raise BenchError(f"{name}: expected {STEP} to {'hit' if hit else 'miss'}, it did "
+                         f"not (key {step['key']})")
+    return report, step
+
+
+def load_profile(ctx: Context) -> dict[str, Any]:
+    """Whether the load grows with the step: cold_vs_warm's step at 32, 64 and 128 layers,
+    compiled on an empty cache and loaded from it. Where a load's seconds go (host or
+    device, XLA's phases) needs a profiler on the GPU (py-spy --native, perf): not here."""
+    sizes = []
+    for layers in DRY_LAYERS if ctx.dry_run else LAYERS:
+        cache = ctx.work / f"load-{layers}-cache"
+        size = [*(() if ctx.dry_run else (*BIG, *ctx.size)), f"step.args.n_layers={layers}",
+                f"cache.dir={cache}"]
+        _, cold = train_once(ctx, f"load-{layers}-cold", size, hit=False)
+        warm_report, warm = train_once(ctx, f"load-{layers}-warm", size, hit=True)
+        sizes.append({"layers": layers, "compile_s": cold["seconds"],
+                      "retrieval_s": warm["seconds"],
+                      "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
+                      "entry_bytes": entry_path(cache, cold["key"]).stat().st_size,
+                      "warm_first_step_s": warm_report["time_to_first_step_s"]})
+    return {"sizes": sizes, "breakdown": None}
+
+
+def warm_requeue(ctx: Context) -> dict[str, Any]:
+    """The reference trainer for real steps, checkpointed, then resumed from that
+    checkpoint for as many again, as a requeue resumes: the step HITs, first step cold vs
+    resumed. (The requeue's signal and SLURM's part are tested by tests/test_resume.py and
+    on the SLURM dev cluster.)"""
+    steps = 2 if ctx.dry_run else 50
+    layout = [f"cache.dir={ctx.work / 'requeue-cache'}", "run.name=requeue"]
+    cold_report, _ = train_once(ctx, "requeue", [*layout, f"train.steps={steps}",
+                                                 f"train.checkpoint_every={steps}"], hit=False)
+    resumed_report, resumed = train_once(ctx, "requeue", [*layout, f"train.steps={2 * steps}",
+                                                          f"train.checkpoint_every={steps}"],
+                                         hit=True)
+    metrics = ctx.work / "runs" / "requeue" / "metrics.jsonl"
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    # Resumed, not started again: each step logged once, the second run's from steps + 1.
+    every_step = logged == list(range(1, 2 * steps + 1))
+    return {"steps_before": steps, "steps_after": steps, "resumed_hit": resumed["hit"],
+            "every_step_logged": every_step, "passed": resumed["hit"] and every_step,
+            "cold_first_step_s": cold_report["time_to_first_step_s"],
+            "resumed_first_step_s": resumed_report["time_to_first_step_s"]}
+
+
+def pgle(ctx: Context) -> dict[str, Any]:
+    """JAX's automatic PGLE (`pgle.enabled`): a run compiles the step, profiles it, compiles
+    it again with the profile and stores that; a relaunch on the same cache must load the
+    profile-guided executable (launcher/jaxkey/pgle.py). A dry run's CPU profiler gives JAX
+    no profile, so `bench.profiled_compile` compiles the second one with a profile by hand."""
+    cache = ctx.work / "pgle-cache"
+    layout = [f"cache.dir={cache}", "pgle.enabled=true", "pgle.profiling_runs=3",
+              "train.steps=6"]
+    first_report, _ = train_once(ctx, "pgle-first", layout, hit=False)
+    compiles = [{"key": fn["key"], "hit": fn["hit"], "seconds": fn["seconds"],
+                 "pgle_optimized": fn["pgle_optimized"]}
+                for fn in first_report["functions"] if fn["name"] == STEP]
+    if ctx.dry_run:
+        config, pinned = ctx.pin("pgle-first", [*ONE, *layout])
+        done = subprocess.run([sys.executable, "-m", "bench.profiled_compile"], cwd=REPO,
+                              env={**os.environ, **job_environment(config, pinned)},
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise BenchError(f"bench.profiled_compile: {done.stderr.strip()[-2000:]}")
+    _, restart = train_once(ctx, "pgle-relaunch", layout, hit=True)
+    second = [item for item in compiles if item["pgle_optimized"]]
+    return {"profile": "by hand (bench.profiled_compile: the CPU's profiler gives none)"
+                       if ctx.dry_run else "JAX's profiler",
+            "first_run": compiles,
+            "second_compile_s": second[0]["seconds"] if second else None,
+            "restart_key": restart["key"], "restart_hit": restart["hit"],
+            "restart_loaded_pgle_optimized": restart["pgle_optimized"],
+            "passed": restart["pgle_optimized"] and (ctx.dry_run or bool(second))}
 
 
 def mock(ctx: Context) -> dict[str, Any]:
@@ -277,7 +371,8 @@ def agreement(ctx: Context) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
-    "reference": reference, "cold_vs_warm": cold_vs_warm, "mock": mock, "agreement": agreement}
+    "reference": reference, "cold_vs_warm": cold_vs_warm, "mock": mock, "agreement": agreement,
+    "load_profile": load_profile, "warm_requeue": warm_requeue, "pgle": pgle}
 
 
 def probe_device(dry_run: bool) -> dict[str, Any]:
@@ -344,6 +439,22 @@ def summary(name: str, section: dict[str, Any]) -> str:
                 f"first step {section['cold_first_step_s']:.2f} s cold / "
                 f"{section['warm_first_step_s']:.2f} s warm, with the autotune sub-cache only "
                 f"{section['compile_with_autotune_cache_s']:.2f} s")
+    if name == "load_profile":
+        return "load_profile: " + "; ".join(
+            f"{size['layers']} layers: compile {size['compile_s']:.2f} s, load "
+            f"{size['retrieval_s']:.2f} s, entry {size['entry_bytes']} bytes"
+            for size in section["sizes"])
+    if name == "warm_requeue":
+        return (f"warm_requeue: resumed {'HIT' if section['resumed_hit'] else 'MISS'}, first "
+                f"step {section['cold_first_step_s']:.2f} s cold / "
+                f"{section['resumed_first_step_s']:.2f} s resumed")
+    if name == "pgle":
+        second = section["second_compile_s"]
+        return (f"pgle: second compile {'none' if second is None else f'{second:.2f} s'}; "
+                f"relaunch "
+                f"{'HIT' if section['restart_hit'] else 'MISS'} of the "
+                f"{'PGLE-optimized' if section['restart_loaded_pgle_optimized'] else 'first'}"
+                f" executable (profile: {section['profile']})")
     if name == "agreement":
         return (f"agreement: {section['agree_per_function_ms']:.2f} ms per function "
                 f"({section['functions']} functions, {section['platform']}); under 50 ms: "

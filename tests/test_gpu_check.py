@@ -40,17 +40,27 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path)
     assert done.stderr.count("\n") == 1 and not out.exists()
 
 
+# Issue 21's checks; issue 32's have a test of their own (the two share the machine's cores
+# better apart under xdist).
+FIRST = ("reference", "cold_vs_warm", "mock", "agreement")
+ROUND_2 = ("load_profile", "warm_requeue", "pgle")
+
+
+def test_every_check_is_tested() -> None:
+    assert (*FIRST, *ROUND_2) == CHECKS
+
+
 @pytest.mark.e2e
 def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(tmp_path: Path) -> None:
     out = tmp_path / "dry.json"
-    done = gpu_check("--dry-run", "--json", str(out))
+    done = gpu_check("--dry-run", "--only", ",".join(FIRST), "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     data = strict_json(out)
     assert data["dry_run"] is True and data["gpu"] is None
     assert data["measured_on"].startswith("cpu, dry run") and "no GPU figure" in data["measured_on"]
     assert data["remaining_on_gpu"] == list(CHECKS)
     checks = data["checks"]
-    assert list(checks) == list(CHECKS)
+    assert list(checks) == list(FIRST)
     reference = checks["reference"]
     assert reference["status"] == "ran" and reference["passed"] is True
     assert reference["predicted_key"] == reference["written_key"] == reference["train_key"]
@@ -75,9 +85,39 @@ def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(tmp_path: Path)
     assert agreement["status"] == "ran" and agreement["functions"] == 2
     assert set(agreement["median_s"]) == {"meet", "agree"}
     assert agreement["agree_per_function_ms"] > 0
-    for name in CHECKS:
+    for name in FIRST:
         assert done.stdout.count(f"{name}: ") >= 1, done.stdout
     assert f"wrote {out}" in done.stdout
+
+
+@pytest.mark.e2e
+def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(tmp_path: Path) -> None:
+    out = tmp_path / "dry.json"
+    done = gpu_check("--dry-run", "--only", ",".join(ROUND_2), "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    data = strict_json(out)
+    assert data["gpu"] is None and data["remaining_on_gpu"] == list(CHECKS)
+    checks = data["checks"]
+    assert list(checks) == list(ROUND_2)
+    assert all(checks[name]["status"] == "ran" for name in ROUND_2), checks
+    sizes = checks["load_profile"]["sizes"]
+    assert [size["layers"] for size in sizes] == [1, 2, 3]
+    for size in sizes:
+        assert size["compile_s"] > 0 and size["retrieval_s"] > 0 and size["entry_bytes"] > 0
+    assert checks["load_profile"]["breakdown"] is None  # a profiler on the GPU gives it
+    requeue = checks["warm_requeue"]
+    assert requeue["passed"] and requeue["resumed_hit"] and requeue["every_step_logged"]
+    assert requeue["cold_first_step_s"] > 0 and requeue["resumed_first_step_s"] > 0
+    pgle = checks["pgle"]
+    # The CPU's first run: the first compile, then its second lookup after the profiled
+    # steps (no profile, no second compile); the relaunch loads the one compiled by hand.
+    assert [(c["hit"], c["pgle_optimized"]) for c in pgle["first_run"]] == [
+        (False, False), (True, False)]
+    assert pgle["second_compile_s"] is None and pgle["profile"].startswith("by hand")
+    assert pgle["restart_hit"] and pgle["restart_loaded_pgle_optimized"] and pgle["passed"]
+    assert pgle["restart_key"] != pgle["first_run"][0]["key"]
+    assert "pgle: second compile none; relaunch HIT of the PGLE-optimized executable" \
+        in done.stdout
 
 
 def test_a_dry_run_never_lands_among_the_results(monkeypatch: pytest.MonkeyPatch) -> None:

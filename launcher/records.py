@@ -26,11 +26,13 @@ from typing import Any, ClassVar, TypeVar
 
 from launcher.config import ConfigError, convert
 from launcher.files import RefusedFile, read_bounded, stream_lines
-from launcher.rundir import TRAIN
 
 log = logging.getLogger("jaxwarm.records")
 
 R = TypeVar("R")
+
+# The run's three jobs, by the names their records, reports and dirs use.
+PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
 
 # The kinds of warning an init report carries.
 SETTING_CHANGED = "setting_changed"  # the trainer changed a cache setting jaxwarm made

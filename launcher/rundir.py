@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.files import read_tail
-from launcher.records import load_json
+from launcher.records import PREWARM, TRAIN, VERIFY, load_json
 
-PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
 JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"
 

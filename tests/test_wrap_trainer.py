@@ -147,6 +147,12 @@ def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int]
     warm = run_cli("verify", *args_for(run.root, installed, *layout(processes)), "--local")
     assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
     assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in warm.stdout
+    # Asked of jsp-train itself (its console script, its own cache settings put back by
+    # the guard): the first jit_step it looks up is the train step, WARM.
+    asked = run_cli("verify", "--trainer",
+                    *args_for(run.root, installed, *layout(processes)), "--local")
+    assert asked.returncode == 0, asked.stdout + asked.stderr[-2000:]
+    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in asked.stdout
 
     table = run_cli("report", str(run.root / "runs" / RUN), "--all")
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout

@@ -71,9 +71,11 @@ class TrainerWatch:
             if found.module_name not in self.pending:
                 return False  # not prewarmed, or heard already: compiled without the cache
             self.pending.discard(found.module_name)
+        # The dir JAX looks it up in: jaxwarm's, or (cache.enforce off) one the trainer set.
+        looked_in = jax.config.jax_compilation_cache_dir or self.config.cache.dir
         decision = judge(
             Target(found.module_name, None, 0.0, found, global_options=global_options()),
-            self.config.cache.dir, run=self.config.run.name,
+            str(looked_in), run=self.config.run.name,
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
             process_count=jax.process_count(), job=VERIFY)

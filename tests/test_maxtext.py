@@ -2,12 +2,12 @@
 in the training job on 1 process (hardware=cpu) and on 2 (hardware=gpu_multiprocess).
 
 It runs in MaxText's own venv (`make maxtext` builds `.venvs/maxtext`, `tests/legs.py`, and
-runs this file), as a user runs it: `jaxwarm prewarm`, `jaxwarm verify` (WARM), then
-`jaxwarm launch --no-prewarm`, from a working directory of its own so that the example
-config's relative paths land there. MaxText's own `jax_cache_dir` is set (as its KEY=VALUE
-override, through the M_JAX_CACHE_DIR variable MaxText reads) to a dir that must stay empty:
-the guard keeps jaxwarm's dir in force. Skipped, with the reason, where no Python 3.12/3.13
-is installed or the venv is not built (`make test` does not build it).
+runs this file), as a user runs it: `jaxwarm prewarm`, `jaxwarm verify` and `jaxwarm verify
+--trainer` (WARM), then `jaxwarm launch --no-prewarm`, from a working directory of its own so
+that the example config's relative paths land there. MaxText's own `jax_cache_dir` is set (as
+its KEY=VALUE override, through the M_JAX_CACHE_DIR variable MaxText reads) to a dir that must
+stay empty: the guard keeps jaxwarm's dir in force. Skipped, with the reason, where no Python
+3.12/3.13 is installed or the venv is not built (`make test` does not build it).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def run(leg: Leg, tmp: Path, *overrides: str, verify: bool) -> dict[str, Any]:
     done: dict[str, Any] = {"prewarm": ok(jaxwarm(leg, tmp, "prewarm", *args))}
     if verify:
         done["verify"] = ok(jaxwarm(leg, tmp, "verify", *args))
+        done["verify --trainer"] = ok(jaxwarm(leg, tmp, "verify", "--trainer", *args))
     launch = jaxwarm(leg, tmp, "launch", "--no-prewarm", *args)
     done["launch"] = ok(launch)
     done["log"] = launch.stderr
@@ -97,6 +98,10 @@ def assert_hit_in_jaxwarm_s_cache(done: dict[str, Any], tmp: Path) -> None:
 def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
     done = run(leg, tmp_path, verify=True)
     assert done["verify"].startswith("WARM  jit_train_step"), done["verify"]
+    # Asked of MaxText itself (python -m, its own set-up): the same key, WARM.
+    key = done["verify"].split()[2]
+    assert f"WARM  jit_train_step  {key}  (the trainer looked it up at" in \
+        done["verify --trainer"], done["verify --trainer"]
     assert_hit_in_jaxwarm_s_cache(done, tmp_path)
     assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
         (tmp_path / "runs" / "maxtext" / "logs" / "prewarm-p0.log").read_text()

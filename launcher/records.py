@@ -558,7 +558,7 @@ def from_json(cls: type[R], data: Any, source: str) -> R:
     return convert(cls, data, "", source)
 
 
-_skipped: set[str] = set()
+_warned: set[str] = set()
 
 
 def read_lines(path: Path, parse: Callable[[str, str], R], cap: int, what: str,
@@ -577,24 +577,24 @@ def read_lines(path: Path, parse: Callable[[str, str], R], cap: int, what: str,
             try:
                 records.append(parse(line, f"{path}:{number}"))
             except ConfigError as exc:
-                warn_once(str(exc))
+                warn_once(f"skipping {exc}")
     except FileNotFoundError:
         return []
     except RefusedFile as exc:
-        warn_once(str(exc))  # the same line as a refused append's (`usage.append_usage`)
+        warn_once(f"skipping {exc}")  # the line of a refused append (`usage.append_usage`)
         return []
     except OSError as exc:
-        warn_once(f"{path}: cannot read it ({exc.strerror})")
+        warn_once(f"skipping {path}: cannot read it ({exc.strerror})")
         return []
     return records
 
 
-def warn_once(problem: str) -> None:
-    """Log `skipping <problem>` once per command (one command reads or appends to a log more
-    than once)."""
-    if problem not in _skipped:
-        _skipped.add(problem)
-        log.warning("skipping %s", problem)
+def warn_once(line: str) -> None:
+    """Log `line` once per process: one command (or job) reads a log, or a broken manifest,
+    more than once, and says what is wrong with it once."""
+    if line not in _warned:
+        _warned.add(line)
+        log.warning("%s", line)
 
 
 def parse_first_step(line: str, source: str) -> FirstStep:

@@ -37,7 +37,7 @@ from launcher.store.entries import ATIME_CAP
 from launcher.store.manifest import MANIFEST_CAP
 from launcher.store.prewarms import PREWARMS_CAP, read_prewarms
 from launcher.store.usage import USAGE_CAP
-from tests.conftest import DEMO, REPO
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -259,3 +259,35 @@ def test_a_hostile_holder_note_names_nobody(tree: Path, attack: str) -> None:
     lock = tree / "cache" / "jaxwarm-manifest.json.lock"
     plant(lock.with_name(lock.name + ".holder"), attack, HOLDER_CAP, DEEP)
     assert "did not record itself" in guarded(lambda: describe_holder(lock))
+
+
+def test_a_launch_goes_on_past_hostile_state_files_in_its_cache(tmp_path: Path) -> None:
+    """A real launch (`--prewarm auto`, prewarm and training) on a cache where the prewarm
+    records are a FIFO, the manifest a link to /dev/zero and the usage log a link to a file
+    of yours: it prewarms (no record can say it need not), trains, hits, and never writes
+    through the links."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    yours = tmp_path / "yours.txt"
+    yours.write_text("precious\n")
+    os.mkfifo(cache / "jaxwarm-prewarms.json")
+    (cache / "jaxwarm-manifest.json").symlink_to("/dev/zero")
+    (cache / "jaxwarm-usage.jsonl").symlink_to(yours)
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local",
+         f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", "train.steps=1",
+         *ONE_PROCESS, *FAST_STEP], cwd=REPO, capture_output=True, text=True,
+        timeout=600, preexec_fn=_limits)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "Traceback" not in out and "jaxwarm bug" not in out, out[-3000:]
+    for line in (f"{cache / 'jaxwarm-prewarms.json'}: not a regular file (a FIFO); every "
+                 f"launch runs its prewarm",
+                 f"skipping {cache / 'jaxwarm-usage.jsonl'}: not a regular file (a symlink)",
+                 f"{cache / 'jaxwarm-manifest.json'}: not a regular file (a symlink); reading "
+                 f"it as empty"):
+        # Once from the launcher (each job's processes say it once more in their logs).
+        assert result.stderr.count(f"jaxwarm: {line}\n") == 1, (line, result.stderr[-3000:])
+    assert "prewarm job runs (auto): no completed prewarm" in result.stderr
+    assert "jit_train_step: HIT on process 0" in result.stdout, result.stdout[-3000:]
+    assert yours.read_text() == "precious\n"

@@ -19,7 +19,7 @@ from typing import Any
 from launcher.config import ConfigError, convert
 from launcher.errors import UserError
 from launcher.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
-from launcher.records import InputSignature, load_json
+from launcher.records import InputSignature, load_json, warn_once
 from launcher.store.entries import is_entry_key
 
 log = logging.getLogger("jaxwarm.store")
@@ -120,7 +120,7 @@ def read_manifest(cache_dir: str | Path, strict: bool = True,
     except ManifestError as exc:
         if strict:
             raise
-        log.warning("%s; reading it as empty", exc)
+        warn_once(f"{exc}; reading it as empty")
         return {}
 
 

@@ -66,7 +66,7 @@ def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
             append_line(path, line, modes_in(path.parent)[0],
                         "a record to the cache's usage log")
         except RefusedFile as exc:  # planted there: the record is lost, the command goes on
-            warn_once(str(exc))
+            warn_once(f"skipping {exc}")
 
 
 def job_usage(config: Config, report: InitReport) -> JobUsage:

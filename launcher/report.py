@@ -469,7 +469,9 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 lines.append(pgle_line(fn, latest))
                 continue
             if fn.hit:
-                lines.append(_hit_line(fn, attempt, manifest.get(fn.key), latest))
+                line = _hit_line(fn, attempt, manifest.get(fn.key), latest)
+                if line not in lines:  # looked up again (PGLE on CPU, after its profiled runs)
+                    lines.append(line)
                 continue
             lines.append(f"{fn.name}: MISS on process 0 (restart {latest}), "
                          f"compiled in {fn.seconds:.2f} s")

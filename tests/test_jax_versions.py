@@ -1,7 +1,8 @@
 """Every tested jax beyond the main venv's: the key matrix, the demo, a bundle round trip.
 
 Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
-Python and jax: the probe's guards and its leaving no trace (as in tests/test_jaxkey.py),
+Python and jax: the probe's guards and its leaving no trace, and its two keys with PGLE on
+(as in tests/test_jaxkey.py),
 the key-variation matrix (cases sharing process settings share a process:
 8 processes for the 19 cases), then the demo as a user runs it, on two processes at the
 ends of the range and one between (verify on an empty cache is COLD, launch is a HIT on
@@ -30,7 +31,13 @@ from launcher.rundir import report_path
 from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir
 from tests.legs import LEGS, REPO, Leg, leg_python, ready
-from tests.test_jaxkey import GUARDS, assert_probe_guards, run_jax
+from tests.test_jaxkey import (
+    GUARDS,
+    PGLE_KEYS,
+    assert_pgle_keys,
+    assert_probe_guards,
+    run_jax,
+)
 from tests.test_jaxkey_matrix import check_case, run_matrix
 
 pytestmark = pytest.mark.e2e
@@ -102,6 +109,10 @@ def test_key_matrix(leg: Leg, tmp_path: Path) -> None:
 def test_probe_guards_and_leaves_no_trace(leg: Leg, tmp_path: Path) -> None:
     assert_probe_guards(run_jax(GUARDS, devices=1, cache_dir=tmp_path, python=str(leg.python),
                                 env={"JAXWARM_ALLOW_UNTESTED_JAX": ""}))
+
+
+def test_with_pgle_the_prediction_is_the_first_compile_s_key(leg: Leg, tmp_path: Path) -> None:
+    assert_pgle_keys(run_jax(PGLE_KEYS, devices=1, cache_dir=tmp_path, python=str(leg.python)))
 
 
 @pytest.fixture(scope="module")

@@ -423,6 +423,38 @@ def _prediction(key: str, **changed: str) -> KeyPrediction:
     return KeyPrediction(key=key, module_name="jit_f", components=components)
 
 
+# -- PGLE: two keys per compile -----------------------------------------------------------
+
+PGLE_KEYS = r'''
+from launcher.jaxkey.pgle import pgle_components, watch_pgle_keys
+
+jax.config.update("jax_enable_pgle", True)
+watch_pgle_keys()
+lowered = jax.jit(mlp).lower(*mlp_sds(layers=2, width=32, batch=8))
+prediction = predict_key(lowered).to_json()
+first = jax_lookup(lowered.compile)
+# A compile given a profile, as PGLE's second one is: stored under the PGLE-optimized key.
+profiled = jax_lookup(lambda: lowered.compile({"fdo_profile": b"a profile"}))
+emit({"pred": prediction, "first": first, "profiled": profiled,
+      "watched": pgle_components(prediction["pgle_key"])})
+'''
+
+
+def assert_pgle_keys(result: dict[str, Any]) -> None:
+    """With PGLE on, the prediction is the first compile's key (components included), its
+    `pgle_key` the key a compile with a profile is stored under, which the watcher knows."""
+    pred, first, profiled = result["pred"], result["first"], result["profiled"]
+    assert first["kind"] == "miss" and pred["key"] == first["key"]
+    assert pred["components"] == first["components"]
+    assert profiled["kind"] == "miss" and profiled["key"] == pred["pgle_key"] != pred["key"]
+    assert result["watched"] and "compile_options" in result["watched"]
+
+
+@pytest.mark.e2e
+def test_with_pgle_the_prediction_is_the_first_compile_s_key(tmp_path: Path) -> None:
+    assert_pgle_keys(run_jax(PGLE_KEYS, devices=1, cache_dir=tmp_path))
+
+
 def test_components_in_jax_order() -> None:
     assert COMPONENTS == ("computation", "jax_lib version", "backend version", "XLA flags",
                           "compile_options", "accelerator_config", "compression",

@@ -53,6 +53,7 @@ def test_a_relaunch_loads_the_pgle_optimized_step(tmp_path: Path) -> None:
     assert steps[0]["hit"] and steps[0]["key"] == prewarmed.key
     assert not any(fn["pgle_optimized"] for fn in steps)
     assert not [w for w in warnings if w["kind"] == RECOMPILED]
+    assert launched.stdout.count("jit_train_step: HIT on process 0") == 1, launched.stdout
     verified = run_cli("verify", str(DEMO), "--local", *overrides)
     assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
     assert "WARM" in verified.stdout

@@ -152,12 +152,16 @@ def load_factory(spec: str,
     return factory
 
 
-def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBundle]:
+def build_step(config: Config, mesh: Mesh | None = None,
+               calling: AbstractContextManager[Any] | None = None) -> tuple[Mesh, StepBundle]:
     """The mesh the run uses and the step bundle, for a config: what both the prewarm job and
     the trainer call. The mesh is the factory's own when it returns one (then `mesh.axes`,
-    if given, must describe that very mesh), else the config's."""
+    if given, must describe that very mesh), else the config's. `calling` is entered around
+    the factory's call alone (the prewarm notes what files it reads)."""
     given = mesh if mesh is not None else build_mesh(config)
-    bundle = load_factory(config.step.factory, config.source)(config, given)
+    factory = load_factory(config.step.factory, config.source)
+    with calling if calling is not None else ExitStack():
+        bundle = factory(config, given)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
                           f"{type(bundle).__name__}, expected prewarm.step.StepBundle")

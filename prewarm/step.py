@@ -260,12 +260,15 @@ def _parameters(qualname: str, frame: types.FrameType) -> list[str] | None:
         return None
 
 
-def build_step(config: Config, mesh: Mesh | None = None) -> tuple[Mesh, StepBundle]:
+def build_step(config: Config, mesh: Mesh | None = None,
+               calling: AbstractContextManager[Any] | None = None) -> tuple[Mesh, StepBundle]:
     """The mesh the run uses and the step bundle, for a config: what both the prewarm job and
     the trainer call. The mesh is the factory's own when it returns one (then `mesh.axes`,
-    if given, must describe that very mesh), else the config's."""
+    if given, must describe that very mesh), else the config's. `calling` is entered around
+    the factory's call alone (the prewarm notes what files it reads)."""
     given = mesh if mesh is not None else build_mesh(config)
-    bundle = call_factory(config, given)
+    with calling if calling is not None else ExitStack():
+        bundle = call_factory(config, given)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
                           f"{type(bundle).__name__}, expected prewarm.step.StepBundle")

@@ -73,7 +73,7 @@ from launcher.store.integrity import FULL_CHECK_BYTES, check_relied
 from launcher.store.manifest import read_manifest, uses_entries
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.backend import Backend
-from launcher.submit.fingerprint import differences, fingerprint
+from launcher.submit.fingerprint import changed_reads, differences, fingerprint, listed
 from launcher.submit.jobs import (
     JobSpec,
     check_modules,
@@ -194,8 +194,9 @@ def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> Prew
 
 
 def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> PrewarmDecision:
-    """`auto`: a recorded prewarm of this fingerprint whose entries would all load, checked
-    in full where that is cheap (`check_relied`); anything else runs the prewarm job."""
+    """`auto`: a recorded prewarm of this fingerprint, the files its step factory read
+    unchanged, whose entries would all load, checked in full where that is cheap
+    (`check_relied`); anything else runs the prewarm job."""
     if is_remote(config.cache.dir):
         return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
                                found)
@@ -210,6 +211,11 @@ def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> Prewa
             why += (f"; since run {last.run!r}'s prewarm {ago(last.time)}: "
                     + ", ".join(differences(last.fingerprint, found)))
         return PrewarmDecision(AUTO, True, why, found)
+    changed = changed_reads(match.fingerprint.reads)
+    if changed:
+        return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
+                                           f"prewarm, but its step factory read "
+                                           f"{listed(changed)}, changed since", found)
     relied = check_relied(config.cache.dir, match.keys, full_check)
     if relied.problem is not None:
         return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "

@@ -287,6 +287,9 @@ class Fingerprint:
     parts: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     variables: dict[str, str] = field(default_factory=dict)
+    # The files the step factory read while it built the step, by path -> content hash: the
+    # prewarm job records them (`launcher.injob.reads`); the login node cannot know them.
+    reads: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ job needs the in-job hook and, through it, the cache store: an adapter that only
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from jax.sharding import Mesh
 
@@ -28,15 +30,16 @@ def job_main(main: Callable[[], int]) -> int:
     return run_main(jax_job(main))
 
 
-def start_job(config: Config, job: str) -> tuple[InitRecorder, Mesh, StepBundle]:
+def start_job(config: Config, job: str, calling: AbstractContextManager[Any] | None = None
+              ) -> tuple[InitRecorder, Mesh, StepBundle]:
     """How every job of a run starts, in the order that matters: set the mock topology of a
     one-node prewarm (before any device), join jax.distributed, refuse a GPU target without
     GPUs, turn the cache on and start the init report (before the first compile), build
-    mesh and step. Prewarm, verify and the trainer all start here, so they lower the same
-    program."""
+    mesh and step (`calling` around the factory's call). Prewarm, verify and the trainer all
+    start here, so they lower the same program."""
     apply_mock(config)
     initialize(config.topology)
     require_devices(config)
     recorder = enable_cache(config, job=job)
-    mesh, bundle = build_step(config)
+    mesh, bundle = build_step(config, calling=calling)
     return recorder, mesh, bundle

@@ -32,6 +32,7 @@ from launcher.environment import is_remote
 from launcher.files import locked, make_dir
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
+from launcher.injob.reads import FactoryReads
 from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
 from launcher.records import (
     InputSignature,
@@ -233,7 +234,8 @@ def main() -> int:
     import jax
 
     config = config_from_env()
-    recorder, mesh, bundle = start_job(config, PREWARM)
+    reads = FactoryReads([config.cache.dir, config.run_dir])
+    recorder, mesh, bundle = start_job(config, PREWARM, reads)
     mocked = mocked_topology()
     log.info("prewarming %s on %d process(es) x %d device(s)%s, mesh %s",
              config.step.factory, jax.process_count(), jax.local_device_count(),
@@ -255,14 +257,15 @@ def main() -> int:
     elif jax.process_index() == 0:
         log.info("manifest: %s", manifest_path(config.cache.dir))
         if not failed:
-            record_fingerprint(config, targets)
+            record_fingerprint(config, targets, reads.files)
     return 1 if failed else 0
 
 
-def record_fingerprint(config: Config, targets: list[Target]) -> None:
+def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, str]) -> None:
     """Record that this prewarm completed under the fingerprint its launch computed (in the
-    run dir's decision), with the entries it leaves: a later launch with the same
-    fingerprint can go without a prewarm job. Not when this job runs another jax than the
+    run dir's decision), with the files its step factory read (`reads`, their hashes) and
+    the entries it leaves: a later launch with the same fingerprint and those files
+    unchanged can go without a prewarm job. Not when this job runs another jax than the
     launcher saw (its fingerprint would promise keys this job did not make)."""
     import jax
     import jaxlib
@@ -280,7 +283,8 @@ def record_fingerprint(config: Config, targets: list[Target]) -> None:
                     found.parts.get("jaxlib"))
         return
     keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
-    record_prewarm(config.cache.dir, PrewarmRecord(found, keys, config.run.name))
+    record_prewarm(config.cache.dir, PrewarmRecord(dataclasses.replace(found, reads=reads),
+                                                   keys, config.run.name))
     log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
              "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
              else "ies")

@@ -87,7 +87,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     changed = launch(tmp_path, "changed", with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert changed.returncode == 0, changed.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "changed")
-    assert chained.prewarm and "environment differs" in chained.why
+    assert chained.prewarm and "environment: XLA_FLAGS differs" in chained.why
     assert step_hit(tmp_path / "runs" / "changed")
 
     # An entry the record promised is gone: the prewarm job runs again.
@@ -113,6 +113,37 @@ def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "second")
     assert chained.prewarm and f"source: {model.resolve()} changed" in chained.why
+
+
+def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path) -> None:
+    # The factory reads its model sizes from a JSON beside it, while it builds the step:
+    # the login node cannot know that; the prewarm job records it.
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    for module in (source / "mystep").glob("*.py"):
+        module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
+    factory = source / "mystep" / "chunkwise.py"
+    factory.write_text(factory.read_text().replace(
+        "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
+        "    import dataclasses, json, pathlib\n"
+        "    sizes = json.loads((pathlib.Path(__file__).parent / 'sizes.json').read_text())\n"
+        "    args = dataclasses.replace(ModelArgs.from_config(config, dict(mesh.shape)), "
+        "**sizes)\n"))
+    sizes = source / "mystep" / "sizes.json"
+    sizes.write_text('{"d_ff": 32}')
+    args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
+    assert launch(tmp_path, "first", *args, trains=False).returncode == 0
+    [record] = read_prewarms(tmp_path / "cache").values()
+    assert str(sizes.resolve()) in record.fingerprint.reads
+    same = launch(tmp_path, "same", *args, trains=False)
+    assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
+    sizes.write_text('{"d_ff": 64}')
+    second = launch(tmp_path, "second", *args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "second")
+    assert chained.prewarm and f"its step factory read {sizes.resolve()}, changed since" in \
+        chained.why
+    assert step_hit(tmp_path / "runs" / "second")
 
 
 def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:

@@ -38,12 +38,12 @@ import hashlib
 import json
 import os
 import platform
-import sysconfig
 from importlib.metadata import Distribution, distributions, version
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
+from launcher.contents import content_hash, covered, installed_tops, library_dirs
 from launcher.environment import job_environment, key_environment, key_variable
 from launcher.records import Fingerprint
 from launcher.submit.jobs import find_module, job_import_path, parse_source
@@ -93,6 +93,24 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
     return Fingerprint(digest=short_hash(parts), parts=parts, files=files, variables=variables)
 
 
+def listed(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def changed_reads(reads: dict[str, str]) -> list[str]:
+    """Which of the files a recorded prewarm's step factory read (`Fingerprint.reads`, path
+    -> hash as it read them) hold something else now, or are gone."""
+    changed = []
+    for path, recorded in sorted(reads.items()):
+        try:
+            now = content_hash(path)
+        except OSError:
+            now = None
+        if now != recorded:
+            changed.append(path)
+    return changed
+
+
 def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
     """What changed between two fingerprints, in words (`jax 0.10.2 -> 0.8.3`, `source:
     prewarm/workload/model.py changed`)."""
@@ -104,9 +122,7 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
         if name == "source":
             changed = sorted(path for path in set(old.files) | set(new.files)
                              if old.files.get(path) != new.files.get(path))
-            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
-                                              if len(changed) > 3 else "")
-            lines.append(f"source: {shown} changed")
+            lines.append(f"source: {listed(changed)} changed")
         elif name == "environment" and old.variables and new.variables:
             changed = sorted(variable for variable in set(old.variables) | set(new.variables)
                              if old.variables.get(variable) != new.variables.get(variable))
@@ -141,39 +157,6 @@ def reads_trainer_argv(files: dict[str, str]) -> bool:
     return False
 
 
-def _library_dirs() -> list[Path]:
-    """Where the standard library and installed distributions live: what versions cover."""
-    paths = sysconfig.get_paths()
-    return [Path(paths[name]).resolve() for name in ("stdlib", "platstdlib", "purelib",
-                                                     "platlib") if name in paths]
-
-
-def _installed_tops(libraries: list[Path],
-                    installed: list[Distribution]) -> dict[Path, set[str]]:
-    """Each dir outside LIBRARIES holding installed distributions (a `pip install --target`
-    dir on PYTHONPATH, an HPC module's prefix) -> the top-level names their RECORDs (what
-    the installer wrote) list there: files the `packages` part covers by name and version.
-    An editable install's RECORD lists only its hook, so the user's source stays hashed."""
-    tops: dict[Path, set[str]] = {}
-    for dist in installed:
-        where = Path(str(dist.locate_file(""))).resolve()
-        if any(where.is_relative_to(library) for library in libraries):
-            continue
-        if dist.read_text("RECORD") is None:  # not installed: a source tree's egg-info
-            continue
-        names = {file.parts[0] for file in dist.files or () if file.parts}
-        names = {name for name in names
-                 if name != ".." and not name.endswith((".dist-info", ".pth"))}
-        if names:
-            tops.setdefault(where, set()).update(names)
-    return tops
-
-
-def _installed(path: Path, tops: dict[Path, set[str]]) -> bool:
-    return any(path.is_relative_to(where) and path.relative_to(where).parts[0] in names
-               for where, names in tops.items())
-
-
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     """The modules a source file imports (and their parent packages, which run too):
     `import a.b`, `from a.b import c` (a.b, and a.b.c if it is a module), relative ones."""
@@ -203,8 +186,8 @@ def step_sources(module: str, installed: list[Distribution]) -> dict[str, str]:
     installed file is covered by its distribution's version (the `packages` part), wherever
     it is installed; hashing it again would read all of jax where jax is on PYTHONPATH.
     `installed`: the distributions the `packages` part read, in the same import path."""
-    libraries = _library_dirs()
-    tops = _installed_tops(libraries, installed)
+    libraries = library_dirs()
+    tops = installed_tops(libraries, installed)
     seen: set[str] = set()
     files: dict[str, str] = {}
     queue = [module]
@@ -217,14 +200,12 @@ def step_sources(module: str, installed: list[Distribution]) -> dict[str, str]:
         if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
             continue
         path = Path(spec.origin).resolve()
-        if any(path.is_relative_to(library) for library in libraries) or \
-                _installed(path, tops):
+        if covered(path, libraries, tops):
             continue
         try:
-            data = path.read_bytes()
+            files[str(path)] = content_hash(path)
         except OSError:
             continue
-        files[str(path)] = hashlib.sha256(data).hexdigest()[:16]
         tree = parse_source(str(path))
         if tree is not None:
             queue.extend(imported_names(tree, name, spec.submodule_search_locations

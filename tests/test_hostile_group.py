@@ -101,6 +101,40 @@ def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     assert len(owners) == 2  # both members wrote there
 
 
+def test_a_parent_another_user_owns_is_refused_unless_the_group_shares_it(
+        team: tuple[str, str, str, Path]) -> None:
+    # The first member's dir, 0755 (nobody else may write it), holds the second member's
+    # own cache dir: the first may still rename it away and put theirs in its place.
+    group, first, second, base = team
+    theirs = base / "theirs"
+    theirs.mkdir()
+    shutil.chown(theirs, first, "root")
+    theirs.chmod(0o755)
+    cache = theirs / "cache"
+    cache.mkdir()
+    shutil.chown(cache, second, group)
+    cache.chmod(0o700)
+    refused = as_user(second, base, "cache", "ls", str(DEMO), f"cache.dir={cache}")
+    assert refused.returncode == 2
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"jaxwarm: error: {DEMO}: cache.dir: parent {theirs} is owned by "
+                           f"uid {pwd.getpwnam(first).pw_uid}, not by you"), line
+    launched = as_user(second, base, "launch", str(DEMO), "--local", f"cache.dir={cache}",
+                       f"run.out_dir={base / f'home-{second}' / 'runs'}")
+    assert launched.returncode == 2 and f"parent {theirs} is owned by" in launched.stderr
+    assert not (base / f"home-{second}" / "runs").exists()
+    assert sorted(path.name for path in cache.iterdir()) == []
+    # The same dir in the group the cache is shared with: the group's to share.
+    shutil.chown(theirs, first, group)
+    shared = as_user(second, base, "cache", "ls", str(DEMO), f"cache.dir={cache}",
+                     f"cache.trusted_group={group}")
+    assert "is owned by" not in shared.stderr, shared.stderr
+    # Your own dirs and root's: accepted as ever.
+    mine = base / f"home-{second}" / "cache"
+    own = as_user(second, base, "cache", "ls", str(DEMO), f"cache.dir={mine}")
+    assert "parent" not in own.stderr, own.stderr
+
+
 def test_modes_follow_the_dir(tmp_path: Path) -> None:
     private = make_dir(tmp_path / "private")
     assert stat.S_IMODE(private.stat().st_mode) == 0o700 and modes_in(private)[0] == 0o600

@@ -78,11 +78,17 @@ def test_dir_safety_rules() -> None:
     # ...but not another group's, and never a world-writable one.
     assert "trusted group" in dir_problem(stat_result(0o2770, 1001, 501), 1000, 500)
     assert dir_problem(stat_result(0o2777, 1001, 500), 1000, 500) is not None
-    assert parent_problem(stat_result(0o1777, 0, 0), None) is None  # /tmp: sticky bit
-    assert parent_problem(stat_result(0o777, 0, 0), None) is not None
+    assert parent_problem(stat_result(0o1777, 0, 0), 1000, None) is None  # /tmp: sticky
+    assert parent_problem(stat_result(0o777, 0, 0), 1000, None) is not None
     # A group-writable parent lets every member swap the dir, unless the group is trusted.
-    assert "cache.trusted_group" in parent_problem(stat_result(0o2775, 0, 500), None)
-    assert parent_problem(stat_result(0o2775, 0, 500), 500) is None
+    assert "cache.trusted_group" in parent_problem(stat_result(0o2775, 0, 500), 1000, None)
+    assert parent_problem(stat_result(0o2775, 0, 500), 1000, 500) is None
+    # Its owner may always rename in it: root, you, or a member of the trusted group only.
+    assert parent_problem(stat_result(0o755, 1000, 1000), 1000, None) is None
+    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 1001), 1000, None)
+    assert "owned by uid 1001" in parent_problem(stat_result(0o1777, 1001, 0), 1000, None)
+    assert parent_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
+    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 501), 1000, 500)
 
 
 def meta(**changes: object) -> BundleMeta:

@@ -4,8 +4,11 @@ So a cache dir anyone else can write is a way to run code as the user on every n
 refuses a dir (or a parent, unless it has the sticky bit like /tmp) that is writable by
 everyone, and a dir owned by another user, unless the config names the group that shares it
 (`cache.trusted_group`): then the dir must belong to that group and nobody outside it may
-write. A group-writable dir is refused unless its group is that trusted group. New dirs are
-created 0700 (0770 plus setgid for a trusted group, so new files inherit the group).
+write. A group-writable dir is refused unless its group is that trusted group. Whoever owns
+a parent may rename what is in it (the sticky bit does not stop its owner), so swap the
+cache dir for one of theirs: every parent must be owned by root or by the user, unless its
+group is the trusted group. New dirs are created 0700 (0770 plus setgid for a trusted group,
+so new files inherit the group).
 """
 
 from __future__ import annotations
@@ -62,11 +65,18 @@ def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
     return None
 
 
-def parent_problem(info: os.stat_result, gid: int | None) -> str | None:
-    """A parent others may write (and without the sticky bit) lets them swap the dir: anyone
-    for a world-writable one, every member of its group for a group-writable one, unless that
-    group is the trusted group. Pure."""
+def parent_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
+    """A parent others may rename in lets them swap the dir: its owner, unless that is root or
+    user `uid` (the sticky bit does not stop an owner); and, without the sticky bit, anyone
+    for a world-writable one, every member of its group for a group-writable one. A parent
+    whose group is the trusted group (`gid`) is the group's to share. Pure."""
     mode = stat.S_IMODE(info.st_mode)
+    trusted = gid is not None and info.st_gid == gid
+    if info.st_uid not in (0, uid) and not trusted:
+        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep the "
+                f"cache under dirs you or root own" + (
+                    ")" if gid is not None else
+                    ", or set cache.trusted_group to a group that owns that dir)"))
     if mode & stat.S_ISVTX:
         return None
     if mode & stat.S_IWOTH:
@@ -99,10 +109,12 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str,
     path = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
-        problem = parent_problem(parent.stat(), gid) if parent.exists() else None
+        problem = parent_problem(parent.stat(), os.geteuid(), gid) if parent.exists() \
+            else None
         if problem:
-            raise ConfigError(f"{source}: {key}: parent {parent} {problem}: anyone could "
-                              f"replace the cache that every rank executes")
+            raise ConfigError(f"{source}: {key}: parent {parent} {problem}: whoever can "
+                              f"rename in it can swap the cache dir for theirs, and every "
+                              f"rank executes what is there")
     identity = None
     if path.exists():
         info = path.stat()

@@ -88,11 +88,13 @@ def hashed(paths: set[str], exclude: list[Path]) -> dict[str, str]:
     """The content hash of each regular file of `paths` that nothing else in the
     fingerprint covers (by resolved path, sorted)."""
     libraries = library_dirs()
-    tops = installed_tops(libraries, list(distributions()))
+    candidates = sorted(path for path in {source_of(path).resolve() for path in paths}
+                        if not any(path.is_relative_to(folder)
+                                   for folder in [*libraries, *exclude]))
+    tops = installed_tops(libraries, list(distributions())) if candidates else {}
     files: dict[str, str] = {}
-    for path in sorted({source_of(path).resolve() for path in paths}):
-        if covered(path, libraries, tops) or \
-                any(path.is_relative_to(folder) for folder in exclude):
+    for path in candidates:
+        if covered(path, libraries, tops):
             continue
         if len(files) == MAX_FILES:
             log.warning("the step factory read more than %d files: only the first are "

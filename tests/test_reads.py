@@ -42,3 +42,13 @@ def test_what_the_factory_reads_is_recorded_by_content(tmp_path: Path,
     sizes.write_text('{"d_ff": 64}')
     module.unlink()
     assert changed_reads(reads.files) == sorted([str(sizes.resolve()), str(module.resolve())])
+
+
+def test_a_fifo_in_place_of_a_file_the_factory_read_is_a_change_not_a_hang(
+        tmp_path: Path) -> None:
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text("{}")
+    recorded = {str(sizes): content_hash(sizes)}
+    sizes.unlink()
+    os.mkfifo(sizes)
+    assert changed_reads(recorded) == [str(sizes)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import stat
 import sys
 from importlib.metadata import distributions
 from pathlib import Path
@@ -70,8 +69,8 @@ class FactoryReads:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
         _open.remove(self._seen)
-        if kind is None:
-            self.files = hashed(self._seen, self.exclude)
+        if kind is None:  # a copy taken at once: a thread may still be adding to it
+            self.files = hashed(list(self._seen), self.exclude)
 
 
 def source_of(path: str) -> Path:
@@ -84,7 +83,7 @@ def source_of(path: str) -> Path:
     return Path(path)
 
 
-def hashed(paths: set[str], exclude: list[Path]) -> dict[str, str]:
+def hashed(paths: list[str], exclude: list[Path]) -> dict[str, str]:
     """The content hash of each regular file of `paths` that nothing else in the
     fingerprint covers (by resolved path, sorted)."""
     libraries = library_dirs()
@@ -101,8 +100,7 @@ def hashed(paths: set[str], exclude: list[Path]) -> dict[str, str]:
                         "recorded for --prewarm auto", MAX_FILES)
             break
         try:
-            if stat.S_ISREG(path.stat().st_mode):
-                files[str(path)] = content_hash(path)
-        except OSError:
+            files[str(path)] = content_hash(path)
+        except OSError:  # gone, unreadable, or no regular file (a device, a FIFO)
             continue
     return files

@@ -13,13 +13,16 @@ import sysconfig
 from importlib.metadata import Distribution
 from pathlib import Path
 
+from launcher.files import open_regular
+
 BLOCK_BYTES = 1 << 20
 
 
 def content_hash(path: str | Path) -> str:
-    """The short sha256 of a file's bytes, read in blocks (OSError when it cannot be read)."""
+    """The short sha256 of a file's bytes, read in blocks; OSError when it cannot be read or
+    is no regular file (a FIFO planted in its place is refused, never waited on)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as source:
+    with open_regular(path, None, "a file the fingerprint hashes", follow=True) as source:
         while block := source.read(BLOCK_BYTES):
             digest.update(block)
     return digest.hexdigest()[:16]

@@ -192,14 +192,17 @@ def step_args(config: Config, cls: type[T]) -> T:
     return result
 
 
-def call_factory(config: Config, mesh: Mesh | None) -> Any:
+def call_factory(config: Config, mesh: Mesh | None,
+                 calling: AbstractContextManager[Any] | None = None) -> Any:
     """The step factory's result. A factory that passes `step.args` on to a function or
     class that does not take them (`ModelConfig(**config.step.args)` with a typo in a key)
     ends with one line naming the config file, `step.args.<key>` and where the factory
-    made the call, not a traceback; any other error of the factory's keeps its own."""
+    made the call, not a traceback; any other error of the factory's keeps its own.
+    `calling` is entered around the call alone, after the factory's module is imported."""
     factory = load_factory(config.step.factory, config.source)
     try:
-        return factory(config, mesh)
+        with calling if calling is not None else ExitStack():
+            return factory(config, mesh)
     except TypeError as exc:
         line = argument_mismatch(exc, config)
         if line is None:
@@ -267,8 +270,7 @@ def build_step(config: Config, mesh: Mesh | None = None,
     if given, must describe that very mesh), else the config's. `calling` is entered around
     the factory's call alone (the prewarm notes what files it reads)."""
     given = mesh if mesh is not None else build_mesh(config)
-    with calling if calling is not None else ExitStack():
-        bundle = call_factory(config, given)
+    bundle = call_factory(config, given, calling)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
                           f"{type(bundle).__name__}, expected prewarm.step.StepBundle")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import stat
 import sys
 from importlib.metadata import distributions
 from pathlib import Path
@@ -70,8 +69,8 @@ class FactoryReads:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
         _open.remove(self._seen)
-        if kind is None:
-            self.files = hashed(self._seen, self.exclude)
+        if kind is None:  # a copy taken at once: a thread may still be adding to it
+            self.files = hashed(list(self._seen), self.exclude)
 
 
 def source_of(path: str) -> Path:
@@ -84,23 +83,24 @@ def source_of(path: str) -> Path:
     return Path(path)
 
 
-def hashed(paths: set[str], exclude: list[Path]) -> dict[str, str]:
+def hashed(paths: list[str], exclude: list[Path]) -> dict[str, str]:
     """The content hash of each regular file of `paths` that nothing else in the
     fingerprint covers (by resolved path, sorted)."""
     libraries = library_dirs()
-    tops = installed_tops(libraries, list(distributions()))
+    candidates = sorted(path for path in {source_of(path).resolve() for path in paths}
+                        if not any(path.is_relative_to(folder)
+                                   for folder in [*libraries, *exclude]))
+    tops = installed_tops(libraries, list(distributions())) if candidates else {}
     files: dict[str, str] = {}
-    for path in sorted({source_of(path).resolve() for path in paths}):
-        if covered(path, libraries, tops) or \
-                any(path.is_relative_to(folder) for folder in exclude):
+    for path in candidates:
+        if covered(path, libraries, tops):
             continue
         if len(files) == MAX_FILES:
             log.warning("the step factory read more than %d files: only the first are "
                         "recorded for --prewarm auto", MAX_FILES)
             break
         try:
-            if stat.S_ISREG(path.stat().st_mode):
-                files[str(path)] = content_hash(path)
-        except OSError:
+            files[str(path)] = content_hash(path)
+        except OSError:  # gone, unreadable, or no regular file (a device, a FIFO)
             continue
     return files

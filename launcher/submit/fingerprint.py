@@ -22,13 +22,17 @@ compression library; what decides those, and the launcher can see without starti
   (`prewarm.step.trainer_argv`: the factory builds the step with the trainer's own parser,
   so a changed flag is another program); a factory that does not read them builds the
   same step whatever they are, and a run that only changes its output dir or step count
-  keeps its prewarm.
+  keeps its prewarm;
+- `reads` (not in the digest: the login node cannot know them before a prewarm ran): the
+  files the factory read while it built the step, as the prewarm job recorded them
+  (`launcher.injob.reads`); a launch hashes them again (`changed_reads`).
 
 What it cannot see is found by the jobs themselves: the compute nodes' GPU model and driver
 (the backend version), a module imported dynamically (`importlib.import_module` of a computed
-name). The training job's processes look each function up under JAX's own key as always and
-report a miss by component; a miss of an entry a recorded prewarm promised forgets that
-record, so the next launch runs its prewarm again.
+name) when the factory's module is imported, a file read outside the factory's call. The
+training job's processes look each function up under JAX's own key as always and report a
+miss by component; a miss of an entry a recorded prewarm promised forgets that record, so
+the next launch runs its prewarm again.
 """
 
 from __future__ import annotations

@@ -8,16 +8,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from launcher.files import locked
-from launcher.rundir import report_path
+from launcher.rundir import report_path, step_reached
 from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, FAST_STEP, run_cli
+from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import ensure_cluster, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -207,6 +208,53 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     assert step_hit(restart)
     log = read_jobs(run_dir)[-1].log_path().read_text()
     assert "got SIGTERM: checkpointed at step" in log and "resumed from checkpoint at step" in log
+
+
+def logged_in_attempt(run_dir: Path, restart: int) -> bool:
+    """Whether that attempt of the training job has logged a step in the run's metrics."""
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and any(json.loads(line).get("restart") == restart
+                                    for line in metrics.read_text().splitlines())
+
+
+def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
+        tmp_path: Path) -> None:
+    """max_requeues=1 and two time-limit warnings (sent by hand to the job's tasks, as SLURM
+    sends its own, once each attempt has logged a step): the first requeues, the second
+    finds the requeues spent, and the trainer ends at its checkpoint with exit 0, which
+    SLURM calls COMPLETED. The launch that waited for it, `status` and `report` say that
+    training is unfinished, and at which step."""
+    run_dir = tmp_path / "runs" / "demo"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch",
+         *args_for(tmp_path, "--wait", "--no-prewarm", "slurm.max_requeues=1",
+                   "slurm.signal_lead_s=30", *UNTIL_STOPPED)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: bool(read_jobs(run_dir)) or launch.poll() is not None, 300,
+                 "the training job's submission")
+        train = read_jobs(run_dir)[-1]
+        for restart in (0, 1):
+            wait_for(lambda restart=restart: logged_in_attempt(run_dir, restart), 600,
+                     f"attempt {restart}'s first logged step")
+            subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        _, err = launch.communicate(timeout=600)
+    finally:
+        launch.kill()
+    assert job_states([train.job_id])[train.job_id].state == "COMPLETED"
+    assert "not requeueing job" in train.log_path().read_text()
+    reached = step_reached(run_dir)
+    assert reached is not None and 0 < reached < 1000000
+    assert launch.returncode == 1, err[-3000:]
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" in err
+    status = run_cli("status", str(run_dir))
+    assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status.stdout)
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" \
+        in status.stdout
+    shown = run_cli("report", str(run_dir))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
+        in shown.stdout
 
 
 def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ sbatch templates giving tasks the same environment as the submitit path."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ from launcher.rundir import report_path, step_reached
 from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
-from tests.slurm_cluster import ensure_cluster, wait_job
+from tests.slurm_cluster import ensure_cluster, job_field, job_fields, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -255,6 +257,65 @@ def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
         in shown.stdout
+
+
+def without(conf: Path, key: str) -> Path:
+    """A copy of the cluster's slurm.conf whose `key` port nothing listens on: that daemon
+    down, as the submitting side sees it, while the cluster goes on for the other lane."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    text = re.sub(rf"^{key}=.*$", f"{key}={port}", conf.read_text(), flags=re.MULTILINE)
+    assert f"{key}={port}" in text
+    copy = conf.with_name(f"{conf.stem}-no-{key}.conf")
+    copy.write_text(text)
+    return copy
+
+
+@pytest.mark.slurm(lane=2)
+def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_restarts(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    sleeper = args_for(tmp_path, "--no-prewarm", "entrypoint.command=[sleep, '600']")
+    first = run_cli("launch", *sleeper)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_id = read_jobs(run_dir)[-1].job_id
+    wait_for(lambda: job_field(job_id, "JobState") == "RUNNING", 300, "the job to run")
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_for(lambda: job_fields(job_id).get("JobState") == "RUNNING"
+             and job_fields(job_id).get("Restarts") == "1", 300, "the job to run again")
+    subprocess.run(["scancel", job_id], check=True)
+    assert wait_job(job_id, timeout=300) == "CANCELLED"
+    restarted = re.compile(rf"train +job {job_id} +CANCELLED +restarts 1 ")
+    assert restarted.search(run_cli("status", str(run_dir)).stdout)
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text())
+    no_controller = {"SLURM_CONF": str(without(conf, "SlurmctldPort"))}
+    again = run_cli("launch", *sleeper, env=no_controller)
+    assert again.returncode == 2, again.stdout + again.stderr[-3000:]
+    assert again.stderr.splitlines()[-1] == (
+        "jaxwarm: error: " + str(DEMO) + ": SLURM did not take the train job: sbatch: error: "
+        "Batch job submission failed: Unable to contact slurm controller (connect failure); "
+        "nothing was submitted")
+    assert again.stderr.count("Unable to contact slurm controller") == 1  # not sbatch's too
+    assert [job.job_id for job in read_jobs(run_dir)] == [job_id]
+    # Accounting (slurmdbd) still answers: the job and its restart as before.
+    status = run_cli("status", str(run_dir), env=no_controller)
+    assert status.returncode == 0 and restarted.search(status.stdout), status.stderr
+
+    # Accounting down, slurmctld up: its word (scontrol), and said so.
+    no_accounting = {"SLURM_CONF": str(without(conf, "AccountingStoragePort"))}
+    status = run_cli("status", str(run_dir), env=no_accounting)
+    assert status.returncode == 0 and restarted.search(status.stdout), status.stderr
+    assert "SLURM accounting did not answer" in status.stderr
+    # Neither answers: the restarts are unknown, not 0.
+    neither = {"SLURM_CONF": str(without(Path(no_accounting["SLURM_CONF"]), "SlurmctldPort"))}
+    status = run_cli("status", str(run_dir), env=neither)
+    assert status.returncode == 0, status.stderr
+    assert re.search(rf"train +job {job_id} +UNKNOWN +restarts \? ", status.stdout)
+    assert "nor did slurmctld (scontrol): states and restarts are unknown" in status.stderr
+    assert "Traceback" not in status.stderr + again.stderr
 
 
 def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ on (a real run's log lines)."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,28 @@ def test_the_slurm_watcher_reads_state_reason_and_restarts_from_one_sacct_call()
     command = sacct._make_command()
     assert "JobID,State,NodeList,Reason" in command
     assert "--duplicates" in command
+
+
+def test_a_refused_submission_is_one_line_naming_what_slurm_took_before(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """sbatch refusing the training job after it took the prewarm (slurmctld gone between
+    the two): submitit's error, in sbatch's words, becomes the one line, and submitit's
+    echo of sbatch's stderr does not reach the terminal. (On the dev cluster, with
+    nothing taken: tests/test_submit_slurm.py.)"""
+    from submitit.core.utils import FailedJobError
+
+    from launcher.submit.slurm import SubmitRefused, SubmittedJob, submitting
+
+    words = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+             "(connect failure)")
+    with pytest.raises(SubmitRefused) as refused:
+        with submitting(load_config(DEMO), "train", [SubmittedJob("prewarm", "41", "/l", 0.0)]):
+            print(words, file=sys.stderr)
+            raise FailedJobError(words)
+    assert str(refused.value) == (f"{DEMO}: SLURM did not take the train job: {words}; it "
+                                  f"took prewarm job 41 before (jaxwarm status shows it; "
+                                  f"scancel drops it)")
+    assert capsys.readouterr().err == ""
 
 
 # Task 0's log of a 4-task job whose task 3 was SIGKILLed (a real run's lines): the batch

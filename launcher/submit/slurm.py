@@ -102,6 +102,12 @@ def make_executor(config: Config, folder: Path, setup: list[str],
     return executor
 
 
+def last_words(text: str) -> str:
+    """A SLURM command's last line of stderr: its reason, in its words."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 class SubmitRefused(UserError):
     """sbatch did not take a job (slurmctld down or unreachable, a partition or account it
     refuses): said in one line with sbatch's own words, exit 2."""
@@ -110,22 +116,20 @@ class SubmitRefused(UserError):
 @contextlib.contextmanager
 def submitting(config: Config, what: str, before: list[SubmittedJob]) -> Iterator[None]:
     """Around one submission through submitit: sbatch's refusal becomes one line (submitit
-    would also echo sbatch's stderr, which the line already quotes), and the jobs of this
-    launch that SLURM took before it (`before`, already recorded) are named, as still
-    queued, so that they can be followed or cancelled."""
+    would also echo sbatch's stderr, which the line already quotes) that names the jobs of
+    this launch SLURM took before it (`before`, already recorded), so that they can be
+    followed or cancelled."""
     from submitit.core.utils import FailedJobError
 
-    echoed = io.StringIO()
     try:
-        with contextlib.redirect_stderr(echoed):
+        with contextlib.redirect_stderr(io.StringIO()):
             yield
     except FailedJobError as exc:
-        words = [line.strip() for line in str(exc).splitlines() if line.strip()]
         taken = "nothing was submitted" if not before else \
             "it took " + ", ".join(f"{job.name} job {job.job_id}" for job in before) + \
             " before (jaxwarm status shows it; scancel drops it)"
         raise SubmitRefused(f"{config.source}: SLURM did not take the {what} job: "
-                            f"{words[-1] if words else 'sbatch failed'}; {taken}") from None
+                            f"{last_words(str(exc)) or 'sbatch failed'}; {taken}") from None
 
 
 def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
@@ -200,12 +204,6 @@ def read_jobs(run_dir: Path) -> list[SubmittedJob]:
     except ValueError as exc:  # ConfigError, or not JSON
         raise ConfigError(exc if isinstance(exc, ConfigError) else f"{path}: not valid JSON "
                           f"({exc}); it lists the jobs jaxwarm submitted") from None
-
-
-def last_words(text: str) -> str:
-    """A SLURM command's last line of stderr: its reason, in its words."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:

@@ -90,6 +90,7 @@ from launcher.submit.prepare import (
     write_run_dir,
 )
 from launcher.submit.sbatch import render
+from launcher.submit.slurm import ACTIVE_STATES
 
 log = logging.getLogger("jaxwarm.flow")
 
@@ -293,6 +294,11 @@ def finish(request: Request, config: Config, backend: Backend, handles: list[Any
             else failed.exit_code
     if command == VERIFY:
         return print_verdicts(config, bad or {})
+    if command == LAUNCH:  # the job ended well, but did it train? (exit 0 before its steps)
+        problem = unfinished(config.run_dir, config.train.steps)
+        if problem:
+            log.error("%s: %s", TRAIN, problem)
+            return EXIT_FAILED
     print_report(config.run_dir, config, trained=command == LAUNCH)
     return EXIT_OK
 
@@ -310,18 +316,30 @@ def status(run_dir: Path, backend: Backend | None) -> int:
             attempt_summaries(load_reports(run_dir)):
         print(line)
     pinned = pinned_config(run_dir)
-    if pinned.is_file():
-        problem = unfinished(run_dir, load_config(pinned).train.steps)
-        if problem:  # sacct says COMPLETED for a trainer that exits 0 early
+    train = job_state(lines, TRAIN)
+    if pinned.is_file() and train is not None and train not in ACTIVE_STATES:
+        # sacct says COMPLETED for a trainer that exits 0 early (its requeues ran out)
+        problem = unfinished(run_dir, load_config(pinned).train.steps,
+                             ended=train != "UNKNOWN")
+        if problem:
             print(f"{TRAIN}: {problem}")
     return EXIT_OK
+
+
+def job_state(job_lines: list[str], name: str) -> str | None:
+    """The state of the run's latest job `name` in the backend's job lines (SLURM's
+    `<name> job <id> <state> ...`, the local runner's `<name> local <state> ...`); None if
+    it has none."""
+    states = [words[3] if words[1] == "job" else words[2]
+              for words in map(str.split, job_lines)
+              if len(words) > 3 and words[0] == name and words[1] in ("job", "local")]
+    return states[-1] if states else None
 
 
 def prewarm_progress(run_dir: Path, job_lines: list[str]) -> list[str]:
     """For a prewarm job that is running: what it compiles, since when, and its ETA (its
     process 0 keeps `prewarm-progress.json` up to date)."""
-    running = any(line.split()[:1] == [PREWARM] and "RUNNING" in line.split()[2:4]
-                  for line in job_lines)
+    running = job_state(job_lines, PREWARM) == "RUNNING"
     path = prewarm_progress_path(run_dir)
     progress = read_record(PrewarmProgress, path) if running else None
     if progress is None or progress.done:
@@ -364,14 +382,15 @@ def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
     pinned = pinned_config(run_dir)
     if not (pinned.exists() or pinned.is_symlink()):  # anything else there: load_config says
         raise ConfigError(f"{run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
-    print_report(run_dir, load_config(pinned), show_all=show_all)
+    print_report(run_dir, load_config(pinned), show_all=show_all, looking_back=True)
     return EXIT_OK
 
 
 def print_report(run_dir: Path, config: Config, show_all: bool = False,
-                 trained: bool = False) -> None:
+                 trained: bool = False, looking_back: bool = False) -> None:
     """The headline first (the prewarmed targets: hit or why not), then the table. A training
-    job that ran and wrote no report is said as that, with what it means."""
+    job that ran and wrote no report is said as that, with what it means; `looking_back`
+    (`jaxwarm report`, after the launch), training that has not reached its steps too."""
     reports = load_reports(run_dir)
     manifest = read_manifest(config.cache.dir, strict=False)
     lines = [*decision_lines(run_dir),
@@ -379,6 +398,9 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
              *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
     if trained:
         lines += missing_train_report(reports)
+    if looking_back:  # `jaxwarm report`: a training job may have stopped early, or still run
+        problem = unfinished(run_dir, config.train.steps, ended=False)
+        lines += [f"{TRAIN}: {problem}"] if problem else []
     for line in lines:
         print(line)
     targets = Targets.of(manifest)

@@ -155,12 +155,18 @@ def step_reached(run_dir: str | Path) -> int | None:
     return None
 
 
-def unfinished(run_dir: str | Path, steps: int) -> str | None:
-    """Why a training job that exited 0 did not do its configured steps; None if it did
-    (or its trainer logs no steps)."""
+def unfinished(run_dir: str | Path, steps: int, ended: bool = True) -> str | None:
+    """Why a training job did not do its configured steps, as its metrics say; None if it
+    did (or its trainer logs no steps). `ended`: its job is known to have ended (exit 0
+    before the last step, e.g. its requeues ran out, which SLURM calls COMPLETED); else it
+    may still be running, and the line says only what was logged."""
     reached = step_reached(run_dir)
     if reached is None or reached >= steps:
         return None
+    if not ended:
+        return (f"training is unfinished: its last logged step is {reached} of {steps} "
+                f"(metrics in {metrics_path(run_dir)}); once its job has ended, relaunch the "
+                f"same command to resume from its last checkpoint")
     return (f"training is unfinished: it stopped at step {reached} of {steps} (metrics in "
             f"{metrics_path(run_dir)}); relaunch the same command to resume from its last "
             f"checkpoint")

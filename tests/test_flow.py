@@ -7,6 +7,7 @@ on (a real run's log lines)."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from launcher.environment import job_environment
 from launcher.errors import EXIT_ERROR, EXIT_FAILED
 from launcher.files import LockTimeout, locked
 from launcher.records import LocalJobState
-from launcher.rundir import lock_path, pinned_config, submitted_jobs_path
+from launcher.rundir import lock_path, metrics_path, pinned_config, submitted_jobs_path
 from launcher.submit.backend import Outcome, recorded_backend
 from launcher.submit.jobs import JobSpec
 from launcher.submit.local import LocalBackend, record_states
@@ -38,6 +39,9 @@ class FakeBackend:
     busy: str | None = None
     outcome: Outcome | None = None
     name: str = "fake"
+    # The training job's state in job_lines, and the last step its trainer logs (if any).
+    train_state: str = "RUNNING"
+    logs_step: int | None = None
     calls: list[str] = field(default_factory=list)
     submitted: list[list[tuple[str, list[str]]]] = field(default_factory=list)
 
@@ -57,6 +61,9 @@ class FakeBackend:
         for config, _ in runs:  # pinned before any job is handed over
             assert pinned_config(config.run_dir).is_file()
         self.calls.append("submit")
+        for config, _ in runs:
+            if self.logs_step is not None:
+                metrics_path(config.run_dir).write_text(f'{{"step": {self.logs_step}}}\n')
         self.submitted.append([(config.run.name, [job.name for job in jobs])
                                for config, jobs in runs])
         return [[job.name for job in jobs] for _, jobs in runs]
@@ -69,7 +76,7 @@ class FakeBackend:
         return [f"follow {config.run.name} with: fake status"]
 
     def job_lines(self, run_dir: Path) -> list[str]:
-        return [f"train job 1 RUNNING in {run_dir.name}"]
+        return [f"train job 1 {self.train_state} in {run_dir.name}"]
 
 
 def request(tmp_path: Path, command: str = "launch", *configs: Path, **options: Any):
@@ -178,6 +185,30 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     assert isinstance(recorded_backend(run_dir), SlurmBackend)
 
 
+def test_training_that_ended_before_its_steps_is_unfinished_for_launch_status_and_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A job whose requeues ran out exits 0 at its checkpoint: SLURM says COMPLETED. The
+    launch that waited for it fails with the step reached; `status` says so once the job
+    has ended (not while it runs; as logged so far when SLURM cannot say); `report`, which
+    does not ask, says what was logged."""
+    completed = FakeBackend(runs_in_foreground=False, train_state="COMPLETED", logs_step=3)
+    assert flow.launch(request(tmp_path, "launch", wait=True, prewarm="never"),
+                       completed) == EXIT_FAILED
+    run_dir = tmp_path / "runs" / "demo"
+    stopped = "train: training is unfinished: it stopped at step 3 of 8"
+    assert stopped in caplog.text
+    assert flow.status(run_dir, completed) == 0
+    assert stopped in capsys.readouterr().out
+    assert flow.status(run_dir, FakeBackend(train_state="RUNNING")) == 0
+    assert "unfinished" not in capsys.readouterr().out
+    logged = "train: training is unfinished: its last logged step is 3 of 8"
+    assert flow.status(run_dir, FakeBackend(train_state="UNKNOWN")) == 0
+    assert logged in capsys.readouterr().out
+    assert flow.show_report(run_dir) == 0
+    assert logged in capsys.readouterr().out
+
+
 def test_the_rendered_train_script_matches_the_golden_file() -> None:
     """`jaxwarm render --job train` on a fixed config: the directives, the quoted
     environment, the signal forwarding and the requeue. JAXWARM_UPDATE_GOLDEN=1 rewrites
@@ -206,6 +237,28 @@ def test_the_slurm_watcher_reads_state_reason_and_restarts_from_one_sacct_call()
     command = sacct._make_command()
     assert "JobID,State,NodeList,Reason" in command
     assert "--duplicates" in command
+
+
+def test_a_refused_submission_is_one_line_naming_what_slurm_took_before(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """sbatch refusing the training job after it took the prewarm (slurmctld gone between
+    the two): submitit's error, in sbatch's words, becomes the one line, and submitit's
+    echo of sbatch's stderr does not reach the terminal. (On the dev cluster, with
+    nothing taken: tests/test_submit_slurm.py.)"""
+    from submitit.core.utils import FailedJobError
+
+    from launcher.submit.slurm import SubmitRefused, SubmittedJob, submitting
+
+    words = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+             "(connect failure)")
+    with pytest.raises(SubmitRefused) as refused:
+        with submitting(load_config(DEMO), "train", [SubmittedJob("prewarm", "41", "/l", 0.0)]):
+            print(words, file=sys.stderr)
+            raise FailedJobError(words)
+    assert str(refused.value) == (f"{DEMO}: SLURM did not take the train job: {words}; it "
+                                  f"took prewarm job 41 before (jaxwarm status shows it; "
+                                  f"scancel drops it)")
+    assert capsys.readouterr().err == ""
 
 
 # Task 0's log of a 4-task job whose task 3 was SIGKILLed (a real run's lines): the batch

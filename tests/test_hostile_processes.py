@@ -127,3 +127,12 @@ def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> No
     assert result.returncode == 1, result.stderr[-3000:]
     assert "train: training is unfinished: it stopped at step 3 of 10" in result.stderr
     assert snapshot(REPO / "configs") == before
+    # `jaxwarm report`, which cannot tell whether a job still runs, says what was logged.
+    report = subprocess.run([sys.executable, "-m", "launcher.cli", "report", str(metrics.parent)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "train: training is unfinished: its last logged step is 3 of 10" in report.stdout
+    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(metrics.parent)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert "train: training is unfinished: it stopped at step 3 of 10" in status.stdout

@@ -6,19 +6,22 @@ sbatch templates giving tasks the same environment as the submitit path."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from launcher.files import locked
-from launcher.rundir import report_path
+from launcher.rundir import report_path, step_reached
 from launcher.store.entries import writer_lock_path
 from launcher.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, FAST_STEP, run_cli
-from tests.slurm_cluster import ensure_cluster, wait_job
+from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
+from tests.slurm_cluster import ensure_cluster, job_field, job_fields, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -207,6 +210,112 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     assert step_hit(restart)
     log = read_jobs(run_dir)[-1].log_path().read_text()
     assert "got SIGTERM: checkpointed at step" in log and "resumed from checkpoint at step" in log
+
+
+def logged_in_attempt(run_dir: Path, restart: int) -> bool:
+    """Whether that attempt of the training job has logged a step in the run's metrics."""
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and any(json.loads(line).get("restart") == restart
+                                    for line in metrics.read_text().splitlines())
+
+
+def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
+        tmp_path: Path) -> None:
+    """max_requeues=1 and two time-limit warnings (sent by hand to the job's tasks, as SLURM
+    sends its own, once each attempt has logged a step): the first requeues, the second
+    finds the requeues spent, and the trainer ends at its checkpoint with exit 0, which
+    SLURM calls COMPLETED. The launch that waited for it, `status` and `report` say that
+    training is unfinished, and at which step."""
+    run_dir = tmp_path / "runs" / "demo"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "launch",
+         *args_for(tmp_path, "--wait", "--no-prewarm", "slurm.max_requeues=1",
+                   "slurm.signal_lead_s=30", *UNTIL_STOPPED)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: bool(read_jobs(run_dir)) or launch.poll() is not None, 300,
+                 "the training job's submission")
+        train = read_jobs(run_dir)[-1]
+        for restart in (0, 1):
+            wait_for(lambda restart=restart: logged_in_attempt(run_dir, restart), 600,
+                     f"attempt {restart}'s first logged step")
+            subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        _, err = launch.communicate(timeout=600)
+    finally:
+        launch.kill()
+    assert job_states([train.job_id])[train.job_id].state == "COMPLETED"
+    assert "not requeueing job" in train.log_path().read_text()
+    reached = step_reached(run_dir)
+    assert reached is not None and 0 < reached < 1000000
+    assert launch.returncode == 1, err[-3000:]
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" in err
+    status = run_cli("status", str(run_dir))
+    assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status.stdout)
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" \
+        in status.stdout
+    shown = run_cli("report", str(run_dir))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
+        in shown.stdout
+
+
+def without(conf: Path, key: str) -> Path:
+    """A copy of the cluster's slurm.conf whose `key` port nothing listens on: that daemon
+    down, as the submitting side sees it, while the cluster goes on for the other lane."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    text = re.sub(rf"^{key}=.*$", f"{key}={port}", conf.read_text(), flags=re.MULTILINE)
+    assert f"{key}={port}" in text
+    copy = conf.with_name(f"{conf.stem}-no-{key}.conf")
+    copy.write_text(text)
+    return copy
+
+
+@pytest.mark.slurm(lane=2)
+def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_restarts(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    sleeper = args_for(tmp_path, "--no-prewarm", "entrypoint.command=[sleep, '600']")
+    first = run_cli("launch", *sleeper)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_id = read_jobs(run_dir)[-1].job_id
+    wait_for(lambda: job_field(job_id, "JobState") == "RUNNING", 300, "the job to run")
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_for(lambda: job_fields(job_id).get("JobState") == "RUNNING"
+             and job_fields(job_id).get("Restarts") == "1", 300, "the job to run again")
+    subprocess.run(["scancel", job_id], check=True)
+    assert wait_job(job_id, timeout=300) == "CANCELLED"
+    restarted = re.compile(rf"train +job {job_id} +CANCELLED +restarts 1 ")
+    assert restarted.search(run_cli("status", str(run_dir)).stdout)
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text())
+    no_controller = {"SLURM_CONF": str(without(conf, "SlurmctldPort"))}
+    again = run_cli("launch", *sleeper, env=no_controller)
+    assert again.returncode == 2, again.stdout + again.stderr[-3000:]
+    assert again.stderr.splitlines()[-1] == (
+        "jaxwarm: error: " + str(DEMO) + ": SLURM did not take the train job: sbatch: error: "
+        "Batch job submission failed: Unable to contact slurm controller (connect failure); "
+        "nothing was submitted")
+    assert again.stderr.count("Unable to contact slurm controller") == 1  # not sbatch's too
+    assert [job.job_id for job in read_jobs(run_dir)] == [job_id]
+    # Accounting (slurmdbd) still answers: the job and its restart as before.
+    status = run_cli("status", str(run_dir), env=no_controller)
+    assert status.returncode == 0 and restarted.search(status.stdout), status.stderr
+
+    # Accounting down, slurmctld up: its word (scontrol), and said so.
+    no_accounting = {"SLURM_CONF": str(without(conf, "AccountingStoragePort"))}
+    status = run_cli("status", str(run_dir), env=no_accounting)
+    assert status.returncode == 0 and restarted.search(status.stdout), status.stderr
+    assert "SLURM accounting did not answer" in status.stderr
+    # Neither answers: the restarts are unknown, not 0.
+    neither = {"SLURM_CONF": str(without(Path(no_accounting["SLURM_CONF"]), "SlurmctldPort"))}
+    status = run_cli("status", str(run_dir), env=neither)
+    assert status.returncode == 0, status.stderr
+    assert re.search(rf"train +job {job_id} +UNKNOWN +restarts \? ", status.stdout)
+    assert "nor did slurmctld (scontrol): states and restarts are unknown" in status.stderr
+    assert "Traceback" not in status.stderr + again.stderr
 
 
 def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:

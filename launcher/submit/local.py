@@ -35,7 +35,7 @@ from launcher.injob.place import process_variables
 from launcher.injob.task import killed_by
 from launcher.records import LocalJobState, LocalLaunch, dumps, read_record
 from launcher.report import duration
-from launcher.rundir import TRAIN, local_jobs_path, lock_path, log_path, report_path, unfinished
+from launcher.rundir import TRAIN, local_jobs_path, lock_path, log_path, report_path
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
 
@@ -55,8 +55,7 @@ class JobResult:
     failed_process: int | None = None
     log_tail: str = ""
     signal_received: int | None = None
-    # Why jaxwarm stopped the job itself (no first step in time), or why a job that exited 0
-    # did not do its work (training unfinished).
+    # Why jaxwarm stopped the job itself (no first step in time).
     problem: str | None = None
     # The one error line the failed process said (a job's `jaxwarm: error: ...`), if any.
     error: str | None = None
@@ -225,15 +224,9 @@ class LocalJob:
 
 
 def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
-    result = LocalJob(job, job_topology(config, job.name), config.run_dir, echo=echo,
-                      grace_s=config.stop_grace_s,
-                      first_step_timeout_s=config.train.first_step_timeout_s).run()
-    if job.name == TRAIN and result.ok and result.problem is None and \
-            result.signal_received is None:
-        problem = unfinished(config.run_dir, config.train.steps)
-        if problem:
-            return dataclasses.replace(result, problem=f"{job.name}: {problem}")
-    return result
+    return LocalJob(job, job_topology(config, job.name), config.run_dir, echo=echo,
+                    grace_s=config.stop_grace_s,
+                    first_step_timeout_s=config.train.first_step_timeout_s).run()
 
 
 def outcome(result: JobResult) -> Outcome:

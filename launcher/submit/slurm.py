@@ -11,18 +11,21 @@ call for all the jobs asked about.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import re
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, ConfigError, convert
-from launcher.errors import error_line
+from launcher.errors import UserError, error_line
 from launcher.files import atomic_write, read_bounded, read_tail
 from launcher.injob.task import TaskCommand
 from launcher.records import RECORD_CAP, load_json
@@ -51,6 +54,9 @@ WATCH_MAX_DELAY_S = 15.0
 SRUN_TASK_ERROR = re.compile(r"^srun: error: [^:\n]+: tasks? (?P<tasks>[\d,-]+): (?P<words>.+)$",
                              re.MULTILINE)
 ATTEMPT_START = "- Starting with JobEnvironment("
+# One `Name=value` of `scontrol show job -o` (values may hold spaces: up to the next name).
+SCONTROL_FIELD = re.compile(r"(?:^|(?<=\s))(?P<name>[A-Za-z][A-Za-z0-9_:/]*)="
+                            r"(?P<value>.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|\s*$)")
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,10 @@ class SubmittedJob:
 
 @dataclass(frozen=True)
 class JobState:
-    """What `jaxwarm status` shows of one job."""
+    """What `jaxwarm status` shows of one job (restarts None: no one could say)."""
 
     state: str
-    restarts: int
+    restarts: int | None
     reason: str
 
 
@@ -96,8 +102,39 @@ def make_executor(config: Config, folder: Path, setup: list[str],
     return executor
 
 
+def last_words(text: str) -> str:
+    """A SLURM command's last line of stderr: its reason, in its words."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class SubmitRefused(UserError):
+    """sbatch did not take a job (slurmctld down or unreachable, a partition or account it
+    refuses): said in one line with sbatch's own words, exit 2."""
+
+
+@contextlib.contextmanager
+def submitting(config: Config, what: str, before: list[SubmittedJob]) -> Iterator[None]:
+    """Around one submission through submitit: sbatch's refusal becomes one line (submitit
+    would also echo sbatch's stderr, which the line already quotes) that names the jobs of
+    this launch SLURM took before it (`before`, already recorded), so that they can be
+    followed or cancelled."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    except FailedJobError as exc:
+        taken = "nothing was submitted" if not before else \
+            "it took " + ", ".join(f"{job.name} job {job.job_id}" for job in before) + \
+            " before (jaxwarm status shows it; scancel drops it)"
+        raise SubmitRefused(f"{config.source}: SLURM did not take the {what} job: "
+                            f"{last_words(str(exc)) or 'sbatch failed'}; {taken}") from None
+
+
 def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
-    """Submit the jobs in order, each depending on the previous one."""
+    """Submit the jobs in order, each depending on the previous one; each is recorded once
+    SLURM took it, so a refusal of a later one leaves the earlier ones findable."""
     submitted: list[SubmittedJob] = []
     for job in jobs:
         folder = slurm_dir(config.run_dir, job.name)
@@ -105,11 +142,12 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
         executor = make_executor(config, folder, setup_lines(job.env),
                                  executor_parameters(config, job.name, after))
         requeues = config.slurm.max_requeues if job.name == TRAIN else 0
-        handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
+        with submitting(config, job.name, submitted):
+            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
+        record_jobs(config.run_dir, submitted[-1:])
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,
                  submitted[-1].log_path())
-    record_jobs(config.run_dir, submitted)
     return submitted
 
 
@@ -137,7 +175,9 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
         options["job_name"] = f"jaxwarm-prewarm-array-{len(members)}"
         executor = make_executor(first, folder,
                                  array_setup_lines([job.env for _, job in members]), options)
-        handles = executor.map_array(run_command, [TaskCommand(job.argv) for _, job in members])
+        with submitting(first, f"{PREWARM} array", list(submitted.values())):
+            handles = executor.map_array(run_command,
+                                         [TaskCommand(job.argv) for _, job in members])
         for index, (config, _), handle in zip(indices, members, handles, strict=True):
             job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])
@@ -170,10 +210,32 @@ def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:
     """submitit's sacct watcher: one `sacct -j A -j B ...` call for every job being followed,
     at 2, 4, 8 ... s after the last submission, then at most every `delay_s`. It also asks
     each job's reason, and with --duplicates gets one record per attempt, so a requeued job's
-    restarts are counted from the same call."""
+    restarts are counted from the same call. A call that fails (slurmdbd down) is kept in
+    `failure`, sacct's own words, for the caller to say once; submitit would log a warning
+    at every call, with sacct's stderr on the terminal, and leave every job UNKNOWN with
+    0 restarts as if that were known."""
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     class RunWatcher(SlurmInfoWatcher):
+        failure: str | None = None
+
+        def update(self) -> None:
+            command = self._make_command()
+            if command is None:
+                return
+            self._last_status_check = time.time()
+            try:
+                answer = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.failure = str(exc)
+                return
+            self.failure = None if answer.returncode == 0 else \
+                last_words(answer.stderr) or f"exit status {answer.returncode}"
+            if self.failure is None:
+                self._info_dict.update(self.read_info(answer.stdout))
+                self._finished.update(job_id for job_id in self._registered
+                                      if self.is_done(job_id, mode="cache"))
+
         def _make_command(self) -> list[str] | None:
             command = super()._make_command()
             if command is None:
@@ -194,16 +256,49 @@ def watcher(delay_s: float = WATCH_MAX_DELAY_S) -> Any:
 
 def job_states(job_ids: list[str]) -> dict[str, JobState]:
     """The state, restarts and reason of each job, from one batched sacct call. A job that
-    accounting does not know (yet, or any more) is UNKNOWN."""
+    accounting does not know (yet, or any more) is UNKNOWN. When accounting does not answer,
+    slurmctld's word for the jobs it still holds (scontrol), said as such; when neither
+    does, UNKNOWN with restarts unknown, never a count of 0 it did not read."""
     sacct = watcher()
     for job_id in job_ids:
         sacct.register_job(job_id)
     sacct.update()
+    if sacct.failure is not None:
+        held = controller_states()
+        log.warning("SLURM accounting did not answer (%s); %s", sacct.failure,
+                    "job states and restarts are slurmctld's (scontrol)" if held is not None
+                    else "nor did slurmctld (scontrol): states and restarts are unknown")
+        return {job_id: (held or {}).get(job_id, JobState("UNKNOWN", None, "None"))
+                for job_id in job_ids}
     states = {}
     for job_id in job_ids:
         info = sacct.get_info(job_id, mode="cache")
         states[job_id] = JobState((info.get("State") or "UNKNOWN").split()[0],
                                   int(info.get("Restarts") or 0), info.get("Reason") or "None")
+    return states
+
+
+def controller_states() -> dict[str, JobState] | None:
+    """Every job slurmctld still holds (finished ones for MinJobAge), by job id (an array
+    task as `<array job>_<task>`), from one `scontrol show job -o`; None if it does not
+    answer."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True,
+                               text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if shown.returncode != 0:
+        return None
+    states = {}
+    for line in shown.stdout.splitlines():
+        fields = {match["name"]: match["value"] for match in SCONTROL_FIELD.finditer(line)}
+        job_id = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}" \
+            if "ArrayTaskId" in fields and "ArrayJobId" in fields else fields.get("JobId")
+        restarts = fields.get("Restarts", "")
+        if job_id:
+            states[job_id] = JobState(fields.get("JobState", "UNKNOWN"),
+                                      int(restarts) if restarts.isdigit() else None,
+                                      fields.get("Reason", "None"))
     return states
 
 
@@ -222,12 +317,17 @@ def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     sacct = watcher()
     seen: dict[str, str] = {}
+    said: str | None = None
     while True:
         for job in jobs:
             state = sacct.get_state(job.job_id).split()[0]
             if seen.get(job.job_id) != state:
                 log.info("%s job %s: %s", job.name, job.job_id, state)
                 seen[job.job_id] = state
+        if sacct.failure is not None and sacct.failure != said:
+            log.warning("SLURM accounting did not answer (%s); still waiting",
+                        sacct.failure)
+        said = sacct.failure
         if all(sacct.is_done(job.job_id, mode="cache") for job in jobs):
             return seen
         if deadline is not None and time.monotonic() > deadline:
@@ -332,9 +432,13 @@ class SlurmBackend:
     def job_lines(self, run_dir: Path) -> list[str]:
         jobs = read_jobs(run_dir)
         states = job_states([job.job_id for job in jobs])
-        return [f"{job.name:<8} job {job.job_id:<8} {states[job.job_id].state:<11} restarts "
-                f"{states[job.job_id].restarts}  reason {states[job.job_id].reason}  "
-                f"log {job.log_path()}" for job in jobs]
+        lines = []
+        for job in jobs:
+            state = states[job.job_id]
+            restarts = "?" if state.restarts is None else state.restarts
+            lines.append(f"{job.name:<8} job {job.job_id:<8} {state.state:<11} restarts "
+                         f"{restarts}  reason {state.reason}  log {job.log_path()}")
+        return lines
 
 
 def refuse_active_jobs(config: Config) -> None:

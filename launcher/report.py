@@ -24,6 +24,7 @@ from launcher.records import (
     RANKS,
     RECORD_CAP,
     SETTING_CHANGED,
+    USED,
     FirstStep,
     FunctionRecord,
     InitReport,
@@ -414,6 +415,22 @@ def stage_lines(attempt: list[InitReport]) -> list[str]:
     return lines
 
 
+def prefetch_lines(attempt: list[InitReport]) -> list[str]:
+    """What `cache.prefetch` did on the first process that prefetched in one training
+    attempt: each executable's outcome, load and wait, and the most it held."""
+    report = next((r for r in attempt if r.prefetch is not None), None)
+    if report is None or report.prefetch is None:
+        return []
+    done = report.prefetch
+    each = "; ".join(
+        f"{p.function} {p.outcome} (loaded in {p.load_s:.2f} s"
+        + (f", the trainer waited {p.waited_s:.2f} s)" if p.outcome == USED else ")")
+        for p in done.executables)
+    return [f"prefetch (process {report.process_index}, from {done.started_s:.2f} s): {each}; "
+            f"at most {done.peak_bytes} bytes held (cache.prefetch_max_size "
+            f"{done.max_size})"]
+
+
 # The headline reads in a screen whatever the number of processes.
 HEADLINE_LINES = 10
 
@@ -494,7 +511,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
               "process 0 can hit" if attempt[0].environment.get("JAX_PLATFORMS") == "cpu" else \
             "they share process 0's keys here, so their rows below say why they missed"
         lines.append(f"{which} {ranges(others)}: no hits; {why}")
-    lines += budget_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
+    lines += budget_lines(attempt) + stage_lines(attempt) + prefetch_lines(attempt) + \
+        list(dict.fromkeys(said))
     if len(lines) > HEADLINE_LINES:
         more = len(lines) - HEADLINE_LINES + 1
         lines = lines[:HEADLINE_LINES - 1] + [

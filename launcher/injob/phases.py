@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -56,6 +56,8 @@ class Span:
 # jax.distributed joins of this process: jaxwarm's `initialize()` runs before a prewarm or
 # verify job's recorder exists, so the span is kept here until the recorder reads it.
 _joins: list[Span] = []
+# Called after a join succeeded: the backend may start now (e.g. `cache.prefetch`).
+after_join: list[Callable[[], None]] = []
 
 
 @contextmanager
@@ -66,6 +68,8 @@ def timed_join() -> Iterator[None]:
         yield
     finally:
         _joins.append(Span(DISTRIBUTED, start, time.time()))
+    for callback in after_join:
+        callback()
 
 
 def wrap_distributed_initialize() -> None:

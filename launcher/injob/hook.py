@@ -181,7 +181,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     if ranks is not None:
         watch_lookups(ranks.before_lookup, ranks.after_compile)
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
-    if job == TRAIN and config.cache.prefetch != "off" and not is_remote(config.cache.dir):
+    if job == TRAIN and config.cache.prefetch is not False and not is_remote(config.cache.dir):
         begin = once(lambda: begin_prefetch(config, options["jax_compilation_cache_dir"],
                                             recorder))
         after_join.append(begin)

@@ -179,6 +179,16 @@ class PrefetchReport:
     executables: list[Prefetched] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """What the init ledger's stack sampling (`launcher.injob.ledger`) cost one process."""
+
+    interval_s: float
+    samples: int
+    # The sampling thread's own CPU time up to the first step.
+    cost_s: float
+
+
 @dataclass
 class InitReport:
     """What the persistent cache did during one process's init:
@@ -219,6 +229,8 @@ class InitReport:
     phases: list[InitPhase] = field(default_factory=list)
     # The executables loaded ahead of the trainer's lookups (`cache.prefetch`); None: none.
     prefetch: PrefetchReport | None = None
+    # The init ledger's sampling of the main thread ("other" by owner); None: not sampled.
+    sampling: Sampling | None = None
 
     @property
     def misses(self) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from launcher.config import ConfigError
 from launcher.environment import size_cap
 from launcher.files import RefusedFile, read_bounded
-from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
+from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER, OTHER
 from launcher.injob.place import ranges
 from launcher.records import (
     OPTIONS_DIFFER,
@@ -294,15 +294,21 @@ def phase_totals(report: InitReport) -> dict[str, float]:
     return {name: totals[name] for name in ORDER if name in totals}
 
 
-def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
-    """One row (or bar) per job attempt and outcome: its label and the median seconds per
-    phase of the processes that hit and missed the same prewarmed functions."""
+def _folded(reports: list[InitReport], targets: Targets) -> list[list[InitReport]]:
+    """The processes folded into one row (or bar): one job attempt's processes that hit and
+    missed the same prewarmed functions."""
     def outcome(report: InitReport) -> Hashable:
         return tuple(sorted((fn.name, fn.hit) for fn in report.functions
                             if fn in targets or fn.hit))
 
+    return fold([r for r in reports if r.phases], outcome, show_all=False)
+
+
+def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
+    """One row (or bar) per job attempt and outcome: its label and the median seconds per
+    phase of the processes that hit and missed the same prewarmed functions."""
     bars = []
-    for members in fold([r for r in reports if r.phases], outcome, show_all=False):
+    for members in _folded(reports, targets):
         job, restart = members[0].job, members[0].restart_count
         who = _processes([r.process_index for r in members])
         state = members[0].label
@@ -311,6 +317,14 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
                   if any(name in t for t in totals)}
         bars.append((f"{job} r{restart} {who}" + (f"  {state}" if state else ""), phases))
     return bars
+
+
+def fold_owners(reports: list[InitReport], targets: Targets) -> list[dict[str, float]]:
+    """For each row of `fold_phases`, the init ledger's owners of "other" (seconds, largest
+    first) of its first process."""
+    return [dict(sorted(((p.function, p.seconds) for p in members[0].phases
+                         if p.phase == OTHER and p.function), key=lambda item: -item[1]))
+            for members in _folded(reports, targets)]
 
 
 def _processes(indices: list[int]) -> str:
@@ -345,7 +359,31 @@ def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
         for name, parts in _target_phases(r, targets).items():
             lines.append(f"  {_where([r])}  {name}: " + " + ".join(
                 f"{phase} {seconds:.2f}" for phase, seconds in parts))
+        lines += ledger_lines(r)
     return lines
+
+
+# The owners of "other" shown by name; the rest are summed.
+LEDGER_OWNERS = 6
+
+
+def ledger_lines(report: InitReport) -> list[str]:
+    """The init ledger of one process: "other" by what its main thread was doing (the
+    sampled owners, largest first; `unsampled`: what no sample saw), and what sampling cost."""
+    owners = sorted(((p.function, p.seconds) for p in report.phases
+                     if p.phase == OTHER and p.function), key=lambda item: -item[1])
+    if not owners:
+        return []
+    shown = [f"{name} {seconds:.2f}" for name, seconds in owners[:LEDGER_OWNERS]]
+    if len(owners) > LEDGER_OWNERS:
+        shown.append(f"{len(owners) - LEDGER_OWNERS} more "
+                     f"{sum(seconds for _, seconds in owners[LEDGER_OWNERS:]):.2f}")
+    unsampled = sum(p.seconds for p in report.phases if p.phase == OTHER and not p.function)
+    cost = report.sampling
+    return [f"  {_where([report])}  other: " + " + ".join(shown) + f" + unsampled "
+            f"{unsampled:.2f}" + (f" (sampled every {cost.interval_s * 1000:g} ms, "
+                                  f"{cost.samples} samples, {cost.cost_s:.3f} s of CPU)"
+                                  if cost is not None else "")]
 
 
 def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple[str, float]]]:

@@ -23,6 +23,7 @@ from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK, append_line
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
+from launcher.injob.ledger import Ledger
 from launcher.injob.phases import after_join
 from launcher.injob.place import Place
 from launcher.injob.prefetch import start_prefetch
@@ -181,6 +182,8 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     if ranks is not None:
         watch_lookups(ranks.before_lookup, ranks.after_compile)
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
+    if job == TRAIN:
+        start_ledger(recorder)
     if job == TRAIN and config.cache.prefetch is not False and not is_remote(config.cache.dir):
         begin = once(lambda: begin_prefetch(config, options["jax_compilation_cache_dir"],
                                             recorder))
@@ -189,6 +192,17 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     atexit.register(recorder.close)
     _active = recorder
     return recorder
+
+
+def start_ledger(recorder: InitRecorder) -> None:
+    """The init ledger (`launcher.injob.ledger`): the phase "other" of a training job by what
+    its main thread was doing; its cost goes into the report once init is over."""
+    ledger = recorder.clock.ledger = Ledger().start()
+
+    def stopped(report: InitReport) -> None:
+        ledger.stop()
+        report.sampling = ledger.sampling()
+    recorder.after_first_step.append(stopped)
 
 
 def once(callback: Callable[[], None]) -> Callable[[], None]:

@@ -188,7 +188,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
         begin = once(lambda: begin_prefetch(config, options["jax_compilation_cache_dir"],
                                             recorder))
         after_join.append(begin)
-        recorder.on_bind.insert(0, lambda _: begin())
+        recorder.on_bind.append(lambda _: begin())  # after on_bind's cache dir checks
     atexit.register(recorder.close)
     _active = recorder
     return recorder
@@ -221,15 +221,25 @@ def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None
     join, or at the first lowering): load this run's prewarmed executables for this layout
     on background threads (`launcher.injob.prefetch`). On CPU only process 0 does: the
     other processes' keys are their own. Its report goes into the init report, and what
-    was never asked for is released once init is over."""
+    was never asked for is released once init is over. Nothing is read from a cache dir
+    that fails the checks every job makes before JAX loads code from it (the job's own
+    check, at its first lowering, says why in one line)."""
     import jax
 
     if jax.devices()[0].platform == "cpu" and jax.process_index() != 0:
         return
+    try:
+        check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+        if jax_dir != config.cache.dir:
+            check_cache_dir(Path(jax_dir), config.cache, config.source, key="cache.stage")
+    except ConfigError as exc:
+        log.warning("jaxwarm: no prefetch: %s", exc)
+        return
     entries = [e for e in latest_for_run(manifest_of(config), config.run.name)
                if e.process_count == jax.process_count()]
     prefetch = start_prefetch(entries, jax_dir, config.cache.prefetch_max_size,
-                              time.time() - recorder.start_time)
+                              time.time() - recorder.start_time,
+                              capped=config.cache.max_size != -1)
     if prefetch is not None:
         recorder.report.prefetch = prefetch.report
         recorder.after_first_step.insert(0, lambda _: prefetch.finish())

@@ -22,6 +22,7 @@ devices), so only process 0 prefetches there.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from launcher.jaxkey.prefetch import Asked, Loaded, LoadSpec, deserialize, payload, serve_lookups
 from launcher.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
-from launcher.store.entries import entry_path
+from launcher.store.entries import entry_path, mark_used, open_entry
 from launcher.store.manifest import ManifestEntry
 
 log = logging.getLogger("jaxwarm.prefetch")
@@ -70,8 +71,10 @@ class Prefetch:
     """The loads of one process, and what became of each (`report`)."""
 
     def __init__(self, entries: list[ManifestEntry], cache_dir: str, max_size: int,
-                 started_s: float):
+                 started_s: float, capped: bool = False):
         self.cache_dir = cache_dir
+        # A size-capped cache (cache.max_size): a used entry's atime is renewed as JAX would.
+        self.capped = capped
         self.report = PrefetchReport(started_s=round(started_s, 6), max_size=max_size)
         self._lock = threading.Lock()
         self._held = 0
@@ -122,8 +125,12 @@ class Prefetch:
             start = time.perf_counter()
             loaded = None
             try:
-                if self._reserve(item, item.path.stat().st_size):
-                    serialized, compile_time = payload(item.path.read_bytes())
+                with open_entry(item.path) as source:
+                    admitted = self._reserve(item, os.fstat(source.fileno()).st_size)
+                    data = source.read() if admitted else b""
+                if admitted:
+                    serialized, compile_time = payload(data)
+                    del data
                     if self._reserve(item, len(serialized)):
                         loaded = deserialize(serialized, compile_time, item.spec)
                         item.record.size = loaded.size
@@ -166,6 +173,11 @@ class Prefetch:
         self._release(item)
         if loaded is not None:
             item.record.outcome = USED
+            if self.capped:
+                try:
+                    mark_used(self.cache_dir, asked.key)
+                except OSError as exc:  # bookkeeping never stops a load
+                    log.warning("jaxwarm: %s: its atime file: %s", asked.key, exc)
         return loaded
 
     def finish(self) -> None:
@@ -186,7 +198,7 @@ _started: list[Prefetch] = []
 
 
 def start_prefetch(entries: list[ManifestEntry], cache_dir: str, max_size: int,
-                   started_s: float) -> Prefetch | None:
+                   started_s: float, capped: bool) -> Prefetch | None:
     """Start loading `entries` (those recorded with what loading takes, whose file is in
     `cache_dir`, the dir JAX reads) and serve JAX's lookups of them; once per process.
     None when there is nothing to load."""
@@ -196,7 +208,7 @@ def start_prefetch(entries: list[ManifestEntry], cache_dir: str, max_size: int,
                 and entry_path(cache_dir, e.key).is_file()]
     if not loadable:
         return None
-    prefetch = Prefetch(loadable, cache_dir, max_size, started_s)
+    prefetch = Prefetch(loadable, cache_dir, max_size, started_s, capped)
     serve_lookups(prefetch.prefetched, prefetch.take)
     _started.append(prefetch)
     prefetch.start()

@@ -107,6 +107,12 @@ class CacheConfig:
     stage: str | None = None
     # How long a node's other processes wait for that copy before they read `dir` instead.
     stage_wait_s: PositiveSeconds = 600.0
+    # "auto" (or true): a training job loads the executables its run's prewarm recorded on
+    # background threads as soon as it has its backend (launcher/injob/prefetch.py); false
+    # (YAML's off): JAX loads each one at the trainer's own call, as without jaxwarm.
+    prefetch: bool | str = "auto"
+    # At most this many bytes of serialized executables are held by the prefetch at once.
+    prefetch_max_size: Bytes = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -589,6 +595,9 @@ def _validate(config: Config) -> None:
                           f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
                           f"{topo.processes_per_node} x devices_per_process "
                           f"{topo.devices_per_process})")
+    if config.cache.prefetch not in (True, False, "auto"):
+        fail("cache.prefetch", f"expected auto, true or false (off), "
+                               f"got {config.cache.prefetch!r}")
     if config.mesh.axis_types not in _AXIS_TYPES:
         fail("mesh.axis_types", f"expected one of {', '.join(_AXIS_TYPES)}, "
                                 f"got {config.mesh.axis_types!r}")

@@ -17,7 +17,7 @@ from typing import Any
 from launcher.config import ConfigError
 from launcher.injob.phases import ORDER
 from launcher.records import InitReport
-from launcher.report import Targets, fold_phases
+from launcher.report import Targets, fold_owners, fold_phases
 
 # Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
 DPI = 100
@@ -32,6 +32,27 @@ COLORS = {"imports": "#9e9e9e", "distributed": "#8d6e63", "trace": "#42a5f5",
           "lower": "#1565c0", "key prediction": "#ab47bc", "compile": "#e53935",
           "cache load": "#43a047", "waiting for ranks": "#6d4c41", "first step": "#ffb300",
           "other": "#e0e0e0"}
+
+
+# Roughly how wide one character of the owners' 6-point text is, in pixels.
+OWNER_CHAR_PX = 3.6
+
+
+def _name_owners(axes: Any, rows: list[int], bars: list[tuple[str, dict[str, float]]],
+                 owners: list[dict[str, float]], limit: float, width_px: int) -> None:
+    """Inside each bar's "other", its largest owners, as many as fit."""
+    px_per_s = width_px * 0.67 / limit  # the axes take 67% of the width (subplots_adjust)
+    for row, (_, phases), named in zip(rows, bars, owners, strict=True):
+        other = phases.get("other", 0.0)
+        text = ""
+        for name, seconds in named.items():
+            longer = f"{text}, {name} {seconds:.1f}" if text else f"{name} {seconds:.1f} s"
+            if len(longer) * OWNER_CHAR_PX > other * px_per_s:
+                break
+            text = longer
+        if text:
+            axes.text(sum(phases.values()) - other / 2, row, text, ha="center", va="center",
+                      fontsize=6)
 
 
 def size_px(bars: int) -> tuple[int, int]:
@@ -74,15 +95,16 @@ def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
     if not bars:
         raise ConfigError(f"{title}: no init report with phases to plot (a job writes them "
                           f"at its first step)")
-    figure = draw(plt, bars, budget_s, title)
+    figure = draw(plt, bars, budget_s, title, fold_owners(reports, targets))
     figure.savefig(path, dpi=DPI, format="png")
     plt.close(figure)
     return path
 
 
 def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float,
-         title: str) -> Any:
-    """The figure of the bars (label, seconds by phase)."""
+         title: str, owners: list[dict[str, float]] | None = None) -> Any:
+    """The figure of the bars (label, seconds by phase); with `owners` (the init ledger's
+    owners of "other", per bar), the largest are named inside the bar's "other"."""
     width, height = size_px(len(bars))
     figure, axes = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     labels = [label for label, _ in bars]
@@ -108,6 +130,7 @@ def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float,
         axes.annotate(f"budget {budget_s:g} s \u2192", xy=(1.0, 1.0), xycoords="axes fraction",
                       ha="right", va="bottom", fontsize=8)
     axes.set_xlim(0, limit)
+    _name_owners(axes, rows, bars, owners or [{}] * len(bars), limit, width)
     axes.set_ylim(-0.6, len(bars) - 0.4)
     axes.set_yticks(rows, labels, fontsize=8)
     axes.set_xlabel("seconds from process start to the first step")

@@ -146,6 +146,49 @@ class Staging:
     fallback: str | None = None
 
 
+# What became of an executable the prefetch loaded (`launcher.injob.prefetch`).
+USED = "used"  # the trainer's lookup got it
+UNUSED = "never asked for (released)"  # init ended before any lookup of its key
+OVER_CAP = "over cache.prefetch_max_size (not loaded)"
+
+
+@dataclass
+class Prefetched:
+    """One executable a training job loaded ahead of the trainer's lookup: in its report."""
+
+    function: str
+    key: str
+    # USED, UNUSED, OVER_CAP, "not used: <why>" (the lookup took JAX's normal path) or
+    # "not loaded: <why>".
+    outcome: str
+    # Its serialized bytes (what the prefetch held), and the background load's seconds.
+    size: int = 0
+    load_s: float = 0.0
+    # How long the trainer's lookup waited for the load to finish.
+    waited_s: float = 0.0
+
+
+@dataclass
+class PrefetchReport:
+    """What `cache.prefetch` did in one process."""
+
+    started_s: float  # seconds from the process's start
+    max_size: int
+    # The most serialized bytes held at once.
+    peak_bytes: int = 0
+    executables: list[Prefetched] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the init ledger's stack sampling (`launcher.injob.ledger`) cost one process."""
+
+    interval_s: float
+    samples: int
+    # The sampling thread's own CPU time up to the first step.
+    cost_s: float
+
+
 @dataclass
 class InitReport:
     """What the persistent cache did during one process's init:
@@ -184,6 +227,10 @@ class InitReport:
     lock_wait_s: dict[str, float] = field(default_factory=dict)
     # Where the time to first step went; they add up to it (empty before the first step).
     phases: list[InitPhase] = field(default_factory=list)
+    # The executables loaded ahead of the trainer's lookups (`cache.prefetch`); None: none.
+    prefetch: PrefetchReport | None = None
+    # The init ledger's sampling of the main thread ("other" by owner); None: not sampled.
+    sampling: Sampling | None = None
 
     @property
     def misses(self) -> int:

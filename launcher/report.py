@@ -17,13 +17,14 @@ from pathlib import Path
 from launcher.config import ConfigError
 from launcher.environment import size_cap
 from launcher.files import RefusedFile, read_bounded
-from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
+from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER, OTHER
 from launcher.injob.place import ranges
 from launcher.records import (
     OPTIONS_DIFFER,
     RANKS,
     RECORD_CAP,
     SETTING_CHANGED,
+    USED,
     FirstStep,
     FunctionRecord,
     InitReport,
@@ -293,15 +294,21 @@ def phase_totals(report: InitReport) -> dict[str, float]:
     return {name: totals[name] for name in ORDER if name in totals}
 
 
-def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
-    """One row (or bar) per job attempt and outcome: its label and the median seconds per
-    phase of the processes that hit and missed the same prewarmed functions."""
+def _folded(reports: list[InitReport], targets: Targets) -> list[list[InitReport]]:
+    """The processes folded into one row (or bar): one job attempt's processes that hit and
+    missed the same prewarmed functions."""
     def outcome(report: InitReport) -> Hashable:
         return tuple(sorted((fn.name, fn.hit) for fn in report.functions
                             if fn in targets or fn.hit))
 
+    return fold([r for r in reports if r.phases], outcome, show_all=False)
+
+
+def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
+    """One row (or bar) per job attempt and outcome: its label and the median seconds per
+    phase of the processes that hit and missed the same prewarmed functions."""
     bars = []
-    for members in fold([r for r in reports if r.phases], outcome, show_all=False):
+    for members in _folded(reports, targets):
         job, restart = members[0].job, members[0].restart_count
         who = _processes([r.process_index for r in members])
         state = members[0].label
@@ -310,6 +317,14 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
                   if any(name in t for t in totals)}
         bars.append((f"{job} r{restart} {who}" + (f"  {state}" if state else ""), phases))
     return bars
+
+
+def fold_owners(reports: list[InitReport], targets: Targets) -> list[dict[str, float]]:
+    """For each row of `fold_phases`, the init ledger's owners of "other" (seconds, largest
+    first) of its first process."""
+    return [dict(sorted(((p.function, p.seconds) for p in members[0].phases
+                         if p.phase == OTHER and p.function), key=lambda item: -item[1]))
+            for members in _folded(reports, targets)]
 
 
 def _processes(indices: list[int]) -> str:
@@ -344,7 +359,31 @@ def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
         for name, parts in _target_phases(r, targets).items():
             lines.append(f"  {_where([r])}  {name}: " + " + ".join(
                 f"{phase} {seconds:.2f}" for phase, seconds in parts))
+        lines += ledger_lines(r)
     return lines
+
+
+# The owners of "other" shown by name; the rest are summed.
+LEDGER_OWNERS = 6
+
+
+def ledger_lines(report: InitReport) -> list[str]:
+    """The init ledger of one process: "other" by what its main thread was doing (the
+    sampled owners, largest first; `unsampled`: what no sample saw), and what sampling cost."""
+    owners = sorted(((p.function, p.seconds) for p in report.phases
+                     if p.phase == OTHER and p.function), key=lambda item: -item[1])
+    if not owners:
+        return []
+    shown = [f"{name} {seconds:.2f}" for name, seconds in owners[:LEDGER_OWNERS]]
+    if len(owners) > LEDGER_OWNERS:
+        shown.append(f"{len(owners) - LEDGER_OWNERS} more "
+                     f"{sum(seconds for _, seconds in owners[LEDGER_OWNERS:]):.2f}")
+    unsampled = sum(p.seconds for p in report.phases if p.phase == OTHER and not p.function)
+    cost = report.sampling
+    return [f"  {_where([report])}  other: " + " + ".join(shown) + f" + unsampled "
+            f"{unsampled:.2f}" + (f" (sampled every {cost.interval_s * 1000:g} ms, "
+                                  f"{cost.samples} samples, {cost.cost_s:.3f} s of CPU)"
+                                  if cost is not None else "")]
 
 
 def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple[str, float]]]:
@@ -412,6 +451,22 @@ def stage_lines(attempt: list[InitReport]) -> list[str]:
                        key=lambda item: (item[0], str(item[1])))
     lines += [f"staging: node {node} read the shared cache dir: {why}" for node, why in fallbacks]
     return lines
+
+
+def prefetch_lines(attempt: list[InitReport]) -> list[str]:
+    """What `cache.prefetch` did on the first process that prefetched in one training
+    attempt: each executable's outcome, load and wait, and the most it held."""
+    report = next((r for r in attempt if r.prefetch is not None), None)
+    if report is None or report.prefetch is None:
+        return []
+    done = report.prefetch
+    each = "; ".join(
+        f"{p.function} {p.outcome} (loaded in {p.load_s:.2f} s"
+        + (f", the trainer waited {p.waited_s:.2f} s)" if p.outcome == USED else ")")
+        for p in done.executables)
+    return [f"prefetch (process {report.process_index}, from {done.started_s:.2f} s): {each}; "
+            f"at most {done.peak_bytes} bytes held (cache.prefetch_max_size "
+            f"{done.max_size})"]
 
 
 # The headline reads in a screen whatever the number of processes.
@@ -496,7 +551,8 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
               "process 0 can hit" if attempt[0].environment.get("JAX_PLATFORMS") == "cpu" else \
             "they share process 0's keys here, so their rows below say why they missed"
         lines.append(f"{which} {ranges(others)}: no hits; {why}")
-    lines += budget_lines(attempt) + stage_lines(attempt) + list(dict.fromkeys(said))
+    lines += budget_lines(attempt) + stage_lines(attempt) + prefetch_lines(attempt) + \
+        list(dict.fromkeys(said))
     if len(lines) > HEADLINE_LINES:
         more = len(lines) - HEADLINE_LINES + 1
         lines = lines[:HEADLINE_LINES - 1] + [

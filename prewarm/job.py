@@ -120,6 +120,7 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
     """What the manifest records of one key: `written` is the entry's (sha256, size)."""
     import jax
 
+    load = target.prediction.load if target.prediction is not None else None
     return ManifestEntry(function=function, key=key, run=config.run.name, config=config.source,
                          compile_s=compile_s, lower_s=target.lower_s, signature=signature,
                          is_step=target.is_step, written=written is not None,
@@ -128,7 +129,9 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          size=written[1] if written else None,
                          global_options=target.global_options,
                          mock_topology=mocked_topology(),
-                         xla_flags=os.environ.get("XLA_FLAGS", ""))
+                         xla_flags=os.environ.get("XLA_FLAGS", ""),
+                         compile_options=load.compile_options if load else None,
+                         device_ids=list(load.device_ids) if load else [])
 
 
 def record_compile(config: Config, target: Target, record: FunctionRecord,

@@ -266,7 +266,8 @@ LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": M
           "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
           "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
           "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
-          "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES}
+          "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES,
+          "cache.prefetch_max_size": MAX_SIZE_BYTES}
 
 
 def config_fields(tp: type = Config, prefix: str = "") -> dict[str, type]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.config import Config, ConfigError, load_config
@@ -21,7 +23,10 @@ from launcher.environment import is_remote, jax_options, owned, resolve_paths
 from launcher.files import GROUP_UMASK, append_line
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
+from launcher.injob.ledger import Ledger
+from launcher.injob.phases import after_join
 from launcher.injob.place import Place
+from launcher.injob.prefetch import start_prefetch
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport, Prewarmed
 from launcher.injob.stage import node_cache_dir
@@ -177,9 +182,67 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     if ranks is not None:
         watch_lookups(ranks.before_lookup, ranks.after_compile)
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
+    if job == TRAIN:
+        start_ledger(recorder)
+    if job == TRAIN and config.cache.prefetch is not False and not is_remote(config.cache.dir):
+        begin = once(lambda: begin_prefetch(config, options["jax_compilation_cache_dir"],
+                                            recorder))
+        after_join.append(begin)
+        recorder.on_bind.append(lambda _: begin())  # after on_bind's cache dir checks
     atexit.register(recorder.close)
     _active = recorder
     return recorder
+
+
+def start_ledger(recorder: InitRecorder) -> None:
+    """The init ledger (`launcher.injob.ledger`): the phase "other" of a training job by what
+    its main thread was doing; its cost goes into the report once init is over."""
+    ledger = recorder.clock.ledger = Ledger().start()
+
+    def stopped(report: InitReport) -> None:
+        ledger.stop()
+        report.sampling = ledger.sampling()
+    recorder.after_first_step.append(stopped)
+
+
+def once(callback: Callable[[], None]) -> Callable[[], None]:
+    """`callback`, run at the first call only."""
+    done: list[bool] = []
+
+    def run() -> None:
+        if not done:
+            done.append(True)
+            callback()
+    return run
+
+
+def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None:
+    """`cache.prefetch`, as soon as the process has its backend (after jax.distributed's
+    join, or at the first lowering): load this run's prewarmed executables for this layout
+    on background threads (`launcher.injob.prefetch`). On CPU only process 0 does: the
+    other processes' keys are their own. Its report goes into the init report, and what
+    was never asked for is released once init is over. Nothing is read from a cache dir
+    that fails the checks every job makes before JAX loads code from it (the job's own
+    check, at its first lowering, says why in one line)."""
+    import jax
+
+    if jax.devices()[0].platform == "cpu" and jax.process_index() != 0:
+        return
+    try:
+        check_cache_dir(Path(config.cache.dir), config.cache, config.source)
+        if jax_dir != config.cache.dir:
+            check_cache_dir(Path(jax_dir), config.cache, config.source, key="cache.stage")
+    except ConfigError as exc:
+        log.warning("jaxwarm: no prefetch: %s", exc)
+        return
+    entries = [e for e in latest_for_run(manifest_of(config), config.run.name)
+               if e.process_count == jax.process_count()]
+    prefetch = start_prefetch(entries, jax_dir, config.cache.prefetch_max_size,
+                              time.time() - recorder.start_time,
+                              capped=config.cache.max_size != -1)
+    if prefetch is not None:
+        recorder.report.prefetch = prefetch.report
+        recorder.after_first_step.insert(0, lambda _: prefetch.finish())
 
 
 def manifest_of(config: Config) -> dict[str, ManifestEntry]:

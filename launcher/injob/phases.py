@@ -10,8 +10,8 @@ Spans overlap (a small eager compile inside a trace, the distributed join inside
 before a hook installed late), so every instant between process start and the first step
 is given to exactly one phase: the most specific span covering it (`PRECEDENCE`), within a
 phase the outermost one (the target whose trace contains a nested one). What no span covers
-is `other`. The phases therefore add up to the time to first step, by construction, and
-nothing is hidden in a gap.
+is `other` (split by owner where the init ledger sampled it). The phases therefore add up
+to the time to first step, by construction, and nothing is hidden in a gap.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from launcher.injob.ledger import Ledger
 from launcher.records import InitPhase
 
 IMPORTS = "imports"  # interpreter start and imports, up to jaxwarm's hook
@@ -37,9 +38,11 @@ RANKS_WAIT = "waiting for ranks"
 FIRST_STEP = "first step"  # from the end of the step's compile or load to the first step
 OTHER = "other"  # what no timer covers: the trainer's own Python work, data, checkpoints
 
-# The most specific first: an instant covered by several spans counts for the first.
+# The most specific first: an instant covered by several spans counts for the first. The
+# init ledger's samples of the main thread (`launcher.injob.ledger`) are `other` spans named
+# by their owner: they split only what no timer covers.
 PRECEDENCE = (RANKS_WAIT, COMPILE, LOAD, PREDICT, LOWER, TRACE, DISTRIBUTED, FIRST_STEP,
-              IMPORTS)
+              IMPORTS, OTHER)
 # The order phases are shown in: roughly the order they happen.
 ORDER = (IMPORTS, DISTRIBUTED, TRACE, LOWER, PREDICT, COMPILE, LOAD, RANKS_WAIT, FIRST_STEP,
          OTHER)
@@ -56,6 +59,8 @@ class Span:
 # jax.distributed joins of this process: jaxwarm's `initialize()` runs before a prewarm or
 # verify job's recorder exists, so the span is kept here until the recorder reads it.
 _joins: list[Span] = []
+# Called after a join succeeded: the backend may start now (e.g. `cache.prefetch`).
+after_join: list[Callable[[], None]] = []
 
 
 @contextmanager
@@ -66,6 +71,8 @@ def timed_join() -> Iterator[None]:
         yield
     finally:
         _joins.append(Span(DISTRIBUTED, start, time.time()))
+    for callback in after_join:
+        callback()
 
 
 def wrap_distributed_initialize() -> None:
@@ -99,6 +106,8 @@ class PhaseClock:
         self.hook_time = time.time()
         self._spans: list[Span] = []
         self._lock = threading.Lock()
+        # The init ledger sampling the main thread, where one runs (training jobs).
+        self.ledger: Ledger | None = None
         self.done = False
         # Where the step's first execution began, once finished: its compile or load ended,
         # and the ranks' meeting after it (waiting for ranks still compiling) too.
@@ -110,8 +119,11 @@ class PhaseClock:
                 self._spans.append(span)
 
     def spans(self) -> list[Span]:
+        sampled = [Span(OTHER, start, end, owner) for start, end, owner in
+                   (self.ledger.spans() if self.ledger is not None else [])]
         with self._lock:
-            return [Span(IMPORTS, self.start_time, self.hook_time), *_joins, *self._spans]
+            return [Span(IMPORTS, self.start_time, self.hook_time), *_joins, *self._spans,
+                    *sampled]
 
     def step_end(self, before: float, functions: set[str]) -> float | None:
         """When the compile or load of the step ended: the last backend span of one of
@@ -145,6 +157,8 @@ class PhaseClock:
         """Collect no more spans: init is over."""
         with self._lock:
             self.done = True
+        if self.ledger is not None:
+            self.ledger.stop()
 
 
 def partition(spans: list[Span], start: float, end: float) -> list[InitPhase]:

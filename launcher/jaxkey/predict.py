@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.jaxkey import logs
 from launcher.jaxkey.components import differing_components
 from launcher.jaxkey.pgle import is_pgle_options
+from launcher.jaxkey.prefetch import LoadSpec, load_spec
 from launcher.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class KeyPrediction:
     components: dict[str, str]
     # With PGLE on (or expected): the key JAX stores the profile-guided compile under.
     pgle_key: str | None = None
+    # What JAX needs besides the entry to load it (`launcher.jaxkey.prefetch`): the compile
+    # options it hashed, serialized, and the ids of the devices it compiled for.
+    load: LoadSpec | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """Plain dict for json.dump; `from_json` reads it back."""
@@ -118,27 +122,30 @@ def predict_key(lowered: jax.stages.Lowered,
     if not isinstance(lowered, jax.stages.Lowered):
         raise TypeError(f"predict_key needs a jax.stages.Lowered, got {type(lowered).__name__}")
     start = time.perf_counter()
-    keys, lines = _probe(lowered, compiler_options)
+    keys, lines, load = _probe(lowered, compiler_options)
     key = keys[-1]
     # The PGLE-optimized key's lines come first; the dict keeps the looked-up key's.
     components = {match["component"]: match["hash"]
                   for match in map(logs.COMPONENT.match, lines) if match}
     prediction = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
                                components=components,
-                               pgle_key=keys[0] if len(keys) > 1 else None)
+                               pgle_key=keys[0] if len(keys) > 1 else None, load=load)
     log.debug("predicted cache key %s in %.2f ms", key, 1e3 * (time.perf_counter() - start))
     return prediction
 
 
 def _probe(lowered: Any,
-           compiler_options: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+           compiler_options: dict[str, Any] | None
+           ) -> tuple[list[str], list[str], LoadSpec | None]:
     """Run `lowered.compile(compiler_options)` up to the key JAX looks up; the keys it
-    computed (a PGLE-optimized one first) and the cache_key log lines."""
+    computed (a PGLE-optimized one first), the cache_key log lines, and what loading the
+    looked-up key's entry takes."""
     from jax._src import compilation_cache, compiler
 
     _check_seam(compilation_cache, compiler)
     thread = threading.get_ident()
     keys: list[str] = []
+    loads: list[LoadSpec | None] = []
     original_key = compilation_cache.get_cache_key
     original_used = compilation_cache.is_cache_used
 
@@ -148,6 +155,7 @@ def _probe(lowered: Any,
         if threading.get_ident() != thread:
             return key
         keys.append(key)
+        loads.append(load_spec(devices, options))
         if is_pgle_options(options):  # the key JAX looks up is computed right after
             return key
         raise _KeyComputed
@@ -165,7 +173,7 @@ def _probe(lowered: Any,
         try:
             lowered.compile(compiler_options)
         except _KeyComputed:
-            return keys, lines
+            return keys, lines, loads[-1]
         except _CacheNotUsed:
             raise KeyNotComputed(
                 "JAX would not look this program up in the persistent cache: no cache dir "

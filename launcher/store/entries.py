@@ -170,6 +170,16 @@ def jax_lock(cache_dir: str | Path) -> Iterator[None]:
 
 
 
+def mark_used(cache_dir: str | Path, key: str) -> None:
+    """What JAX's own read of an entry does in a size-capped cache: its atime file says it
+    was used now, under JAX's lock, so that an entry loaded another way (`cache.prefetch`)
+    keeps its place in the eviction order."""
+    with jax_lock(cache_dir):
+        if entry_path(cache_dir, key).exists():
+            atomic_write(atime_path(cache_dir, key), encode_atime(time.time_ns()),
+                         modes_in(cache_dir)[0])
+
+
 def read_atime(cache_dir: str | Path, key: str) -> float | None:
     """The last use JAX recorded for `key`; None without an atime file, or (with a line)
     for one that is not JAX's 8 bytes in a regular file."""

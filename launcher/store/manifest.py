@@ -26,7 +26,8 @@ log = logging.getLogger("jaxwarm.store")
 
 MANIFEST_NAME = "jaxwarm-manifest.json"
 MANIFEST_VERSION = 1
-# About 1.5 KB per entry: some 80,000 entries, far more than any cache holds.
+# About 3 KB per entry (half of it the compile options): some 40,000 entries, far more
+# than any cache holds.
 MANIFEST_CAP = 128 << 20
 
 
@@ -63,6 +64,10 @@ class ManifestEntry:
     # Its inputs as the prewarm lowered them (None: not recorded, an older prewarm or an
     # entry found in the cache): a training job that misses it says which inputs differ.
     inputs: InputSignature | None = None
+    # What loading the entry takes besides its bytes (`launcher.jaxkey.prefetch.LoadSpec`):
+    # a training job's `cache.prefetch` deserializes it with these before the trainer asks.
+    compile_options: str | None = None
+    device_ids: list[int] = field(default_factory=list)
 
     def used_by(self, run: str) -> bool:
         return run == self.run or run in self.runs

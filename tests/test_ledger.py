@@ -1,0 +1,82 @@
+"""The init ledger: the phase "other" by what the trainer's main thread was doing.
+
+Who a stack works for (`ledger.owner`) is checked on real frames of real modules: a
+library's frame under the plumbing every stack passes through, a script, an import in
+progress. Then the reference trainer (the demo) runs as a user launches it, and its report
+splits "other" by owner, says what sampling cost, and the split adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.injob.ledger import owner, package_of
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+
+
+def module(name: str, source: str) -> types.ModuleType:
+    """A real module named `name`, running `source`."""
+    made = types.ModuleType(name)
+    exec(compile(source, f"/site-packages/{name.replace('.', '/')}.py", "exec"),  # noqa: S102
+         made.__dict__)
+    return made
+
+
+def test_a_librarys_frame_under_the_plumbing_names_the_library() -> None:
+    library = module("orbax.checkpoint._src.restore",
+                     "import sys, json\n"
+                     "def restore():\n"
+                     "    return json.loads('1', parse_int=lambda _: sys._getframe(1))\n")
+    frame = library.restore()  # json (stdlib) called back into the library's frame's caller
+    assert owner(frame) == "orbax.checkpoint"
+
+
+def test_a_script_is_named_by_its_file_and_a_private_module_by_its_package() -> None:
+    assert package_of("__main__", "/home/u/train.py") == "train.py"
+    assert package_of("flax._src.linen", "x.py") == "flax"
+    assert package_of("maxtext.input_pipeline.grain", "x.py") == "maxtext.input_pipeline"
+    assert package_of("launcher.injob.hook", "x.py") == "jaxwarm"
+
+
+def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    package = tmp_path / "slowpkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("from slowpkg import inner\n")
+    (package / "inner" / "__init__.py").write_text(
+        "import sys\nfrom launcher.injob.ledger import owner\nSEEN = owner(sys._getframe())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slowpkg  # type: ignore[import-not-found]
+    assert slowpkg.inner.SEEN == "import slowpkg"
+    sys.modules.pop("slowpkg.inner")
+    sys.modules.pop("slowpkg")
+
+
+@pytest.mark.e2e
+def test_the_reference_trainers_other_is_split_by_owner(tmp_path: Path) -> None:
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", "train.steps=1",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     *FAST_STEP, *ONE_PROCESS)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = tmp_path / "runs" / "demo"
+    listed = json.loads(run_cli("report", str(run), "--json").stdout)
+    reports: list[dict[str, Any]] = listed["reports"] if isinstance(listed, dict) else listed
+    train = next(r for r in reports if r["job"] == "train" and r["process_index"] == 0)
+    other = [p for p in train["phases"] if p["phase"] == "other"]
+    owners = {p["function"]: p["seconds"] for p in other if p["function"]}
+    assert owners, other
+    # The phases still add up to the time to first step, "other" split or not.
+    assert sum(p["seconds"] for p in train["phases"]) == \
+        pytest.approx(train["time_to_first_step_s"], abs=1e-3)
+    sampling = train["sampling"]
+    assert sampling["samples"] > 0 and sampling["cost_s"] >= 0
+    assert sampling["interval_s"] == 0.02
+    table = run_cli("report", str(run)).stdout
+    assert "train   r0 p0  other: " in table and "of CPU)" in table

@@ -1,0 +1,174 @@
+"""`cache.prefetch`: the demo's training job loads its prewarmed executables ahead of the
+trainer's lookups, on the oldest and the newest supported jax (the legs) and the main venv.
+
+One launch per jax prewarms a cache (its prewarm records what loading each entry takes);
+each test then launches training on a copy of it, as a user would, and reads the init
+report: which executables were prefetched, and what became of each. The key a lookup uses
+is always JAX's own, from the trainer's lowering; what is checked is that a prefetched
+executable is used only under its key with the options it was loaded with, and that
+everything else (nothing recorded, prefetch off, a cap, a key never asked for) leaves the
+trainer's start as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.records import OVER_CAP, UNUSED, USED
+from launcher.store.manifest import MANIFEST_NAME
+from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
+from tests.legs import LEGS, leg_python, ready
+
+pytestmark = pytest.mark.e2e
+
+# The oldest and newest supported jax (legs), and the main venv's.
+PYTHONS = {f"jax-{LEGS[0].jax}": LEGS[0], "main": None, f"jax-{LEGS[-1].jax}": LEGS[-1]}
+
+
+@dataclass(frozen=True)
+class Prewarmed:
+    python: Path
+    root: Path
+    cache: Path
+
+    def launch(self, tmp: Path, *overrides: str, cache: Path | None = None,
+               prewarm: bool = False) -> dict[str, Any]:
+        """Train the demo (one step) on `cache` (a copy of the prewarmed one by default);
+        process 0's init report."""
+        if cache is None:
+            cache = tmp / "cache"
+            shutil.copytree(self.cache, cache)
+        runs = tmp / "runs"
+        result = cli(self.python, "launch", *demo(runs, cache),
+                     *(() if prewarm else ("--no-prewarm",)), *overrides)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        report: dict[str, Any] = json.loads(
+            (runs / "demo" / "reports" / "train-r0-p0.json").read_text())
+        report["headline"] = result.stdout
+        return report
+
+
+def cli(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "JAXWARM_ALLOW_UNTESTED_JAX"}
+    env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", "")])
+    return subprocess.run([str(python), "-m", "launcher.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def demo(runs: Path, cache: Path) -> list[str]:
+    """The demo, one step, on `cache`; XLA's caches off, so that the cache dir's path is in
+    no key on any jax (each test trains on its own copy of the prewarmed cache)."""
+    return [str(DEMO), "--local", f"run.out_dir={runs}", f"cache.dir={cache}",
+            "cache.xla_caches=none", "train.steps=1", *TINY_CACHED, *ONE_PROCESS]
+
+
+@pytest.fixture(scope="module", params=list(PYTHONS))
+def prewarmed(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Prewarmed:
+    leg = PYTHONS[request.param]
+    python = Path(sys.executable)
+    if leg is not None:
+        found, why = leg_python(leg)
+        if found is None:
+            pytest.skip(why)
+        assert ready(leg), f"{leg.venv} is missing or stale: run `make legs`"
+        python = leg.python
+    root = tmp_path_factory.mktemp(f"prefetch-{request.param}")
+    done = Prewarmed(python, root, root / "cache")
+    result = cli(python, "prewarm", *demo(root / "runs", done.cache))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return done
+
+
+def manifest(cache: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((cache / MANIFEST_NAME).read_text())
+    return data
+
+
+def outcomes(report: dict[str, Any]) -> dict[str, str]:
+    assert report["prefetch"] is not None, "nothing was prefetched"
+    return {p["function"]: p["outcome"] for p in report["prefetch"]["executables"]}
+
+
+def hits(report: dict[str, Any]) -> dict[str, bool]:
+    return {f["name"]: f["hit"] for f in report["functions"]
+            if f["name"] in ("jit_train_step", "jit_init_state")}
+
+
+def test_prefetched_executables_are_used_under_their_keys(prewarmed: Prewarmed,
+                                                          tmp_path: Path) -> None:
+    entries = manifest(prewarmed.cache)["entries"]
+    assert all(e["compile_options"] and e["device_ids"] for e in entries.values())
+    report = prewarmed.launch(tmp_path)
+    assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
+    assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
+    used = {p["key"] for p in report["prefetch"]["executables"]}
+    assert used == {f["key"] for f in report["functions"] if f["name"] in hits(report)}
+    assert 0 < report["prefetch"]["peak_bytes"] <= report["prefetch"]["max_size"]
+    assert "prefetch (process 0" in report["headline"]
+
+
+def test_a_planted_mismatch_takes_jaxs_path_and_is_reported(prewarmed: Prewarmed,
+                                                            tmp_path: Path) -> None:
+    """The manifest says the step was compiled for its devices in another order: the
+    executable loaded that way is not handed over; JAX loads the entry itself (a hit)."""
+    cache = tmp_path / "cache"
+    shutil.copytree(prewarmed.cache, cache)
+    data = manifest(cache)
+    for entry in data["entries"].values():
+        if entry["function"] == "jit_train_step":
+            entry["device_ids"] = entry["device_ids"][::-1]
+    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    report = prewarmed.launch(tmp_path, cache=cache)
+    found = outcomes(report)
+    assert found["jit_train_step"].startswith("not used: the trainer's call runs on devices"), \
+        found
+    assert found["jit_init_state"] == USED
+    assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
+    assert "jit_train_step not used: " in report["headline"]
+
+
+def test_a_run_whose_prewarm_recorded_nothing_starts_normally(prewarmed: Prewarmed,
+                                                              tmp_path: Path) -> None:
+    report = prewarmed.launch(tmp_path, cache=tmp_path / "empty")
+    assert report["prefetch"] is None
+    assert hits(report) == {"jit_train_step": False, "jit_init_state": False}
+    assert report["time_to_first_step_s"] is not None
+
+
+def test_prefetch_off_changes_nothing(prewarmed: Prewarmed, tmp_path: Path) -> None:
+    report = prewarmed.launch(tmp_path, "cache.prefetch=off")
+    assert report["prefetch"] is None
+    assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
+    assert "prefetch (" not in report["headline"]
+
+
+def test_the_memory_cap_is_respected(prewarmed: Prewarmed, tmp_path: Path) -> None:
+    """A cap under the two executables together: what would pass it is not loaded (the
+    trainer's lookup loads it the usual way), and no more than the cap is ever held."""
+    first = prewarmed.launch(tmp_path / "a")
+    cap = max(p["size"] for p in first["prefetch"]["executables"]) + 1
+    report = prewarmed.launch(tmp_path / "b", f"cache.prefetch_max_size={cap}")
+    assert OVER_CAP in outcomes(report).values()
+    assert set(outcomes(report).values()) <= {USED, OVER_CAP}
+    assert report["prefetch"]["peak_bytes"] <= cap
+    assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
+
+
+def test_a_function_never_asked_for_is_named_and_released(prewarmed: Prewarmed,
+                                                          tmp_path: Path) -> None:
+    """The trainer runs under an XLA flag its prewarm did not have: its keys are others,
+    the prewarmed executables are never asked for, and the report names them."""
+    report = prewarmed.launch(tmp_path, with_xla_flag("--xla_cpu_enable_fast_math=true"))
+    assert outcomes(report) == {"jit_train_step": UNUSED, "jit_init_state": UNUSED}
+    assert hits(report) == {"jit_train_step": False, "jit_init_state": False}
+    assert "never asked for (released)" in report["headline"]

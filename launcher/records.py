@@ -26,7 +26,6 @@ from typing import Any, ClassVar, TypeVar
 
 from launcher.config import ConfigError, convert
 from launcher.files import RefusedFile, read_bounded, stream_lines
-from launcher.rundir import TRAIN
 
 log = logging.getLogger("jaxwarm.records")
 
@@ -196,6 +195,8 @@ class InitReport:
     def label(self) -> str:
         """What a training attempt's process was: warm, partly warm or cold (`warmth`);
         empty for a prewarm or verify job, whose lookups are not a start."""
+        from launcher.rundir import TRAIN  # rundir reads its files through this module
+
         if self.job != TRAIN:
             return ""
         hit, missed = prewarmed_outcomes(self.functions)

@@ -114,6 +114,9 @@ def test_another_batch_is_partly_warm(prewarmed: Prewarmed) -> None:
     assert label.startswith("partly warm (1 of 2") and row.endswith(label)
     history = next(line for line in lines if line.startswith("time to first step on process"))
     assert "attempts: partly warm (1 of 2 prewarmed functions hit" in history
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"attempt r0: {label}; " in status.stdout, status.stdout
 
 
 def test_another_dtype_names_the_dtype(prewarmed: Prewarmed) -> None:
@@ -168,3 +171,20 @@ def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
             lines[init + 1]
     data = json.loads(report_path(tmp_path / "runs" / CLI_RUN, "train", 0, 0).read_text())
     assert data["label"].startswith(label) and data["label"] != "warm"
+
+
+def test_verify_of_the_trainer_and_of_the_factory_name_the_inputs_too(
+        tmp_path: Path, adapter_copy: Path) -> None:
+    """The same explanation before the run: `verify --trainer` judges the trainer's own
+    lowering of the wider model, and plain verify the factory's when its copy is changed."""
+    trainer = run_cli("verify", "--trainer",
+                      *cli_args(tmp_path, *FLAGS, "--d-model", "24", factory="from_args"),
+                      f"cache.dir={adapter_copy}")
+    assert trainer.returncode == 1, trainer.stdout + trainer.stderr[-3000:]
+    assert "why: its inputs differ from the prewarmed ones: state['b'] f32[24] vs f32[16] " \
+           "(+2 more)" in trainer.stdout, trainer.stdout
+    factory = run_cli("verify", *cli_args(tmp_path, factory="from_args"),
+                      "step.args={batch: 8}", f"cache.dir={adapter_copy}")
+    assert factory.returncode == 1, factory.stdout + factory.stderr[-3000:]
+    assert "why: its inputs differ from the prewarmed ones: batch f32[8,16] vs f32[4,16]" \
+        in factory.stdout, factory.stdout

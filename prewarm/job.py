@@ -244,7 +244,7 @@ def main() -> int:
              config.step.factory, jax.process_count(), jax.local_device_count(),
              f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source, strict=False)
-    decisions = decide(targets, config, recorder.signature, job="this prewarm",
+    decisions = decide(targets, config, recorder, job="this prewarm",
                        repair=lambda found: repair(config, found))
     cold = [decision.target for decision in decisions if not decision.warm]
     log.info("%s", f"compiling {', '.join(t.name for t in cold)}" if cold else

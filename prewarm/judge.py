@@ -25,6 +25,7 @@ from typing import Any
 from launcher.config import Config
 from launcher.environment import is_remote
 from launcher.injob.gpu import mocked_topology
+from launcher.injob.recorder import InitRecorder
 from launcher.injob.warm import Decision, Target, judge, say
 from launcher.jaxkey.agree import broadcast_flags
 from launcher.jaxkey.globalopts import snapshot as global_options
@@ -79,20 +80,24 @@ Repair = Callable[[list[Decision]], None]
 DECISION_TIMEOUT_S = 3600.0
 
 
-def decide(targets: list[Target], config: Config, signature: Callable[[str], str | None],
+def decide(targets: list[Target], config: Config, recorder: InitRecorder,
            *, job: str, repair: Repair | None = None) -> list[Decision]:
     """The run's decision for every target, the same on every process: process 0 judges
     (and, for the prewarm, `repair`s from its checks), then broadcasts. Each process logs
-    the answer; process 0 says why."""
+    the answer; process 0 says why, with the target's signature and inputs as the job's
+    `recorder` saw them lowered."""
     import jax
 
     if jax.process_index() == 0:
         decisions = [judge(target, config.cache.dir, run=config.run.name,
                            max_size=config.cache.max_size,
-                           signature=signature(target.prediction.module_name)
+                           signature=recorder.signature(target.prediction.module_name)
                            if target.prediction else None,
                            process_count=jax.process_count(), job=job,
-                           recheck_missed=repair is not None)
+                           recheck_missed=repair is not None,
+                           inputs=recorder.lowered_inputs(target.prediction.module_name,
+                                                          target.lowered)
+                           if target.prediction else None)
                      for target in targets]
         if repair is not None and not is_remote(config.cache.dir):
             repair(decisions)

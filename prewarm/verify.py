@@ -32,7 +32,7 @@ def main() -> int:
     config = config_from_env()
     recorder, _, bundle = start_job(config, VERIFY)  # its init report is written at exit
     targets = lower_targets(bundle.compile_targets(), config.source)
-    decisions = decide(targets, config, recorder.signature, job=VERIFY)
+    decisions = decide(targets, config, recorder, job=VERIFY)
     if jax.process_index() == 0:
         write_result(verify_result_path(config.run_dir), [d.verdict() for d in decisions])
     return 0

@@ -4,10 +4,12 @@ names the prewarmed function that missed, marked prewarmed, with the inputs that
 when every prewarmed function hit, in the table, the headline, the first-step history and
 `report --json` alike.
 
-The prewarm is the reference step's on FAST_STEP; each later launch changes one of its
-`step.args` with `--prewarm never` (the trainer then runs a step the prewarm did not
-build, as a trainer whose own settings drifted from its adapter's does), in a run dir of
-its own under the same run name (the prewarm on record is the run's).
+Two ways: the reference step prewarmed on FAST_STEP, then launched with one of its
+`step.args` changed and `--prewarm never` (the trainer runs a step the prewarm did not
+build), in a run dir of its own under the same run name (the prewarm on record is the
+run's); and tests/cli_trainer wrapped by the adapter that keeps its own copy of the
+trainer's settings (`from_args`), launched with only the trainer's flags changed (width,
+batch, dtype, donation): the drift no verify through the adapter can see.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import pytest
 
 from launcher.rundir import report_path
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+from tests.test_cli_trainer import FLAGS, cli_args
+from tests.test_cli_trainer import RUN as CLI_RUN
 
 pytestmark = pytest.mark.e2e
 
@@ -110,6 +114,9 @@ def test_another_batch_is_partly_warm(prewarmed: Prewarmed) -> None:
     assert label.startswith("partly warm (1 of 2") and row.endswith(label)
     history = next(line for line in lines if line.startswith("time to first step on process"))
     assert "attempts: partly warm (1 of 2 prewarmed functions hit" in history
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"attempt r0: {label}; " in status.stdout, status.stdout
 
 
 def test_another_dtype_names_the_dtype(prewarmed: Prewarmed) -> None:
@@ -118,3 +125,66 @@ def test_another_dtype_names_the_dtype(prewarmed: Prewarmed) -> None:
     miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
     assert "bf16[" in lines[miss + 1] and " vs f32[" in lines[miss + 1]
     assert "train restart 0, process 0: cold" in lines
+
+
+@pytest.fixture(scope="module")
+def adapter_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/cli_trainer prewarmed and trained with its config's flags through the adapter
+    that keeps its own copy of the settings (`adapter:from_args`, `step.args: {}`, the
+    trainer's defaults): a cache the next launches change only the trainer's flags on."""
+    root = tmp_path_factory.mktemp("adapter-copy")
+    launched = run_cli("launch", *cli_args(root, factory="from_args"))
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    assert "train restart 0, process 0: warm" in launched.stdout, launched.stdout
+    return root / "cache"
+
+
+@pytest.mark.parametrize(("flag", "label", "why"), [
+    (("--d-model", "24"), "cold", "state['b'] f32[24] vs f32[16] (+2 more)"),
+    (("--batch", "8"), "partly warm (1 of 2 prewarmed functions hit: jit_train_step compiled",
+     "batch f32[8,16] vs f32[4,16]"),
+    (("--dtype", "bfloat16"), "cold", "state['b'] bf16[16] vs f32[16] (+2 more)"),
+    (("--no-donate",), "partly warm (1 of 2", "state['b'] not donated vs donated (+1 more)"),
+], ids=["width", "batch", "dtype", "donation"])
+def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
+        tmp_path: Path, adapter_copy: Path, flag: tuple[str, ...], label: str,
+        why: str) -> None:
+    """Only the trainer's command line changes; the adapter builds the step from its own
+    copy, so the launch's prewarm (rerun: the fingerprint has the command line) finds the
+    old step WARM, and the training job runs another: its headline names the prewarmed
+    function that missed and the input that differs, and the attempt is not warm. Where the
+    inputs are equal (the init makes a wider or other-typed state from the same seed), it
+    says the program differs, and what changed since the prewarm that compiled it: the
+    trainer's command line (the training job forgot the launch's own prewarm record, whose
+    promise it missed)."""
+    launched = run_cli("launch", *cli_args(tmp_path, *FLAGS, *flag, factory="from_args"),
+                       f"cache.dir={adapter_copy}")
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    lines = headline(launched.stdout)
+    assert f"train restart 0, process 0: {label}" in "\n".join(lines), launched.stdout
+    miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
+    assert lines[miss + 1] == f"  why: its inputs differ from the prewarmed ones: {why}"
+    init = next((i for i, line in enumerate(lines) if line.startswith("jit_init: MISS")), None)
+    if init is not None:
+        assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones")
+        assert "since the prewarm: entrypoint differs (the trainer's command line" in \
+            lines[init + 1]
+    data = json.loads(report_path(tmp_path / "runs" / CLI_RUN, "train", 0, 0).read_text())
+    assert data["label"].startswith(label) and data["label"] != "warm"
+
+
+def test_verify_of_the_trainer_and_of_the_factory_name_the_inputs_too(
+        tmp_path: Path, adapter_copy: Path) -> None:
+    """The same explanation before the run: `verify --trainer` judges the trainer's own
+    lowering of the wider model, and plain verify the factory's when its copy is changed."""
+    trainer = run_cli("verify", "--trainer",
+                      *cli_args(tmp_path, *FLAGS, "--d-model", "24", factory="from_args"),
+                      f"cache.dir={adapter_copy}")
+    assert trainer.returncode == 1, trainer.stdout + trainer.stderr[-3000:]
+    assert "why: its inputs differ from the prewarmed ones: state['b'] f32[24] vs f32[16] " \
+           "(+2 more)" in trainer.stdout, trainer.stdout
+    factory = run_cli("verify", *cli_args(tmp_path, factory="from_args"),
+                      "step.args={batch: 8}", f"cache.dir={adapter_copy}")
+    assert factory.returncode == 1, factory.stdout + factory.stderr[-3000:]
+    assert "why: its inputs differ from the prewarmed ones: batch f32[8,16] vs f32[4,16]" \
+        in factory.stdout, factory.stdout

@@ -275,6 +275,13 @@ class InitRecorder:
         with self._lock:
             return self._inputs.get(module_name)
 
+    def lowered_inputs(self, module_name: str, lowered: Any) -> InputSignature:
+        """The inputs of a function lowered and not compiled (a verify or prewarm target,
+        whose key is predicted), with the weak types of its lowering line."""
+        with self._lock:
+            avals = self._avals.get(module_name)
+        return module_inputs(lowered.compiler_ir("stablehlo"), avals)
+
     # -- callbacks from JAX -----------------------------------------------------------------
 
     def on_event(self, event: str, **kwargs: Any) -> None:

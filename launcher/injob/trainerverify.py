@@ -78,7 +78,8 @@ class TrainerWatch:
             str(looked_in), run=self.config.run.name,
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
-            process_count=jax.process_count(), job=VERIFY)
+            process_count=jax.process_count(), job=VERIFY,
+            inputs=self.recorder.inputs(found.module_name))
         if jax.process_index() == 0:
             say(decision)
         with self.lock:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.jaxkey.predict import KeyPrediction
-from launcher.records import Verdict
+from launcher.records import InputSignature, Verdict
 from launcher.store.integrity import MISSED_NOTE, WarmCheck, warm_check
-from launcher.store.manifest import read_manifest
-from launcher.store.misses import explain_miss
+from launcher.store.manifest import latest_for_run, read_manifest
+from launcher.store.misses import explain_miss, input_differences
 
 log = logging.getLogger("jaxwarm.judge")
 
@@ -66,11 +66,13 @@ class Decision:
 
 def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: int = -1,
           signature: str | None = None, process_count: int | None = None,
-          job: str = "verify", recheck_missed: bool = False) -> Decision:
+          job: str = "verify", recheck_missed: bool = False,
+          inputs: InputSignature | None = None) -> Decision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
     whole manifest, to explain the miss against the same target (`run` first, then the same
-    layout; `signature` tells functions of one name apart): a WARM decision costs a check of
-    its entry."""
+    layout; `signature` tells functions of one name apart) and, with its `inputs`, says
+    which differ from those of the run's prewarm of it, as a training job does: a WARM
+    decision costs a check of its entry."""
     if target.prediction is None:
         return Decision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
@@ -79,11 +81,15 @@ def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: i
         why = ([MISSED_BUT_INTACT] if check.read_in_full else [MISSED_NOTE]) \
             if check.missed else []
     elif check.problem == "missing":
-        why = explain_miss(prediction.module_name, prediction.components,
-                           read_manifest(cache_dir, strict=False), run=run,
+        manifest = read_manifest(cache_dir, strict=False)
+        prewarmed = next((e.inputs for e in latest_for_run(manifest, run or "")
+                          if e.function == prediction.module_name), None)
+        why = explain_miss(prediction.module_name, prediction.components, manifest, run=run,
                            process_count=process_count, signature=signature,
                            global_options=target.global_options, job=job, max_size=max_size,
-                           xla_flags=os.environ.get("XLA_FLAGS", ""))
+                           xla_flags=os.environ.get("XLA_FLAGS", ""),
+                           input_changes=None if prewarmed is None or inputs is None
+                           else input_differences(prewarmed, inputs))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return Decision(target, check.warm, why, check)

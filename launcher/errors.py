@@ -28,6 +28,11 @@ class UserError(Exception):
     """An error already phrased for the user: the file, the key and what was expected."""
 
 
+class ConfigError(UserError, ValueError):
+    """Bad input (a config, a state file read back), already phrased as the one line the
+    user sees: the file, the key and what was expected."""
+
+
 def is_user_error(exc: BaseException) -> bool:
     """A mistake in the input or the environment (a file system error included: a full
     disk, a permission), not a bug in jaxwarm."""

@@ -41,7 +41,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from launcher.config import Config, ConfigError, convert
+from launcher.config import Config, ConfigError
+from launcher.decode import convert
 from launcher.entryargv import trainer_argv as _trainer_argv
 
 T = TypeVar("T")
@@ -184,10 +185,11 @@ def load_factory(spec: str,
 
 def step_args(config: Config, cls: type[T]) -> T:
     """`step.args` as the factory's own dataclass (a trainer's `ModelConfig`), read by the
-    config's converter: types from its annotations (ranges from `Annotated[..., Bound]`),
-    and an unknown or missing key or a wrong type is one line naming the config file and
-    `step.args.<key>`, exit 2, as every config error is. `cls(**config.step.args)` works
-    too (`call_factory` names an unknown or missing key), but checks no type."""
+    config's converter (`launcher.decode`): types and choices (`Literal`) from its
+    annotations, ranges from `Annotated[..., Bound]`; an unknown or missing key or a wrong
+    type is one line naming the config file and `step.args.<key>`, exit 2, as every config
+    error is. `cls(**config.step.args)` works too (`call_factory` names an unknown or
+    missing key), but checks no type."""
     result: T = convert(cls, dict(config.step.args), "step.args", config.source)
     return result
 

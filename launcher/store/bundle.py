@@ -22,7 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, NonNegativeInt, convert
+from launcher.config import Config, NonNegativeInt
+from launcher.decode import convert
 from launcher.errors import UserError
 from launcher.files import atomic_path, modes_in, staged_files
 from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime

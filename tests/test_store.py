@@ -13,6 +13,7 @@ import pytest
 
 from launcher.config import load_config
 from launcher.environment import jax_options, job_environment
+from launcher.jaxkey.versions import JaxVersions
 from launcher.records import parse_usage_line
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
@@ -101,7 +102,7 @@ def meta(**changes: object) -> BundleMeta:
 def test_bundle_refusals_name_what_would_make_every_entry_miss(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
-    monkeypatch.setattr(bundle, "installed_versions", lambda: ("0.10.2", "0.10.2"))
+    monkeypatch.setattr(bundle, "required", lambda: JaxVersions("0.10.2", "0.10.2"))
     config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
     assert refusal(meta(), config) is None
     assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)

@@ -297,6 +297,6 @@ def cmd_export(args: argparse.Namespace, config: Config) -> int:
     size = args.output.stat().st_size
     print(f"exported {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} to {args.output} "
           f"({human_size(size)}; jax {meta.jax_version}, {meta.platform}, "
-          f"{'portable' if meta.xla_caches == 'none' else 'only for cache dir ' + cache_dir})")
+          f"{'portable' if meta.portable else 'only for cache dir ' + cache_dir})")
     return 0
 

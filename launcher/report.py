@@ -19,6 +19,7 @@ from launcher.environment import size_cap
 from launcher.files import RefusedFile, read_bounded
 from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER
 from launcher.injob.place import ranges
+from launcher.jaxkey.entryformat import split_key
 from launcher.records import (
     OPTIONS_DIFFER,
     RANKS,
@@ -85,7 +86,7 @@ def short_key(key: str | None) -> str:
     """Module name plus the first 16 hex digits: enough to tell keys apart in a table."""
     if key is None:
         return "-"
-    name, _, digest = key.rpartition("-")
+    name, digest = split_key(key)
     return f"{name}-{digest[:16]}" if name else key[:16]
 
 

@@ -34,6 +34,7 @@ from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
 from launcher.injob.reads import FactoryReads
 from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
+from launcher.jaxkey.entryformat import function_of
 from launcher.records import (
     InputSignature,
     PrewarmDecision,
@@ -42,7 +43,7 @@ from launcher.records import (
     read_record,
 )
 from launcher.rundir import PREWARM, prewarm_decision_path
-from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
+from launcher.store.entries import entry_path, writer_lock_path, written_since
 from launcher.store.integrity import (
     BEING_WRITTEN,
     Check,

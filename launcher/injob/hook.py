@@ -25,6 +25,7 @@ from launcher.injob.place import Place
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport, Prewarmed
 from launcher.injob.stage import node_cache_dir
+from launcher.jaxkey.entryformat import function_of
 from launcher.jaxkey.lookup import watch_lookups
 from launcher.mlperf import MlperfLog, MlperfUnavailable
 from launcher.records import (
@@ -43,7 +44,7 @@ from launcher.rundir import (
     prewarm_decision_path,
     report_path,
 )
-from launcher.store.entries import entry_path, function_of, written_since
+from launcher.store.entries import entry_path, written_since
 from launcher.store.integrity import entry_problem, recorded_entries
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
 from launcher.store.prewarms import forget_prewarm, read_prewarms

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from launcher.config import CacheConfig, Config, ConfigError, add_overrides_argument, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
+from launcher.jaxkey.entryformat import split_key
 from launcher.records import JobUsage, dumps
 from launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
 from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
@@ -164,7 +165,7 @@ def cmd_ls(cache_dir: str) -> list[str]:
         lines.append(f"{function}: {len(group)} entr{'y' if len(group) == 1 else 'ies'}, "
                      f"{human_size(sum(r.size for r in group))}")
         for row in group:
-            suffix = row.key.rsplit("-", 1)[-1][:12]
+            suffix = split_key(row.key)[1][:12]
             lines.append(
                 f"  {suffix}  {human_size(row.size):>9}  age {human_age(row.age_s):>4}  "
                 f"last used {human_age(row.last_used_s):>4} ago"

@@ -40,6 +40,7 @@ from launcher.jaxkey.entryformat import (
     JAX_LOCK,
     decode_atime,
     encode_atime,
+    function_of,
 )
 from launcher.store.usage import KeyHistory, key_histories, read_usage
 
@@ -86,11 +87,6 @@ class Entry:
     @property
     def function(self) -> str:
         return function_of(self.key)
-
-
-def function_of(key: str) -> str:
-    """`jit_train_step-<sha256>` -> `jit_train_step`."""
-    return key.rsplit("-", 1)[0]
 
 
 def entry_path(cache_dir: str | Path, key: str) -> Path:

@@ -90,6 +90,7 @@ from launcher.submit.prepare import (
     write_run_dir,
 )
 from launcher.submit.sbatch import render
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.flow")
 
@@ -170,7 +171,7 @@ def say_dropped(names: list[str]) -> None:
     if names:
         log.warning("the shell's %s %s not passed on to the jobs: jaxwarm gives every job its "
                     "own (set them in the config's xla_flags, jax or env section)",
-                    ", ".join(names), "is" if len(names) == 1 else "are")
+                    ", ".join(names), plural(len(names), "is", "are"))
 
 
 def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:

@@ -51,6 +51,7 @@ from launcher.store.manifest import ManifestEntry, latest_for_run
 from launcher.store.misses import explain_miss
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.fingerprint import differences
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.report")
 
@@ -492,7 +493,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 since_prewarm(run_dir, cache_dir, prewarmed.key)))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
-        which = "process" if len(others) == 1 else "processes"
+        which = plural(len(others), "process", "processes")
         why = "on CPU JAX hashes each process's local devices into the key, so only " \
               "process 0 can hit" if attempt[0].environment.get("JAX_PLATFORMS") == "cpu" else \
             "they share process 0's keys here, so their rows below say why they missed"
@@ -530,7 +531,7 @@ def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntr
     hit_on = [r.process_index for r in attempt if any(
         (other.name, other.signature) == (fn.name, fn.signature) and other.hit
         for other in r.functions)]
-    which = "process" if len(hit_on) == 1 else "processes"
+    which = plural(len(hit_on), "process", "processes")
     if entry is None:
         saved = ""
     elif entry.compile_s <= 0.0:  # a prewarm that found the entry, not one that compiled it
@@ -557,7 +558,7 @@ def budget_lines(attempt: list[InitReport]) -> list[str]:
         f"processes {ranges([r.process_index for r in timed])} " \
         f"(slowest: process {slowest.process_index})"
     over = [r.process_index for r in timed if r.over_budget]
-    verdict = f"OVER the {budget:.0f} s budget on process{'es' if len(over) > 1 else ''} " \
+    verdict = f"OVER the {budget:.0f} s budget on {plural(len(over), 'process', 'processes')} " \
         f"{ranges(over)}" if over else \
         f"within the {budget:.0f} s budget"
     line = (f"time to first step (restart {timed[0].restart_count}): "

@@ -59,6 +59,7 @@ from launcher.store.manifest import (
     uses_entries,
 )
 from launcher.store.prewarms import record_prewarm
+from launcher.words import plural
 from prewarm.bootstrap import job_main, start_job
 from prewarm.judge import Decision, Target, decide, lower_targets
 from prewarm.progress import compiling, finished, last_compile, progress_file
@@ -286,9 +287,9 @@ def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, s
     keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
     record_prewarm(config.cache.dir, PrewarmRecord(dataclasses.replace(found, reads=reads),
                                                    keys, config.run.name))
-    log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
-             "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
-             else "ies")
+    log.info("fingerprint %s recorded with %d %s: a launch with the same fingerprint "
+             "goes without a prewarm job", found.digest, len(keys),
+             plural(len(keys), "entry", "entries"))
 
 
 if __name__ == "__main__":

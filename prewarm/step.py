@@ -44,6 +44,7 @@ from jax.sharding import Mesh
 from launcher.config import Config, ConfigError
 from launcher.decode import convert
 from launcher.entryargv import trainer_argv as _trainer_argv
+from launcher.words import plural
 
 T = TypeVar("T")
 # Python's words for a call whose arguments do not fit the function (3.11 to 3.13).
@@ -239,9 +240,9 @@ def argument_mismatch(exc: TypeError, config: Config) -> str | None:
             not set(args) <= set(params):
         return None  # not a call made with step.args
     keys = ", ".join(f"'step.args.{name}'" for name in names)
-    return (f"{source}: missing required key{'s' if len(names) > 1 else ''} {keys}: the step "
+    return (f"{source}: missing required {plural(len(names), 'key')} {keys}: the step "
             f"factory passes step.args to {what}, which needs "
-            f"{'them' if len(names) > 1 else 'it'} ({where})")
+            f"{plural(len(names), 'it', 'them')} ({where})")
 
 
 def _parameters(qualname: str, frame: types.FrameType) -> list[str] | None:

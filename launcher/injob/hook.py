@@ -56,6 +56,7 @@ from launcher.store.security import (
 )
 from launcher.store.staging import publish_entries
 from launcher.store.usage import append_usage, job_usage
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.hook")
 
@@ -121,8 +122,8 @@ def publish_written(config: Config, staging: Staging, report: InitReport | None,
         if record.key in published and not record.hit and record.sha256 is None:
             record.sha256, record.size = published[record.key]
     if published:
-        log.info("published %d entr%s written in %s to %s", len(published),
-                 "y" if len(published) == 1 else "ies", staging.dir, config.cache.dir)
+        log.info("published %d %s written in %s to %s", len(published),
+                 plural(len(published), "entry", "entries"), staging.dir, config.cache.dir)
 
 
 _active: InitRecorder | None = None

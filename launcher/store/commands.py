@@ -23,6 +23,7 @@ from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.prune import prune
 from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import KeyHistory, key_histories, read_usage
+from launcher.words import plural
 
 _SIZE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[KMGT]?i?B?)?$", re.IGNORECASE)
 _AGE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[smhdw]?)$")
@@ -162,7 +163,7 @@ def cmd_ls(cache_dir: str) -> list[str]:
     lines = []
     for function in sorted({r.function for r in rows}):
         group = [r for r in rows if r.function == function]
-        lines.append(f"{function}: {len(group)} entr{'y' if len(group) == 1 else 'ies'}, "
+        lines.append(f"{function}: {len(group)} {plural(len(group), 'entry', 'entries')}, "
                      f"{human_size(sum(r.size for r in group))}")
         for row in group:
             suffix = split_key(row.key)[1][:12]
@@ -264,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         config = require_config(config, args.target, action)
         prepare_cache_dir(Path(cache_dir), config.cache, config.source)
         added, present = import_bundle(args.bundle, config, args.max_bytes)
-        print(f"imported {len(added)} entr{'y' if len(added) == 1 else 'ies'} "
+        print(f"imported {len(added)} {plural(len(added), 'entry', 'entries')} "
               f"({len(present)} already there) into {cache_dir}")
     return 0
 
@@ -275,7 +276,7 @@ def cmd_prune(args: argparse.Namespace, cache_dir: str) -> int:
     removed = prune(cache_dir, max_bytes=args.max_size, older_than_s=args.older_than,
                     include_pinned=args.include_pinned)
     left = scan(cache_dir)
-    print(f"pruned {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+    print(f"pruned {len(removed)} {plural(len(removed), 'entry', 'entries')} "
           f"({human_size(sum(e.size for e in removed))}); {len(left)} left, "
           f"{human_size(sum(e.size for e in left))}")
     if args.max_size is not None and sum(e.size for e in left) > args.max_size:
@@ -296,7 +297,7 @@ def cmd_export(args: argparse.Namespace, config: Config) -> int:
                           f"{config.run.name!r} in {cache_dir}; prewarm first or pass --all")
     meta = export_bundle(config, args.output, keys)
     size = args.output.stat().st_size
-    print(f"exported {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} to {args.output} "
+    print(f"exported {len(keys)} {plural(len(keys), 'entry', 'entries')} to {args.output} "
           f"({human_size(size)}; jax {meta.jax_version}, {meta.platform}, "
           f"{'portable' if meta.portable else 'only for cache dir ' + cache_dir})")
     return 0

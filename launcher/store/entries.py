@@ -43,6 +43,7 @@ from launcher.jaxkey.entryformat import (
     function_of,
 )
 from launcher.store.usage import KeyHistory, key_histories, read_usage
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -252,6 +253,6 @@ def ensure_atime_files(cache_dir: str | Path) -> int:
                              modes_in(cache_dir)[0])
                 added += 1
     if added:
-        log.info("%s: added JAX atime files for %d entr%s written without a size cap",
-                 cache_dir, added, "y" if added == 1 else "ies")
+        log.info("%s: added JAX atime files for %d %s written without a size cap",
+                 cache_dir, added, plural(added, "entry", "entries"))
     return added

@@ -401,4 +401,4 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     if result.trainer_s is not None:
         print(f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its "
               f"start to its last prewarmed function's lookup")
-    return 0 if all(v.warm for v in verdicts) else EXIT_COLD
+    return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from launcher.config import Config
 from launcher.environment import is_remote
+from launcher.errors import EXIT_FAILED, EXIT_OK
 from launcher.files import locked, make_dir
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
@@ -260,7 +261,7 @@ def main() -> int:
         log.info("manifest: %s", manifest_path(config.cache.dir))
         if not failed:
             record_fingerprint(config, targets, reads.files)
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, str]) -> None:

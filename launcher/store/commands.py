@@ -14,6 +14,7 @@ from pathlib import Path
 
 from launcher.config import CacheConfig, Config, ConfigError, add_overrides_argument, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
+from launcher.errors import EXIT_FAILED, EXIT_OK
 from launcher.jaxkey.entryformat import split_key
 from launcher.records import JobUsage, dumps
 from launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         with_sum = sum(c.checksum_known for c in checks)
         print(f"{len(checks)} entries checked in {seconds:.2f} s ({with_sum} against a recorded "
               f"checksum): {len(checks) - len(bad)} intact, {len(bad)} quarantined")
-        return 1 if bad else 0
+        return EXIT_FAILED if bad else EXIT_OK
     elif action == "export":
         return cmd_export(args, require_config(config, args.target, action))
     elif action == "import":

@@ -130,7 +130,7 @@ def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path
 
     from launcher.config import load_config
     from launcher.submit.prepare import pin_config
-    from tests.jaxproc import jax_env
+    from testing.jaxproc import jax_env
 
     config, pinned = pin_config(load_config(DEMO, [
         f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",

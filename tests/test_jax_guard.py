@@ -22,8 +22,8 @@ from launcher.jaxkey.selfcheck import SelfCheck
 from launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
+from testing.legs import Leg, leg_python
 from tests.conftest import DEMO, REPO
-from tests.legs import Leg, leg_python
 
 UNTESTED = "0.13.0"
 ONE_LINE = (f"jaxwarm: error: jax {UNTESTED} is outside jaxwarm's tested range, jax 0.8.x to "

@@ -3,7 +3,8 @@ user protocol loads (run in a fresh interpreter).
 
 `launcher/` is the ground floor every side shares (config, environment, JAX adapter, store,
 in-job hook): nothing under it may import `prewarm`, which builds on it. Code that runs
-inside a job (`launcher/injob/`, `prewarm/`) never imports the submit side.
+inside a job (`launcher/injob/`, `prewarm/`) never imports the submit side. The tests and
+the benchmarks share their helpers through `testing/`, not through each other.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def test_launcher_imports_nothing_from_prewarm() -> None:
 
 def test_in_job_code_never_imports_the_submit_side() -> None:
     assert offenders(["launcher/injob", "prewarm"], SUBMIT_SIDE) == {}
+
+
+def test_tests_and_bench_share_helpers_through_testing_alone() -> None:
+    """No tests <-> bench cycle: the benchmarks import nothing of the tests, and what both
+    use (`testing/`) imports neither."""
+    assert offenders(["bench"], ("tests",)) == {}
+    assert offenders(["testing"], ("tests", "bench")) == {}
 
 
 def test_the_user_protocol_loads_no_store_and_no_hook() -> None:

@@ -23,8 +23,8 @@ from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, s
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import read_manifest
 from launcher.submit.prepare import pin_config
+from testing.jaxproc import jax_env
 from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
-from tests.jaxproc import jax_env
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-# uv installs the packages of .venv and of every leg (tests/legs.py): seconds per venv from
+# uv installs the packages of .venv and of every leg (testing/legs.py): seconds per venv from
 # its cache, where pip took a minute. It comes from PyPI into .venv, by pip, the one thing
 # pip installs here.
 UV := $(VENV)/bin/uv
@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml | $(UV)
 demo: $(STAMP)
 	$(VENV)/bin/jaxwarm launch configs/demo.yaml --local
 
-# One venv per tested jax beyond the main venv's (tests/legs.py), under .venvs/; a jax
-# whose Python is not installed is skipped (and the tests say so). tests/legs.py needs no
+# One venv per tested jax beyond the main venv's (testing/legs.py), under .venvs/; a jax
+# whose Python is not installed is skipped (and the tests say so). testing/legs.py needs no
 # more than the standard library, so the legs build beside .venv (`make test`).
 legs: | $(UV)
-	$(PYTHON) -m tests.legs build
+	$(PYTHON) -m testing.legs build
 
 # The fast tier (under a minute): lint and import order (ruff), the types of every module
 # of the package (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
@@ -53,5 +53,5 @@ matrix: $(STAMP) legs
 # processes. Not part of `make test`, where tests/test_maxtext.py skips while the venv is
 # not built; .ci/run runs it after `make test` (issue 18: its own target).
 maxtext: $(STAMP)
-	$(VENV)/bin/python -m tests.legs build maxtext
+	$(VENV)/bin/python -m testing.legs build maxtext
 	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

@@ -13,7 +13,7 @@ processes of: the time inside the protocol before the lookup (`launcher.injob.ra
 the decision), inside the meeting after the compile (`after_compile`: mostly waiting for the
 other rank), and the whole `compile()` call. On CPU the agreement makes the warm run compile
 (rank 1 never has an entry there); the protocol times do not include that compile. The
-CPU children compile at LLVM -O0 (`tests.jaxproc.jax_env`), which shortens the compile()
+CPU children compile at LLVM -O0 (`testing.jaxproc.jax_env`), which shortens the compile()
 column a little and leaves the protocol's columns as they are.
 """
 
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import table, write_json
-from tests.jaxproc import result, run_jax_processes
+from testing.jaxproc import result, run_jax_processes
 
 CHILD = r'''
 import json, sys, time

@@ -1,6 +1,6 @@
 """verify's cost on top of lowering, on every tested jax: `python -m bench.key_cost`.
 
-For the main venv's jax and each leg built by `make legs` (tests/legs.py): the prewarm job
+For the main venv's jax and each leg built by `make legs` (testing/legs.py): the prewarm job
 fills an empty cache with the reference step (demo config, 1 process x 8 CPU devices, as in
 `bench.step_cost`), then the verify job runs `--repeat` times on it, each a fresh process
 as `jaxwarm verify --local` starts it but with that jax's Python. Per function, verify's
@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.common import BenchError, bench_config, read_json, run_spec, table, verdict
 from launcher.rundir import verify_result_path
 from launcher.submit.jobs import JobSpec, prewarm_job, verify_job
-from tests.legs import LEGS, ready
+from testing.legs import LEGS, ready
 
 LIMIT_MS = 10.0
 OVERRIDES = ("cache.min_compile_time_secs=0",)

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.common import DEMO, REPO, TINY_STEP, machine, table, write_json
-from tests.procs import run_processes
+from testing.procs import run_processes
 
 KILLED_RANK = 5
 SAMPLE_S = 0.5

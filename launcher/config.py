@@ -1,67 +1,30 @@
 """The YAML config as typed dataclasses, with one-line errors for every way it can be wrong.
 
-Parsing is pure: `parse_config(raw, source)` turns a dict into a `Config` or raises
-`ConfigError`. Only `load_config` touches the file system. Every error names the file,
-the dotted key and what was expected, because a user reading a failed 64-node submission
-has one line to understand it from.
-
-One converter (`convert`) reads every section, the step's own arguments (a factory's
-dataclass, e.g. `prewarm.workload.model.ModelArgs`) and jaxwarm's own JSON files (the
-manifest, a bundle's metadata): types come from the annotations, ranges
-from `Annotated[..., Bound]`, and two rules hold for every value: a number is finite, and a
-string has no control character (strings reach job scripts, `#SBATCH` lines and the
-environment, where a newline starts a new command).
+This module is the schema (the sections, their types, ranges and choices as annotations)
+and the checks that span fields; `launcher.decode` reads values into it. Parsing is pure:
+`parse_config(raw, source)` turns a dict into a `Config` or raises `ConfigError`. Only
+`load_config` touches the file system. Every error names the file, the dotted key and what
+was expected, because a user reading a failed 64-node submission has one line to
+understand it from.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
-import functools
 import math
 import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 
-from launcher.errors import UserError
+from launcher.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
+from launcher.errors import ConfigError
 from launcher.files import RefusedFile, read_capped
-
-
-class ConfigError(UserError, ValueError):
-    """A config problem, already phrased as the one line the user sees."""
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The range a number field takes (NaN and infinity never pass the converter): from
-    `low`, and up to `high` where a larger value passes parsing only to break later (a
-    meeting's timeout in a barrier's integer milliseconds, a requeue signal sbatch refuses);
-    `high_means` says what that maximum is, in the one line."""
-
-    low: float
-    inclusive: bool = True
-    high: float | None = None
-    high_means: str = ""
-
-    def problem(self, value: float) -> str | None:
-        kind = "integer" if isinstance(value, int) else "number"
-        if self.high is not None and value > self.high:
-            means = f" ({self.high_means})" if self.high_means else ""
-            return f"expected at most {self.high:g}{means}, got {value:g}"
-        if value > self.low or (self.inclusive and value == self.low):
-            return None
-        if self.low == 0 and not self.inclusive:
-            return f"expected a positive {kind}, got {value}"
-        return f"expected {'an' if kind == 'integer' else 'a'} {kind} " \
-               f"{'>=' if self.inclusive else '>'} {self.low:g}, got {value}"
-
 
 PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
@@ -77,6 +40,8 @@ Seconds = Annotated[float, Bound(0, high=MAX_DURATION_S, high_means="a week")]
 PositiveSeconds = Annotated[float, Bound(0, inclusive=False, high=MAX_DURATION_S,
                                          high_means="a week")]
 Bytes = Annotated[int, Bound(0, high=MAX_SIZE_BYTES, high_means="1 PiB")]
+# An environment variable's or an sbatch option's value, which YAML may read as a number.
+EnvText = Annotated[str, NumbersAsText()]
 # sbatch's --signal=<sig>@<time>: SLURM takes at most 65535 s.
 SIGNAL_LEAD_MAX_S = 65535
 
@@ -136,7 +101,7 @@ class TopologyConfig:
     nodes: PositiveInt = 1
     processes_per_node: PositiveInt = 1
     devices_per_process: PositiveInt = 1
-    platform: str = "cpu"
+    platform: Literal["cpu", "gpu"] = "cpu"
 
     @property
     def num_processes(self) -> int:
@@ -152,7 +117,7 @@ class PrewarmConfig:
     # "run": the prewarm job runs on the run's own layout (nodes x processes). "mock" (GPU):
     # one process on one node compiles for the run's layout through JAX's mock GPU topology
     # (launcher/gputarget.py), so a 64-GPU step is prewarmed on one node.
-    layout: str = "run"
+    layout: Literal["run", "mock"] = "run"
 
 
 @dataclass(frozen=True)
@@ -163,7 +128,7 @@ class MeshConfig:
     axes: dict[str, PositiveInt] | None = None
     # "auto" builds jax.sharding.Mesh; "explicit" uses jax.make_mesh's Explicit axes.
     # The two lower to different programs, so prewarm and run must agree.
-    axis_types: str = "auto"
+    axis_types: Literal["auto", "explicit"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -177,7 +142,7 @@ class EntrypointConfig:
     """The training entrypoint: exactly one of a command, a module (`python -m`) or a
     function, each run with jaxwarm's init recorder installed first (launcher/submit/jobs.py)."""
 
-    command: list[str] | None = None
+    command: Annotated[list[str], CommandLine()] | None = None
     module: str | None = None
     function: str | None = None
     args: list[str] = field(default_factory=list)
@@ -193,11 +158,11 @@ class SlurmConfig:
     gpus_per_node: PositiveInt | None = None
     cpus_per_task: PositiveInt = 1
     mem: str | None = None
-    signal: str = "USR1"
+    signal: Literal["USR1", "USR2", "TERM", "INT"] = "USR1"
     signal_lead_s: Annotated[int, Bound(0, high=SIGNAL_LEAD_MAX_S,
                                         high_means="what sbatch --signal takes")] = 300
     max_requeues: NonNegativeInt = 3
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, EnvText] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,7 +190,7 @@ class RanksConfig:
     # run's layout, at least 300 s.
     meet_timeout_s: PositiveSeconds | None = None
     # Rank agreement before each compile: "auto" (on for GPU jobs), true or false.
-    agree: bool | str = "auto"
+    agree: Literal[True, False, "auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -249,14 +214,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     ranks: RanksConfig = field(default_factory=RanksConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, EnvText] = field(default_factory=dict)
     xla_flags: list[str] = field(default_factory=list)
     jax: dict[str, str | int | float | bool] = field(default_factory=dict)
     init_budget_s: PositiveSeconds = 1800.0
     # How long a job's processes get to exit after SIGTERM/SIGINT before SIGKILL (local runner).
     stop_grace_s: PositiveSeconds = 30.0
     # Where the config came from; used in error messages, never written back.
-    source: str = field(default="<config>", compare=False)
+    source: str = field(default="<config>", compare=False, metadata={UNREAD: True})
 
     @property
     def run_dir(self) -> Path:
@@ -268,10 +233,8 @@ class Config:
         return data
 
 
-_PLATFORMS = ("cpu", "gpu")
 # prewarm.layout: on the run's own layout, or through a mock of it on one node (GPU).
-RUN_LAYOUT, MOCK_LAYOUT = "run", "mock"
-PREWARM_LAYOUTS = (RUN_LAYOUT, MOCK_LAYOUT)
+MOCK_LAYOUT = "mock"
 # What a mocked GPU compile needs off (it can hang with sharded autotuning, openxla/xla
 # #28959, as MaxText found); every XLA flag is in the key, so every job of the run carries it.
 SHARD_AUTOTUNING = "--xla_gpu_shard_autotuning"
@@ -288,27 +251,19 @@ OWNED_OPTIONS = {"jax_compilation_cache_dir": "cache.dir",
                  "jax_enable_pgle": "pgle.enabled",
                  "jax_pgle_profiling_runs": "pgle.profiling_runs",
                  "jax_compilation_cache_expect_pgle": "pgle.expect"}
-_AXIS_TYPES = ("auto", "explicit")
 # Patterns are matched with fullmatch: `$` would accept a trailing newline.
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _SLURM_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}")
 _JAX_OPTION = re.compile(r"jax_[a-z0-9_]+")
-_SIGNALS = ("USR1", "USR2", "TERM", "INT")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
-# C0 and C1 controls (NEL among them), Unicode line and paragraph separators, and the bidi
-# marks, embeddings, overrides and isolates (RLO makes a line display other than it reads).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
-                      "\u2066-\u2069]")
 # Variables the job environment owns: a user value would make prewarm and run disagree. Not
 # JAX_LOCAL_DEVICE_IDS: which of a node's GPUs a process uses is not in the key
 # (launcher.injob.distributed sets it from the layout unless the config does).
 LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
 _MANAGED_ENV = re.compile(rf"JAX_(?!{LOCAL_DEVICE_IDS[4:]}$).*|XLA_FLAGS|JAXWARM_.*")
 _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
-# Sections (by key prefix) whose numbers may be written where a string is expected.
-_STRINGLY = ("env.", "slurm.extra.")
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
@@ -458,110 +413,6 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
         node[parts[-1]] = value
 
 
-def convert(tp: Any, value: Any, key: str, source: str) -> Any:
-    """Convert a YAML value to the annotated type, or raise a ConfigError naming `key`.
-
-    The one reader of config values: the config's sections, a step factory's arguments
-    (`convert(ModelArgs, config.step.args, "step.args", config.source)`), and jaxwarm's
-    JSON files (manifest entries, bundle metadata, the submitted-jobs list)."""
-    where = key or "<top level>"
-
-    def fail(problem: str) -> typing.NoReturn:
-        raise ConfigError(f"{source}: {where}: {problem}")
-
-    if typing.get_origin(tp) is Annotated:
-        base, *metadata = typing.get_args(tp)
-        result = convert(base, value, key, source)
-        for bound in metadata:
-            if result is not None and (problem := bound.problem(result)):
-                fail(problem)
-        return result
-    if dataclasses.is_dataclass(tp):
-        return _convert_dataclass(tp, value, key, source)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        members = [a for a in args if a is not type(None)]
-        errors = []
-        for member in members:
-            try:
-                return convert(member, value, key, source)
-            except ConfigError as exc:
-                errors.append(exc)
-        if len(members) == 1:
-            raise errors[0]
-        for member, error in zip(members, errors, strict=True):
-            if type(value) is _base(member):  # the right kind of value, wrong in itself
-                raise error
-        fail(f"expected one of {', '.join(_name(m) for m in members)}, got {_describe(value)}")
-    if origin in (list, tuple):
-        if isinstance(value, str) and args[0] is str and key.endswith("command"):
-            fail("expected a list of arguments (e.g. [jaxwarm-train, --flag]), got a string; "
-                 "no shell is used to split it")
-        if not isinstance(value, list):
-            fail(f"expected a list, got {_describe(value)}")
-        items = [convert(args[0], item, f"{key}[{i}]", source) for i, item in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            fail(f"expected a mapping, got {_describe(value)}")
-        return {convert(str, str(k), f"{key}.{k!r}", source): convert(args[1], v, f"{key}.{k}",
-                                                                         source)
-                for k, v in value.items()}
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                fail(f"expected a finite number, got {value}")
-            return float(value)
-    elif tp is str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                key.startswith(_STRINGLY):
-            value = str(value)
-        if isinstance(value, str):
-            if _CONTROL.search(value):
-                fail(f"expected a single line without control characters, got {ascii(value)}")
-            return value
-    fail(f"expected {_name(tp)}, got {_describe(value)}")
-
-
-def _convert_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{source}: {key or '<top level>'}: expected a mapping, "
-                          f"got {_describe(value)}")
-    hints, fields = _schema(tp)
-    kwargs = {}
-    for name, item in value.items():
-        full = _join(key, str(name))
-        if name not in fields:
-            close = difflib.get_close_matches(str(name), list(fields), n=1)
-            hint = f" (did you mean '{_join(key, close[0])}'?)" if close else \
-                f" (valid keys: {', '.join(fields)})"
-            raise ConfigError(f"{source}: unknown key {full!r}{hint}")
-        kwargs[name] = convert(hints[name], item, full, source)
-    for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING \
-                and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{source}: missing required key '{_join(key, name)}'")
-    return tp(**kwargs)
-
-
-@functools.cache
-def _schema(tp: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
-    """Annotations and fields of a dataclass, resolved once (a manifest has many entries)."""
-    return (typing.get_type_hints(tp, include_extras=True),
-            {f.name: f for f in dataclasses.fields(tp) if f.name != "source"})
-
-
 def _validate(config: Config) -> None:
     """Checks that span fields, or that a type and a bound alone cannot express."""
     src = config.source
@@ -570,9 +421,6 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"{src}: {key}: {problem}")
 
     topo = config.topology
-    if topo.platform not in _PLATFORMS:
-        fail("topology.platform", f"expected one of {', '.join(_PLATFORMS)}, "
-                                  f"got {topo.platform!r}")
     _validate_prewarm_layout(config, fail)
     if config.run.name in ("", ".", "..") or "/" in config.run.name:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
@@ -598,9 +446,6 @@ def _validate(config: Config) -> None:
     if config.cache.prefetch not in (True, False, "auto"):
         fail("cache.prefetch", f"expected auto, true or false (off), "
                                f"got {config.cache.prefetch!r}")
-    if config.mesh.axis_types not in _AXIS_TYPES:
-        fail("mesh.axis_types", f"expected one of {', '.join(_AXIS_TYPES)}, "
-                                f"got {config.mesh.axis_types!r}")
     if not _MODULE_FUNCTION.fullmatch(config.step.factory):
         fail("step.factory", f"expected 'module:function', got {config.step.factory!r}")
     entry = config.entrypoint
@@ -642,13 +487,8 @@ def _validate(config: Config) -> None:
             fail(f"jax.{option}", f"the {key.split('.')[0]} section owns this option (every "
                                   f"job gets it from there, and it is checked before any job "
                                   f"runs); set {key} instead")
-    if config.ranks.agree not in (True, False, "auto"):
-        fail("ranks.agree", f"expected true, false or auto, got {config.ranks.agree!r}")
     if not _SLURM_TIME.fullmatch(config.slurm.time):
         fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
-    if config.slurm.signal not in _SIGNALS:
-        fail("slurm.signal", f"expected one of {', '.join(_SIGNALS)}, "
-                             f"got {config.slurm.signal!r}")
     for name in config.env:
         if not _ENV_NAME.fullmatch(name):
             fail(f"env.{name}", "expected a variable name of letters, digits and '_' "
@@ -671,8 +511,6 @@ def _validate_prewarm_layout(config: Config,
     """`prewarm.layout: mock` needs what JAX's mock topology needs: a GPU target and a run of
     several processes; and it owns the sharded-autotuning flag every job carries."""
     layout, topo = config.prewarm.layout, config.topology
-    if layout not in PREWARM_LAYOUTS:
-        fail("prewarm.layout", f"expected one of {', '.join(PREWARM_LAYOUTS)}, got {layout!r}")
     if layout != MOCK_LAYOUT:
         return
     if topo.platform != "gpu":
@@ -693,36 +531,3 @@ def _within(one: str, other: str) -> bool:
     """Whether either path (as written) is the other or inside it."""
     one, other = os.path.normpath(one), os.path.normpath(other)
     return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
-
-
-def _base(tp: Any) -> Any:
-    """The plain class of an annotation: int for Annotated[int, ...], list for list[str]."""
-    if typing.get_origin(tp) is Annotated:
-        tp = typing.get_args(tp)[0]
-    return typing.get_origin(tp) or tp
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _name(tp: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    if typing.get_origin(tp) is Annotated:
-        tp = typing.get_args(tp)[0]
-    if tp in names:
-        return names[tp]
-    if typing.get_origin(tp) in (list, tuple):
-        return "a list"
-    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string",
-            list: "list", dict: "mapping"}.get(type(value), type(value).__name__)
-    text = repr(value)
-    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"

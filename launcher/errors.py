@@ -14,10 +14,13 @@ import sys
 from collections.abc import Callable
 
 EXIT_OK = 0
-# `jaxwarm verify`: some function is COLD; a job that did not complete; `jaxwarm doctor`:
-# the key prediction is not exact.
+# `jaxwarm verify`: some function is COLD.
 EXIT_COLD = 1
+# A job that did not complete; `jaxwarm cache verify` found (and quarantined) a bad entry.
 EXIT_FAILED = 1
+# The key self-check (`jaxwarm doctor`, `launcher.jaxkey.selfcheck`): the prediction of a
+# key is not exact.
+EXIT_INEXACT = 1
 # Bad input, said in one line (also an untested jax): nothing was started, written or lost.
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -26,6 +29,11 @@ PREFIX = "jaxwarm: error: "
 
 class UserError(Exception):
     """An error already phrased for the user: the file, the key and what was expected."""
+
+
+class ConfigError(UserError, ValueError):
+    """Bad input (a config, a state file read back), already phrased as the one line the
+    user sees: the file, the key and what was expected."""
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -91,6 +91,7 @@ from launcher.submit.prepare import (
 )
 from launcher.submit.sbatch import render
 from launcher.submit.slurm import ACTIVE_STATES
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.flow")
 
@@ -171,7 +172,7 @@ def say_dropped(names: list[str]) -> None:
     if names:
         log.warning("the shell's %s %s not passed on to the jobs: jaxwarm gives every job its "
                     "own (set them in the config's xla_flags, jax or env section)",
-                    ", ".join(names), "is" if len(names) == 1 else "are")
+                    ", ".join(names), plural(len(names), "is", "are"))
 
 
 def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:
@@ -422,4 +423,4 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     if result.trainer_s is not None:
         print(f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its "
               f"start to its last prewarmed function's lookup")
-    return 0 if all(v.warm for v in verdicts) else EXIT_COLD
+    return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD

@@ -1,7 +1,7 @@
 """The files jaxwarm writes and reads back, one typed record each: the init report (with its
 function records and warnings), verify's verdicts, the lines of the cache's usage log.
 
-Written with `to_json`/`dumps`, read back through `launcher.config.convert`, the converter
+Written with `to_json`/`dumps`, read back through `launcher.decode.convert`, the converter
 that reads the config and the manifest: types come from the annotations, so a file with a
 missing key or a wrong type is one line naming the file (and line) and the key. Readers of
 files that many jobs write are lenient per record (`read_record`, `parse_usage_line`): a bad
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from launcher.config import ConfigError, convert
+from launcher.decode import convert
+from launcher.errors import ConfigError
 from launcher.files import RefusedFile, read_bounded, stream_lines
 
 log = logging.getLogger("jaxwarm.records")

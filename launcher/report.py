@@ -19,6 +19,7 @@ from launcher.environment import size_cap
 from launcher.files import RefusedFile, read_bounded
 from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER, OTHER
 from launcher.injob.place import ranges
+from launcher.jaxkey.entryformat import split_key
 from launcher.records import (
     OPTIONS_DIFFER,
     RANKS,
@@ -51,6 +52,7 @@ from launcher.store.manifest import ManifestEntry, latest_for_run
 from launcher.store.misses import explain_miss
 from launcher.store.prewarms import read_prewarms
 from launcher.submit.fingerprint import differences
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.report")
 
@@ -86,7 +88,7 @@ def short_key(key: str | None) -> str:
     """Module name plus the first 16 hex digits: enough to tell keys apart in a table."""
     if key is None:
         return "-"
-    name, _, digest = key.rpartition("-")
+    name, digest = split_key(key)
     return f"{name}-{digest[:16]}" if name else key[:16]
 
 
@@ -546,7 +548,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 since_prewarm(run_dir, cache_dir, prewarmed.key)))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
-        which = "process" if len(others) == 1 else "processes"
+        which = plural(len(others), "process", "processes")
         why = "on CPU JAX hashes each process's local devices into the key, so only " \
               "process 0 can hit" if attempt[0].environment.get("JAX_PLATFORMS") == "cpu" else \
             "they share process 0's keys here, so their rows below say why they missed"
@@ -585,7 +587,7 @@ def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntr
     hit_on = [r.process_index for r in attempt if any(
         (other.name, other.signature) == (fn.name, fn.signature) and other.hit
         for other in r.functions)]
-    which = "process" if len(hit_on) == 1 else "processes"
+    which = plural(len(hit_on), "process", "processes")
     if entry is None:
         saved = ""
     elif entry.compile_s <= 0.0:  # a prewarm that found the entry, not one that compiled it
@@ -612,7 +614,7 @@ def budget_lines(attempt: list[InitReport]) -> list[str]:
         f"processes {ranges([r.process_index for r in timed])} " \
         f"(slowest: process {slowest.process_index})"
     over = [r.process_index for r in timed if r.over_budget]
-    verdict = f"OVER the {budget:.0f} s budget on process{'es' if len(over) > 1 else ''} " \
+    verdict = f"OVER the {budget:.0f} s budget on {plural(len(over), 'process', 'processes')} " \
         f"{ranges(over)}" if over else \
         f"within the {budget:.0f} s budget"
     line = (f"time to first step (restart {timed[0].restart_count}): "

@@ -85,7 +85,7 @@ def parse_report_path(path: str | Path) -> ReportName | None:
 
 def verify_result_path(run_dir: str | Path) -> Path:
     """The verify job's verdicts: process 0 decides for the run (`prewarm.judge`)."""
-    return Path(run_dir) / "verify" / "p0.json"
+    return Path(run_dir) / VERIFY / "p0.json"
 
 
 def prewarm_decision_path(run_dir: str | Path) -> Path:

@@ -17,10 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from launcher.environment import merge_environment
-from launcher.errors import EXIT_ERROR
+from launcher.errors import EXIT_ERROR, EXIT_INEXACT, EXIT_OK
 
 SELFCHECK_MODULE = "launcher.jaxkey.selfcheck"
-EXIT_INEXACT = 1
 
 
 @dataclass
@@ -34,7 +33,7 @@ class RunningCheck:
         lines = [line for line in output.splitlines() if line.startswith("jaxwarm:")]
         print(lines[-1] if lines else f"jaxwarm: self-check exited {self.process.returncode} "
               f"without a verdict: {output.strip()[-300:]}", flush=True)
-        return EXIT_ERROR if self.process.returncode == EXIT_INEXACT else 0
+        return EXIT_ERROR if self.process.returncode == EXIT_INEXACT else EXIT_OK
 
 
 @contextmanager

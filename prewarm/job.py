@@ -29,11 +29,13 @@ from dataclasses import dataclass
 
 from launcher.config import Config
 from launcher.environment import is_remote
+from launcher.errors import EXIT_FAILED, EXIT_OK
 from launcher.files import locked, make_dir
 from launcher.injob.gpu import mocked_topology
 from launcher.injob.hook import config_from_env
 from launcher.injob.reads import FactoryReads
 from launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
+from launcher.jaxkey.entryformat import function_of
 from launcher.records import (
     InputSignature,
     PrewarmDecision,
@@ -42,7 +44,7 @@ from launcher.records import (
     read_record,
 )
 from launcher.rundir import PREWARM, prewarm_decision_path
-from launcher.store.entries import entry_path, function_of, writer_lock_path, written_since
+from launcher.store.entries import entry_path, writer_lock_path, written_since
 from launcher.store.integrity import (
     BEING_WRITTEN,
     Check,
@@ -58,6 +60,7 @@ from launcher.store.manifest import (
     uses_entries,
 )
 from launcher.store.prewarms import record_prewarm
+from launcher.words import plural
 from prewarm.bootstrap import job_main, start_job
 from prewarm.judge import Decision, Target, decide, lower_targets
 from prewarm.progress import compiling, finished, last_compile, progress_file
@@ -261,7 +264,7 @@ def main() -> int:
         log.info("manifest: %s", manifest_path(config.cache.dir))
         if not failed:
             record_fingerprint(config, targets, reads.files)
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, str]) -> None:
@@ -288,9 +291,9 @@ def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, s
     keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
     record_prewarm(config.cache.dir, PrewarmRecord(dataclasses.replace(found, reads=reads),
                                                    keys, config.run.name))
-    log.info("fingerprint %s recorded with %d entr%s: a launch with the same fingerprint "
-             "goes without a prewarm job", found.digest, len(keys), "y" if len(keys) == 1
-             else "ies")
+    log.info("fingerprint %s recorded with %d %s: a launch with the same fingerprint "
+             "goes without a prewarm job", found.digest, len(keys),
+             plural(len(keys), "entry", "entries"))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from launcher.config import Config, ConfigError, convert
+from launcher.config import Config, ConfigError
+from launcher.decode import convert
 from launcher.entryargv import trainer_argv as _trainer_argv
+from launcher.words import plural
 
 T = TypeVar("T")
 # Python's words for a call whose arguments do not fit the function (3.11 to 3.13).
@@ -184,10 +186,11 @@ def load_factory(spec: str,
 
 def step_args(config: Config, cls: type[T]) -> T:
     """`step.args` as the factory's own dataclass (a trainer's `ModelConfig`), read by the
-    config's converter: types from its annotations (ranges from `Annotated[..., Bound]`),
-    and an unknown or missing key or a wrong type is one line naming the config file and
-    `step.args.<key>`, exit 2, as every config error is. `cls(**config.step.args)` works
-    too (`call_factory` names an unknown or missing key), but checks no type."""
+    config's converter (`launcher.decode`): types and choices (`Literal`) from its
+    annotations, ranges from `Annotated[..., Bound]`; an unknown or missing key or a wrong
+    type is one line naming the config file and `step.args.<key>`, exit 2, as every config
+    error is. `cls(**config.step.args)` works too (`call_factory` names an unknown or
+    missing key), but checks no type."""
     result: T = convert(cls, dict(config.step.args), "step.args", config.source)
     return result
 
@@ -240,9 +243,9 @@ def argument_mismatch(exc: TypeError, config: Config) -> str | None:
             not set(args) <= set(params):
         return None  # not a call made with step.args
     keys = ", ".join(f"'step.args.{name}'" for name in names)
-    return (f"{source}: missing required key{'s' if len(names) > 1 else ''} {keys}: the step "
+    return (f"{source}: missing required {plural(len(names), 'key')} {keys}: the step "
             f"factory passes step.args to {what}, which needs "
-            f"{'them' if len(names) > 1 else 'it'} ({where})")
+            f"{plural(len(names), 'it', 'them')} ({where})")
 
 
 def _parameters(qualname: str, frame: types.FrameType) -> list[str] | None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: run the real `jaxwarm` CLI in a subprocess against temp dirs; and how
+"""Shared fixtures: run the real `jaxwarm` CLI in a subprocess against temp dirs (or, for
+input it refuses before anything starts, in this process: `cli`); and how
 `make test` spreads the suite over parallel workers (pytest-xdist, `--dist loadgroup`).
 
 Most end-to-end tests wait on subprocesses (JAX start-up, a SLURM queue), so a few workers on
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,30 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or REPO,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+# The `cli` fixture: `jaxwarm ARGS...` in this process, as run_cli's result.
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """`jaxwarm ARGS...` called in this process (`launcher.cli.main`, output from capsys),
+    for input the CLI refuses before any job or JAX would start (a bad config, a broken state
+    file): the same exit code and lines a user sees, without a process of its own. Its log
+    lines go to pytest's log capture, not to stderr."""
+    from launcher.cli import main
+
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["jaxwarm", *args], code, out.out, out.err)
+
+    return call
 
 
 @pytest.fixture(scope="session")

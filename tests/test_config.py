@@ -25,7 +25,7 @@ from launcher.config import (
 from launcher.entryargv import trainer_argv
 from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
-from tests.conftest import DEMO, REPO, run_cli
+from tests.conftest import DEMO, REPO, Cli
 
 
 def demo_raw() -> dict:
@@ -97,13 +97,13 @@ CASES = {
 }
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: str) -> None:
+def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: str,
+                                                         cli: Cli) -> None:
     raw, expected = CASES[case]
     path = write(tmp_path, raw)
     out = tmp_path / "runs"
-    result = run_cli("launch", str(path), "--local", f"run.out_dir={out}",
+    result = cli("launch", str(path), "--local", f"run.out_dir={out}",
                      f"cache.dir={tmp_path / 'cache'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -114,25 +114,23 @@ def test_config_error_is_one_clear_line_and_nothing_runs(tmp_path: Path, case: s
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
-@pytest.mark.e2e
-def test_bad_override_names_the_key(tmp_path: Path) -> None:
-    result = run_cli("launch", str(DEMO), "--local", "train.stepz=3")
+def test_bad_override_names_the_key(cli: Cli) -> None:
+    result = cli("launch", str(DEMO), "--local", "train.stepz=3")
     assert result.returncode == 2
     assert "unknown key 'train.stepz' (did you mean 'train.steps'?)" in result.stderr
 
 
-@pytest.mark.e2e
-def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: Path) -> None:
-    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: Path,
+                                                                    cli: Cli) -> None:
+    result = cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={tmp_path / 'cache'}", "entrypoint.command=[no-such-trainer]")
     assert result.returncode == 2
     assert "entrypoint.command: 'no-such-trainer' was not found on PATH" in result.stderr
     assert not (tmp_path / "runs" / "demo" / "logs").exists()
 
 
-@pytest.mark.e2e
-def test_missing_config_file() -> None:
-    result = run_cli("launch", "nope.yaml", "--local")
+def test_missing_config_file(cli: Cli) -> None:
+    result = cli("launch", "nope.yaml", "--local")
     assert result.returncode == 2
     assert result.stderr.strip() == "jaxwarm: error: nope.yaml: cannot read config: " \
                                     "No such file or directory"
@@ -160,9 +158,9 @@ def test_entrypoint_needs_exactly_one_form() -> None:
         parse_config(raw, "x.yaml")
 
 
-@pytest.mark.e2e
-def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path) -> None:
-    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path,
+                                                                 cli: Cli) -> None:
+    result = cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={tmp_path / 'cache'}", "step.factory=my_modle:make_step")
     assert result.returncode == 2
     assert "step.factory: module 'my_modle' was not found" in result.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import files
 from launcher.files import LockTimeout, atomic_write, lock_waits, locked
 
 
@@ -55,29 +56,31 @@ def test_a_stuck_holder_is_named_after_the_timeout(tmp_path: Path) -> None:
     assert not Path(str(lock) + ".holder").exists()
 
 
-def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path) -> None:
-    """What the init report says a process waited for jaxwarm's locks: the holder lets go
-    only once this process is trying, so at least one retry (50 ms) was waited."""
+def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the init report says a process waited for jaxwarm's locks. The holder lets go
+    from inside this process's retry loop, at its first pause after a failed try (no sleep
+    orders the two), so at least that one retry (50 ms) was waited."""
     lock = tmp_path / "jaxwarm-usage.jsonl.lock"
     holder = hold(lock, "usage log")
     before = lock_waits().get("usage log", 0.0)
-    trying = threading.Event()
+    pause, released = time.sleep, threading.Event()
 
-    def release_once_trying() -> None:
-        trying.wait()
-        time.sleep(0.5)
-        holder.communicate("go\n", timeout=60)
+    def release_then_pause(seconds: float) -> None:
+        if not released.is_set():  # communicate's own waits pause too: release once
+            released.set()
+            holder.communicate("go\n", timeout=60)  # the holder exits: its lock is free
+        pause(seconds)
 
+    monkeypatch.setattr(files.time, "sleep", release_then_pause)
     try:
-        releaser = threading.Thread(target=release_once_trying)
-        releaser.start()
-        trying.set()
         with locked(lock, "usage log", timeout_s=600):
             pass
-        releaser.join()
     finally:
+        monkeypatch.undo()
         holder.kill()
         holder.wait()
+    assert holder.returncode == 0  # it let go when asked, not when killed
     assert lock_waits()["usage log"] - before >= 0.05
     with locked(tmp_path / "k.lock", "compile of jit_step-abc"):
         pass

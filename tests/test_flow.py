@@ -1,11 +1,13 @@
 """The launch flow with a fake backend (no process starts), in submitit's style: what the
 flow checks, holds and writes before a backend sees the jobs, what it hands the backend,
-and how outcomes become exit codes. Also the SLURM job script, against a golden file, how
-the SLURM watcher reads sacct (fixture output), and which task a failed SLURM job is blamed
-on (a real run's log lines)."""
+and how outcomes become exit codes. Also the SLURM job script, against a golden file, what
+a SLURM submission hands sbatch (sbatch mocked, as submitit's own tests do), how the SLURM
+watcher reads sacct (fixture output), and which task a failed SLURM job is blamed on (a
+real run's log lines)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -20,12 +22,19 @@ from launcher.environment import job_environment
 from launcher.errors import EXIT_ERROR, EXIT_FAILED
 from launcher.files import LockTimeout, locked
 from launcher.records import LocalJobState
-from launcher.rundir import lock_path, metrics_path, pinned_config, submitted_jobs_path
+from launcher.rundir import (
+    PREWARM,
+    TRAIN,
+    lock_path,
+    metrics_path,
+    pinned_config,
+    submitted_jobs_path,
+)
 from launcher.submit.backend import Outcome, recorded_backend
 from launcher.submit.jobs import JobSpec
 from launcher.submit.local import LocalBackend, record_states
 from launcher.submit.sbatch import render
-from launcher.submit.slurm import SlurmBackend, watcher
+from launcher.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -301,3 +310,67 @@ def test_a_failed_slurm_job_names_the_task_srun_saw_end_first(tmp_path: Path) ->
     job.log_path(0).unlink()  # no srun account: the lowest task that said why
     assert why_cancelled([job], {"733_1": "FAILED"}).startswith(
         "train job 733_1 ended FAILED: task 2: the job's coordination service")
+
+
+class MockedSbatch:
+    """sbatch for submitit, in the style of submitit's own `MockedSubprocess`
+    (`submitit/core/test_core.py`): each call reads the job script it is given and answers
+    as sbatch does, with job ids from 12 on. No cluster is needed to see what jaxwarm asks
+    SLURM for; tests/test_submit_slurm.py runs the same submission on a real one."""
+
+    def __init__(self) -> None:
+        self.scripts: list[str] = []
+
+    def __call__(self, command: list[str], **_: Any) -> Any:
+        assert command[0] == "sbatch", command
+        self.scripts.append(Path(command[1]).read_text())
+        return lambda: f"Submitted batch job {11 + len(self.scripts)}\n".encode()
+
+
+def sbatch_directives(script: str) -> dict[str, str]:
+    return dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
+                if line.startswith("#SBATCH --"))
+
+
+def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `jaxwarm launch --slurm` hands sbatch (submitit's script), with sbatch mocked:
+    the prewarm job, then the training job after it (afterok) with the same directives and
+    environment as the rendered golden script, and both recorded for `jaxwarm status`."""
+    import submitit
+    import submitit.core.utils
+
+    sbatch = MockedSbatch()
+    monkeypatch.setattr(submitit.core.utils, "CommandFunction", sbatch)
+    golden_config = load_config(DEMO, ["run.out_dir=/runs", "cache.dir=/shared/jax cache",
+                                       "slurm.partition=gpu", "slurm.max_requeues=2",
+                                       "env={WANDB_PROJECT: \"it's $HOME\"}"])
+    env = job_environment(golden_config, "/runs/demo/config.yaml")
+    config = dataclasses.replace(golden_config, run=dataclasses.replace(golden_config.run,
+                                                                        out_dir=str(tmp_path)))
+    jobs = [JobSpec(PREWARM, ["python", "-m", "prewarm.job"], env),
+            JobSpec(TRAIN, ["jaxwarm-train"], env)]
+    try:
+        submitted = submit_jobs(config, jobs)
+    finally:
+        submitit.SlurmJob.watcher.clear()  # submitit's shared watcher forgets the fake ids
+
+    assert [(job.name, job.job_id) for job in submitted] == [(PREWARM, "12"), (TRAIN, "13")]
+    assert read_jobs(config.run_dir) == submitted
+    prewarm, train = (sbatch_directives(script) for script in sbatch.scripts)
+    assert prewarm["job-name"] == "jaxwarm-demo-prewarm"
+    assert "dependency" not in prewarm and "requeue" not in prewarm
+    assert train["dependency"] == "afterok:12" and train["kill-on-invalid-dep"] == "yes"
+    golden_text = (GOLDEN / "train.sbatch").read_text()
+    golden = sbatch_directives(golden_text)
+    for name in ("job-name", "nodes", "ntasks-per-node", "cpus-per-task", "time", "partition",
+                 "requeue"):
+        assert train[name] == golden[name], name
+    # The warning ahead of the time limit: the tasks get it here (each task's TaskCommand
+    # requeues), the rendered script's batch shell (B:) forwards it to them.
+    assert golden["signal"] == f"B:{train['signal']}" == "B:USR2@300"
+    # Every task gets the golden script's environment, exported the same way.
+    exports = [line for line in golden_text.splitlines() if line.startswith(("export ",
+                                                                             "for _v in"))]
+    for script in sbatch.scripts:
+        assert all(line in script.splitlines() for line in exports)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.store.bundle import BUNDLE_META, installed_versions
+from launcher.jaxkey.versions import required
+from launcher.store.bundle import BUNDLE_META
 from launcher.store.manifest import ManifestEntry, manifest_path, read_manifest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
@@ -31,8 +32,8 @@ def entry_bytes(n: int) -> bytes:
 
 
 def meta(entries: object) -> dict:
-    jax_version, jaxlib_version = installed_versions()
-    return {"version": 1, "jax_version": jax_version, "jaxlib_version": jaxlib_version,
+    here = required()
+    return {"version": 1, "jax_version": here.jax, "jaxlib_version": here.jaxlib,
             "platform": "cpu", "cache_dir": "/elsewhere", "xla_caches": "none",
             "created": time.time(), "entries": entries}
 

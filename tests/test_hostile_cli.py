@@ -1,5 +1,6 @@
 """Every CLI error path is one line and exit 2, never a traceback: each subcommand is walked
-with bad input (real files, real jaxwarm processes, no JAX job)."""
+with bad input (real files, the CLI called in this process: nothing starts before the
+refusal), and a job's own refusal (a real JAX process)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, snapshot
-
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -70,7 +69,8 @@ def cases(w: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
     }
 
 
-def test_every_subcommand_answers_bad_input_with_one_line(world: dict[str, Path]) -> None:
+def test_every_subcommand_answers_bad_input_with_one_line(world: dict[str, Path],
+                                                          cli: Cli) -> None:
     all_cases = cases(world)
     commands = {argv[0] if argv[0] != "cache" else f"cache {argv[1]}"
                 for argv, _ in all_cases.values()}
@@ -79,7 +79,7 @@ def test_every_subcommand_answers_bad_input_with_one_line(world: dict[str, Path]
                                                  "import"))}
     before = snapshot(world["tmp"])
     for name, (argv, fragment) in all_cases.items():
-        result = run_cli(*argv, timeout=60)
+        result = cli(*argv)
         try:
             assert_refused(result, fragment)
         except AssertionError as exc:
@@ -92,14 +92,14 @@ def test_every_subcommand_answers_bad_input_with_one_line(world: dict[str, Path]
                                       '{"version": 1, "entries": {"jit_f-' + "0" * 64 +
                                       '": {"function": "jit_f", "surprise": 1}}}'])
 def test_a_broken_manifest_is_one_line_naming_it_and_changes_nothing(
-        tmp_path: Path, manifest: str) -> None:
+        tmp_path: Path, manifest: str, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     path = cache / "jaxwarm-manifest.json"
     path.write_text(manifest)
     before = snapshot(tmp_path)
     for argv in (["ls"], ["stats"], ["verify"], ["prune", "--max-size", "0"]):
-        assert_refused(run_cli("cache", argv[0], str(cache), *argv[1:]), str(path))
+        assert_refused(cli("cache", argv[0], str(cache), *argv[1:]), str(path))
     assert snapshot(tmp_path) == before
 
 
@@ -121,6 +121,7 @@ def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
     assert "not a jaxwarm manifest" in note
 
 
+@pytest.mark.e2e
 def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path) -> None:
     """The launcher's static check cannot see every module (no source); the job's own
     error is one line, not a traceback per process."""
@@ -129,7 +130,7 @@ def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path
 
     from launcher.config import load_config
     from launcher.submit.prepare import pin_config
-    from tests.jaxproc import jax_env
+    from testing.jaxproc import jax_env
 
     config, pinned = pin_config(load_config(DEMO, [
         f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",

@@ -17,9 +17,9 @@ import pytest
 from launcher.config import ConfigError, load_config
 from launcher.environment import job_environment, merge_environment, resolve_paths
 from launcher.store.security import check_cache_dir, recheck_cache_dir
+from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
-from tests.jaxproc import jax_env
 
 
 def refused(tmp_path: Path, *overrides: str) -> str:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from testing.procs import alive, run_processes, wait_until
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
-from tests.procs import alive, run_processes, wait_until
 
 pytestmark = pytest.mark.e2e
 

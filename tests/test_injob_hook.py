@@ -9,8 +9,8 @@ import pytest
 
 from launcher.records import RECOMPILED
 from launcher.rundir import report_path
+from testing.jaxproc import run_jax
 from tests.conftest import DEMO
-from tests.jaxproc import run_jax
 
 pytestmark = pytest.mark.e2e
 

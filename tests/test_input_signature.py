@@ -30,7 +30,7 @@ from launcher.records import (
 from launcher.report import Targets, attempt_summaries, fold_phases
 from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 from launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
-from tests.jaxproc import RESULT_PREFIX, run_jax
+from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
 

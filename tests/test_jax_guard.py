@@ -19,11 +19,11 @@ import pytest
 
 from launcher.config import load_config
 from launcher.jaxkey.selfcheck import SelfCheck
-from launcher.jaxkey.versions import cache_path_in_key, in_range, release
+from launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
+from testing.legs import Leg, leg_python
 from tests.conftest import DEMO, REPO
-from tests.legs import Leg, leg_python
 
 UNTESTED = "0.13.0"
 ONE_LINE = (f"jaxwarm: error: jax {UNTESTED} is outside jaxwarm's tested range, jax 0.8.x to "
@@ -98,13 +98,15 @@ def test_bundle_from_jax_0_11_imports_at_another_path(monkeypatch: pytest.Monkey
     """The same bundle and config: refused on jax 0.10.2, allowed on 0.11.2."""
     config = load_config(DEMO, ["cache.dir=/b/cache"])
     for version, refused in (("0.10.2", True), ("0.11.2", False)):
-        monkeypatch.setattr(bundle, "installed_versions", lambda v=version: (v, v))
+        monkeypatch.setattr(bundle, "required", lambda v=version: JaxVersions(v, v))
         meta = BundleMeta(version=1, jax_version=version, jaxlib_version=version,
                           platform="cpu", cache_dir="/a/cache",
                           xla_caches="xla_gpu_per_fusion_autotune_cache_dir", created=0.0,
                           entries={})
         reason = refusal(meta, config)
         assert (reason is not None) == refused, (version, reason)
+        # What `jaxwarm cache export` says of it: portable from jax 0.11 on.
+        assert meta.portable is not refused
         assert refusal(dataclasses.replace(meta, cache_dir="/b/cache"), config) is None
 
 

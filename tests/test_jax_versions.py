@@ -1,6 +1,6 @@
 """Every tested jax beyond the main venv's: the key matrix, the demo, a bundle round trip.
 
-Each leg (`tests/legs.py`, venvs made by `make legs`) runs real processes of its own
+Each leg (`testing/legs.py`, venvs made by `make legs`) runs real processes of its own
 Python and jax: the probe's guards and its leaving no trace, and its two keys with PGLE on
 (as in tests/test_jaxkey.py),
 the key-variation matrix (cases sharing process settings share a process:
@@ -28,9 +28,9 @@ import pytest
 
 from launcher.jaxkey.versions import cache_path_in_key
 from launcher.rundir import report_path
+from testing.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir
-from tests.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.test_jaxkey import (
     GUARDS,
     PGLE_KEYS,

@@ -15,7 +15,7 @@ import pytest
 from launcher.config import LOCAL_DEVICE_IDS, ConfigError, TopologyConfig, load_config
 from launcher.injob.distributed import local_device_ids
 from launcher.injob.place import Place
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, Cli
 
 
 def topology(platform: str, devices_per_process: int) -> TopologyConfig:
@@ -70,12 +70,11 @@ def test_the_config_can_name_the_gpus_every_process_uses(monkeypatch: pytest.Mon
     assert local_device_ids(config.topology, slurm_task(3, 4)) == [0]
 
 
-@pytest.mark.e2e  # starts the CLI
-def test_gpus_named_in_another_form_are_refused_at_load(tmp_path: Path) -> None:
+def test_gpus_named_in_another_form_are_refused_at_load(tmp_path: Path, cli: Cli) -> None:
     """One line naming the file and key, exit 2, before anything is submitted."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(DEMO.read_text() + 'env: {JAX_LOCAL_DEVICE_IDS: "0,x"}\n')
-    done = run_cli("verify", str(bad), "--local")
+    done = cli("verify", str(bad), "--local")
     assert done.returncode == 2
     assert done.stderr == (f"jaxwarm: error: {bad}: env.JAX_LOCAL_DEVICE_IDS: expected GPU "
                            f"indices separated by commas, e.g. 0,1, got '0,x'\n")

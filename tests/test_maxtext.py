@@ -1,7 +1,7 @@
 """MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` is a HIT
 in the training job on 1 process (hardware=cpu) and on 2 (hardware=gpu_multiprocess).
 
-It runs in MaxText's own venv (`make maxtext` builds `.venvs/maxtext`, `tests/legs.py`, and
+It runs in MaxText's own venv (`make maxtext` builds `.venvs/maxtext`, `testing/legs.py`, and
 runs this file), as a user runs it: `jaxwarm prewarm`, `jaxwarm verify` and `jaxwarm verify
 --trainer` (WARM), then `jaxwarm launch --no-prewarm`, from a working directory of its own so
 that the example config's relative paths land there. MaxText's own `jax_cache_dir` is set (as
@@ -22,7 +22,7 @@ import pytest
 
 from launcher.records import SETTING_CHANGED
 from launcher.rundir import report_path
-from tests.legs import MAXTEXT, REPO, Leg, leg_python, ready
+from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
 
 pytestmark = pytest.mark.e2e
 

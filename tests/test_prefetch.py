@@ -25,8 +25,8 @@ import pytest
 
 from launcher.records import OVER_CAP, UNUSED, USED
 from launcher.store.manifest import MANIFEST_NAME
+from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
-from tests.legs import LEGS, leg_python, ready
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ import pytest
 from launcher.records import PrewarmDecision, read_record
 from launcher.rundir import prewarm_decision_path, report_path
 from launcher.store.prewarms import read_prewarms
+from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
-from tests.legs import LEGS, leg_python, ready
 
 pytestmark = pytest.mark.e2e
 

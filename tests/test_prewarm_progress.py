@@ -21,8 +21,8 @@ from launcher.rundir import prewarm_progress_path
 from launcher.store.entries import writer_lock_path
 from launcher.store.manifest import ManifestEntry
 from prewarm.progress import last_compile
+from testing.procs import wait_until
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
-from tests.procs import wait_until
 
 
 def entry(key: str, compile_s: float, created: float, process_count: int = 2,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.procs import run_processes, wait_until
 from tests.conftest import DEMO, REPO, ranks_layout, run_cli
-from tests.procs import run_processes, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -91,7 +91,7 @@ def test_an_environment_that_differs_on_one_rank_is_one_line_naming_it() -> None
     line = environment_line(environments)
     assert line is not None and "\n" not in line
     assert line.startswith("the ranks' environments differ: JAXWARM_CONFIG is unset on rank 5, "
-                           "but '/r/config.yaml' on ranks 0-4, 6-7 (and 1 more variable(s))")
+                           "but '/r/config.yaml' on ranks 0-4, 6-7 (and 1 more variable)")
 
 
 def test_a_long_value_is_shown_from_where_it_differs() -> None:

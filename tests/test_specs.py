@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.jaxproc import result, run_jax
+from testing.jaxproc import result, run_jax
 
 pytestmark = pytest.mark.e2e
 

@@ -13,6 +13,8 @@ import pytest
 
 from launcher.config import load_config
 from launcher.environment import jax_options, job_environment
+from launcher.jaxkey.entryformat import function_of, split_key
+from launcher.jaxkey.versions import JaxVersions
 from launcher.records import parse_usage_line
 from launcher.store import bundle
 from launcher.store.bundle import BundleMeta, refusal
@@ -101,7 +103,7 @@ def meta(**changes: object) -> BundleMeta:
 def test_bundle_refusals_name_what_would_make_every_entry_miss(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
-    monkeypatch.setattr(bundle, "installed_versions", lambda: ("0.10.2", "0.10.2"))
+    monkeypatch.setattr(bundle, "required", lambda: JaxVersions("0.10.2", "0.10.2"))
     config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
     assert refusal(meta(), config) is None
     assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)
@@ -112,6 +114,15 @@ def test_bundle_refusals_name_what_would_make_every_entry_miss(
         config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
     with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
     assert "puts the cache path in every key" in refusal(meta(), with_autotune)
+
+
+def test_a_key_names_its_function() -> None:
+    key = "jit_train_step-" + "ab" * 32
+    assert split_key(key) == ("jit_train_step", "ab" * 32)
+    assert function_of(key) == "jit_train_step" and Entry(key, Path(key), 0, 0.0, 0.0).function == \
+        "jit_train_step"
+    assert function_of("jit_f-g-" + "0" * 64) == "jit_f-g"
+    assert split_key("x" * 64) == ("", "x" * 64) and function_of("x" * 64) == "x" * 64
 
 
 @pytest.mark.parametrize(("text", "size"), [("123", 123), ("64K", 65536), ("1.5M", 1572864),

@@ -23,8 +23,8 @@ from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, s
 from launcher.store.integrity import entry_problem
 from launcher.store.manifest import read_manifest
 from launcher.submit.prepare import pin_config
-from tests.conftest import DEMO, run_cli, with_xla_flag
-from tests.jaxproc import jax_env
+from testing.jaxproc import jax_env
+from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -188,11 +188,11 @@ def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
     assert "cache check:" in run.stderr
 
 
-def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path, cli: Cli) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    refused = run_cli("launch", *job_args(tmp_path, shared, *TINY))
+    refused = cli("launch", *job_args(tmp_path, shared, *TINY))
     assert refused.returncode == 2
     line, = refused.stderr.strip().splitlines()
     assert "cache.dir" in line and "writable by every user" in line and str(DEMO) in line
@@ -203,13 +203,13 @@ def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path) -> N
         foreign = tmp_path / "foreign"
         foreign.mkdir(mode=0o770)
         os.chown(foreign, 65534, 0)
-    refused = run_cli("launch", *job_args(tmp_path, foreign, *TINY))
+    refused = cli("launch", *job_args(tmp_path, foreign, *TINY))
     assert refused.returncode == 2
     assert "not by you" in refused.stderr and "cache.trusted_group" in refused.stderr
     if os.geteuid() == 0:
         # Shared on purpose: another member owns it, the config trusts its group.
-        trusted = run_cli("render", *config_args(tmp_path, foreign, *TINY,
-                                                 "cache.trusted_group=root"), "--job", "train")
+        trusted = cli("render", *config_args(tmp_path, foreign, *TINY, "cache.trusted_group=root"),
+                      "--job", "train")
         assert_ok(trusted)
     new = tmp_path / "new-cache"
     pin_config(load_config(DEMO, config_args(tmp_path, new, *TINY)[1:]))

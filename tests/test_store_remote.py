@@ -15,8 +15,8 @@ import pytest
 import s3fs
 
 from launcher.rundir import report_path
+from testing.jaxproc import free_port
 from tests.conftest import DEMO, run_cli
-from tests.jaxproc import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from bench.common import LEGACY_CPU_FUSION
 from launcher.config import Config, ConfigError, parse_config, parse_yaml
 from prewarm.workload.data import BRANCHING, global_batch_numpy
 from prewarm.workload.model import ModelArgs
-from tests.jaxproc import REPO, result, run_jax, run_jax_processes
+from testing.jaxproc import REPO, result, run_jax, run_jax_processes
 
 DEMO = REPO / "configs" / "demo.yaml"
 LLAMA_64 = REPO / "configs" / "llama3-8b-64gpu.yaml"

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint
 from typing import Any
 
+from launcher.errors import EXIT_ERROR
+
 FORMS = ("--script", "--function", "--module", "--path")
 USAGE = ("usage: python -m launcher.injob.call (--script NAME module:function | --function "
          "module:function | --module MODULE | --path SCRIPT) [ARGS...]")
@@ -71,7 +73,7 @@ def main() -> int:
     if len(argv) < 2 or argv[0] not in FORMS or \
             (argv[0] == "--function" and ":" not in argv[1]):
         print(USAGE, file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     from launcher.injob.boot import record_when_jax_imports
     record_when_jax_imports()
     result = run(argv[0], argv[1], argv[2:], script)

@@ -30,6 +30,7 @@ from launcher.injob.prefetch import start_prefetch
 from launcher.injob.ranks import RankCoordinator, agreement_on, meet_timeout
 from launcher.injob.recorder import InitRecorder, InitReport, Prewarmed
 from launcher.injob.stage import node_cache_dir
+from launcher.jaxkey.entryformat import function_of
 from launcher.jaxkey.lookup import watch_lookups
 from launcher.mlperf import MlperfLog, MlperfUnavailable
 from launcher.records import (
@@ -48,7 +49,7 @@ from launcher.rundir import (
     prewarm_decision_path,
     report_path,
 )
-from launcher.store.entries import entry_path, function_of, written_since
+from launcher.store.entries import entry_path, written_since
 from launcher.store.integrity import entry_problem, recorded_entries
 from launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
 from launcher.store.prewarms import forget_prewarm, read_prewarms
@@ -60,6 +61,7 @@ from launcher.store.security import (
 )
 from launcher.store.staging import publish_entries
 from launcher.store.usage import append_usage, job_usage
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.hook")
 
@@ -125,8 +127,8 @@ def publish_written(config: Config, staging: Staging, report: InitReport | None,
         if record.key in published and not record.hit and record.sha256 is None:
             record.sha256, record.size = published[record.key]
     if published:
-        log.info("published %d entr%s written in %s to %s", len(published),
-                 "y" if len(published) == 1 else "ies", staging.dir, config.cache.dir)
+        log.info("published %d %s written in %s to %s", len(published),
+                 plural(len(published), "entry", "entries"), staging.dir, config.cache.dir)
 
 
 _active: InitRecorder | None = None

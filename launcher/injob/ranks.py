@@ -50,6 +50,7 @@ from launcher.jaxkey.lookup import Lookup
 from launcher.records import RANKS, KeyPost, RankState, ReportWarning, dumps, from_json
 from launcher.store.entries import entry_size
 from launcher.store.manifest import ManifestEntry
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.ranks")
 
@@ -88,7 +89,7 @@ def agreement_on(config: Config) -> bool:
 
 
 def ranks_of(ranks: list[int]) -> str:
-    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {ranges(ranks)}"
+    return f"{plural(len(set(ranks)), 'rank')} {ranges(ranks)}"
 
 
 def _groups(values: dict[int, object]) -> list[list[int]]:
@@ -148,7 +149,8 @@ def environment_line(environments: dict[int, dict[str, str]]) -> str | None:
         return ascii(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "...")
 
     others = "; ".join(f"{shown(group[0])} on {ranks_of(group)}" for group in groups[1:])
-    more = f" (and {len(differing) - 1} more variable(s))" if len(differing) > 1 else ""
+    more = f" (and {len(differing) - 1} more {plural(len(differing) - 1, 'variable')})" \
+        if len(differing) > 1 else ""
     return (f"the ranks' environments differ: {name} is {others}, but {shown(groups[0][0])} "
             f"on {ranks_of(groups[0])}{more}; jaxwarm gives every rank the same "
             f"environment, so something on those ranks' nodes changed it (a shell profile, "

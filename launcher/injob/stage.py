@@ -32,6 +32,7 @@ from launcher.records import RECORD_CAP, Staging, dumps, from_json, parse_json
 from launcher.rundir import stage_note_path
 from launcher.store.security import prepare_cache_dir
 from launcher.store.staging import refuse_key_change, stage_entries
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.stage")
 
@@ -64,7 +65,7 @@ def stage_node(config: Config, node: int) -> Staging:
     if missing:
         return Staging(node, shared, stager=True,
                        fallback=f"cache.stage {wanted!r}: {', '.join('$' + n for n in missing)} "
-                                f"{'is' if len(missing) == 1 else 'are'} unset or empty on "
+                                f"{plural(len(missing), 'is', 'are')} unset or empty on "
                                 f"this node")
     if "$" in stage or not os.path.isabs(stage):
         return Staging(node, shared, stager=True,
@@ -81,9 +82,9 @@ def stage_node(config: Config, node: int) -> Staging:
                     "replaced it with a verified copy", node, key, stage)
     for key, why in staged.skipped.items():
         log.warning("jaxwarm: node %d: %s not staged: %s", node, key, why)
-    log.info("jaxwarm: node %d: staged %d entr%s (%d bytes) from %s into %s in %.2f s; "
-             "%d already there", node, len(staged.copied) + len(staged.replaced),
-             "y" if len(staged.copied) + len(staged.replaced) == 1 else "ies",
+    count = len(staged.copied) + len(staged.replaced)
+    log.info("jaxwarm: node %d: staged %d %s (%d bytes) from %s into %s in %.2f s; "
+             "%d already there", node, count, plural(count, "entry", "entries"),
              staged.bytes_copied, shared, stage, staged.seconds, len(staged.reused))
     return Staging(node, stage, stager=True, copied=staged.copied, reused=staged.reused,
                    replaced=staged.replaced, skipped=staged.skipped,

@@ -22,6 +22,20 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 TIME_BYTES = 4
 
 
+def split_key(key: str) -> tuple[str, str]:
+    """JAX's cache key as its two parts: `jit_train_step-<sha256 hex>` -> ('jit_train_step',
+    '<sha256 hex>'), JAX naming the key after the module compiled. A key without a dash
+    (none of JAX's) is ('', key)."""
+    name, _, digest = key.rpartition("-")
+    return name, digest
+
+
+def function_of(key: str) -> str:
+    """The function (module) name a key starts with: what the manifest, the report and
+    `jaxwarm cache ls` group entries by; a key without one names itself."""
+    return split_key(key)[0] or key
+
+
 # Decompression runs in blocks of this many output bytes, so checking an entry holds at most
 # a block in memory whatever the entry claims.
 BLOCK_BYTES = 1 << 20

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.jaxkey import logs
+from launcher.jaxkey.entryformat import function_of
 from launcher.jaxkey.pgle import is_pgle_options
 from launcher.jaxkey.predict import KeyPrediction, _check_seam, in_probe
 
@@ -88,7 +89,7 @@ def watch_lookups(before_lookup: Callable[[Lookup], bool],
             key = original_key(module, devices, options, backend, *args, **kwargs)
         components = {match["component"]: match["hash"]
                       for match in map(logs.COMPONENT.match, lines) if match}
-        lookup = Lookup(module_name=key.rsplit("-", 1)[0], key=key, components=components,
+        lookup = Lookup(module_name=function_of(key), key=key, components=components,
                         platform=str(backend.platform), processes=processes)
         _local.lookup = lookup
         return key if before_lookup(lookup) else None
@@ -128,7 +129,7 @@ def watch_keys(on_key: Callable[[KeyPrediction], bool]) -> None:
             return None
         components = {match["component"]: match["hash"]
                       for match in map(logs.COMPONENT.match, lines) if match}
-        found = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
+        found = KeyPrediction(key=key, module_name=function_of(key),
                               components=components)
         return key if on_key(found) else None
 

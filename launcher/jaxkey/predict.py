@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.jaxkey import logs
 from launcher.jaxkey.components import differing_components
+from launcher.jaxkey.entryformat import function_of
 from launcher.jaxkey.pgle import is_pgle_options
 from launcher.jaxkey.prefetch import LoadSpec, load_spec
 from launcher.jaxkey.versions import UnsupportedJaxVersion, unsupported_message, version_problem
@@ -127,7 +128,7 @@ def predict_key(lowered: jax.stages.Lowered,
     # The PGLE-optimized key's lines come first; the dict keeps the looked-up key's.
     components = {match["component"]: match["hash"]
                   for match in map(logs.COMPONENT.match, lines) if match}
-    prediction = KeyPrediction(key=key, module_name=key.rsplit("-", 1)[0],
+    prediction = KeyPrediction(key=key, module_name=function_of(key),
                                components=components,
                                pgle_key=keys[0] if len(keys) > 1 else None, load=load)
     log.debug("predicted cache key %s in %.2f ms", key, 1e3 * (time.perf_counter() - start))

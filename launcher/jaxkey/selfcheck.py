@@ -16,13 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import EXIT_ERROR
+from launcher.errors import EXIT_ERROR, EXIT_INEXACT, EXIT_OK
 from launcher.jaxkey.components import COMPONENTS
 from launcher.jaxkey.entryformat import CACHE_SUFFIX
 from launcher.jaxkey.guard import jax_job
 from launcher.jaxkey.predict import KeyNotComputed, predict_key
-
-EXIT_INEXACT = 1
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ def main() -> int:
                   f"{str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
             return EXIT_ERROR
     print(f"jaxwarm: self-check: {result.line()}", flush=True)
-    return 0 if result.exact else EXIT_INEXACT
+    return EXIT_OK if result.exact else EXIT_INEXACT
 
 
 if __name__ == "__main__":

@@ -57,6 +57,15 @@ def installed() -> JaxVersions | None:
         return None
 
 
+def required() -> JaxVersions:
+    """`installed()` where a command cannot go on without jax (a bundle records and compares
+    the versions): no jax is the one line `version_problem` says."""
+    versions = installed()
+    if versions is None:
+        raise UnsupportedJaxVersion(version_problem(None) or "jax is not installed")
+    return versions
+
+
 def in_range(version: str) -> bool:
     return LOWEST <= release(version)[:2] < BEYOND
 

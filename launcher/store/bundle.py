@@ -18,15 +18,15 @@ import shutil
 import tarfile
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, NonNegativeInt, convert
+from launcher.config import Config, NonNegativeInt
+from launcher.decode import convert
 from launcher.errors import UserError
 from launcher.files import atomic_path, modes_in, staged_files
 from launcher.jaxkey.entryformat import BLOCK_BYTES, encode_atime
-from launcher.jaxkey.versions import cache_path_in_key
+from launcher.jaxkey.versions import cache_path_in_key, required
 from launcher.records import load_json
 from launcher.store.entries import (
     CACHE_SUFFIX,
@@ -75,20 +75,18 @@ class BundleMeta:
     created: float
     entries: dict[str, BundleItem]
 
-
-def installed_versions() -> tuple[str, str]:
-    return metadata.version("jax"), metadata.version("jaxlib")
-
-
-def path_independent(xla_caches: str, jax_version: str) -> bool:
-    return not cache_path_in_key(jax_version, xla_caches)
+    @property
+    def portable(self) -> bool:
+        """Whether its keys hold no cache path, so they hit at any cache dir: the XLA caches
+        off, or jax >= 0.11 (`cache_path_in_key`)."""
+        return not cache_path_in_key(self.jax_version, self.xla_caches)
 
 
 def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
     """Write the entries `keys` of the config's cache, checked intact, to `output`."""
     cache_dir = config.cache.dir
     manifest = read_manifest(cache_dir)
-    jax_version, jaxlib_version = installed_versions()
+    here = required()
     entries = {}
     for key in keys:
         path = entry_path(cache_dir, key)
@@ -98,8 +96,8 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
             raise BundleError(f"{path}: {problem}; run `jaxwarm cache verify` and prewarm again")
         known = asdict(manifest[key]) if key in manifest else None
         entries[key] = BundleItem(sha256_file(path), path.stat().st_size, known)
-    meta = BundleMeta(version=BUNDLE_VERSION, jax_version=jax_version,
-                      jaxlib_version=jaxlib_version, platform=config.topology.platform,
+    meta = BundleMeta(version=BUNDLE_VERSION, jax_version=here.jax,
+                      jaxlib_version=here.jaxlib, platform=config.topology.platform,
                       cache_dir=cache_dir, xla_caches=config.cache.xla_caches,
                       created=time.time(), entries=entries)
     with atomic_path(output) as tmp, tarfile.open(tmp, "w") as tar:
@@ -162,22 +160,22 @@ def manifest_record(source: Path, key: str, item: BundleItem) -> ManifestEntry |
 def refusal(meta: BundleMeta, config: Config) -> str | None:
     """Why the bundle's entries could never hit for this config; None when they can. Pure
     apart from reading the installed versions."""
-    jax_version, jaxlib_version = installed_versions()
-    if (meta.jax_version, meta.jaxlib_version) != (jax_version, jaxlib_version):
+    here = required()
+    if (meta.jax_version, meta.jaxlib_version) != (here.jax, here.jaxlib):
         return (f"made with jax {meta.jax_version} / jaxlib {meta.jaxlib_version}, this "
-                f"environment has jax {jax_version} / jaxlib {jaxlib_version}")
+                f"environment has jax {here.jax} / jaxlib {here.jaxlib}")
     if meta.platform != config.topology.platform:
         return f"made for platform {meta.platform}, the config runs on {config.topology.platform}"
     if meta.cache_dir == config.cache.dir:
         return None
-    if not path_independent(meta.xla_caches, meta.jax_version):
+    if not meta.portable:
         return (f"its keys include the cache path {meta.cache_dir} (cache.xla_caches is "
                 f"{meta.xla_caches!r} and jax {meta.jax_version} < 0.11 hashes XLA's autotune "
                 f"dir), so they cannot hit in {config.cache.dir}; export from a config with "
                 f"cache.xla_caches: none to make a portable bundle")
-    if not path_independent(config.cache.xla_caches, jax_version):
+    if cache_path_in_key(here.jax, config.cache.xla_caches):
         return (f"the config's cache.xla_caches is {config.cache.xla_caches!r}, which on jax "
-                f"{jax_version} (< 0.11) puts the cache path in every key; set it to none, as "
+                f"{here.jax} (< 0.11) puts the cache path in every key; set it to none, as "
                 f"the exporting config did")
     return None
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from launcher.config import CacheConfig, Config, ConfigError, add_overrides_argument, load_config
 from launcher.environment import canonical_path, is_remote, resolve_paths
+from launcher.errors import EXIT_FAILED, EXIT_OK
+from launcher.jaxkey.entryformat import split_key
 from launcher.records import JobUsage, dumps
 from launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
 from launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
@@ -22,6 +24,7 @@ from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.prune import prune
 from launcher.store.security import check_cache_dir, prepare_cache_dir
 from launcher.store.usage import KeyHistory, key_histories, read_usage
+from launcher.words import plural
 
 _SIZE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[KMGT]?i?B?)?$", re.IGNORECASE)
 _AGE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[smhdw]?)$")
@@ -161,10 +164,10 @@ def cmd_ls(cache_dir: str) -> list[str]:
     lines = []
     for function in sorted({r.function for r in rows}):
         group = [r for r in rows if r.function == function]
-        lines.append(f"{function}: {len(group)} entr{'y' if len(group) == 1 else 'ies'}, "
+        lines.append(f"{function}: {len(group)} {plural(len(group), 'entry', 'entries')}, "
                      f"{human_size(sum(r.size for r in group))}")
         for row in group:
-            suffix = row.key.rsplit("-", 1)[-1][:12]
+            suffix = split_key(row.key)[1][:12]
             lines.append(
                 f"  {suffix}  {human_size(row.size):>9}  age {human_age(row.age_s):>4}  "
                 f"last used {human_age(row.last_used_s):>4} ago"
@@ -256,14 +259,14 @@ def run(args: argparse.Namespace) -> int:
         with_sum = sum(c.checksum_known for c in checks)
         print(f"{len(checks)} entries checked in {seconds:.2f} s ({with_sum} against a recorded "
               f"checksum): {len(checks) - len(bad)} intact, {len(bad)} quarantined")
-        return 1 if bad else 0
+        return EXIT_FAILED if bad else EXIT_OK
     elif action == "export":
         return cmd_export(args, require_config(config, args.target, action))
     elif action == "import":
         config = require_config(config, args.target, action)
         prepare_cache_dir(Path(cache_dir), config.cache, config.source)
         added, present = import_bundle(args.bundle, config, args.max_bytes)
-        print(f"imported {len(added)} entr{'y' if len(added) == 1 else 'ies'} "
+        print(f"imported {len(added)} {plural(len(added), 'entry', 'entries')} "
               f"({len(present)} already there) into {cache_dir}")
     return 0
 
@@ -274,7 +277,7 @@ def cmd_prune(args: argparse.Namespace, cache_dir: str) -> int:
     removed = prune(cache_dir, max_bytes=args.max_size, older_than_s=args.older_than,
                     include_pinned=args.include_pinned)
     left = scan(cache_dir)
-    print(f"pruned {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+    print(f"pruned {len(removed)} {plural(len(removed), 'entry', 'entries')} "
           f"({human_size(sum(e.size for e in removed))}); {len(left)} left, "
           f"{human_size(sum(e.size for e in left))}")
     if args.max_size is not None and sum(e.size for e in left) > args.max_size:
@@ -295,8 +298,8 @@ def cmd_export(args: argparse.Namespace, config: Config) -> int:
                           f"{config.run.name!r} in {cache_dir}; prewarm first or pass --all")
     meta = export_bundle(config, args.output, keys)
     size = args.output.stat().st_size
-    print(f"exported {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} to {args.output} "
+    print(f"exported {len(keys)} {plural(len(keys), 'entry', 'entries')} to {args.output} "
           f"({human_size(size)}; jax {meta.jax_version}, {meta.platform}, "
-          f"{'portable' if meta.xla_caches == 'none' else 'only for cache dir ' + cache_dir})")
+          f"{'portable' if meta.portable else 'only for cache dir ' + cache_dir})")
     return 0
 

@@ -40,8 +40,10 @@ from launcher.jaxkey.entryformat import (
     JAX_LOCK,
     decode_atime,
     encode_atime,
+    function_of,
 )
 from launcher.store.usage import KeyHistory, key_histories, read_usage
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -86,11 +88,6 @@ class Entry:
     @property
     def function(self) -> str:
         return function_of(self.key)
-
-
-def function_of(key: str) -> str:
-    """`jit_train_step-<sha256>` -> `jit_train_step`."""
-    return key.rsplit("-", 1)[0]
 
 
 def entry_path(cache_dir: str | Path, key: str) -> Path:
@@ -266,6 +263,6 @@ def ensure_atime_files(cache_dir: str | Path) -> int:
                              modes_in(cache_dir)[0])
                 added += 1
     if added:
-        log.info("%s: added JAX atime files for %d entr%s written without a size cap",
-                 cache_dir, added, "y" if added == 1 else "ies")
+        log.info("%s: added JAX atime files for %d %s written without a size cap",
+                 cache_dir, added, plural(added, "entry", "entries"))
     return added

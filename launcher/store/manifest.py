@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import ConfigError, convert
-from launcher.errors import UserError
+from launcher.decode import convert
+from launcher.errors import ConfigError, UserError
 from launcher.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
 from launcher.records import InputSignature, load_json, warn_once
 from launcher.store.entries import is_entry_key

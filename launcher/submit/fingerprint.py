@@ -51,6 +51,7 @@ from launcher.contents import content_hash, covered, installed_tops, library_dir
 from launcher.environment import job_environment, key_environment, key_variable
 from launcher.records import Fingerprint
 from launcher.submit.jobs import find_module, job_import_path, parse_source
+from launcher.words import plural
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
 RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
@@ -130,8 +131,8 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
         elif name == "environment" and old.variables and new.variables:
             changed = sorted(variable for variable in set(old.variables) | set(new.variables)
                              if old.variables.get(variable) != new.variables.get(variable))
-            lines.append(f"environment: {', '.join(changed)} differ"
-                         f"{'s' if len(changed) == 1 else ''}" if changed
+            lines.append(f"environment: {', '.join(changed)} "
+                         f"{plural(len(changed), 'differs', 'differ')}" if changed
                          else "environment differs")
         elif name in ("jax", "jaxlib", "python", "backend"):
             lines.append(f"{name} {before} -> {after}")

@@ -28,7 +28,7 @@ from typing import IO
 
 from launcher.config import Config, ConfigError, TopologyConfig
 from launcher.environment import merge_environment
-from launcher.errors import EXIT_ERROR, error_line
+from launcher.errors import EXIT_ERROR, EXIT_FAILED, error_line
 from launcher.files import atomic_write, is_held, read_tail
 from launcher.gputarget import gpus_here, job_topology, no_gpu
 from launcher.injob.place import process_variables
@@ -243,7 +243,7 @@ def outcome(result: JobResult) -> Outcome:
         detail = f"{what}: {result.error}" if result.error else \
             f"{what}; last lines of its log {result.log_tail}"
         return Outcome(result.name, False, detail,
-                       EXIT_ERROR if result.returncode == EXIT_ERROR else 1)
+                       EXIT_ERROR if result.returncode == EXIT_ERROR else EXIT_FAILED)
     return Outcome(result.name, True)
 
 

@@ -21,6 +21,7 @@ from launcher.store.entries import ensure_atime_files
 from launcher.store.integrity import check_and_quarantine
 from launcher.store.manifest import latest_for_run, read_manifest
 from launcher.store.security import check_cache_dir, prepare_cache_dir
+from launcher.words import plural
 
 log = logging.getLogger("jaxwarm.prepare")
 
@@ -118,8 +119,8 @@ def prepare_cache(config: Config, check: bool, repair: bool = True) -> dict[str,
     checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False,
                                            repair=repair)
     bad = {c.key: c.problem or "" for c in checks if not c.ok}
-    log.info("cache check: %d entr%s of run %s checked in %.0f ms, %d %s "
-             "(--no-check-cache skips this)", len(checks), "y" if len(checks) == 1 else "ies",
+    log.info("cache check: %d %s of run %s checked in %.0f ms, %d %s "
+             "(--no-check-cache skips this)", len(checks), plural(len(checks), "entry", "entries"),
              config.run.name, 1e3 * seconds, len(bad),
              "quarantined" if repair else
              "bad, left for the next prewarm or launch to quarantine (verify writes nothing)")

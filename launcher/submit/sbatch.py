@@ -16,6 +16,7 @@ from pathlib import Path
 from launcher.config import Config, SlurmConfig, TopologyConfig
 from launcher.environment import OWNED_NAMES, OWNED_PREFIXES
 from launcher.gputarget import job_topology
+from launcher.rundir import PREWARM, TRAIN
 
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"
@@ -51,7 +52,7 @@ def array_setup_lines(envs: list[dict[str, str]]) -> list[str]:
 
 def array_layout(config: Config) -> tuple[tuple[str, str | None], ...]:
     """What configs must share to be prewarmed as tasks of one job array."""
-    options = directives(config, "prewarm")
+    options = directives(config, PREWARM)
     options.pop("job-name")
     return tuple(options.items())
 
@@ -73,7 +74,7 @@ def directives(config: Config, job: str) -> dict[str, str | None]:
             options[name] = value
     if slurm.gpus_per_node is not None:
         options["gpus-per-node"] = str(slurm.gpus_per_node)
-    if job == "train":
+    if job == TRAIN:
         options["signal"] = f"{WARNING_SIGNAL}@{slurm.signal_lead_s}"
         options["requeue"] = None
     for name, value in slurm.extra.items():

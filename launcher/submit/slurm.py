@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, ConfigError, convert
+from launcher.config import Config, ConfigError
+from launcher.decode import convert
 from launcher.errors import UserError, error_line
 from launcher.files import atomic_write, read_bounded, read_tail
 from launcher.injob.task import TaskCommand

@@ -12,7 +12,7 @@ SIGINT, and whatever of the group outlives the command itself. As the group's su
 also reaps what the shell left behind. Its output goes to the launcher's pipe (process 0's
 echo), which breaks when the launcher dies: a failed write is dropped, and however the
 supervisor stops, it SIGKILLs and reaps the group on the way out. It imports nothing from
-jaxwarm: it starts at once.
+jaxwarm but the exit codes (`launcher.errors`, which imports nothing): it starts at once.
 
     python -m launcher.submit.supervise GRACE_S -- ARGV...
 """
@@ -25,6 +25,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from launcher.errors import EXIT_ERROR
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
@@ -136,7 +138,7 @@ def main() -> int:
     grace, separator, *argv = sys.argv[1:]
     if separator != "--" or not argv:
         print("usage: python -m launcher.submit.supervise GRACE_S -- ARGV...", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     return supervise(argv, float(grace))
 
 

@@ -18,7 +18,7 @@ import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +26,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from launcher.config import (
-    Config,
-    ConfigError,
-    NonNegativeFloat,
-    PositiveFloat,
-    PositiveInt,
-    convert,
-)
+from launcher.config import Config, ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt
+from prewarm.step import step_args
 
 Params = dict[str, Any]
 
@@ -58,7 +52,7 @@ class ModelArgs:
     seq_len: PositiveInt
     global_batch: PositiveInt
     chunks: PositiveInt = 1
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     learning_rate: PositiveFloat = 3e-4
     weight_decay: NonNegativeFloat = 0.1
     rope_theta: PositiveFloat = 10000.0
@@ -83,7 +77,7 @@ class ModelArgs:
     @classmethod
     def from_config(cls, config: Config, axis_sizes: Mapping[str, int]) -> ModelArgs:
         """Parse `config.step.args` for a mesh with these axis sizes, or raise ConfigError."""
-        args = convert(cls, dict(config.step.args), "step.args", config.source)
+        args = step_args(config, cls)
         if "fsdp_axis" not in config.step.args and cls.fsdp_axis not in axis_sizes:
             args = dataclasses.replace(args, fsdp_axis=None)
         args._validate(config.source, axis_sizes)
@@ -95,8 +89,6 @@ class ModelArgs:
         def fail(key: str, problem: str) -> typing.NoReturn:
             raise ConfigError(f"{src}: step.args.{key}: {problem}")
 
-        if self.dtype not in _DTYPES:
-            fail("dtype", f"expected one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.d_model % self.n_heads:
             fail("n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:

@@ -1,9 +1,9 @@
 """The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`,
 and the venv of a real third-party trainer (MaxText), built the same way.
 
-    python -m tests.legs build           # what `make legs` runs: make (or reuse) every leg's
+    python -m testing.legs build           # what `make legs` runs: make (or reuse) every leg's
                                          # venv, the legs side by side
-    python -m tests.legs build maxtext   # what `make maxtext` runs first: .venvs/maxtext
+    python -m testing.legs build maxtext   # what `make maxtext` runs first: .venvs/maxtext
 
 A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
 own dependencies, plus the leg's pinned requirements file if it has one, into a venv of
@@ -162,7 +162,7 @@ def build_or_say(leg: Leg) -> bool:
 
 def main(argv: list[str]) -> int:
     if argv[1:2] != ["build"] or len(argv) > 3 or not set(argv[2:]) <= set(EXTRA):
-        print(f"usage: python -m tests.legs build [{' | '.join(EXTRA)}]", file=sys.stderr)
+        print(f"usage: python -m testing.legs build [{' | '.join(EXTRA)}]", file=sys.stderr)
         return 2
     if argv[2:]:
         return 0 if build_or_say(EXTRA[argv[2]]) else 1

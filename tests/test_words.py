@@ -1,0 +1,13 @@
+"""The one plural of jaxwarm's lines (launcher.words)."""
+
+from __future__ import annotations
+
+from launcher.injob.ranks import ranks_of
+from launcher.words import plural
+
+
+def test_plural_says_one_and_many() -> None:
+    assert [plural(n, "entry", "entries") for n in (0, 1, 2)] == ["entries", "entry", "entries"]
+    assert plural(1, "key") == "key" and plural(3, "key") == "keys"
+    assert plural(1, "is", "are") == "is" and plural(2, "it", "them") == "them"
+    assert ranks_of([3]) == "rank 3" and ranks_of([0, 1, 2, 3]) == "ranks 0-3"

@@ -1,5 +1,5 @@
 """jaxwarm's benchmarks: cold vs warm init, verify cost, launcher and prewarm overhead.
 
 Run from the repository root: `python -m bench.run [--quick]` (see bench/run.py). Not
-installed with the package; the figures in the README's "Performance" section come from it.
+installed with the package; the figures in bench/README.md come from it.
 """

@@ -19,8 +19,9 @@ callbacks (an executable deserialized with them is exactly what JAX would have b
 anything else takes JAX's normal path. JAX's events (lookup, hit, retrieval time) fire
 as for any hit, since the wrapper sits inside `_cache_read`.
 
-Deserialization releases the GIL on every tested version (measured, README "Prefetch"): the
-trainer's Python runs on while the loads do, competing with them only for the CPU.
+Deserialization releases the GIL on every tested version (measured: docs/cache.md,
+"Prefetch"): the trainer's Python runs on while the loads do, competing with them only
+for the CPU.
 
 Importing this module does not import jax.
 """

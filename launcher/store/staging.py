@@ -1,7 +1,7 @@
 """Node-local staging: the run's entries copied from the shared cache dir to a node's own disk.
 
 A 64-rank job whose ranks all load one multi-hundred-MB entry from a shared file system at
-the same second is what Marin moved its caches to node-local NVMe for (see the README's
+the same second is what Marin moved its caches to node-local NVMe for (see docs/cache.md's
 "Node-local staging"). With `cache.stage`, one process per node copies the entries the run's
 prewarm recorded (the manifest) into the node's stage dir, and the training job's JAX reads
 them there; entries the job compiles are published back to the shared dir.

@@ -6,7 +6,8 @@ fills an empty cache with the reference step (demo config, 1 process x 8 CPU dev
 as `jaxwarm verify --local` starts it but with that jax's Python. Per function, verify's
 own work after lowering (`predict_s`: asking JAX for the key and the probe's restore) is
 reported as the median over the runs, with the lowering beside it; the target is
-lowering + 10 ms. A leg that is not built is listed as skipped.
+lowering + 10 ms. A leg that is not built is listed as skipped. `--json PATH` writes the rows
+(bench/results/key-cost.json, whose table bench/README.md shows: `python -m bench.tables`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,19 @@ import argparse
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import BenchError, bench_config, read_json, run_spec, table, verdict
+from bench.common import (
+    BenchError,
+    bench_config,
+    machine,
+    read_json,
+    run_spec,
+    table,
+    verdict,
+    write_json,
+)
 from launcher.rundir import verify_result_path
 from launcher.submit.jobs import JobSpec, prewarm_job, verify_job
 from testing.legs import LEGS, ready
@@ -68,9 +78,17 @@ def measure(python: str, repeat: int) -> list[Row]:
             for function, items in samples.items()]
 
 
+def cost_table(rows: list[Row], repeat: int) -> str:
+    return table(f"verify on top of lowering, per jax (median of {repeat} verify jobs)",
+                 ["jax", "function", "lowering s", "verify on top ms", f"<= {LIMIT_MS:g} ms"],
+                 [[r.jax, r.function, f"{r.lower_s:.3f}", f"{r.predict_ms:.2f}", verdict(r.met)]
+                  for r in rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="verify runs per jax")
+    parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args(argv)
     pythons = [("main venv", sys.executable)]
     skipped = []
@@ -78,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         (pythons.append((f"jax {leg.jax}", str(leg.python))) if ready(leg)
          else skipped.append(f"jax {leg.jax}: not built (`make legs`)"))
     rows = [row for _, python in pythons for row in measure(python, args.repeat)]
-    print(table(f"verify on top of lowering, per jax (median of {args.repeat} verify jobs)",
-                ["jax", "function", "lowering s", "verify on top ms", f"<= {LIMIT_MS:g} ms"],
-                [[r.jax, r.function, f"{r.lower_s:.3f}", f"{r.predict_ms:.2f}", verdict(r.met)]
-                 for r in rows]))
+    print(cost_table(rows, args.repeat))
+    if args.json:
+        write_json(args.json, {"machine": machine(), "repeat": args.repeat,
+                               "rows": [asdict(row) for row in rows]})
     for line in skipped:
         print(f"skipped: {line}")
     return 0 if all(row.met for row in rows) else 1

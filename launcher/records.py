@@ -246,8 +246,6 @@ class InitReport:
     def label(self) -> str:
         """What a training attempt's process was: warm, partly warm or cold (`warmth`);
         empty for a prewarm or verify job, whose lookups are not a start."""
-        from launcher.rundir import TRAIN  # rundir reads its files through this module
-
         if self.job != TRAIN:
             return ""
         hit, missed = prewarmed_outcomes(self.functions)

@@ -176,15 +176,16 @@ def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
 def test_verify_of_the_trainer_and_of_the_factory_name_the_inputs_too(
         tmp_path: Path, adapter_copy: Path) -> None:
     """The same explanation before the run: `verify --trainer` judges the trainer's own
-    lowering of the wider model, and plain verify the factory's when its copy is changed."""
+    lowering of the wider model, and plain verify the factory's when its copy is changed
+    (sizes no other test of the module launches: its launches fill the shared cache)."""
     trainer = run_cli("verify", "--trainer",
-                      *cli_args(tmp_path, *FLAGS, "--d-model", "24", factory="from_args"),
+                      *cli_args(tmp_path, *FLAGS, "--d-model", "40", factory="from_args"),
                       f"cache.dir={adapter_copy}")
     assert trainer.returncode == 1, trainer.stdout + trainer.stderr[-3000:]
-    assert "why: its inputs differ from the prewarmed ones: state['b'] f32[24] vs f32[16] " \
+    assert "why: its inputs differ from the prewarmed ones: state['b'] f32[40] vs f32[16] " \
            "(+2 more)" in trainer.stdout, trainer.stdout
     factory = run_cli("verify", *cli_args(tmp_path, factory="from_args"),
-                      "step.args={batch: 8}", f"cache.dir={adapter_copy}")
+                      "step.args={batch: 12}", f"cache.dir={adapter_copy}")
     assert factory.returncode == 1, factory.stdout + factory.stderr[-3000:]
-    assert "why: its inputs differ from the prewarmed ones: batch f32[8,16] vs f32[4,16]" \
+    assert "why: its inputs differ from the prewarmed ones: batch f32[12,16] vs f32[4,16]" \
         in factory.stdout, factory.stdout

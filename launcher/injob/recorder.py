@@ -194,6 +194,9 @@ class InitRecorder:
         # and verify jobs do; a training job: its run's prewarmed functions).
         self.inputs_of: set[str] | None = None
         self._avals: dict[str, str] = {}
+        # The module of each wanted function's latest compile, read into its inputs only
+        # when asked (a miss, the prewarm's record): a hit costs nothing.
+        self._modules: dict[str, Any] = {}
         self._inputs: dict[str, InputSignature] = {}
         # Called once the process knows its index (e.g. the cache dir's safety checks).
         self.on_bind: list[Callable[[InitRecorder], None]] = []
@@ -271,9 +274,17 @@ class InitRecorder:
             return self._signatures.get(module_name)
 
     def inputs(self, module_name: str) -> InputSignature | None:
-        """The inputs `module_name` was last compiled (or looked up) with, when read."""
+        """The inputs `module_name` was last compiled (or looked up) with, when wanted
+        (`inputs_of`)."""
         with self._lock:
-            return self._inputs.get(module_name)
+            return self._read_inputs(module_name)
+
+    def _read_inputs(self, name: str) -> InputSignature | None:
+        """`inputs`, the lock held: the module read once (about 30 us per input)."""
+        module = self._modules.pop(name, None)
+        if module is not None:
+            self._inputs[name] = module_inputs(module, self._avals.get(name))
+        return self._inputs.get(name)
 
     def lowered_inputs(self, module_name: str, lowered: Any) -> InputSignature:
         """The inputs of a function lowered and not compiled (a verify or prewarm target,
@@ -337,15 +348,13 @@ class InitRecorder:
         self.clock.add(Span(phase, start, end, name))
 
     def on_compile(self, name: str, module: Any) -> None:
-        """A compile or lookup is about to start: read the inputs of a function they are
-        wanted of (`inputs_of`), with the weak types of its lowering line."""
+        """A compile or lookup is about to start: keep the module of a function whose
+        inputs are wanted (`inputs_of`), to read if asked."""
         if self.inputs_of is not None and name not in self.inputs_of:
             return
         with self._lock:
-            avals = self._avals.get(name)
-        found = module_inputs(module, avals)
-        with self._lock:
-            self._inputs[name] = found
+            self._modules[name] = module
+            self._inputs.pop(name, None)
 
     def on_log(self, message: str) -> None:
         with self._lock:
@@ -424,8 +433,10 @@ class InitRecorder:
                                           for earlier in self.report.functions):
             return
         record.prewarmed = True
-        now = self._inputs.get(name)
-        if not record.hit and prewarmed.inputs is not None and now is not None:
+        if record.hit or prewarmed.inputs is None:
+            return
+        now = self._read_inputs(name)
+        if now is not None:
             record.input_changes = input_differences(prewarmed.inputs, now)
 
     def _check_global_options(self, record: FunctionRecord) -> None:
@@ -472,7 +483,7 @@ class InitRecorder:
             if self._found >= Found.PREWARMED_STEP or self._watching_step:
                 return None
             run = next((run for (known, signature), run in self.step_functions.items()
-                        if name == known and signature == record.signature), None)
+                        if name == known and signature in (None, record.signature)), None)
             own = self.prewarmed.get(name)
             if run is None and record.prewarmed and own is not None and own.is_step:
                 run = own.run

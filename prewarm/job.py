@@ -99,7 +99,8 @@ def repair(config: Config, decisions: list[Decision]) -> None:
     compile waits for that writer's lock, then loads it). An entry read in full and found
     intact has its check recorded (the next check is the quick one); one no manifest records
     (its prewarm was killed before recording it) is pinned now, and one another run recorded
-    is recorded as used by this run too."""
+    is recorded as used by this run too (and, where that record predates `cache.prefetch`,
+    with what loading it takes)."""
     cache_dir = config.cache.dir
     checks = [d.check for d in decisions if d.check is not None]
     for check in checks:
@@ -113,8 +114,21 @@ def repair(config: Config, decisions: list[Decision]) -> None:
              for target, key in warm if key not in manifest]
     if found:
         record_entries(cache_dir, found)
-    uses_entries(cache_dir, [manifest[key] for _, key in warm if key in manifest],
-                 config.run.name)
+    known = {key: with_load(manifest[key], target) for target, key in warm if key in manifest}
+    refreshed = [entry for key, entry in known.items() if entry is not manifest[key]]
+    if refreshed:
+        record_entries(cache_dir, refreshed)
+    uses_entries(cache_dir, list(known.values()), config.run.name)
+
+
+def with_load(entry: ManifestEntry, target: Target) -> ManifestEntry:
+    """A recorded entry with what loading it takes (`cache.prefetch`), from this prewarm's
+    probe of the same key, where an older prewarm did not record it; else the entry as is."""
+    load = target.prediction.load if target.prediction is not None else None
+    if entry.compile_options is not None or load is None:
+        return entry
+    return dataclasses.replace(entry, compile_options=load.compile_options,
+                               device_ids=list(load.device_ids))
 
 
 def manifest_entry(config: Config, target: Target, function: str, key: str, compile_s: float,

@@ -121,3 +121,25 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
                 "decompress_s", "deserialize_s", "limit_s"):
         assert positive(row[key]), (key, row)
     assert row["load_log"][0].startswith("jit_train_step: HIT"), row["load_log"]
+
+
+@pytest.mark.e2e
+def test_warm_start_at_two_layers_times_cold_warm_and_prefetch(tmp_path: Path) -> None:
+    """`bench.warm_start` at 2 layers and a short data pipeline: every launch reached its
+    first step, the warm ones loaded the step, and the prefetched one was handed its
+    executable; the table and the goals are printed."""
+    figures = tmp_path / "warm.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.warm_start", "--layers", "2",
+                           "--records", "1000", "--json", str(figures)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(figures.read_text())
+    runs = result["runs"]
+    assert set(runs) == {"cold", "warm", "warm with prefetch"}
+    assert all(positive(run["time_to_first_step_s"]) for run in runs.values())
+    assert not runs["cold"]["step_hit"] and runs["warm"]["step_hit"]
+    assert runs["warm"]["prefetch"] is None
+    used = {p["function"]: p["outcome"] for p in runs["warm with prefetch"]["prefetch"]
+            ["executables"]}
+    assert used["jit_train_step"] == "used", used
+    assert "Warm start, 2 unrolled layers" in proc.stdout and "Targets" in proc.stdout

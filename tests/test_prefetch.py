@@ -40,16 +40,14 @@ class Prewarmed:
     root: Path
     cache: Path
 
-    def launch(self, tmp: Path, *overrides: str, cache: Path | None = None,
-               prewarm: bool = False) -> dict[str, Any]:
+    def launch(self, tmp: Path, *overrides: str, cache: Path | None = None) -> dict[str, Any]:
         """Train the demo (one step) on `cache` (a copy of the prewarmed one by default);
         process 0's init report."""
         if cache is None:
             cache = tmp / "cache"
             shutil.copytree(self.cache, cache)
         runs = tmp / "runs"
-        result = cli(self.python, "launch", *demo(runs, cache),
-                     *(() if prewarm else ("--no-prewarm",)), *overrides)
+        result = cli(self.python, "launch", *demo(runs, cache), "--no-prewarm", *overrides)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         report: dict[str, Any] = json.loads(
             (runs / "demo" / "reports" / "train-r0-p0.json").read_text())
@@ -172,3 +170,22 @@ def test_a_function_never_asked_for_is_named_and_released(prewarmed: Prewarmed,
     assert outcomes(report) == {"jit_train_step": UNUSED, "jit_init_state": UNUSED}
     assert hits(report) == {"jit_train_step": False, "jit_init_state": False}
     assert "never asked for (released)" in report["headline"]
+
+
+def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_prewarm(
+        prewarmed: Prewarmed, tmp_path: Path) -> None:
+    """A manifest written before `cache.prefetch` (no compile options): nothing to prefetch
+    with; the next prewarm finds the entries WARM, compiles nothing, and records them."""
+    cache = tmp_path / "cache"
+    shutil.copytree(prewarmed.cache, cache)
+    data = manifest(cache)
+    for entry in data["entries"].values():
+        entry.pop("compile_options")
+        entry.pop("device_ids")
+    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    assert prewarmed.launch(tmp_path / "before", cache=cache)["prefetch"] is None
+    again = cli(prewarmed.python, "prewarm", *demo(tmp_path / "runs", cache))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert all(e["compile_options"] for e in manifest(cache)["entries"].values())
+    report = prewarmed.launch(tmp_path / "after", cache=cache)
+    assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}

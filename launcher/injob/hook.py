@@ -32,6 +32,7 @@ from launcher.injob.recorder import InitRecorder, InitReport, Prewarmed
 from launcher.injob.stage import node_cache_dir
 from launcher.jaxkey.entryformat import function_of
 from launcher.jaxkey.lookup import watch_lookups
+from launcher.jaxkey.versions import UnsupportedJaxVersion
 from launcher.mlperf import MlperfLog, MlperfUnavailable
 from launcher.records import (
     EntryMissed,
@@ -239,9 +240,13 @@ def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None
         return
     entries = [e for e in latest_for_run(manifest_of(config), config.run.name)
                if e.process_count == jax.process_count()]
-    prefetch = start_prefetch(entries, jax_dir, config.cache.prefetch_max_size,
-                              time.time() - recorder.start_time,
-                              capped=config.cache.max_size != -1)
+    try:
+        prefetch = start_prefetch(entries, jax_dir, config.cache.prefetch_max_size,
+                                  time.time() - recorder.start_time,
+                                  capped=config.cache.max_size != -1)
+    except UnsupportedJaxVersion as exc:  # JAX loads at the trainer's call, as without it
+        log.warning("jaxwarm: no prefetch: %s", exc)
+        return
     if prefetch is not None:
         recorder.report.prefetch = prefetch.report
         recorder.after_first_step.insert(0, lambda _: prefetch.finish())

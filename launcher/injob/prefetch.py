@@ -21,6 +21,7 @@ devices), so only process 0 prefetches there.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -37,6 +38,8 @@ log = logging.getLogger("jaxwarm.prefetch")
 
 # Loads side by side: a run's train step, init and eval functions.
 WORKERS = 4
+# At exit, how long loads still running may take to end.
+JOIN_S = 120.0
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Prefetch:
         self._held = 0
         self._slots = threading.Semaphore(WORKERS)
         self._items: dict[str, _Item] = {}
+        self._threads: list[threading.Thread] = []
         # The step first (the trainer needs it last, but it takes longest), then the largest.
         for entry in sorted(entries, key=lambda e: (not e.is_step, -(e.size or 0))):
             assert entry.compile_options is not None
@@ -91,8 +95,17 @@ class Prefetch:
 
     def start(self) -> None:
         for key in self._items:
-            threading.Thread(target=self._load, args=(key,), name=f"jaxwarm-prefetch-{key}",
-                             daemon=True).start()
+            thread = threading.Thread(target=self._load, args=(key,), daemon=True,
+                                      name=f"jaxwarm-prefetch-{key}")
+            self._threads.append(thread)
+            thread.start()
+
+    def join(self) -> None:
+        """At exit: let loads still inside XLA end (a thread in native code when the
+        interpreter finalizes can abort the process), for at most JOIN_S."""
+        deadline = time.monotonic() + JOIN_S
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _reserve(self, item: _Item, size: int) -> bool:
         """Hold `size` bytes for `item` (instead of what it held), within the cap."""
@@ -212,5 +225,6 @@ def start_prefetch(entries: list[ManifestEntry], cache_dir: str, max_size: int,
     serve_lookups(prefetch.prefetched, prefetch.take)
     _started.append(prefetch)
     prefetch.start()
+    atexit.register(prefetch.join)
     log.info("jaxwarm: prefetching %s", ", ".join(e.function for e in loadable))
     return prefetch

@@ -1,0 +1,184 @@
+"""`python -m bench.warm_start [--layers N] [--records N] [--json PATH]`: a warm start at size.
+
+The reference step (the demo's, `step.args.scan_layers: false`: `--layers` layers unrolled,
+so that loading its executable takes as long as users' do) in a trainer with a realistic
+init (`trainer`, this module's `entrypoint.function`): it starts like the reference trainer
+(`prewarm.bootstrap.start_job`), restores its train state with orbax from the previous
+launch's checkpoint, starts its data pipeline (a pure-Python pass over `--records` synthetic
+records building a token index, then a thread feeding batches), and only then runs its
+first step. On one run dir (so each launch resumes from the last one's checkpoint):
+
+1. `jaxwarm prewarm` on cache A (the cold compile), and a seed launch that writes the
+   first checkpoint;
+2. cold: a launch on an empty cache B (compiles at the first step);
+3. warm: a launch on A with `cache.prefetch: false` (JAX loads at the trainer's call);
+4. warm with prefetch: a launch on A with `cache.prefetch: auto`.
+
+Each launch's time to first step and init phases come from its init report (the ledger
+names what "other" was), the prefetch's outcome from the report too. The goals (issue 30):
+warm with prefetch <= init + max(0, load - init) + first step, within 5%, and warm with
+prefetch / warm <= 0.6. One JSON under bench/results/ and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, BenchError, Check, checks_json, checks_table, machine, publish, table
+
+DEFAULT_JSON = REPO / "bench" / "results" / "warm-start.json"
+DEFAULT_LAYERS = 256
+DEFAULT_RECORDS = 3_000_000
+
+
+def trainer() -> int:
+    """The benchmark's trainer: the reference trainer's start, then an init of its own
+    (restore, data pipeline), then one step after the restored one."""
+    import jax
+    import numpy as np
+
+    from launcher.injob.hook import config_from_env
+    from launcher.rundir import TRAIN, checkpoints_dir
+    from prewarm.bootstrap import start_job
+    from prewarm.workload import checkpoint
+    from prewarm.workload.data import make_global_batch
+
+    config = config_from_env()
+    records = int(os.environ["WARM_START_RECORDS"])
+    recorder, mesh, bundle = start_job(config, TRAIN)
+    assert bundle.train_step is not None and bundle.init_state is not None
+    root = checkpoints_dir(config.run_dir)
+    restored = checkpoint.restore(root, bundle.state, config)
+    state, start = restored if restored is not None else \
+        (bundle.init_state(np.uint32(config.train.seed)), 0)
+    token_index(records)
+    batches: list[Any] = []
+    feeder = threading.Thread(target=lambda: batches.append(
+        make_global_batch(config, mesh, start)), daemon=True)
+    feeder.start()
+    feeder.join()
+    state, _ = bundle.train_step(state, batches[0])
+    jax.block_until_ready(state)
+    recorder.mark_first_step()
+    checkpoint.save(root, state, start + 1, config)
+    return 0
+
+
+def token_index(records: int) -> dict[int, int]:
+    """A data pipeline's start-up in pure Python: split each synthetic record into words and
+    count each word's hashed token id (what building a vocabulary or a sample index costs)."""
+    counts: dict[int, int] = {}
+    for number in range(records):
+        text = f"record {number} of the corpus with words {number % 97} and {number % 89}"
+        for word in text.split():
+            token = zlib.crc32(word.encode()) % 32000
+            counts[token] = counts.get(token, 0) + 1
+    return counts
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
+                         f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return result
+
+
+def launch(work: Path, cache: Path, steps: int, layers: int, env: dict[str, str],
+           *extra: str, command: str = "launch") -> dict[str, Any]:
+    """One launch (or prewarm) of the benchmark's run; process 0's training init report."""
+    overrides = [f"run.out_dir={work / 'runs'}", f"cache.dir={cache}", "run.name=warm",
+                 "cache.xla_caches=none", "topology.processes_per_node=1",
+                 "topology.devices_per_process=8", "mesh.axes={data: 2, fsdp: 4}",
+                 f"step.args.n_layers={layers}", "step.args.scan_layers=false",
+                 "entrypoint.command=null", "entrypoint.function=bench.warm_start:trainer",
+                 f"train.steps={steps}", "train.checkpoint_every=0"]
+    started = time.perf_counter()
+    cli(command, str(REPO / "configs" / "demo.yaml"), "--local", *overrides, *extra, env=env)
+    wall = time.perf_counter() - started
+    if command != "launch":
+        return {"wall_s": wall}
+    reports = json.loads(cli("report", str(work / "runs" / "warm"), "--json", env=env).stdout)
+    listed = reports["reports"] if isinstance(reports, dict) else reports
+    train = [r for r in listed if r["job"] == "train" and r["process_index"] == 0]
+    report: dict[str, Any] = max(train, key=lambda r: r["restart_count"])
+    report["wall_s"] = wall
+    return report
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """What the table shows of one launch."""
+    phases: dict[str, float] = {}
+    owners: dict[str, float] = {}
+    for phase in report["phases"]:
+        phases[phase["phase"]] = phases.get(phase["phase"], 0.0) + phase["seconds"]
+        if phase["phase"] == "other" and phase["function"]:
+            owners[phase["function"]] = phase["seconds"]
+    step = next(f for f in report["functions"] if f["name"] == "jit_train_step")
+    return {"time_to_first_step_s": report["time_to_first_step_s"], "phases": phases,
+            "other_by_owner": dict(sorted(owners.items(), key=lambda kv: -kv[1])[:8]),
+            "step_hit": step["hit"], "step_seconds": step["seconds"],
+            "prefetch": report.get("prefetch"), "sampling": report.get("sampling")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.warm_start", description=__doc__)
+    parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS,
+                        help="synthetic records the trainer's data pipeline indexes at start")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    load_start = os.getloadavg()
+    env = {**os.environ, "WARM_START_RECORDS": str(args.records)}
+    with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
+        work = Path(tmp)
+        prewarm = launch(work, work / "a", 1, args.layers, env, command="prewarm")
+        launch(work, work / "a", 1, args.layers, env, "cache.prefetch=false")  # the seed
+        runs = {"cold": launch(work, work / "b", 2, args.layers, env, "--no-prewarm"),
+                "warm": launch(work, work / "a", 3, args.layers, env, "--no-prewarm",
+                               "cache.prefetch=false"),
+                "warm with prefetch": launch(work, work / "a", 4, args.layers, env,
+                                             "--no-prewarm")}
+    rows = {name: summary(report) for name, report in runs.items()}
+    warm, fetched = rows["warm"], rows["warm with prefetch"]
+    load = warm["phases"].get("cache load", 0.0)
+    first = fetched["phases"].get("first step", 0.0)
+    init = warm["time_to_first_step_s"] - load - warm["phases"].get("first step", 0.0)
+    bound = init + max(0.0, load - init) + first
+    ratio = fetched["time_to_first_step_s"] / warm["time_to_first_step_s"]
+    checks = [
+        Check("warm with prefetch vs init + max(0, load - init) + first step",
+              "within 5%", f"{fetched['time_to_first_step_s']:.1f} s vs {bound:.1f} s",
+              fetched["time_to_first_step_s"] <= bound * 1.05),
+        Check("warm with prefetch / warm", "<= 0.6", f"{ratio:.2f}", ratio <= 0.6)]
+    result = {"machine": machine(), "load_average": {"start": load_start,
+                                                      "end": os.getloadavg()},
+              "layers": args.layers, "records": args.records,
+              "prewarm_wall_s": prewarm["wall_s"], "runs": rows,
+              "init_s": init, "load_s": load, "bound_s": bound, "ratio": ratio,
+              "checks": checks_json(checks)}
+    phases = ["imports", "trace", "lower", "compile", "cache load", "first step", "other"]
+    tables = table(f"Warm start, {args.layers} unrolled layers, {args.records} records",
+                   ["start", "time to first step (s)", *phases, "other by owner"],
+                   [[name, f"{row['time_to_first_step_s']:.1f}",
+                     *(f"{row['phases'].get(p, 0.0):.1f}" for p in phases),
+                     ", ".join(f"{k} {v:.1f}" for k, v in
+                               list(row["other_by_owner"].items())[:3])]
+                    for name, row in rows.items()]) + "\n\n" + checks_table(checks)
+    publish(result, tables, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,10 +31,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import submitit  # noqa: F401  (imported before any test: see the comment below)
 from filelock import FileLock
 
 from bench.common import LEGACY_CPU_FUSION, TINY_STEP
 from bench.common import with_xla_flag as with_xla_flag  # re-exported for the tests
+
+# submitit configures its logger with logging.config.dictConfig at its first import, which
+# closes every logging handler that exists at that moment. Imported during a test (the
+# SLURM backend imports it lazily), that closes pytest's log capture of the running test,
+# and that test and every later one on the worker fail with "I/O operation on closed file".
+# Imported here, at collection, there is no test's handler yet to close.
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"

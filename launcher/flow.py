@@ -51,6 +51,7 @@ from launcher.report import (
     phase_table,
     progress_line,
     summarize,
+    trainer_cost,
     warm_start_lines,
     with_cache_check,
 )
@@ -64,6 +65,7 @@ from launcher.rundir import (
     prewarm_decision_path,
     prewarm_progress_path,
     slurm_dir,
+    step_reached,
     submitted_jobs_path,
     unfinished,
 )
@@ -421,6 +423,12 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     for line in format_verdicts(verdicts):
         print(line)
     if result.trainer_s is not None:
-        print(f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its "
-              f"start to its last prewarmed function's lookup")
+        print(trainer_cost(result))
+        reached = step_reached(config.run_dir)
+        if not result.warm and reached is not None and reached >= config.train.steps:
+            # A trainer that resumes a finished run (the demo's, after `make demo`) ends
+            # at its checkpoint before any step: COLD here says nothing of a new run.
+            print(f"verify --trainer: run {config.run.name} has done its {config.train.steps} "
+                  f"steps (its metrics reach step {reached}): a trainer that resumes it "
+                  f"has nothing left to run; ask for a new run.name or more train.steps")
     return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import report_path
-from tests.conftest import run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
 
@@ -135,6 +135,25 @@ def test_a_trainer_that_ends_first_leaves_the_rest_cold(tmp_path: Path,
     assert "WARM  jit_init  " in verified.stdout
     assert "COLD  jit_train_step  -" in verified.stdout
     assert "why: the trainer never looked it up: it ended first" in verified.stdout
+    assert "verify --trainer: the trainer ended " in verified.stdout and \
+        "s after its start, before it looked up jit_train_step" in verified.stdout
+
+
+def test_a_finished_run_is_said_as_that(tmp_path: Path) -> None:
+    """After `make demo`, `verify --trainer` of the same run: the reference trainer resumes
+    its last checkpoint, at the last step, and ends before any lookup. Both functions are
+    COLD as never looked up, and the answer says why: the run is done."""
+    args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+            f"cache.dir={tmp_path / 'cache'}", "train.steps=1", *ONE_PROCESS, *FAST_STEP]
+    launched = run_cli("launch", *args)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    verified = run_cli("verify", "--trainer", *args)
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert "COLD  jit_train_step  -\n      why: the trainer never looked it up: it ended " \
+           "first" in verified.stdout
+    assert "verify --trainer: run demo has done its 1 steps (its metrics reach step 1): a " \
+           "trainer that resumes it has nothing left to run; ask for a new run.name or more " \
+           "train.steps" in verified.stdout, verified.stdout
 
 
 def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:

@@ -185,10 +185,11 @@ def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> Prew
     own key, and report a miss by component as always."""
     mode = ALWAYS if request.command == PREWARM else request.prewarm
     if mode == NEVER:
-        decision = PrewarmDecision(mode, False, "--prewarm never: the training job compiles "
-                                                "what is not in the cache", found)
+        # The mode is said beside the reason (`decision_lines`, the log): not again in it.
+        decision = PrewarmDecision(mode, False, "the training job compiles what is not in "
+                                                "the cache", found)
     elif mode == ALWAYS:
-        why = "jaxwarm prewarm" if request.command == PREWARM else "--prewarm always"
+        why = "jaxwarm prewarm" if request.command == PREWARM else "asked for"
         decision = PrewarmDecision(mode, True, why, found)
     else:
         decision = auto_decision(config, found, request.check_cache)

@@ -51,6 +51,7 @@ from launcher.report import (
     phase_table,
     progress_line,
     summarize,
+    trainer_cost,
     warm_start_lines,
     with_cache_check,
 )
@@ -64,6 +65,7 @@ from launcher.rundir import (
     prewarm_decision_path,
     prewarm_progress_path,
     slurm_dir,
+    step_reached,
     submitted_jobs_path,
     unfinished,
 )
@@ -183,10 +185,11 @@ def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> Prew
     own key, and report a miss by component as always."""
     mode = ALWAYS if request.command == PREWARM else request.prewarm
     if mode == NEVER:
-        decision = PrewarmDecision(mode, False, "--prewarm never: the training job compiles "
-                                                "what is not in the cache", found)
+        # The mode is said beside the reason (`decision_lines`, the log): not again in it.
+        decision = PrewarmDecision(mode, False, "the training job compiles what is not in "
+                                                "the cache", found)
     elif mode == ALWAYS:
-        why = "jaxwarm prewarm" if request.command == PREWARM else "--prewarm always"
+        why = "jaxwarm prewarm" if request.command == PREWARM else "asked for"
         decision = PrewarmDecision(mode, True, why, found)
     else:
         decision = auto_decision(config, found, request.check_cache)
@@ -421,6 +424,12 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     for line in format_verdicts(verdicts):
         print(line)
     if result.trainer_s is not None:
-        print(f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its "
-              f"start to its last prewarmed function's lookup")
+        print(trainer_cost(result))
+        reached = step_reached(config.run_dir)
+        if not result.warm and reached is not None and reached >= config.train.steps:
+            # A trainer that resumes a finished run (the demo's, after `make demo`) ends
+            # at its checkpoint before any step: COLD here says nothing of a new run.
+            print(f"verify --trainer: run {config.run.name} has done its {config.train.steps} "
+                  f"steps (its metrics reach step {reached}): a trainer that resumes it "
+                  f"has nothing left to run; ask for a new run.name or more train.steps")
     return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD

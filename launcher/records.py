@@ -306,6 +306,11 @@ class Verdict:
     reached_s: float | None = None
 
 
+# verify --trainer: the key of a prewarmed function the trainer never looked up (it ended
+# first, or the time limit came).
+NOT_LOOKED_UP = "-"
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """The verify job's answer for the run: `verify/p0.json` (`rundir.verify_result_path`)."""

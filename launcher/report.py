@@ -21,6 +21,7 @@ from launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER, OTHER
 from launcher.injob.place import ranges
 from launcher.jaxkey.entryformat import split_key
 from launcher.records import (
+    NOT_LOOKED_UP,
     OPTIONS_DIFFER,
     RANKS,
     RECORD_CAP,
@@ -675,9 +676,21 @@ def format_verdicts(verdicts: list[Verdict]) -> list[str]:
     for v in verdicts:
         cost = f"lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms" \
             if v.reached_s is None else f"the trainer looked it up at {v.reached_s:.2f} s"
-        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}  ({cost})")
+        cost = "" if v.key == NOT_LOOKED_UP else f"  ({cost})"  # no key, no cost: why says
+        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}{cost}")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
+
+
+def trainer_cost(result: VerifyResult) -> str:
+    """What verify --trainer's answer cost: the trainer's time from its start to its last
+    prewarmed function's lookup, or, when it ended before it looked some up, to its end."""
+    unheard = [v.function for v in result.functions if v.key == NOT_LOOKED_UP]
+    if unheard:
+        return (f"verify --trainer: the trainer ended {result.trainer_s:.2f} s after its "
+                f"start, before it looked up {', '.join(unheard)}")
+    return (f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, from its start "
+            f"to its last prewarmed function's lookup")
 
 
 def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdict]:

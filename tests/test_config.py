@@ -23,6 +23,7 @@ from launcher.config import (
     parse_config,
 )
 from launcher.entryargv import trainer_argv
+from launcher.records import Fingerprint
 from launcher.submit.fingerprint import differences, fingerprint, step_sources
 from launcher.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, REPO, Cli
@@ -238,6 +239,15 @@ def test_packages_installed_on_pythonpath_are_covered_by_their_version(tmp_path:
     install_into(modules, "modlib", "2.0", "VALUE = 2\n")
     after = fingerprint(config, tmp_path / "run", "local")
     assert differences(before, after) == ["packages differs"]
+
+
+def test_another_steps_source_files_are_not_said_changed() -> None:
+    """A first launch of a run is compared with another run's prewarm, whose step factory may
+    read other files: those are new or no longer read, not changed."""
+    old = Fingerprint("a", {"source": "1"}, {"model.py": "1", "data.py": "1", "old.py": "1"})
+    new = Fingerprint("b", {"source": "2"}, {"model.py": "2", "data.py": "1", "jsp.py": "1"})
+    assert differences(old, new) == ["source: model.py changed; jsp.py read now; old.py no "
+                                     "longer read"]
 
 
 @pytest.mark.parametrize(("entrypoint", "argv"), [

@@ -96,6 +96,9 @@ def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
     assert [(r["job"], r["process_index"]) for r in listed] == \
         [("prewarm", 0), ("prewarm", 1), ("train", 0), ("train", 1)]
     assert "COLD  train_step" in result.stderr
+    # The trainer's checkpoint line, without orbax's own INFO lines around it.
+    output = result.stdout + result.stderr
+    assert "checkpoint saved at step 2: " in output and "CheckpointManager" not in output
 
 
 def test_verify_on_a_warm_cache_says_warm_without_compiling(tmp_path: Path,

@@ -108,6 +108,16 @@ def test_launch_checks_holds_pins_then_submits_the_chain_and_reports(
         pass
 
 
+@pytest.mark.parametrize("mode, line", [
+    ("never", "prewarm job: skipped (--prewarm never): the training job compiles what is not "
+              "in the cache"),
+    ("always", "prewarm job: ran (--prewarm always): asked for")])
+def test_the_report_says_the_prewarm_mode_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               mode: str, line: str) -> None:
+    assert flow.launch(request(tmp_path, prewarm=mode), FakeBackend()) == 0
+    assert line in capsys.readouterr().out.splitlines()
+
+
 def test_a_busy_run_dir_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     backend = FakeBackend(busy="run dir busy")
     with pytest.raises(ConfigError, match="run dir busy"):

@@ -57,6 +57,12 @@ def test_a_relaunch_loads_the_pgle_optimized_step(tmp_path: Path) -> None:
     verified = run_cli("verify", str(DEMO), "--local", *overrides)
     assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
     assert "WARM" in verified.stdout
+    # The same run without PGLE: COLD, the option named (not just `compile_options differs`).
+    plain = run_cli("verify", str(DEMO), "--local",
+                    *[o for o in overrides if o != "pgle.enabled=true"])
+    assert plain.returncode == 1, plain.stdout + plain.stderr[-3000:]
+    assert "why: jax_enable_pgle differs: prewarm True, verify False" in plain.stdout, \
+        plain.stdout
 
     config, pinned = pin_config(load_config(DEMO, list(overrides)))
     compiled = subprocess.run([sys.executable, "-m", "bench.profiled_compile"],

@@ -25,6 +25,8 @@ from launcher.records import (
     InitReport,
     JobUsage,
     UsedFunction,
+    Verdict,
+    VerifyResult,
     dumps,
     from_json,
 )
@@ -39,6 +41,7 @@ from launcher.report import (
     load_verdicts,
     phase_table,
     summarize,
+    trainer_cost,
     warm_start_lines,
 )
 from launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
@@ -189,6 +192,24 @@ def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
     broken.write_text('{"process_index": 0, "functions": [{"function": 3}]}')
     with pytest.raises(ConfigError, match=r"p0.json: functions\[0\].function: expected a string"):
         load_verdicts(tmp_path)
+
+
+def test_a_function_the_trainer_never_looked_up_has_no_cost() -> None:
+    """verify --trainer, a trainer that ended first: the function it never looked up has no
+    key and no cost (not `lowering 0.00 s`), and the cost line says where the trainer ended."""
+    heard = Verdict("jit_init", "jit_init-aaaa", True, 0.0, 0.0, reached_s=1.0)
+    unheard = Verdict("jit_train_step", "-", False, 0.0, 0.0,
+                      ["the trainer never looked it up: it ended first"])
+    assert format_verdicts([heard, unheard]) == [
+        "WARM  jit_init  jit_init-aaaa  (the trainer looked it up at 1.00 s)",
+        "COLD  jit_train_step  -",
+        "      why: the trainer never looked it up: it ended first"]
+    assert trainer_cost(VerifyResult(0, [heard, unheard], 2.5)) == \
+        "verify --trainer: the trainer ended 2.50 s after its start, before it looked up " \
+        "jit_train_step"
+    assert trainer_cost(VerifyResult(0, [heard], 1.0)) == \
+        "verify --trainer: 1.00 s of the trainer's run, from its start to its last " \
+        "prewarmed function's lookup"
 
 
 def test_report_json_is_standard_and_round_trips(tmp_path: Path,

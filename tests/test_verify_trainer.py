@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import report_path
-from tests.conftest import run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
 
@@ -135,6 +135,46 @@ def test_a_trainer_that_ends_first_leaves_the_rest_cold(tmp_path: Path,
     assert "WARM  jit_init  " in verified.stdout
     assert "COLD  jit_train_step  -" in verified.stdout
     assert "why: the trainer never looked it up: it ended first" in verified.stdout
+    assert "verify --trainer: the trainer ended " in verified.stdout and \
+        "s after its start, before it looked up jit_train_step" in verified.stdout
+
+
+@pytest.fixture(scope="module")
+def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The demo launched (one process, the tiny step, one training step): a run that has
+    done its steps, as after `make demo`. Its arguments."""
+    root = tmp_path_factory.mktemp("finished-demo")
+    args = [str(DEMO), "--local", f"run.out_dir={root / 'runs'}", f"cache.dir={root / 'cache'}",
+            "train.steps=1", *ONE_PROCESS, *FAST_STEP]
+    launched = run_cli("launch", *args)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    return args
+
+
+def test_a_finished_run_is_said_as_that(finished_demo: list[str]) -> None:
+    """After `make demo`, `verify --trainer` of the same run: the reference trainer resumes
+    its last checkpoint, at the last step, and ends before any lookup. Both functions are
+    COLD as never looked up, and the answer says why: the run is done."""
+    verified = run_cli("verify", "--trainer", *finished_demo)
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert "COLD  jit_train_step  -\n      why: the trainer never looked it up: it ended " \
+           "first" in verified.stdout
+    assert "verify --trainer: run demo has done its 1 steps (its metrics reach step 1): a " \
+           "trainer that resumes it has nothing left to run; ask for a new run.name or more " \
+           "train.steps" in verified.stdout, verified.stdout
+
+
+def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> None:
+    """`jaxwarm status` is about the run's latest launch: a local verify after it (the
+    README's next step) leaves its jobs in the record."""
+    verified = run_cli("verify", *finished_demo)
+    assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+    run_dir = Path(finished_demo[2].split("=", 1)[1]) / "demo"
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    jobs = [line.split()[:3] for line in status.stdout.splitlines() if " local " in line]
+    assert jobs == [["prewarm", "local", "COMPLETED"], ["train", "local", "COMPLETED"]], \
+        status.stdout
 
 
 def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from bench.common import LEGACY_CPU_FUSION
 from launcher.config import Config, ConfigError, parse_config, parse_yaml
+from prewarm.workload.chunkwise import param_count
 from prewarm.workload.data import BRANCHING, global_batch_numpy
 from prewarm.workload.model import ModelArgs
 from testing.jaxproc import REPO, result, run_jax, run_jax_processes
@@ -353,3 +354,9 @@ def test_synthetic_data_is_a_pure_learnable_function_of_seed_and_step() -> None:
     for token, nxt in pairs:
         successors.setdefault(int(token), set()).add(int(nxt))
     assert max(len(s) for s in successors.values()) <= BRANCHING
+
+
+def test_the_parameter_count_reads_at_every_size() -> None:
+    """The step's log line: the demo's model is 106,816 parameters, not `0.000B`."""
+    assert [param_count(n) for n in (106_816, 1_240_000, 8_030_000_000)] == \
+        ["106,816", "1.24M", "8.03B"]

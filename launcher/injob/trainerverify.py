@@ -33,7 +33,7 @@ from launcher.jaxkey.globalopts import snapshot as global_options
 from launcher.jaxkey.kvstore import KVStore, StoreError
 from launcher.jaxkey.lookup import watch_keys
 from launcher.jaxkey.predict import KeyPrediction
-from launcher.records import Verdict, VerifyResult, dumps
+from launcher.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
 from launcher.rundir import VERIFY, verify_result_path
 from launcher.store.manifest import latest_for_run, read_manifest
 
@@ -98,7 +98,7 @@ class TrainerWatch:
                        reached_s=self.elapsed())
 
     def unheard(self, why: str) -> list[Verdict]:
-        return [Verdict(function=name, key="-", warm=False, lower_s=0.0, predict_s=0.0,
+        return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
                         explanation=[why]) for name in sorted(self.pending)]
 
     def let_the_others_end(self) -> None:

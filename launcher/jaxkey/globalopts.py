@@ -17,10 +17,12 @@ import os
 from launcher.environment import HASHED_NAMES
 
 # jax.config options that change the traced program or its compile options (where this jax
-# has them), and the environment variables JAX hashes with the XLA flags on every backend.
+# has them; PGLE's two empty the first compile's command buffers), and the environment
+# variables JAX hashes with the XLA flags on every backend.
 OPTIONS = ("jax_default_prng_impl", "jax_threefry_partitionable", "jax_use_shardy_partitioner",
            "jax_default_matmul_precision", "jax_enable_x64",
-           "jax_remove_size_one_mesh_axis_from_type")
+           "jax_remove_size_one_mesh_axis_from_type", "jax_enable_pgle",
+           "jax_compilation_cache_expect_pgle")
 ENVIRONMENT = HASHED_NAMES
 # How the training job's line about a prewarmed function that missed under other settings
 # starts (the report leads with these lines).

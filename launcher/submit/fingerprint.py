@@ -118,16 +118,20 @@ def changed_reads(reads: dict[str, str]) -> list[str]:
 
 def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
     """What changed between two fingerprints, in words (`jax 0.10.2 -> 0.8.3`, `source:
-    prewarm/workload/model.py changed`)."""
+    prewarm/workload/model.py changed; adapter.py read now`)."""
     lines = []
     for name in sorted(set(old.parts) | set(new.parts)):
         before, after = old.parts.get(name), new.parts.get(name)
         if before == after:
             continue
-        if name == "source":
-            changed = sorted(path for path in set(old.files) | set(new.files)
-                             if old.files.get(path) != new.files.get(path))
-            lines.append(f"source: {listed(changed)} changed")
+        if name == "source":  # another run's step may read other files: not "changed"
+            changed = sorted(path for path in set(old.files) & set(new.files)
+                             if old.files[path] != new.files[path])
+            added = sorted(set(new.files) - set(old.files))
+            gone = sorted(set(old.files) - set(new.files))
+            lines.append("source: " + "; ".join(
+                f"{listed(paths)} {what}" for paths, what in
+                [(changed, "changed"), (added, "read now"), (gone, "no longer read")] if paths))
         elif name == "environment" and old.variables and new.variables:
             changed = sorted(variable for variable in set(old.variables) | set(new.variables)
                              if old.variables.get(variable) != new.variables.get(variable))

@@ -35,7 +35,14 @@ from launcher.injob.place import process_variables
 from launcher.injob.task import killed_by
 from launcher.records import LocalJobState, LocalLaunch, dumps, read_record
 from launcher.report import duration
-from launcher.rundir import TRAIN, local_jobs_path, lock_path, log_path, report_path
+from launcher.rundir import (
+    TRAIN,
+    VERIFY,
+    local_jobs_path,
+    lock_path,
+    log_path,
+    report_path,
+)
 from launcher.submit.backend import Outcome
 from launcher.submit.jobs import JobSpec
 
@@ -267,16 +274,20 @@ class LocalBackend:
 
     def run(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
         """The jobs in order, until one does not complete; each one's state is kept in the
-        run dir as it starts and ends (`jaxwarm status` from another shell)."""
+        run dir as it starts and ends (`jaxwarm status` from another shell). A verify job's
+        is not: verify asks about the run, and the record stays its latest launch's."""
         results: list[JobResult] = []
         states: list[LocalJobState] = []
+        record = any(job.name != VERIFY for job in jobs)
         for job in jobs:
             states.append(LocalJobState(job.name, RUNNING, job_topology(
                 config, job.name).num_processes, str(log_path(config.run_dir, job.name, 0))))
-            record_states(config.run_dir, states)
+            if record:
+                record_states(config.run_dir, states)
             results.append(run_job(job, config))
             states[-1] = ended_state(states[-1], outcome(results[-1]), results[-1])
-            record_states(config.run_dir, states)
+            if record:
+                record_states(config.run_dir, states)
             if not results[-1].ok or results[-1].signal_received is not None or \
                     results[-1].problem is not None:
                 break

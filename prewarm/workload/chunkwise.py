@@ -70,8 +70,9 @@ def make_train_step(config: Config, mesh: Mesh | None) -> StepBundle:
         lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
         shapes, shardings)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
-    log.info("chunkwise step: %.3fB params, %d chunks of %d x %d tokens, mesh %s",
-             n_params / 1e9, args.chunks, args.chunk_batch, args.seq_len, dict(mesh.shape))
+    log.info("chunkwise step: %s params, %d chunks of %d x %d tokens, mesh %s",
+             param_count(n_params), args.chunks, args.chunk_batch, args.seq_len,
+             dict(mesh.shape))
     return StepBundle(
         train_step=jax.jit(step_fn, donate_argnums=(0,),
                            out_shardings=(shardings, replicated)),
@@ -79,6 +80,14 @@ def make_train_step(config: Config, mesh: Mesh | None) -> StepBundle:
         batch=batch_spec(config, mesh),
         init_state=jax.jit(init_state, out_shardings=shardings),
     )
+
+
+def param_count(n: int) -> str:
+    """A parameter count as a reader takes it in: `8.03B`, `1.24M`, or `106,816` for the
+    demo's small model (a fixed unit would say `0.000B`)."""
+    if n >= 10**9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.2f}M" if n >= 10**6 else f"{n:,}"
 
 
 def make_optimizer(args: ModelArgs) -> optax.GradientTransformation:

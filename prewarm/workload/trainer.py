@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: a stop signal that arrives during start-up must not kill the process.
     stop = StopRequest()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # orbax logs through absl at INFO: some 50 lines a checkpoint, which would bury the
+    # trainer's own (`checkpoint saved at step 8: ...`) and the init report after them.
+    logging.getLogger("absl").setLevel(logging.WARNING)
     return job_main(lambda: train(parse_args(argv), stop))
 
 

@@ -91,9 +91,9 @@ def note_missed_entries(config: Config, jax_dir: str, report: InitReport,
     the node's staged copy of it) before this process started means JAX could not load that
     entry (JAX never replaces it): read it in full to say why (the report shows it), and
     record it in the usage log, so the next prewarm checks the entry in full and replaces it
-    if it is corrupt. A process that looked its entries up in another dir (a trainer's own,
-    under cache.enforce off) missed for that reason, which the report says instead."""
-    if report.cache_dir and report.cache_dir != jax_dir:
+    if it is corrupt. A process that read another dir (a trainer's own, under cache.enforce
+    off) was never offered the entries of `jax_dir`: its misses say where it looked instead."""
+    if report.cache_dir != jax_dir:
         return
     for record in report.functions:
         if record.key is None or record.hit or record.sha256 is not None:

@@ -102,9 +102,11 @@ class TrainerWatch:
                         explanation=[why]) for name in sorted(self.pending)]
 
     def let_the_others_end(self) -> None:
-        """Process 0 runs jax.distributed's coordination service: it ends once every other
-        process has heard its own last key (within the time limit), so that none loses the
-        service while it still looks up."""
+        """Process 0 runs jax.distributed's coordination service, and another process whose
+        client loses it aborts (SIGABRT), even on its way out after its answer: so process 0
+        waits until every other process has heard its own last key (within the time limit),
+        then all leave through `jax.distributed.shutdown()`, whose barrier stops process 0's
+        service only once every other process has let go of it."""
         import jax
 
         store = KVStore.of_job()
@@ -112,13 +114,17 @@ class TrainerWatch:
             return
         if jax.process_index() != 0:
             store.set(f"{DONE}/{jax.process_index()}", "done")
-            return
-        for other in range(1, jax.process_count()):
-            try:
-                store.get(f"{DONE}/{other}",
-                          max(self.config.init_budget_s - self.elapsed(), 1.0))
-            except StoreError:  # one ended at its time limit, or failed: it said so
-                return
+        else:
+            for other in range(1, jax.process_count()):
+                try:
+                    store.get(f"{DONE}/{other}",
+                              max(self.config.init_budget_s - self.elapsed(), 1.0))
+                except StoreError:  # one ended at its time limit, or failed: it said so
+                    return
+        try:
+            jax.distributed.shutdown()
+        except Exception as exc:  # JaxRuntimeError: the service is gone; this ends anyway
+            log.warning("verify --trainer: leaving jax.distributed: %s", exc)
 
     def on_time_limit(self) -> None:
         names = ", ".join(sorted(self.pending))

@@ -48,7 +48,8 @@ _LIKELY_CAUSES: dict[str, str] = {
     "compile_options": (
         "in/out shardings, the device assignment, jit/compile compiler_options, "
         "jax_use_shardy_partitioner, PGLE on in one (pgle.enabled or pgle.expect), XLA_FLAGS "
-        "(XLA reads them into the compile options' debug options) or Explicit mesh axes (jax.make_mesh makes output shardings concrete) "
+        "(XLA reads them into the compile options' debug options) or Explicit mesh axes "
+        "(jax.make_mesh makes output shardings concrete) "
         "differ, or, before jax 0.11, the cache dir path string differs (the XLA "
         "autotune cache dir is stored in compile options: a symlink or relative path "
         "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "

@@ -229,11 +229,12 @@ class _Shown:
 
 
 def function_lines(group: list[InitReport], targets: Targets, threshold_s: float,
-                   show_all: bool, width: int = 0) -> list[str]:
+                   show_all: bool, width: int = 0, name_width: int = 28) -> list[str]:
     """The compiles of a group of processes that did the same (`fold`): the prewarmed
     targets and every compile of at least `threshold_s` (what JAX would store), then the
     rest as one line unless `show_all`; seconds as a range and keys counted over the group.
-    `width`: of the where column (job, restart, processes), to align several groups."""
+    `width`, `name_width`: of the where column (job, restart, processes) and the name
+    column, to align several groups."""
     shown = [_Shown.of(r, targets, threshold_s, show_all) for r in group]
     where = _where(group).ljust(width)
     lines: list[str] = []
@@ -242,7 +243,7 @@ def function_lines(group: list[InitReport], targets: Targets, threshold_s: float
         keys = {record.key for record in records}
         key = short_key(fn.key) if len(keys) == 1 else f"{len(keys)} keys"
         tag = "PGLE profile-guided" if fn.pgle_optimized else "prewarmed" if target else ""
-        lines.append(f"  {where}  {name:<28} {_outcome(fn):<8} "
+        lines.append(f"  {where}  {name:<{name_width}} {_outcome(fn):<8} "
                      f"{_span([record.seconds for record in records]):>8} s  {key}  "
                      f"{tag}".rstrip())
     if shown[0].small:
@@ -284,8 +285,11 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
     groups = fold(reports, lambda r: (_Shown.of(r, targets, threshold_s, show_all).shape(),
                                       tuple(w.text for w in r.warnings)), show_all)
     width = max(len(_where(group)) for group in groups)
+    # A name with its signature (`jit__identity_fn [86d3921f0b8a]`) may pass the 28 columns.
+    name_width = max([28] + [len(name) for group in groups for name, _, _ in
+                             _Shown.of(group[0], targets, threshold_s, show_all).lines])
     for group in groups:
-        lines.extend(function_lines(group, targets, threshold_s, show_all, width))
+        lines.extend(function_lines(group, targets, threshold_s, show_all, width, name_width))
     return "\n".join(lines)
 
 

@@ -152,6 +152,20 @@ def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
     assert len(function_lines([process], targets, 0.5, show_all=True)) == 43
 
 
+def test_a_long_name_keeps_the_functions_columns_aligned() -> None:
+    """`--all` of a trainer whose helpers share a name: `jit__identity_fn [86d3921f0b8a]`
+    is longer than the name column; every row's outcome still starts in one column."""
+    long = [FunctionRecord(name="jit__identity_fn", key=f"jit__identity_fn-{i}", hit=False,
+                           seconds=0.01, signature=f"{i}" * 12) for i in range(2)]
+    step = FunctionRecord(name="jit_step", key="jit_step-ab", hit=True, seconds=0.02)
+    process = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
+                         cache_dir="/c", init_budget_s=60.0, functions=[step, *long])
+    rows = [row for row in format_table([process], Targets(frozenset(), frozenset()), 0.5,
+                                        show_all=True).splitlines() if row.startswith("  train")]
+    assert len(rows) == 3 and len({row.index("HIT") if "HIT" in row else row.index("MISS")
+                                   for row in rows}) == 1, rows
+
+
 def test_pgle_s_two_compiles_and_the_restart_s_load_are_named() -> None:
     """PGLE on a GPU, as the recorder records it (the CPU's profiler gives JAX no profile,
     so no CPU run compiles twice: tests/test_pgle.py gets the load with a profile given by

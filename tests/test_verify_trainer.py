@@ -162,6 +162,8 @@ def test_a_finished_run_is_said_as_that(finished_demo: list[str]) -> None:
     assert "verify --trainer: run demo has done its 1 steps (its metrics reach step 1): a " \
            "trainer that resumes it has nothing left to run; ask for a new run.name or more " \
            "train.steps" in verified.stdout, verified.stdout
+    assert "nothing to train: the run's checkpoint is at step 1 of its train.steps 1" in \
+        verified.stderr
 
 
 def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> None:

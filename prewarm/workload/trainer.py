@@ -90,6 +90,10 @@ def train(config: Config, stop: StopRequest) -> int:
         state, start = bundle.init_state(np.uint32(config.train.seed)), 0
     else:
         state, start = restored
+        if start >= config.train.steps:  # a relaunch of a finished run: no step, no compile
+            log.warning("nothing to train: the run's checkpoint is at step %d of its "
+                        "train.steps %d (a new run.name starts over; more train.steps go on)",
+                        start, config.train.steps)
     metrics_file = metrics_path(config.run_dir)
     is_writer = jax.process_index() == 0
     for step in range(start, config.train.steps):

@@ -213,18 +213,18 @@ def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> Prewa
         why = f"no completed prewarm has this fingerprint ({found.digest})"
         if earlier:
             last = earlier[-1]
-            why += (f"; since run {last.run!r}'s prewarm {ago(last.time)}: "
+            why += (f"; since the prewarm of run {last.run!r} {ago(last.time)}: "
                     + ", ".join(differences(last.fingerprint, found)))
         return PrewarmDecision(AUTO, True, why, found)
     changed = changed_reads(match.fingerprint.reads)
     if changed:
-        return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
-                                           f"prewarm, but its step factory read "
+        return PrewarmDecision(AUTO, True, f"the fingerprint matches the prewarm of run "
+                                           f"{match.run!r}, but its step factory read "
                                            f"{listed(changed)}, changed since", found)
     relied = check_relied(config.cache.dir, match.keys, full_check)
     if relied.problem is not None:
-        return PrewarmDecision(AUTO, True, f"the fingerprint matches run {match.run!r}'s "
-                                           f"prewarm, but {relied.problem}", found)
+        return PrewarmDecision(AUTO, True, f"the fingerprint matches the prewarm of run "
+                                           f"{match.run!r}, but {relied.problem}", found)
     if relied.full:
         checked = (f"its {len(match.keys)} entries are intact (read in full: "
                    f"{human_size(relied.size)} in {1e3 * relied.seconds:.0f} ms)")
@@ -235,7 +235,7 @@ def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> Prewa
                    f"bytes only: {human_size(relied.size)}, {why}; one corrupted without "
                    f"changing its size is missed by the training job, whose report says why)")
     return PrewarmDecision(AUTO, False, (
-        f"the fingerprint ({found.digest}) matches run {match.run!r}'s prewarm "
+        f"the fingerprint ({found.digest}) matches the prewarm of run {match.run!r} "
         f"{ago(match.time)} and {checked}; the training job's processes check their keys "
         f"as they load"), found, keys=match.keys)
 

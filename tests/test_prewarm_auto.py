@@ -69,7 +69,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     assert second.returncode == 0, second.stderr[-3000:]
     run_dir = tmp_path / "runs" / "second"
     skipped = decision(run_dir)
-    assert not skipped.prewarm and "matches run 'first'" in skipped.why
+    assert not skipped.prewarm and "matches the prewarm of run 'first'" in skipped.why
     assert "2 entries are intact" in skipped.why
     assert not (run_dir / "logs" / "prewarm-p0.log").exists()
     assert not report_path(run_dir, "prewarm", 0, 0).exists()

@@ -128,7 +128,7 @@ def launch(request: Request, backend: Backend) -> int:
     for config in configs:
         check_modules(config)
         backend.refuse_platform(config)
-    runs = [resolve_run(config) for config in configs]
+    runs = [resolve_run(config, verify=request.command == VERIFY) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
     plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER,
                            request.trainer))
@@ -142,8 +142,8 @@ def launch(request: Request, backend: Backend) -> int:
             held.enter_context(holding_run_dir(config))
             backend.refuse_busy(config)
         decided = []
-        for config, jobs in plans:
-            write_run_dir(config)
+        for (config, jobs), (_, pinned) in zip(plans, runs, strict=True):
+            write_run_dir(config, pinned)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
             bad = prepare_cache(config, request.check_cache, repair=request.command != VERIFY)

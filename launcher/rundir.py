@@ -3,7 +3,8 @@
 `<out_dir>/<run name>/` holds config.yaml (the pinned config every job reads),
 logs/<job>-p<process>.log (local runner), reports/<job>-r<restart>-p<process>.json (init
 reports), first-steps.jsonl (every training attempt's time to first step, across launches),
-verify/p0.json (verify's verdicts: process 0 decides for the run),
+verify/p0.json (verify's verdicts: process 0 decides for the run), verify/config.yaml (the
+config the latest verify's job read: a verify with overrides leaves the run's own as it was),
 prewarm-decision.json (whether the launch ran the prewarm job, and why),
 prewarm-progress.json (what it compiles), local-jobs.json (a local launch's jobs and their
 state), mlperf-r<restart>.log (MLPerf's lines, with
@@ -29,6 +30,12 @@ PINNED_CONFIG = "config.yaml"
 
 def pinned_config(run_dir: str | Path) -> Path:
     return Path(run_dir) / PINNED_CONFIG
+
+
+def verify_config(run_dir: str | Path) -> Path:
+    """The config a verify pins for its own job: a verify asks about a would-be run (its
+    overrides included), so the run's own pinned config, which its report reads, stays."""
+    return Path(run_dir) / VERIFY / PINNED_CONFIG
 
 
 def lock_path(run_dir: str | Path) -> Path:

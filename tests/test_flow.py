@@ -29,6 +29,7 @@ from launcher.rundir import (
     metrics_path,
     pinned_config,
     submitted_jobs_path,
+    verify_config,
 )
 from launcher.submit.backend import Outcome, recorded_backend
 from launcher.submit.jobs import JobSpec
@@ -67,8 +68,8 @@ class FakeBackend:
             raise ConfigError(self.busy)
 
     def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[Any]]:
-        for config, _ in runs:  # pinned before any job is handed over
-            assert pinned_config(config.run_dir).is_file()
+        for _, jobs in runs:  # pinned before any job is handed over
+            assert all(Path(job.env["JAXWARM_CONFIG"]).is_file() for job in jobs)
         self.calls.append("submit")
         for config, _ in runs:
             if self.logs_step is not None:
@@ -147,6 +148,21 @@ def test_a_failed_verify_job_is_an_error_not_a_cold_verdict(tmp_path: Path) -> N
     backend = FakeBackend(outcome=failed)
     assert flow.launch(request(tmp_path, "verify"), backend) == EXIT_ERROR
     assert backend.submitted == [[("demo", ["verify"])]]
+
+
+def test_a_verify_leaves_the_runs_pinned_config_as_it_was(tmp_path: Path) -> None:
+    """A verify asks about a would-be run: its overrides go into the config its own job
+    reads (`verify_config`), never into the run's, which the run's report reads."""
+    assert flow.launch(request(tmp_path), FakeBackend()) == 0
+    run_dir = tmp_path / "runs" / "demo"
+    before = pinned_config(run_dir).read_bytes()
+    asked = request(tmp_path, "verify")
+    asked = flow.Request("verify", asked.configs, [*asked.overrides, "train.steps=99"])
+    failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
+    assert flow.launch(asked, FakeBackend(outcome=failed)) == EXIT_ERROR
+    assert pinned_config(run_dir).read_bytes() == before
+    assert load_config(verify_config(run_dir)).train.steps == 99
+    assert load_config(pinned_config(run_dir)).train.steps != 99
 
 
 def test_several_configs_of_one_prewarm_go_to_the_backend_at_once(tmp_path: Path) -> None:

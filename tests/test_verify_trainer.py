@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import report_path
+from launcher.rundir import pinned_config, report_path, verify_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
@@ -168,12 +168,19 @@ def test_a_finished_run_is_said_as_that(finished_demo: list[str]) -> None:
 
 def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> None:
     """`jaxwarm status` is about the run's latest launch: a local verify after it (the
-    README's next step) leaves its jobs in the record."""
-    verified = run_cli("verify", *finished_demo)
-    assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+    README's next step) leaves its jobs in the record, and its overrides out of the run's
+    pinned config (which status and report read: more train.steps there would have them
+    call the finished run unfinished)."""
     run_dir = Path(finished_demo[2].split("=", 1)[1]) / "demo"
+    pinned = pinned_config(run_dir).read_bytes()
+    verified = run_cli("verify", *finished_demo, "train.steps=3")
+    assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+    assert pinned_config(run_dir).read_bytes() == pinned
+    assert "steps: 3" in verify_config(run_dir).read_text()
+    report = run_cli("report", str(run_dir))
+    assert report.returncode == 0 and "unfinished" not in report.stdout, report.stdout
     status = run_cli("status", str(run_dir))
-    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.returncode == 0 and "unfinished" not in status.stdout, status.stdout
     jobs = [line.split()[:3] for line in status.stdout.splitlines() if " local " in line]
     assert jobs == [["prewarm", "local", "COMPLETED"], ["train", "local", "COMPLETED"]], \
         status.stdout

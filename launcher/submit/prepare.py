@@ -16,7 +16,7 @@ import yaml
 from launcher.config import CONFIG_CAP, Config, ConfigError, load_yaml
 from launcher.environment import is_remote, resolve_paths
 from launcher.files import atomic_write, locked, read_capped
-from launcher.rundir import lock_path, pinned_config
+from launcher.rundir import lock_path, pinned_config, verify_config
 from launcher.store.entries import ensure_atime_files
 from launcher.store.integrity import check_and_quarantine
 from launcher.store.manifest import latest_for_run, read_manifest
@@ -26,10 +26,12 @@ from launcher.words import plural
 log = logging.getLogger("jaxwarm.prepare")
 
 
-def resolve_run(config: Config, base: Path | None = None) -> tuple[Config, Path]:
-    """The config with canonical paths, and where its pinned copy goes. Checks the cache dir
-    but writes nothing: a launch refused by a later check (a missing entrypoint, a busy run
-    dir) must leave the run dir, and the pinned config that requeued jobs read, as they were.
+def resolve_run(config: Config, base: Path | None = None,
+                verify: bool = False) -> tuple[Config, Path]:
+    """The config with canonical paths, and where its pinned copy goes (a verify's to
+    `verify_config`, beside its verdicts). Checks the cache dir but writes nothing: a launch
+    refused by a later check (a missing entrypoint, a busy run dir) must leave the run dir,
+    and the pinned config that requeued jobs read, as they were.
     """
     if not is_remote(config.cache.dir):
         cache = Path(config.cache.dir).expanduser()
@@ -37,7 +39,7 @@ def resolve_run(config: Config, base: Path | None = None) -> tuple[Config, Path]
                         config.cache, config.source, writing=True)
     config = resolve_paths(config, base)
     refuse_small_cap(config)
-    return config, pinned_config(config.run_dir)
+    return config, (verify_config if verify else pinned_config)(config.run_dir)
 
 
 def refuse_small_cap(config: Config) -> None:
@@ -54,16 +56,18 @@ def refuse_small_cap(config: Config) -> None:
                           f"it and the run would miss. Raise it (or -1: no cap)")
 
 
-def write_run_dir(config: Config) -> Path:
-    """Create the cache and run dirs and write the pinned config; only once every check
-    passed (see `resolve_run`), and under the run dir's lock when launching."""
+def write_run_dir(config: Config, pinned: Path | None = None) -> Path:
+    """Create the cache and run dirs and write the pinned config (to `pinned`, where
+    `resolve_run` put it: the run's own, or a verify's); only once every check passed, and
+    under the run dir's lock when launching."""
     if not is_remote(config.cache.dir):
         prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    return atomic_write(
-        pinned_config(config.run_dir),
-        f"# Pinned by jaxwarm from {config.source}; every job of this run reads it.\n"
-        + yaml.safe_dump(config.to_dict(), sort_keys=False))
+    pinned = pinned or pinned_config(config.run_dir)
+    pinned.parent.mkdir(parents=True, exist_ok=True)
+    readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
+        else "the verify job reads it; the run's own is left as it was"
+    return atomic_write(pinned, f"# Pinned by jaxwarm from {config.source}; {readers}.\n"
+                        + yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def adopt_run_dir(config: Config) -> Path:
@@ -98,7 +102,7 @@ def holding_run_dir(config: Config) -> Iterator[None]:
 def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
     """`resolve_run` and `write_run_dir` in one, for callers that need no check between."""
     config, path = resolve_run(config, base)
-    write_run_dir(config)
+    write_run_dir(config, path)
     return config, path
 
 

@@ -196,7 +196,7 @@ class InitReport:
     `reports/<job>-r<restart>-p<process>.json` (`launcher.rundir.report_path`)."""
 
     # Written for the reader's convenience, recomputed from the rest when read back.
-    DERIVED: ClassVar[tuple[str, ...]] = ("misses", "over_budget", "label")
+    DERIVED: ClassVar[tuple[str, ...]] = ("misses", "over_budget", "label", "first_step_s")
 
     job: str
     restart_count: int
@@ -217,6 +217,9 @@ class InitReport:
     ranks_wait_s: float = 0.0
     # "trainer" (mark_first_step) or the prewarmed function whose first execution ended it.
     first_step_from: str | None = None
+    # How many functions the run's prewarm recorded, as a training job knew them: one that
+    # looked up none of them ran no step (`ran_no_step`).
+    run_prewarmed: int = 0
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
@@ -238,17 +241,26 @@ class InitReport:
         return self.lookups - self.hits
 
     @property
+    def first_step_s(self) -> float | None:
+        """The time to first step, None where the process ran no step (`ran_no_step`: the
+        recorder's guess then timed some other function)."""
+        hit, missed = prewarmed_outcomes(self.functions)
+        return None if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from) \
+            else self.time_to_first_step_s
+
+    @property
     def over_budget(self) -> bool:
-        return self.time_to_first_step_s is not None and \
-            self.time_to_first_step_s > self.init_budget_s
+        return self.first_step_s is not None and self.first_step_s > self.init_budget_s
 
     @property
     def label(self) -> str:
-        """What a training attempt's process was: warm, partly warm or cold (`warmth`);
-        empty for a prewarm or verify job, whose lookups are not a start."""
+        """What a training attempt's process was: warm, partly warm or cold (`warmth`), or
+        NO_STEP; empty for a prewarm or verify job, whose lookups are not a start."""
         if self.job != TRAIN:
             return ""
         hit, missed = prewarmed_outcomes(self.functions)
+        if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from):
+            return NO_STEP
         return warmth(hit, missed, self.hits, self.lookups)
 
     def to_json(self) -> dict[str, Any]:
@@ -269,6 +281,19 @@ def prewarmed_outcomes(functions: list[FunctionRecord]) -> tuple[list[str], dict
             else:
                 missed[fn.name] = fn.seconds
     return hit, missed
+
+
+# The label of a training process that ran no step (`ran_no_step`): neither warm nor cold.
+NO_STEP = "no step run"
+
+
+def ran_no_step(run_prewarmed: int, hit: list[str], missed: dict[str, float],
+                first_step_from: str | None) -> bool:
+    """A training process of a run with prewarmed functions that looked up none of them
+    and was not told of a step by its trainer (mark_first_step) ran no step: e.g. a
+    relaunch of a finished run, whose trainer resumes at its last step and trains nothing.
+    Its lookups (a checkpoint restore's small helpers) say nothing of the prewarm."""
+    return run_prewarmed > 0 and not hit and not missed and first_step_from != "trainer"
 
 
 def warmth(hit: list[str], missed: dict[str, float], hits: int, lookups: int) -> str:
@@ -536,9 +561,17 @@ class FirstStep:
     # that missed with their compile seconds (`prewarmed_outcomes`).
     prewarmed_hit: list[str] = field(default_factory=list)
     prewarmed_missed: dict[str, float] = field(default_factory=dict)
+    run_prewarmed: int = 0  # as `InitReport.run_prewarmed`
+
+    @property
+    def ran_no_step(self) -> bool:
+        return ran_no_step(self.run_prewarmed, self.prewarmed_hit, self.prewarmed_missed,
+                           self.first_step_from)
 
     @property
     def label(self) -> str:
+        if self.ran_no_step:
+            return NO_STEP
         return warmth(self.prewarmed_hit, self.prewarmed_missed, self.hits, self.lookups)
 
 

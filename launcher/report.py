@@ -133,7 +133,7 @@ def progress_line(progress: PrewarmProgress, now: float | None = None) -> str:
 
 
 def _status(report: InitReport) -> str:
-    if report.job != TRAIN or report.time_to_first_step_s is None:
+    if report.job != TRAIN or report.first_step_s is None:
         return ""
     return "OVER BUDGET" if report.over_budget else "ok"
 
@@ -274,7 +274,7 @@ def format_table(reports: list[InitReport], targets: Targets, threshold_s: float
                      str(r.lookups), str(r.hits), str(r.misses) if train else "-",
                      _span([g.backend_compile_s for g in group]),
                      _span([g.retrieval_s for g in group]),
-                     _span([g.time_to_first_step_s for g in group]) if train else "-",
+                     _span([g.first_step_s for g in group]) if train else "-",
                      f"{r.init_budget_s:.0f}" if train else "-", _status(r), did(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -610,11 +610,11 @@ def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntr
 def budget_lines(attempt: list[InitReport]) -> list[str]:
     """One training attempt's time to first step over its processes, against the budget,
     and the longest any of them waited for the others (`launcher.injob.ranks`)."""
-    timed = [r for r in attempt if r.time_to_first_step_s is not None]
+    timed = [r for r in attempt if r.first_step_s is not None]
     if not timed:
         return []
     budget = timed[0].init_budget_s
-    slowest = max(timed, key=lambda r: r.time_to_first_step_s or 0.0)
+    slowest = max(timed, key=lambda r: r.first_step_s or 0.0)
     where = f"process {slowest.process_index}" if len(timed) == 1 else \
         f"processes {ranges([r.process_index for r in timed])} " \
         f"(slowest: process {slowest.process_index})"
@@ -623,7 +623,7 @@ def budget_lines(attempt: list[InitReport]) -> list[str]:
         f"{ranges(over)}" if over else \
         f"within the {budget:.0f} s budget"
     line = (f"time to first step (restart {timed[0].restart_count}): "
-            f"{_span([r.time_to_first_step_s for r in timed])} s on {where}, {verdict}")
+            f"{_span([r.first_step_s for r in timed])} s on {where}, {verdict}")
     waited = max(timed, key=lambda r: r.ranks_wait_s)
     if waited.ranks_wait_s >= 0.005:
         line += (f"; waiting for the other ranks up to {waited.ranks_wait_s:.2f} s "
@@ -640,9 +640,9 @@ def load_first_steps(run_dir: str | Path) -> list[FirstStep]:
 def first_step_lines(history: list[FirstStep]) -> list[str]:
     """The newest attempt that was not warm (cold, partly warm) and the newest warm one of
     this run (`FirstStep.label`), side by side; each attempt's last finding counts (a
-    guess may be replaced)."""
-    attempts = sorted({step.started: step for step in history}.values(),
-                      key=lambda step: step.started)
+    guess may be replaced). An attempt that ran no step has no time to show."""
+    attempts = sorted((step for step in {step.started: step for step in history}.values()
+                       if not step.ran_no_step), key=lambda step: step.started)
     if not attempts:
         return []
     newest = attempts[-1]
@@ -713,9 +713,10 @@ def attempt_summaries(reports: list[InitReport]) -> list[str]:
     lines = []
     for r in reports:
         if r.job == TRAIN and r.process_index == 0:
+            step = "no first step" if r.first_step_s is None else \
+                (f"first step {_seconds(r.first_step_s)} s of a {r.init_budget_s:.0f} s "
+                 f"budget {_status(r)}")
             lines.append(f"attempt r{r.restart_count}: {r.label or 'no lookup'}; {r.hits} "
                          f"hit(s) of {r.lookups} lookup(s) on process 0, compile "
-                         f"{r.backend_compile_s:.2f} s, "
-                         f"first step {_seconds(r.time_to_first_step_s)} s "
-                         f"of a {r.init_budget_s:.0f} s budget {_status(r)}")
+                         f"{r.backend_compile_s:.2f} s, {step}")
     return lines

@@ -167,6 +167,21 @@ def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
     assert warm_part.startswith(f"{second['time_to_first_step_s']:.2f} s ("), line
     assert warm_part.endswith("restart 0, newest)") and " 0 of " not in warm_part
 
+    # The same command again: the run is done and its trainer trains nothing. It ran no
+    # step: no label of warmth, no time to first step, and the history keeps the two
+    # attempts that ran one.
+    again = run_cli("launch", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to train: the run's checkpoint is at step 1" in again.stderr
+    assert "train restart 0, process 0: no step run" in again.stdout, again.stdout
+    assert line in again.stdout.splitlines(), again.stdout
+    listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
+    assert [(r["label"], r["first_step_s"]) for r in listed if r["job"] == "train"] == \
+        [("no step run", None)] * 2, listed
+    status = run_cli("status", str(run_dir)).stdout
+    assert "attempt r0: no step run; " in status and status.rstrip().endswith(
+        "no first step"), status
+
 
 def test_failing_entrypoint_fails_the_launch_with_its_log_tail(tmp_path: Path) -> None:
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",

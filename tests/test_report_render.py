@@ -32,6 +32,7 @@ from launcher.records import (
 )
 from launcher.report import (
     Targets,
+    attempt_summaries,
     first_step_lines,
     format_table,
     format_verdicts,
@@ -377,6 +378,45 @@ def test_cold_and_warm_attempts_are_shown_side_by_side(tmp_path: Path) -> None:
         "time to first step on process 0, this run's attempts: partly warm (1 of 2 prewarmed "
         "functions hit: jit_train_step compiled 52.0 s) 79.49 s (1 of 4 lookups hit, "
         "restart 0, newest), warm 1.62 s (7 of 7 lookups hit, restart 0)")
+
+
+def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) -> None:
+    """A relaunch of a finished run: its trainer resumes at the last step and trains
+    nothing; its one lookup is a checkpoint restore's helper, none of the run's two
+    prewarmed functions. It ran no step, and says so with no time to first step in the
+    headline, the table, status and the JSON; the first-step history shows the attempts
+    that ran one."""
+    guess = ("the first execution of jit__identity_fn, the function with the largest inputs "
+             "so far (no prewarmed step has run yet; mark_first_step() says it exactly)")
+    helper = FunctionRecord(name="jit__identity_fn", key="jit__identity_fn-ab", hit=False,
+                            seconds=0.04)
+    report = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
+                        cache_dir=str(tmp_path), init_budget_s=1.0, lookups=1,
+                        time_to_first_step_s=4.05, first_step_from=guess, run_prewarmed=2,
+                        functions=[helper])
+    assert (report.label, report.first_step_s, report.over_budget) == ("no step run", None,
+                                                                       False)
+    assert summarize([report], {}, "demo")[0] == "train restart 0, process 0: no step run"
+    row = format_table([report], Targets.of({}), 1.0).splitlines()[1].split()
+    assert row[8:] == ["-", "1", "no", "step", "run"], row  # first_step_s, budget_s, start
+    assert attempt_summaries([report]) == [
+        "attempt r0: no step run; 0 hit(s) of 1 lookup(s) on process 0, compile 0.00 s, "
+        "no first step"]
+    data = json.loads(dumps(report))
+    assert (data["label"], data["first_step_s"]) == ("no step run", None)
+    assert from_json(InitReport, data, "again") == report
+    # A step the trainer said it ran (mark_first_step), or a run with nothing prewarmed:
+    # labelled by its lookups, as before.
+    assert dataclasses.replace(report, first_step_from="trainer").label == "cold"
+    assert dataclasses.replace(report, run_prewarmed=0).label == "cold"
+
+    warm = FirstStep(0, 100.0, 1.62, "the first execution of jit_step", 2, 2,
+                     prewarmed_hit=["jit_step", "jit_init"], run_prewarmed=2)
+    idle = FirstStep(0, 200.0, 4.05, guess, 0, 1, run_prewarmed=2)
+    assert idle.label == "no step run"
+    assert first_step_lines([warm, idle]) == [
+        "time to first step on process 0, this run's attempts: warm 1.62 s (2 of 2 lookups "
+        "hit, restart 0, newest)"]
 
 
 def test_input_elements_are_counted_from_jax_s_lowering_line() -> None:

@@ -285,6 +285,7 @@ def watch_prewarmed(config: Config, recorder: InitRecorder,
     recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run)
                           for e in own}
     recorder.inputs_of = {e.function for e in own if e.inputs is not None}
+    recorder.report.run_prewarmed = len(recorder.prewarmed)
 
 
 def record_first_step(config: Config, report: InitReport, started: float) -> None:
@@ -295,7 +296,7 @@ def record_first_step(config: Config, report: InitReport, started: float) -> Non
         restart=report.restart_count, started=started,
         seconds=report.time_to_first_step_s or 0.0, first_step_from=report.first_step_from or "",
         hits=report.hits, lookups=report.lookups, prewarmed_hit=hit,
-        prewarmed_missed=missed)) + "\n", 0o644,
+        prewarmed_missed=missed, run_prewarmed=report.run_prewarmed)) + "\n", 0o644,
         "the time to first step")
 
 

@@ -245,8 +245,8 @@ class InitReport:
         """The time to first step, None where the process ran no step (`ran_no_step`: the
         recorder's guess then timed some other function)."""
         hit, missed = prewarmed_outcomes(self.functions)
-        return None if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from) \
-            else self.time_to_first_step_s
+        return None if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from,
+                                   compiled_a_step(self.functions)) else self.time_to_first_step_s
 
     @property
     def over_budget(self) -> bool:
@@ -259,7 +259,8 @@ class InitReport:
         if self.job != TRAIN:
             return ""
         hit, missed = prewarmed_outcomes(self.functions)
-        if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from):
+        if ran_no_step(self.run_prewarmed, hit, missed, self.first_step_from,
+                       compiled_a_step(self.functions)):
             return NO_STEP
         return warmth(hit, missed, self.hits, self.lookups)
 
@@ -287,13 +288,27 @@ def prewarmed_outcomes(functions: list[FunctionRecord]) -> tuple[list[str], dict
 NO_STEP = "no step run"
 
 
+# JAX's default persistent-cache threshold: a compile shorter than this is a helper (a
+# checkpoint restore's identity function), not a step worth caching.
+STEP_COMPILE_S = 1.0
+
+
+def compiled_a_step(functions: list[FunctionRecord]) -> bool:
+    """Whether a process compiled (missed) anything as long as a step's compile."""
+    return any(not fn.hit and fn.seconds >= STEP_COMPILE_S for fn in functions)
+
+
 def ran_no_step(run_prewarmed: int, hit: list[str], missed: dict[str, float],
-                first_step_from: str | None) -> bool:
-    """A training process of a run with prewarmed functions that looked up none of them
-    and was not told of a step by its trainer (mark_first_step) ran no step: e.g. a
-    relaunch of a finished run, whose trainer resumes at its last step and trains nothing.
-    Its lookups (a checkpoint restore's small helpers) say nothing of the prewarm."""
-    return run_prewarmed > 0 and not hit and not missed and first_step_from != "trainer"
+                first_step_from: str | None, compiled: bool) -> bool:
+    """A training process of a run with prewarmed functions that looked up none of them,
+    compiled nothing of a step's size (`compiled_a_step`) and was not told of a step by its
+    trainer (mark_first_step) ran no step: e.g. a relaunch of a finished run, whose trainer
+    resumes at its last step and trains nothing. Its lookups (a checkpoint restore's small
+    helpers) say nothing of the prewarm. One that compiled a step-sized program (a step
+    renamed since its prewarm, so none of the prewarmed names is looked up) ran a program
+    the prewarm did not cover, and is labelled by its lookups (`cold`)."""
+    return (run_prewarmed > 0 and not hit and not missed and not compiled
+            and first_step_from != "trainer")
 
 
 def warmth(hit: list[str], missed: dict[str, float], hits: int, lookups: int) -> str:
@@ -565,8 +580,10 @@ class FirstStep:
 
     @property
     def ran_no_step(self) -> bool:
+        # Process 0's line, without its functions: there a miss is a compile the cache
+        # did not hold (its helpers hit once cached), so any miss counts as one.
         return ran_no_step(self.run_prewarmed, self.prewarmed_hit, self.prewarmed_missed,
-                           self.first_step_from)
+                           self.first_step_from, self.hits < self.lookups)
 
     @property
     def label(self) -> str:

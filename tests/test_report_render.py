@@ -409,10 +409,15 @@ def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) ->
     # labelled by its lookups, as before.
     assert dataclasses.replace(report, first_step_from="trainer").label == "cold"
     assert dataclasses.replace(report, run_prewarmed=0).label == "cold"
+    # A step renamed since its prewarm looks none of the prewarmed names up, but compiles a
+    # step-sized program: cold, with its time to first step.
+    renamed = dataclasses.replace(report, functions=[dataclasses.replace(
+        helper, name="jit_step", key="jit_step-cd", seconds=3.2)])
+    assert (renamed.label, renamed.first_step_s) == ("cold", 4.05)
 
     warm = FirstStep(0, 100.0, 1.62, "the first execution of jit_step", 2, 2,
                      prewarmed_hit=["jit_step", "jit_init"], run_prewarmed=2)
-    idle = FirstStep(0, 200.0, 4.05, guess, 0, 1, run_prewarmed=2)
+    idle = FirstStep(0, 200.0, 4.05, guess, 1, 1, run_prewarmed=2)  # its helper hit
     assert idle.label == "no step run"
     assert first_step_lines([warm, idle]) == [
         "time to first step on process 0, this run's attempts: warm 1.62 s (2 of 2 lookups "

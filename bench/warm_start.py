@@ -37,8 +37,8 @@ from typing import Any
 from bench.common import REPO, BenchError, Check, checks_json, checks_table, machine, publish, table
 
 DEFAULT_JSON = REPO / "bench" / "results" / "warm-start.json"
-DEFAULT_LAYERS = 256
-DEFAULT_RECORDS = 3_000_000
+DEFAULT_LAYERS = 96
+DEFAULT_RECORDS = 14_000_000
 
 
 def trainer() -> int:

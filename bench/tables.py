@@ -27,6 +27,7 @@ from bench import (
     scale,
     stage_reads,
     step_cost,
+    warm_start,
 )
 from bench.common import REPO, Check, checks_table, read_json, table
 
@@ -87,6 +88,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stage-reads-8nodes": lambda: stage_reads.reads_table(result("stage-reads-8nodes")),
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),
     "gpu-h100-sizes": lambda: gpu_sizes_table("nvidia-h100-80gb-hbm3-sizes"),
+    "warm-start": lambda: warm_start.warm_table(result("warm-start")),
 }
 
 

@@ -132,6 +132,21 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "prefetch": report.get("prefetch"), "sampling": report.get("sampling")}
 
 
+PHASES = ("imports", "trace", "lower", "compile", "cache load", "first step", "other")
+
+
+def warm_table(result: dict[str, Any]) -> str:
+    """The launches' phases side by side, then the goals (`bench.tables` renders it too)."""
+    return table(
+        f"Warm start, {result['layers']} unrolled layers, {result['records']} records",
+        ["start", "time to first step (s)", *PHASES, "other by owner"],
+        [[name, f"{row['time_to_first_step_s']:.1f}",
+          *(f"{row['phases'].get(p, 0.0):.1f}" for p in PHASES),
+          ", ".join(f"{k} {v:.1f}" for k, v in list(row["other_by_owner"].items())[:3])]
+         for name, row in result["runs"].items()]) + "\n\n" + checks_table(
+        [Check(**check) for check in result["checks"]])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.warm_start", description=__doc__)
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
@@ -168,15 +183,7 @@ def main(argv: list[str] | None = None) -> int:
               "prewarm_wall_s": prewarm["wall_s"], "runs": rows,
               "init_s": init, "load_s": load, "bound_s": bound, "ratio": ratio,
               "checks": checks_json(checks)}
-    phases = ["imports", "trace", "lower", "compile", "cache load", "first step", "other"]
-    tables = table(f"Warm start, {args.layers} unrolled layers, {args.records} records",
-                   ["start", "time to first step (s)", *phases, "other by owner"],
-                   [[name, f"{row['time_to_first_step_s']:.1f}",
-                     *(f"{row['phases'].get(p, 0.0):.1f}" for p in phases),
-                     ", ".join(f"{k} {v:.1f}" for k, v in
-                               list(row["other_by_owner"].items())[:3])]
-                    for name, row in rows.items()]) + "\n\n" + checks_table(checks)
-    publish(result, tables, args.json)
+    publish(result, warm_table(result), args.json)
     return 0
 
 

@@ -577,13 +577,13 @@ class FirstStep:
     prewarmed_hit: list[str] = field(default_factory=list)
     prewarmed_missed: dict[str, float] = field(default_factory=dict)
     run_prewarmed: int = 0  # as `InitReport.run_prewarmed`
+    # Whether the attempt compiled a step-sized program (`compiled_a_step` of its report).
+    compiled_a_step: bool = False
 
     @property
     def ran_no_step(self) -> bool:
-        # Process 0's line, without its functions: there a miss is a compile the cache
-        # did not hold (its helpers hit once cached), so any miss counts as one.
         return ran_no_step(self.run_prewarmed, self.prewarmed_hit, self.prewarmed_missed,
-                           self.first_step_from, self.hits < self.lookups)
+                           self.first_step_from, self.compiled_a_step)
 
     @property
     def label(self) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config import ConfigError, load_config
+from launcher.rundir import verify_config
 from prewarm.step import build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
@@ -109,6 +110,7 @@ def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
     job = "train" if command[0] == "launch" else command[0]
     run_dir = tmp_path / "runs" / "demo"
     log = (run_dir / "logs" / f"{job}-p0.log").read_text()
-    # A job reads the run's pinned config, and names it.
-    assert log.splitlines()[-1] == f"jaxwarm: error: {run_dir / 'config.yaml'}: {line}"
+    # A job reads the config pinned for it (a verify's own, beside the run's), and names it.
+    pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
+    assert log.splitlines()[-1] == f"jaxwarm: error: {pinned}: {line}"
     assert "Traceback" not in log + result.stderr

@@ -417,8 +417,9 @@ def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) ->
 
     warm = FirstStep(0, 100.0, 1.62, "the first execution of jit_step", 2, 2,
                      prewarmed_hit=["jit_step", "jit_init"], run_prewarmed=2)
-    idle = FirstStep(0, 200.0, 4.05, guess, 1, 1, run_prewarmed=2)  # its helper hit
+    idle = FirstStep(0, 200.0, 4.05, guess, 0, 1, run_prewarmed=2)
     assert idle.label == "no step run"
+    assert dataclasses.replace(idle, compiled_a_step=True).label == "cold"
     assert first_step_lines([warm, idle]) == [
         "time to first step on process 0, this run's attempts: warm 1.62 s (2 of 2 lookups "
         "hit, restart 0, newest)"]

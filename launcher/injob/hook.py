@@ -39,6 +39,7 @@ from launcher.records import (
     FirstStep,
     PrewarmDecision,
     Staging,
+    compiled_a_step,
     dumps,
     prewarmed_outcomes,
     read_record,
@@ -296,7 +297,8 @@ def record_first_step(config: Config, report: InitReport, started: float) -> Non
         restart=report.restart_count, started=started,
         seconds=report.time_to_first_step_s or 0.0, first_step_from=report.first_step_from or "",
         hits=report.hits, lookups=report.lookups, prewarmed_hit=hit,
-        prewarmed_missed=missed, run_prewarmed=report.run_prewarmed)) + "\n", 0o644,
+        prewarmed_missed=missed, run_prewarmed=report.run_prewarmed,
+        compiled_a_step=compiled_a_step(report.functions))) + "\n", 0o644,
         "the time to first step")
 
 

@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml | $(UV)
 demo: $(STAMP)
 	$(VENV)/bin/jaxwarm launch configs/demo.yaml --local
 
-# One venv per tested jax beyond the main venv's (testing/legs.py), under .venvs/; a jax
-# whose Python is not installed is skipped (and the tests say so). testing/legs.py needs no
-# more than the standard library, so the legs build beside .venv (`make test`).
+# One venv per tested jax beyond the main venv's, and MaxText's (testing/legs.py), under
+# .venvs/; a leg whose Python is not installed is skipped (and the tests say so).
+# testing/legs.py needs no more than the standard library, so the legs build beside .venv
+# (`make test`).
 legs: | $(UV)
 	$(PYTHON) -m testing.legs build
 
@@ -35,7 +36,7 @@ check: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slurm"
 
-# The whole suite, every tested jax included, on TEST_WORKERS parallel pytest-xdist workers
+# The whole suite, every tested jax and MaxText included, on TEST_WORKERS parallel pytest-xdist workers
 # (tests/conftest.py: which tests share a worker, and the order work is handed out in);
 # tests that need SLURM start the project's own dev cluster. .venv and the legs are built
 # side by side first.
@@ -49,9 +50,8 @@ matrix: $(STAMP) legs
 	$(VENV)/bin/python -m pytest -q tests/test_jax_versions.py
 
 # MaxText from PyPI, unchanged, wrapped by examples/maxtext: builds (or reuses) .venvs/maxtext
-# (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test, a HIT on 1 and 2
-# processes. Not part of `make test`, where tests/test_maxtext.py skips while the venv is
-# not built; .ci/run runs it after `make test` (issue 18: its own target).
+# (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test alone, a HIT on 1
+# and 2 processes. `make test` builds the same venv (with the legs) and runs it in the suite.
 maxtext: $(STAMP)
 	$(VENV)/bin/python -m testing.legs build maxtext
 	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

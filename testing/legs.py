@@ -1,8 +1,8 @@
 """The jax versions `make test` checks beyond the main venv's, one venv each under `.venvs/`,
 and the venv of a real third-party trainer (MaxText), built the same way.
 
-    python -m testing.legs build           # what `make legs` runs: make (or reuse) every leg's
-                                         # venv, the legs side by side
+    python -m testing.legs build           # what `make legs` (so `make test`) runs: make (or
+                                         # reuse) every leg's venv and MaxText's, side by side
     python -m testing.legs build maxtext   # what `make maxtext` runs first: .venvs/maxtext
 
 A leg pins jax == jaxlib to one tested release and installs jaxwarm (editable) with its
@@ -71,7 +71,7 @@ LEGS: tuple[Leg, ...] = (
     Leg("0.12.0.1", ("3.13", "3.12")),
 )
 # MaxText (examples/maxtext), unchanged from PyPI, with the CPU set of packages it needs
-# (it declares none without an extra); `make maxtext`, not `make legs`.
+# (it declares none without an extra); built by `make legs` (so `make test`) too.
 MAXTEXT = Leg("0.12.0.1", ("3.12", "3.13"), name="maxtext",
               requirements=REPO / "examples" / "maxtext" / "requirements.txt")
 EXTRA = {MAXTEXT.name: MAXTEXT}
@@ -168,8 +168,9 @@ def main(argv: list[str]) -> int:
         return 0 if build_or_say(EXTRA[argv[2]]) else 1
     # Side by side: an install is part unpacking, part byte-compiling, part waiting on disk,
     # so the legs together take less than one after the other, even on 2 cores.
-    with ThreadPoolExecutor(max_workers=len(LEGS)) as pool:
-        built = list(pool.map(build_or_say, LEGS))
+    every = [*LEGS, MAXTEXT]
+    with ThreadPoolExecutor(max_workers=len(every)) as pool:
+        built = list(pool.map(build_or_say, every))
     return 0 if all(built) else 1
 
 

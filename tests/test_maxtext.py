@@ -1,13 +1,14 @@
 """MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` is a HIT
 in the training job on 1 process (hardware=cpu) and on 2 (hardware=gpu_multiprocess).
 
-It runs in MaxText's own venv (`make maxtext` builds `.venvs/maxtext`, `testing/legs.py`, and
-runs this file), as a user runs it: `jaxwarm prewarm`, `jaxwarm verify` and `jaxwarm verify
---trainer` (WARM), then `jaxwarm launch --no-prewarm`, from a working directory of its own so
-that the example config's relative paths land there. MaxText's own `jax_cache_dir` is set (as
+It runs in MaxText's own venv (`make test` and `make maxtext` build `.venvs/maxtext`,
+`testing/legs.py`; `make maxtext` runs this file alone), as a user runs it: `jaxwarm
+prewarm`, `jaxwarm verify` and `jaxwarm verify --trainer` (WARM), then `jaxwarm launch
+--no-prewarm`, from a working directory of its own so that the example config's relative
+paths land there. MaxText's own `jax_cache_dir` is set (as
 its KEY=VALUE override, through the M_JAX_CACHE_DIR variable MaxText reads) to a dir that must
 stay empty: the guard keeps jaxwarm's dir in force. Skipped, with the reason, where no Python
-3.12/3.13 is installed or the venv is not built (`make test` does not build it).
+3.12/3.13 is installed or the venv is not built (`make legs` builds it).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def test_an_entrypoint_module_inside_a_namespace_package_is_found(tmp_path: Path
         check_modules(config)
     with job_import_path(config):  # the run's fingerprint reads the factory's sources too
         sources = step_sources("nspkg.trainers.train", list(distributions()))
-    assert list(sources) == [str(package / "trainers" / "train.py")]
+    assert list(sources.files) == [str(package / "trainers" / "train.py")]
     missing = load_config(DEMO, ["entrypoint.command=null", "step.factory=factory:make", env,
                                  "entrypoint.module=nspkg.trainers.nope"])
     with pytest.raises(ConfigError, match="module 'nspkg.trainers.nope' was not found"):

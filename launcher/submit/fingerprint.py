@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import platform
+from dataclasses import dataclass
 from importlib.metadata import Distribution, distributions, version
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
         installed = list(distributions())
         packages = sorted({(dist.metadata["Name"] or "?").lower(): dist.version
                            for dist in installed}.items())
-        files = step_sources(config.step.factory.partition(":")[0], installed)
+        sources = step_sources(config.step.factory.partition(":")[0], installed)
         versions = {name: version(name) for name in ("jax", "jaxlib")}
     parts = {
         **versions,
@@ -90,12 +91,13 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
         "hardware": short_hash([config.slurm.partition, config.slurm.constraint,
                                 config.slurm.gpus_per_node]),
         "backend": backend,
-        "source": short_hash(files),
+        "source": short_hash(sources.files),
     }
-    if reads_trainer_argv(files):
+    if sources.reads_argv:
         parts["entrypoint"] = short_hash(config.entrypoint)
     variables = {name: short_hash(value) for name, value in env.items() if key_variable(name)}
-    return Fingerprint(digest=short_hash(parts), parts=parts, files=files, variables=variables)
+    return Fingerprint(digest=short_hash(parts), parts=parts, files=sources.files,
+                       variables=variables)
 
 
 def listed(paths: list[str]) -> str:
@@ -150,20 +152,13 @@ def differences(old: Fingerprint, new: Fingerprint) -> list[str]:
     return lines
 
 
-def reads_trainer_argv(files: dict[str, str]) -> bool:
-    """Whether the step factory's sources (`step_sources`) name `trainer_argv`: then the
-    trainer's command line is part of the step. jaxwarm's own packages, which define it
-    and which every factory imports, do not count."""
-    own = [Path(__file__).resolve().parents[2] / package for package in ("launcher", "prewarm")]
-    for path in files:
-        if any(Path(path).is_relative_to(package) for package in own):
-            continue
-        try:
-            if ARGV_READER in Path(path).read_text(errors="replace"):
-                return True
-        except OSError:
-            continue
-    return False
+def names_trainer_argv(tree: ast.Module) -> bool:
+    """Whether a parsed source names `trainer_argv` (imports, calls or reaches it as an
+    attribute): then the trainer's command line is part of the step it builds."""
+    return any(isinstance(node, ast.Name) and node.id == ARGV_READER
+               or isinstance(node, ast.Attribute) and node.attr == ARGV_READER
+               or isinstance(node, ast.alias) and node.name.split(".")[-1] == ARGV_READER
+               for node in ast.walk(tree))
 
 
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
@@ -189,16 +184,29 @@ def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     return names | parents
 
 
-def step_sources(module: str, installed: list[Distribution]) -> dict[str, str]:
+@dataclass(frozen=True)
+class StepSources:
+    """The step factory's sources as the fingerprint sees them: each file's hash (path ->
+    hash), and whether one of them, jaxwarm's own aside (which define it and which every
+    factory imports), names `trainer_argv`."""
+
+    files: dict[str, str]
+    reads_argv: bool
+
+
+def step_sources(module: str, installed: list[Distribution]) -> StepSources:
     """The hash of each Python source file the step factory's module reaches through its
-    imports, outside the standard library and installed distributions (path -> hash): an
-    installed file is covered by its distribution's version (the `packages` part), wherever
-    it is installed; hashing it again would read all of jax where jax is on PYTHONPATH.
-    `installed`: the distributions the `packages` part read, in the same import path."""
+    imports, outside the standard library and installed distributions: an installed file is
+    covered by its distribution's version (the `packages` part), wherever it is installed;
+    hashing it again would read all of jax where jax is on PYTHONPATH. `installed`: the
+    distributions the `packages` part read, in the same import path. Each file is parsed
+    once, for its imports and for `trainer_argv`."""
     libraries = library_dirs()
     tops = installed_tops(libraries, installed)
+    own = [Path(__file__).resolve().parents[2] / package for package in ("launcher", "prewarm")]
     seen: set[str] = set()
     files: dict[str, str] = {}
+    reads_argv = False
     queue = [module]
     while queue and len(files) < MAX_FILES:
         name = queue.pop()
@@ -219,4 +227,6 @@ def step_sources(module: str, installed: list[Distribution]) -> dict[str, str]:
         if tree is not None:
             queue.extend(imported_names(tree, name, spec.submodule_search_locations
                                         is not None) - seen)
-    return files
+            reads_argv = reads_argv or (not any(path.is_relative_to(package) for package in own)
+                                        and names_trainer_argv(tree))
+    return StepSources(files, reads_argv)

@@ -19,9 +19,9 @@ import pytest
 from launcher.files import locked
 from launcher.rundir import report_path, step_reached
 from launcher.store.entries import writer_lock_path
-from launcher.submit.slurm import job_states, read_jobs
+from launcher.submit.slurm import SubmittedJob, job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
-from tests.slurm_cluster import ensure_cluster, job_field, job_fields, wait_job
+from tests.slurm_cluster import TERMINAL_STATES, ensure_cluster, job_field, job_fields, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -60,12 +60,31 @@ def step_hit(report: dict) -> bool:
 UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate, timeout: float, what: str, job: SubmittedJob | None = None) -> None:
+    """Poll until predicate(). With the job it waits on, a job that ended first fails the
+    test at once, and either failure says what SLURM and the job's log said: a CI run that
+    times out must name its cause (a pending job, a down node, a failed task)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        ended = job is not None and job_field(job.job_id, "JobState") in TERMINAL_STATES
+        if ended or time.monotonic() > deadline:
+            why = "the job ended" if ended else f"timed out after {timeout:.0f} s"
+            raise AssertionError(f"{why} waiting for {what}" + ("" if job is None
+                                                                 else job_diagnosis(job)))
         time.sleep(1)
+
+
+def job_diagnosis(job: SubmittedJob) -> str:
+    """What SLURM says of the job and its nodes, and the tail of each task's log."""
+    def run(*args: str) -> str:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+        return (done.stdout + done.stderr).strip()
+    logs = [f"--- {path.name} (tail) ---\n" + "\n".join(path.read_text(errors="replace")
+                                                       .splitlines()[-40:])
+            for path in sorted(Path(job.log_dir).glob(f"{job.job_id}_*_log.*"))]
+    return "\n".join(["", "--- scontrol show job ---", run("scontrol", "show", "job", job.job_id),
+                      "--- sinfo -N ---", run("sinfo", "-N", "-o", "%N %T %E"),
+                      "--- squeue ---", run("squeue"), *logs])
 
 
 def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
@@ -152,7 +171,7 @@ def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Pat
         subprocess.run(["scancel", train.job_id], check=True)
 
 
-def wait_for_step_lookup(run_dir: Path, restart: int) -> None:
+def wait_for_step_lookup(run_dir: Path, restart: int, job: SubmittedJob) -> None:
     """Until process 0 of that attempt of the training job has looked up the train step.
     Its report is first written when a first execution is only guessed (the largest inputs
     so far: the init state's), before the step's own lookup is in it."""
@@ -162,7 +181,7 @@ def wait_for_step_lookup(run_dir: Path, restart: int) -> None:
         return path.exists() and any(fn["name"] == "jit_train_step"
                                      for fn in json.loads(path.read_text())["functions"])
 
-    wait_for(looked_up, 600, f"attempt {restart}'s lookup of the train step")
+    wait_for(looked_up, 600, f"attempt {restart}'s lookup of the train step", job)
 
 
 def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
@@ -176,7 +195,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
-    wait_for_step_lookup(run_dir, 1)
+    wait_for_step_lookup(run_dir, 1, train)
     subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
     assert wait_job(train.job_id, timeout=900) == "COMPLETED"
     first, restart = report(run_dir, 0), report(run_dir, 1)
@@ -197,12 +216,13 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
-    job_id = read_jobs(run_dir)[-1].job_id
+    train = read_jobs(run_dir)[-1]
+    job_id = train.job_id
     metrics = run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 600,
-             "the first training steps")
+             "the first training steps", train)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
-    wait_for_step_lookup(run_dir, 1)
+    wait_for_step_lookup(run_dir, 1, train)
     subprocess.run(["scancel", job_id], check=True)
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert restart["environment"] == first["environment"]
@@ -238,7 +258,7 @@ def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
         train = read_jobs(run_dir)[-1]
         for restart in (0, 1):
             wait_for(lambda restart=restart: logged_in_attempt(run_dir, restart), 600,
-                     f"attempt {restart}'s first logged step")
+                     f"attempt {restart}'s first logged step", train)
             subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
         _, err = launch.communicate(timeout=600)
     finally:

@@ -14,8 +14,8 @@ import sys
 def main() -> int:
     import jax
 
-    from launcher.config import load_config
-    from prewarm.step import build_step
+    from jaxwarm.launcher.config import load_config
+    from jaxwarm.prewarm.step import build_step
 
     config = load_config(sys.argv[1])
     for name, value in config.jax.items():

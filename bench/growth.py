@@ -45,11 +45,11 @@ from typing import Any
 
 from bench.chart import save_figure
 from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
-from launcher.config import load_config
-from launcher.environment import job_environment, merge_environment
-from launcher.injob.place import process_variables
-from launcher.rundir import PREWARM, TRAIN, pinned_config, report_path
-from launcher.submit.local import free_port
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.environment import job_environment, merge_environment
+from jaxwarm.launcher.injob.place import process_variables
+from jaxwarm.launcher.rundir import PREWARM, TRAIN, pinned_config, report_path
+from jaxwarm.launcher.submit.local import free_port
 
 RANKS = (1, 8, 64)
 REPEATS = 1
@@ -109,8 +109,9 @@ class PeakMemory:
 def kind_of(argv: list[str]) -> str:
     """What a process of a launch is, from the module its Python runs (`-m MODULE`)."""
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
-    return {"launcher.submit.supervise": "supervisor", "launcher.injob.call": "trainer",
-            TRAINER: "trainer", "launcher.cli": "launcher"}.get(module, "other")
+    return {"jaxwarm.launcher.submit.supervise": "supervisor",
+            "jaxwarm.launcher.injob.call": "trainer", TRAINER: "trainer",
+            "jaxwarm": "launcher"}.get(module, "other")
 
 
 def high_water_mb(pid: int) -> float | None:
@@ -136,7 +137,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, dict
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *args]
+    return [sys.executable, "-m", "jaxwarm", *args]
 
 
 def by_hand(work: Path, ranks: int, runs: str) -> dict[str, Any]:

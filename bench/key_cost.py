@@ -29,8 +29,8 @@ from bench.common import (
     verdict,
     write_json,
 )
-from launcher.rundir import verify_result_path
-from launcher.submit.jobs import JobSpec, prewarm_job, verify_job
+from jaxwarm.launcher.rundir import verify_result_path
+from jaxwarm.launcher.submit.jobs import JobSpec, prewarm_job, verify_job
 from testing.legs import LEGS, ready
 
 LIMIT_MS = 10.0

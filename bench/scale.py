@@ -110,7 +110,7 @@ class Scale:
         self.backend = "--slurm" if args.slurm else "--local"
 
     def launch_argv(self, cache: Path, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), self.backend,
+        return [sys.executable, "-m", "jaxwarm", "launch", str(DEMO), self.backend,
                 *(["--wait"] if self.args.slurm else []), *self.overrides,
                 f"cache.dir={cache}", *extra]
 
@@ -157,7 +157,7 @@ class Scale:
     def kill_when(self, job: str, marker: str):
         """A `during` that SIGKILLs rank KILLED_RANK's job process once its log of this
         launch shows `marker`, then times how long until no process of the run is left."""
-        command = "prewarm.job" if job == "prewarm" else "launcher.injob.call"
+        command = "jaxwarm.prewarm.job" if job == "prewarm" else "jaxwarm.launcher.injob.call"
 
         def victims() -> list[int]:
             return [pid for pid, (rank, line) in run_processes(self.run_dir).items()

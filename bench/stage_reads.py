@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
-from launcher.rundir import report_path
-from launcher.store.entries import CACHE_SUFFIX
+from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.store.entries import CACHE_SUFFIX
 
 CLUSTER = REPO / "scripts" / "slurm-dev-cluster"
 DEVICES = 8  # the demo's data=2 x fsdp=4 mesh
@@ -78,7 +78,7 @@ class ReadCounter:
 
 
 def cli(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     if result.returncode != 0:
         raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"

@@ -3,7 +3,7 @@
 The reference step (the demo's, `step.args.scan_layers: false`: `--layers` layers unrolled,
 so that loading its executable takes as long as users' do) in a trainer with a realistic
 init (`trainer`, this module's `entrypoint.function`): it starts like the reference trainer
-(`prewarm.bootstrap.start_job`), restores its train state with orbax from the previous
+(`jaxwarm.prewarm.bootstrap.start_job`), restores its train state with orbax from the previous
 launch's checkpoint, starts its data pipeline (a pure-Python pass over `--records` synthetic
 records building a token index, then a thread feeding batches), and only then runs its
 first step. On one run dir (so each launch resumes from the last one's checkpoint):
@@ -47,11 +47,11 @@ def trainer() -> int:
     import jax
     import numpy as np
 
-    from launcher.injob.hook import config_from_env
-    from launcher.rundir import TRAIN, checkpoints_dir
-    from prewarm.bootstrap import start_job
-    from prewarm.workload import checkpoint
-    from prewarm.workload.data import make_global_batch
+    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir
+    from jaxwarm.prewarm.bootstrap import start_job
+    from jaxwarm.prewarm.workload import checkpoint
+    from jaxwarm.prewarm.workload.data import make_global_batch
 
     config = config_from_env()
     records = int(os.environ["WARM_START_RECORDS"])
@@ -87,7 +87,7 @@ def token_index(records: int) -> dict[int, int]:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env,
+    result = subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"

@@ -71,7 +71,7 @@ def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`jaxwarm ARGS...` as a user runs it; output captured as text."""
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or REPO,
+    return subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=cwd or REPO,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
@@ -82,11 +82,11 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
-    """`jaxwarm ARGS...` called in this process (`launcher.cli.main`, output from capsys),
+    """`jaxwarm ARGS...` called in this process (`jaxwarm.launcher.cli.main`, output from capsys),
     for input the CLI refuses before any job or JAX would start (a bad config, a broken state
     file): the same exit code and lines a user sees, without a process of its own. Its log
     lines go to pytest's log capture, not to stderr."""
-    from launcher.cli import main
+    from jaxwarm.launcher.cli import main
 
     def call(*args: str) -> subprocess.CompletedProcess[str]:
         capsys.readouterr()

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from prewarm.workload.chunkwise import make_train_step
+from jaxwarm.prewarm.workload.chunkwise import make_train_step
 
 LATE_S = 40.0
 

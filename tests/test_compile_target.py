@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from prewarm.step import CompileTarget, StepBundle
+from jaxwarm.prewarm.step import CompileTarget, StepBundle
 
 _RULES = contextvars.ContextVar("rules", default=None)
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.environment import (
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.environment import (
     dropped_variables,
     expand_variables,
     job_environment,
     merge_environment,
 )
-from launcher.injob.hook import config_from_env
-from launcher.submit.jobs import prewarm_job, train_job, verify_job
-from launcher.submit.prepare import pin_config
+from jaxwarm.launcher.injob.hook import config_from_env
+from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
+from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import YAML_MAX_DEPTH, ConfigError, load_config
-from launcher.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.launcher.config import YAML_MAX_DEPTH, ConfigError, load_config
+from jaxwarm.launcher.store.entries import MIN_PAYLOAD_CAP
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_hostile_bundle import (
@@ -125,7 +125,7 @@ def test_a_zlib_bomb_in_a_bundle_is_refused(tmp_path: Path) -> None:
 
 
 def verify_under_ulimit(cache: Path, kib: int) -> subprocess.CompletedProcess[str]:
-    command = f'ulimit -v {kib} && exec "$0" -m launcher.cli cache verify "$1"'
+    command = f'ulimit -v {kib} && exec "$0" -m jaxwarm cache verify "$1"'
     return subprocess.run(["bash", "-c", command, sys.executable, str(cache)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
@@ -195,7 +195,7 @@ def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path
 
 def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
     """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
-    from launcher.store.integrity import entry_problem
+    from jaxwarm.launcher.store.integrity import entry_problem
     path = tmp_path / f"{key(1)}-cache"
     path.write_bytes(entry_bytes(1))
     good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()

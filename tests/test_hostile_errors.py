@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import ConfigError, load_config
+from jaxwarm.launcher.config import ConfigError, load_config
 from tests.conftest import DEMO, REPO
 from tests.hostile import assert_refused
 
@@ -34,7 +34,7 @@ def test_unicode_controls_are_refused_like_ascii_ones(tmp_path: Path, character:
 
 
 def cli(*args: str, stdout_to: str = "") -> subprocess.CompletedProcess[str]:
-    command = f'"$0" -m launcher.cli "$@" {stdout_to}'
+    command = f'"$0" -m jaxwarm "$@" {stdout_to}'
     return subprocess.run(["bash", "-o", "pipefail", "-c", command, sys.executable, *args],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import GROUP_DIR, make_dir, modes_in
+from jaxwarm.launcher.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, FAST_STEP, REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
@@ -58,7 +58,7 @@ def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[st
     group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
     env = {"PATH": "/usr/bin:/bin", "HOME": str(base / f"home-{user}"),
            "PYTHONPATH": SITE, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([str(SYSTEM_PYTHON), "-m", "launcher.cli", *args],
+    return subprocess.run([str(SYSTEM_PYTHON), "-m", "jaxwarm", *args],
                           cwd=base, user=user, group=group, extra_groups=[group], env=env,
                           capture_output=True, text=True, timeout=900, check=False)
 

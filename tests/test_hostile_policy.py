@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import ConfigError, load_config
-from launcher.environment import job_environment, merge_environment, resolve_paths
-from launcher.store.security import check_cache_dir, recheck_cache_dir
+from jaxwarm.launcher.config import ConfigError, load_config
+from jaxwarm.launcher.environment import job_environment, merge_environment, resolve_paths
+from jaxwarm.launcher.store.security import check_cache_dir, recheck_cache_dir
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
@@ -121,8 +121,8 @@ def test_a_dir_swapped_after_its_check_is_refused(tmp_path: Path) -> None:
 SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
-from launcher import enable_cache
-from launcher.config import ConfigError, load_config
+from jaxwarm.launcher import enable_cache
+from jaxwarm.launcher.config import ConfigError, load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])
 enable_cache(config)

@@ -47,7 +47,7 @@ def wrapped(pid_file: Path, mode: str = "OBEY") -> str:
 
 
 def launch_args(tmp_path: Path, command: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local", "--no-prewarm",
+    return [sys.executable, "-m", "jaxwarm", "launch", str(DEMO), "--local", "--no-prewarm",
             "--no-check-cache", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}",
             f"entrypoint.command=[sh, -c, {json.dumps(command)}]", *extra]
@@ -128,11 +128,11 @@ def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> No
     assert "train: training is unfinished: it stopped at step 3 of 10" in result.stderr
     assert snapshot(REPO / "configs") == before
     # `jaxwarm report`, which cannot tell whether a job still runs, says what was logged.
-    report = subprocess.run([sys.executable, "-m", "launcher.cli", "report", str(metrics.parent)],
+    report = subprocess.run([sys.executable, "-m", "jaxwarm", "report", str(metrics.parent)],
                             cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "train: training is unfinished: its last logged step is 3 of 10" in report.stdout
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(metrics.parent)],
+    status = subprocess.run([sys.executable, "-m", "jaxwarm", "status", str(metrics.parent)],
                             cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert status.returncode == 0, status.stderr[-3000:]
     assert "train: training is unfinished: it stopped at step 3 of 10" in status.stdout

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.files import locked
-from launcher.rundir import lock_path, pinned_config
-from launcher.submit.prepare import pin_config
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.files import locked
+from jaxwarm.launcher.rundir import lock_path, pinned_config
+from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 

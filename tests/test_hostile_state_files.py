@@ -28,15 +28,15 @@ from typing import Any
 
 import pytest
 
-from launcher.config import CONFIG_CAP
-from launcher.files import HOLDER_CAP, RefusedFile, describe_holder
-from launcher.mlperf import MLPERF_LOG_CAP
-from launcher.records import JSON_MAX_DEPTH, RECORD_CAP
-from launcher.report import FIRST_STEPS_CAP, load_verdicts
-from launcher.store.entries import ATIME_CAP
-from launcher.store.manifest import MANIFEST_CAP
-from launcher.store.prewarms import PREWARMS_CAP, read_prewarms
-from launcher.store.usage import USAGE_CAP
+from jaxwarm.launcher.config import CONFIG_CAP
+from jaxwarm.launcher.files import HOLDER_CAP, RefusedFile, describe_holder
+from jaxwarm.launcher.mlperf import MLPERF_LOG_CAP
+from jaxwarm.launcher.records import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.launcher.report import FIRST_STEPS_CAP, load_verdicts
+from jaxwarm.launcher.store.entries import ATIME_CAP
+from jaxwarm.launcher.store.manifest import MANIFEST_CAP
+from jaxwarm.launcher.store.prewarms import PREWARMS_CAP, read_prewarms
+from jaxwarm.launcher.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +96,7 @@ def _limits() -> None:
 
 
 def jaxwarm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=HANG_GUARD_S,
                           preexec_fn=_limits, env={**os.environ, "PATH": os.defpath})
 
@@ -274,7 +274,7 @@ def test_a_launch_goes_on_past_hostile_state_files_in_its_cache(tmp_path: Path) 
     (cache / "jaxwarm-manifest.json").symlink_to("/dev/zero")
     (cache / "jaxwarm-usage.jsonl").symlink_to(yours)
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "launch", str(DEMO), "--local",
+        [sys.executable, "-m", "jaxwarm", "launch", str(DEMO), "--local",
          f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", "train.steps=1",
          *ONE_PROCESS, *FAST_STEP], cwd=REPO, capture_output=True, text=True,
         timeout=600, preexec_fn=_limits)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.store.entries import CACHE_SUFFIX
-from launcher.store.integrity import entry_problem
-from launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.launcher.store.entries import CACHE_SUFFIX
+from jaxwarm.launcher.store.integrity import entry_problem
+from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
 from tests.conftest import REPO, run_cli
 from tests.test_store_commands import TINY, job_args
 
@@ -73,7 +73,7 @@ def limit_file_size() -> None:
 
 def test_a_failed_write_is_a_failure_and_leaves_nothing_torn(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", "prewarm",
+    result = subprocess.run([sys.executable, "-m", "jaxwarm", "prewarm",
                              *job_args(tmp_path, cache, *TINY)], cwd=REPO, text=True,
                             capture_output=True, timeout=300, preexec_fn=limit_file_size)
     assert result.returncode != 0, output(result)[-3000:]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import locked
-from launcher.store.entries import CACHE_SUFFIX, writer_lock_path
-from launcher.store.integrity import entry_problem
-from launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.launcher.files import locked
+from jaxwarm.launcher.store.entries import CACHE_SUFFIX, writer_lock_path
+from jaxwarm.launcher.store.integrity import entry_problem
+from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
 from tests.conftest import run_cli
 from tests.test_store_commands import TINY, job_args
 

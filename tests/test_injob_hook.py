@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.records import RECOMPILED
-from launcher.rundir import report_path
+from jaxwarm.launcher.records import RECOMPILED
+from jaxwarm.launcher.rundir import report_path
 from testing.jaxproc import run_jax
 from tests.conftest import DEMO
 
@@ -18,8 +18,8 @@ DOUBLE_COMPILE = r'''
 import sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from launcher import enable_cache
-from launcher.config import load_config
+from jaxwarm.launcher import enable_cache
+from jaxwarm.launcher.config import load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])
 recorder = enable_cache(config, recompile_warn_s=0.0)

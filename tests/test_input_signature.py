@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.jaxkey.inputs import short_type
-from launcher.jaxkey.logs import weak_types
-from launcher.records import (
+from jaxwarm.launcher.jaxkey.inputs import short_type
+from jaxwarm.launcher.jaxkey.logs import weak_types
+from jaxwarm.launcher.records import (
     FirstStep,
     FunctionRecord,
     InitPhase,
@@ -27,9 +27,9 @@ from launcher.records import (
     from_json,
     warmth,
 )
-from launcher.report import Targets, attempt_summaries, fold_phases
-from launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
+from jaxwarm.launcher.report import Targets, attempt_summaries, fold_phases
+from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
+from jaxwarm.launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
@@ -199,10 +199,10 @@ PROGRAMS = r'''
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from launcher.jaxkey.inputs import module_inputs
-from launcher.jaxkey.logs import LOWERING, LOWERING_LOGGER
-from launcher.records import dumps
-from launcher.store.misses import input_differences
+from jaxwarm.launcher.jaxkey.inputs import module_inputs
+from jaxwarm.launcher.jaxkey.logs import LOWERING, LOWERING_LOGGER
+from jaxwarm.launcher.records import dumps
+from jaxwarm.launcher.store.misses import input_differences
 import logging
 
 avals = {}

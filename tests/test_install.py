@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import report_path
+from jaxwarm.launcher.rundir import report_path
 from tests.conftest import DEMO, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,7 @@ def test_installed_wheel_renders_and_runs_the_demo_elsewhere(tmp_path: Path) -> 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = run(venv / "bin" / "python", "-c",
-                "import launcher, slurm_templates; print(launcher.__file__)", cwd=elsewhere)
+                "import jaxwarm.slurm_templates; print(jaxwarm.__file__)", cwd=elsewhere)
     assert str(REPO) not in where.stdout and "site-packages" in where.stdout
 
     rendered = run(venv / "bin" / "jaxwarm", "render", DEMO, "--job", "train",

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.jaxkey.selfcheck import SelfCheck
-from launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
-from launcher.store import bundle
-from launcher.store.bundle import BundleMeta, refusal
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.jaxkey.selfcheck import SelfCheck
+from jaxwarm.launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
+from jaxwarm.launcher.store import bundle
+from jaxwarm.launcher.store.bundle import BundleMeta, refusal
 from testing.legs import Leg, leg_python
 from tests.conftest import DEMO, REPO
 
@@ -61,14 +61,15 @@ OVERRIDES = ("run.out_dir={tmp}", "cache.dir={tmp}/cache")
 
 
 @pytest.mark.parametrize("argv", [
-    ["-m", "launcher.cli", "verify", str(DEMO), "--local", *OVERRIDES],
-    ["-m", "launcher.cli", "prewarm", str(DEMO), "--local", *OVERRIDES],
-    ["-m", "launcher.cli", "launch", str(DEMO), "--local", *OVERRIDES],
-    ["-m", "launcher.cli", "doctor"],
-    ["-m", "prewarm.job"],
-    ["-m", "prewarm.verify"],
-    ["-m", "prewarm.workload.trainer"],
-], ids=["verify", "prewarm", "launch", "doctor", "prewarm.job", "prewarm.verify", "trainer"])
+    ["-m", "jaxwarm", "verify", str(DEMO), "--local", *OVERRIDES],
+    ["-m", "jaxwarm", "prewarm", str(DEMO), "--local", *OVERRIDES],
+    ["-m", "jaxwarm", "launch", str(DEMO), "--local", *OVERRIDES],
+    ["-m", "jaxwarm", "doctor"],
+    ["-m", "jaxwarm.prewarm.job"],
+    ["-m", "jaxwarm.prewarm.verify"],
+    ["-m", "jaxwarm.prewarm.workload.trainer"],
+], ids=["verify", "prewarm", "launch", "doctor", "jaxwarm.prewarm.job", "jaxwarm.prewarm.verify",
+        "trainer"])
 @pytest.mark.e2e
 def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],
                                   tmp_path: Path) -> None:
@@ -79,7 +80,7 @@ def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],
 
 @pytest.mark.e2e
 def test_allowed_untested_jax_is_tried_and_checked(untested_env: dict[str, str]) -> None:
-    result = run([sys.executable, "-m", "launcher.cli", "doctor"],
+    result = run([sys.executable, "-m", "jaxwarm", "doctor"],
                  {**untested_env, "JAXWARM_ALLOW_UNTESTED_JAX": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "key prediction exact on jax" in result.stdout
@@ -118,7 +119,7 @@ def test_a_leg_without_its_python_says_why() -> None:
 
 @pytest.mark.e2e
 def test_doctor_says_the_prediction_is_exact_here() -> None:
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", "doctor"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "jaxwarm", "doctor"], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith(f"jaxwarm: self-check: key prediction exact on jax "

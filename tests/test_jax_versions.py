@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from launcher.jaxkey.versions import cache_path_in_key
-from launcher.rundir import report_path
+from jaxwarm.launcher.jaxkey.versions import cache_path_in_key
+from jaxwarm.launcher.rundir import report_path
 from testing.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir
@@ -60,7 +60,7 @@ def cli(leg: Leg, *args: str, timeout: float = 600) -> subprocess.CompletedProce
     """`jaxwarm ARGS...` with the leg's Python; its jaxwarm-train first on PATH."""
     env = {k: v for k, v in os.environ.items() if k != "JAXWARM_ALLOW_UNTESTED_JAX"}
     env["PATH"] = os.pathsep.join([str(leg.python.parent), env.get("PATH", "")])
-    return subprocess.run([str(leg.python), "-m", "launcher.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([str(leg.python), "-m", "jaxwarm", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

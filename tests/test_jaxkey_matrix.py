@@ -1,14 +1,14 @@
 """The cache-key matrix: a prewarm process and a run process that differ in one way.
 
-For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step
-with the persistent cache on and records a manifest entry with the key and components JAX
-itself logged; a fresh RUN process, with the variation applied, asks `launcher.injob.warm.judge`
-(prediction only) and then really calls the step under an `InitRecorder`. Asserted per
-variation: the predicted key (and each component) is the key JAX used; WARM/COLD is JAX's
-hit/miss; judging neither looked up the cache nor compiled; a miss is explained by exactly
-the components measured below, which are named in the explanation. The cases whose side
-needs the same process settings share one process (`keycase.batches`, which starts each case
-from its own cache with JAX's in-memory caches dropped): 8 processes for the table, not 38.
+For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step with the
+persistent cache on and records a manifest entry with the key and components JAX itself logged; a
+fresh RUN process, with the variation applied, asks `jaxwarm.launcher.injob.warm.judge` (prediction
+only) and then really calls the step under an `InitRecorder`. Asserted per variation: the predicted
+key (and each component) is the key JAX used; WARM/COLD is JAX's hit/miss; judging neither looked up
+the cache nor compiled; a miss is explained by exactly the components measured below, which are
+named in the explanation. The cases whose side needs the same process settings share one process
+(`keycase.batches`, which starts each case from its own cache with JAX's in-memory caches dropped):
+8 processes for the table, not 38.
 
 Expectations are what jax/jaxlib 0.10.2 on CPU does; `expected` adjusts them for the
 other tested versions (tests/test_jax_versions.py runs the matrix there). Where that differs
@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from launcher.jaxkey.components import differing_components
-from launcher.jaxkey.versions import cache_path_in_key, release
-from launcher.store.manifest import read_manifest
+from jaxwarm.launcher.jaxkey.components import differing_components
+from jaxwarm.launcher.jaxkey.versions import cache_path_in_key, release
+from jaxwarm.launcher.store.manifest import read_manifest
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
 # The components' initials.

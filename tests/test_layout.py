@@ -1,10 +1,11 @@
 """The house's one-way imports, read from the source (no import is executed), and what the
 user protocol loads (run in a fresh interpreter).
 
-`launcher/` is the ground floor every side shares (config, environment, JAX adapter, store,
-in-job hook): nothing under it may import `prewarm`, which builds on it. Code that runs
-inside a job (`launcher/injob/`, `prewarm/`) never imports the submit side. The tests and
-the benchmarks share their helpers through `testing/`, not through each other.
+`jaxwarm/launcher/` is the ground floor every side shares (config, environment, JAX adapter,
+store, in-job hook): nothing under it may import `jaxwarm.prewarm`, which builds on it. Code
+that runs inside a job (`jaxwarm/launcher/injob/`, `jaxwarm/prewarm/`) never imports the submit
+side. The tests and the benchmarks share their helpers through `testing/`, not through each
+other. `import jaxwarm` imports no jax; its exports are imported on first use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SUBMIT_SIDE = ("launcher.submit", "launcher.flow", "launcher.cli")
+SUBMIT_SIDE = ("jaxwarm.launcher.submit", "jaxwarm.launcher.flow", "jaxwarm.launcher.cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -51,33 +52,40 @@ def _imports(tree: ast.AST, package: str) -> set[str]:
 
 
 def test_the_import_reader_reads_every_form() -> None:
-    source = ("import launcher.cli\n"
-              "from launcher import flow\n"
-              "from launcher.submit import local as backend\n"
+    source = ("import jaxwarm.launcher.cli\n"
+              "from jaxwarm.launcher import flow\n"
+              "from jaxwarm.launcher.submit import local as backend\n"
               "def later():\n"
               "    from . import ranks\n"
               "    from ..store import entries\n"
-              "    importlib.import_module('launcher.submit.slurm')\n"
-              "    __import__('prewarm.job')\n")
-    found = _imports(ast.parse(source), "launcher.injob")
-    assert found >= {"launcher.cli", "launcher.flow", "launcher.submit.local",
-                     "launcher.injob.ranks", "launcher.store.entries",
-                     "launcher.submit.slurm", "prewarm.job"}
+              "    importlib.import_module('jaxwarm.launcher.submit.slurm')\n"
+              "    __import__('jaxwarm.prewarm.job')\n")
+    found = _imports(ast.parse(source), "jaxwarm.launcher.injob")
+    assert found >= {"jaxwarm.launcher.cli", "jaxwarm.launcher.flow",
+                     "jaxwarm.launcher.submit.local", "jaxwarm.launcher.injob.ranks",
+                     "jaxwarm.launcher.store.entries", "jaxwarm.launcher.submit.slurm",
+                     "jaxwarm.prewarm.job"}
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    """Is `module` one of `packages` or inside one (`jaxwarm.launcher.cli` is not inside
+    `jaxwarm.launcher.c`)?"""
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
 
 
 def offenders(folders: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
     found = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path)
-                                                 if m.startswith(forbidden))
+                                                 if within(m, forbidden))
              for folder in folders for path in sorted((REPO / folder).rglob("*.py"))}
     return {k: v for k, v in found.items() if v}
 
 
 def test_launcher_imports_nothing_from_prewarm() -> None:
-    assert offenders(["launcher"], ("prewarm",)) == {}
+    assert offenders(["jaxwarm/launcher"], ("jaxwarm.prewarm",)) == {}
 
 
 def test_in_job_code_never_imports_the_submit_side() -> None:
-    assert offenders(["launcher/injob", "prewarm"], SUBMIT_SIDE) == {}
+    assert offenders(["jaxwarm/launcher/injob", "jaxwarm/prewarm"], SUBMIT_SIDE) == {}
 
 
 def test_tests_and_bench_share_helpers_through_testing_alone() -> None:
@@ -87,21 +95,41 @@ def test_tests_and_bench_share_helpers_through_testing_alone() -> None:
     assert offenders(["testing"], ("tests", "bench")) == {}
 
 
-def test_the_user_protocol_loads_no_store_and_no_hook() -> None:
-    """`from prewarm.step import StepBundle`, the line a user's adapter writes, loads the
-    protocol and the config only; the job bootstrap (hook, recorder, store) is elsewhere."""
-    loaded = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json, sys; import prewarm.step; "
-                               "print(json.dumps(sorted(sys.modules)))"],
+def loaded_by(code: str) -> list[str]:
+    """The modules a fresh interpreter has loaded after running `code`."""
+    return json.loads(subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
         cwd=REPO, capture_output=True, text=True, check=True, timeout=120).stdout)
-    ours = [name for name in loaded if name.split(".")[0] in ("launcher", "prewarm")]
-    assert [name for name in ours if name.startswith(("launcher.store", "launcher.injob",
-                                                      "launcher.submit"))] == []
-    assert "prewarm.step" in ours
+
+
+def test_the_user_protocol_loads_no_store_and_no_hook() -> None:
+    """`from jaxwarm import StepBundle`, the line a user's adapter writes, loads the protocol
+    and the config only; the job bootstrap (hook, recorder, store) is elsewhere."""
+    ours = [name for name in loaded_by("from jaxwarm import StepBundle")
+            if within(name, ("jaxwarm",))]
+    assert [name for name in ours if within(name, ("jaxwarm.launcher.store",
+                                                   "jaxwarm.launcher.injob",
+                                                   "jaxwarm.launcher.submit"))] == []
+    assert "jaxwarm.prewarm.step" in ours
+
+
+def test_import_jaxwarm_and_the_cli_import_no_jax() -> None:
+    """The package's exports are imported on first use: `import jaxwarm` and the CLI's start
+    (`jaxwarm --help` answers in a fraction of a second) import no jax; every export is
+    there when asked for."""
+    loaded = loaded_by("import jaxwarm, jaxwarm.launcher.cli")
+    assert [name for name in loaded if within(name, ("jax", "jaxlib"))] == []
+    exports = subprocess.run(
+        [sys.executable, "-c", "import jaxwarm\n"
+                               "print(sorted(n for n in jaxwarm.__all__ if getattr(jaxwarm, n) "
+                               "is None))"],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=120)
+    assert exports.stdout.strip() == "[]"
 
 
 def test_the_cli_knows_no_backend() -> None:
     """`cli.py` parses arguments and maps errors to exit codes; which backend does what is
-    the flow's and the backends' business (`launcher.submit.backend`)."""
-    assert {m for m in imported_modules(REPO / "launcher" / "cli.py")
-            if m.startswith(("launcher.submit.local", "launcher.submit.slurm"))} == set()
+    the flow's and the backends' business (`jaxwarm.launcher.submit.backend`)."""
+    assert {m for m in imported_modules(REPO / "jaxwarm" / "launcher" / "cli.py")
+            if within(m, ("jaxwarm.launcher.submit.local",
+                          "jaxwarm.launcher.submit.slurm"))} == set()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.injob.ledger import owner, package_of
+from jaxwarm.launcher.injob.ledger import owner, package_of
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 
@@ -41,7 +41,8 @@ def test_a_script_is_named_by_its_file_and_a_private_module_by_its_package() -> 
     assert package_of("__main__", "/home/u/train.py") == "train.py"
     assert package_of("flax._src.linen", "x.py") == "flax"
     assert package_of("maxtext.input_pipeline.grain", "x.py") == "maxtext.input_pipeline"
-    assert package_of("launcher.injob.hook", "x.py") == "jaxwarm"
+    assert package_of("jaxwarm.launcher.injob.hook", "x.py") == "jaxwarm"
+    assert package_of("jaxwarm.prewarm.workload.trainer", "x.py") == "jaxwarm.prewarm"
 
 
 def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
@@ -51,7 +52,8 @@ def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
     (package / "inner").mkdir(parents=True)
     (package / "__init__.py").write_text("from slowpkg import inner\n")
     (package / "inner" / "__init__.py").write_text(
-        "import sys\nfrom launcher.injob.ledger import owner\nSEEN = owner(sys._getframe())\n")
+        "import sys\nfrom jaxwarm.launcher.injob.ledger import owner\n"
+        "SEEN = owner(sys._getframe())\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import slowpkg  # type: ignore[import-not-found]
     assert slowpkg.inner.SEEN == "import slowpkg"

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from launcher.records import SETTING_CHANGED
-from launcher.rundir import report_path
+from jaxwarm.launcher.records import SETTING_CHANGED
+from jaxwarm.launcher.rundir import report_path
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +50,7 @@ def jaxwarm(leg: Leg, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]
     """`jaxwarm ARGS...` with MaxText's venv, as a user in `cwd` runs it."""
     env = {k: v for k, v in os.environ.items() if k != "JAXWARM_ALLOW_UNTESTED_JAX"}
     env["PATH"] = os.pathsep.join([str(leg.python.parent), env.get("PATH", "")])
-    return subprocess.run([str(leg.python), "-m", "launcher.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([str(leg.python), "-m", "jaxwarm", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 

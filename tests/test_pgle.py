@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.environment import job_environment
-from launcher.records import RECOMPILED
-from launcher.rundir import report_path
-from launcher.store.entries import entry_path
-from launcher.store.manifest import read_manifest
-from launcher.submit.prepare import pin_config
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.environment import job_environment
+from jaxwarm.launcher.records import RECOMPILED
+from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.store.entries import entry_path
+from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.injob.phases import (
+from jaxwarm.launcher.injob.phases import (
     COMPILE,
     DISTRIBUTED,
     FIRST_STEP,

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from launcher.records import OVER_CAP, UNUSED, USED
-from launcher.store.manifest import MANIFEST_NAME
+from jaxwarm.launcher.records import OVER_CAP, UNUSED, USED
+from jaxwarm.launcher.store.manifest import MANIFEST_NAME
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
 
@@ -58,7 +58,7 @@ class Prewarmed:
 def cli(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "JAXWARM_ALLOW_UNTESTED_JAX"}
     env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", "")])
-    return subprocess.run([str(python), "-m", "launcher.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([str(python), "-m", "jaxwarm", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

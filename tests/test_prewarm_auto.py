@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.records import PrewarmDecision, read_record
-from launcher.rundir import prewarm_decision_path, report_path
-from launcher.store.prewarms import read_prewarms
+from jaxwarm.launcher.records import PrewarmDecision, read_record
+from jaxwarm.launcher.rundir import prewarm_decision_path, report_path
+from jaxwarm.launcher.store.prewarms import read_prewarms
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
 
@@ -49,7 +49,7 @@ def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
             *(() if trains else ("entrypoint.command=['true']",))]
     if python is None:
         return run_cli(*args, env=env)
-    return subprocess.run([python, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([python, "-m", "jaxwarm", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
@@ -102,9 +102,9 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
-    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
-        module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
     assert launch(tmp_path, "first", *factory, trains=False).returncode == 0
     model = source / "mystep" / "model.py"
@@ -119,9 +119,9 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     # The factory reads its model sizes from a JSON beside it, while it builds the step:
     # the login node cannot know that; the prewarm job records it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):
-        module.write_text(module.read_text().replace("prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
         "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
@@ -160,10 +160,10 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
 def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
     # The factory imports its model by a computed name: the fingerprint does not reach it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
-        "from prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
+        "from jaxwarm.prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
         "param_specs",
         "import importlib\n_model = importlib.import_module('mystep.' + 'model')\n"
         "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "

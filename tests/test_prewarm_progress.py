@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import locked
-from launcher.records import PrewarmProgress, read_record
-from launcher.report import duration, progress_line
-from launcher.rundir import prewarm_progress_path
-from launcher.store.entries import writer_lock_path
-from launcher.store.manifest import ManifestEntry
-from prewarm.progress import last_compile
+from jaxwarm.launcher.files import locked
+from jaxwarm.launcher.records import PrewarmProgress, read_record
+from jaxwarm.launcher.report import duration, progress_line
+from jaxwarm.launcher.rundir import prewarm_progress_path
+from jaxwarm.launcher.store.entries import writer_lock_path
+from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.prewarm.progress import last_compile
 from testing.procs import wait_until
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
@@ -74,7 +74,7 @@ def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> 
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
     # the writer, as for another prewarm compiling the same key) while status looks.
     with locked(writer_lock_path(cache, step), "the test, holding the compile"):
-        second = subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+        second = subprocess.Popen([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert wait_until(shows_progress, 600), seen

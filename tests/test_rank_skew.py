@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import report_path
+from jaxwarm.launcher.rundir import report_path
 from tests.conftest import DEMO, ranks_layout, run_cli
 from tests.late_factory import LATE_S
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import ConfigError
-from launcher.jaxkey.logs import input_elements
-from launcher.records import (
+from jaxwarm.launcher.config import ConfigError
+from jaxwarm.launcher.jaxkey.logs import input_elements
+from jaxwarm.launcher.records import (
     SETTING_CHANGED,
     EntryChecked,
     EntryPruned,
@@ -30,7 +30,7 @@ from launcher.records import (
     dumps,
     from_json,
 )
-from launcher.report import (
+from jaxwarm.launcher.report import (
     Targets,
     attempt_summaries,
     first_step_lines,
@@ -45,10 +45,10 @@ from launcher.report import (
     trainer_cost,
     warm_start_lines,
 )
-from launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
-from launcher.store.commands import cache_stats, entry_rows
-from launcher.store.manifest import read_manifest
-from launcher.store.usage import append_usage, key_histories, read_usage, usage_path
+from jaxwarm.launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
+from jaxwarm.launcher.store.commands import cache_stats, entry_rows
+from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage, usage_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN, CACHE = FIXTURES / "run", FIXTURES / "cache"

@@ -61,7 +61,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     assert sorted(expected) == list(range(1, STEPS + 1))
 
     run_dir = tmp_path / "run" / "demo"
-    launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli",
+    launcher = subprocess.Popen([sys.executable, "-m", "jaxwarm",
                                  *launch_args(tmp_path / "run", shared_cache, PAUSED)],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)

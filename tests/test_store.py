@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.environment import jax_options, job_environment
-from launcher.jaxkey.entryformat import function_of, split_key
-from launcher.jaxkey.versions import JaxVersions
-from launcher.records import parse_usage_line
-from launcher.store import bundle
-from launcher.store.bundle import BundleMeta, refusal
-from launcher.store.commands import parse_age, parse_size
-from launcher.store.entries import Entry
-from launcher.store.prune import choose_victims
-from launcher.store.security import dir_problem, parent_problem
-from launcher.store.usage import key_histories
-from launcher.submit.jobs import prewarm_job, train_job, verify_job
-from launcher.submit.prepare import pin_config
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.environment import jax_options, job_environment
+from jaxwarm.launcher.jaxkey.entryformat import function_of, split_key
+from jaxwarm.launcher.jaxkey.versions import JaxVersions
+from jaxwarm.launcher.records import parse_usage_line
+from jaxwarm.launcher.store import bundle
+from jaxwarm.launcher.store.bundle import BundleMeta, refusal
+from jaxwarm.launcher.store.commands import parse_age, parse_size
+from jaxwarm.launcher.store.entries import Entry
+from jaxwarm.launcher.store.prune import choose_victims
+from jaxwarm.launcher.store.security import dir_problem, parent_problem
+from jaxwarm.launcher.store.usage import key_histories
+from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
+from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from launcher.config import load_config
-from launcher.jaxkey.entryformat import ZSTD_MAGIC
-from launcher.rundir import report_path
-from launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
-from launcher.store.integrity import entry_problem
-from launcher.store.manifest import read_manifest
-from launcher.submit.prepare import pin_config
+from jaxwarm.launcher.config import load_config
+from jaxwarm.launcher.jaxkey.entryformat import ZSTD_MAGIC
+from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from jaxwarm.launcher.store.integrity import entry_problem
+from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.launcher.submit.prepare import pin_config
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
 
@@ -103,7 +103,7 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     reading = threading.Thread(target=reader, daemon=True)
     reading.start()
     writers = [subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "prewarm",
+        [sys.executable, "-m", "jaxwarm", "prewarm",
          *job_args(tmp_path, cache, *TINY, variant, run=f"w{i}")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i, variant in enumerate(variants)]

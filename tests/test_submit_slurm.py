@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import locked
-from launcher.rundir import report_path, step_reached
-from launcher.store.entries import writer_lock_path
-from launcher.submit.slurm import SubmittedJob, job_states, read_jobs
+from jaxwarm.launcher.files import locked
+from jaxwarm.launcher.rundir import report_path, step_reached
+from jaxwarm.launcher.store.entries import writer_lock_path
+from jaxwarm.launcher.submit.slurm import SubmittedJob, job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import TERMINAL_STATES, ensure_cluster, job_field, job_fields, wait_job
 
@@ -248,7 +248,7 @@ def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
     training is unfinished, and at which step."""
     run_dir = tmp_path / "runs" / "demo"
     launch = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "launch",
+        [sys.executable, "-m", "jaxwarm", "launch",
          *args_for(tmp_path, "--wait", "--no-prewarm", "slurm.max_requeues=1",
                    "slurm.signal_lead_s=30", *UNTIL_STOPPED)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

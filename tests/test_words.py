@@ -1,9 +1,9 @@
-"""The one plural of jaxwarm's lines (launcher.words)."""
+"""The one plural of jaxwarm's lines (jaxwarm.launcher.words)."""
 
 from __future__ import annotations
 
-from launcher.injob.ranks import ranks_of
-from launcher.words import plural
+from jaxwarm.launcher.injob.ranks import ranks_of
+from jaxwarm.launcher.words import plural
 
 
 def test_plural_says_one_and_many() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.records import SETTING_CHANGED
-from launcher.rundir import report_path
+from jaxwarm.launcher.records import SETTING_CHANGED
+from jaxwarm.launcher.rundir import report_path
 from tests.conftest import REPO, run_cli
 from tests.slurm_cluster import ensure_cluster
 
@@ -229,7 +229,7 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
 
 FACTORY = '''
 import jax, numpy as np
-from prewarm.step import CompileTarget, StepBundle
+from jaxwarm.prewarm.step import CompileTarget, StepBundle
 
 def make(config, mesh):
     step = jax.jit(lambda state, frozen, residual, key: state)

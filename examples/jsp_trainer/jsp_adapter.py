@@ -18,8 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jsp_trainer.train import init_state, make_optimizer, make_step, model_config, parse_args
 
-from launcher.config import Config
-from prewarm.step import CompileTarget, StepBundle, trainer_argv
+from jaxwarm import CompileTarget, Config, StepBundle, trainer_argv
 
 
 def make_train_step(config: Config, mesh: Mesh) -> StepBundle:

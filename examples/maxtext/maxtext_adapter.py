@@ -25,8 +25,7 @@ from flax.core.spmd import logical_axis_rules
 from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import max_utils, maxtext_utils, sharding, train_utils
 
-from launcher.config import Config
-from prewarm.step import CompileTarget, StepBundle, trainer_argv
+from jaxwarm import CompileTarget, Config, StepBundle, trainer_argv
 
 
 def make_train_step(config: Config, mesh: None) -> StepBundle:

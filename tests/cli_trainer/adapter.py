@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 from train import Settings, batch_sharding, make_functions, make_mesh, parse
 
-from launcher.config import Config
-from prewarm.step import CompileTarget, StepBundle, seed_spec, trainer_argv
+from jaxwarm import CompileTarget, Config, StepBundle, seed_spec, trainer_argv
 
 
 def bundle(settings: Settings) -> StepBundle:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from tinytrain import tiny_step
 
-from prewarm.step import CompileTarget, StepBundle
+from jaxwarm import CompileTarget, StepBundle
 
 
 def make(config, mesh):

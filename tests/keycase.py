@@ -266,6 +266,7 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     import numpy as np
 
     from jaxwarm.launcher.injob.warm import judge
+    from jaxwarm.launcher.store.store import open_store
     from jaxwarm.prewarm.judge import predicted
 
     report = recorder.report
@@ -281,7 +282,7 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     lowered = step.lower(arrays["params"], arrays["batch"], n, side.lr)
 
     before = (report.lookups, len(report.functions), report.backend_compile_s)
-    verdict = judge(predicted("step", lowered, 0.0), cache_dir).verdict()
+    verdict = judge(predicted("step", lowered, 0.0), open_store(cache_dir)).verdict()
     during_judge = {"lookups": report.lookups - before[0],
                     "compiles": len(report.functions) - before[1],
                     "backend_compile_s": report.backend_compile_s - before[2]}

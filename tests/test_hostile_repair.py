@@ -99,6 +99,7 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
 
 def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
     from jaxwarm.launcher.injob.hook import note_missed_entries
+    from jaxwarm.launcher.store.store import LocalStore
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     recorded(cache)
@@ -110,7 +111,8 @@ def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
                         functions=[FunctionRecord(name="jit_train_step", key=KEY, hit=False),
                                    FunctionRecord(name="jit_init", key=KEY.replace(
                                        "train_step", "init"), hit=False)])
-    note_missed_entries(config, str(cache), report, since=time.time())
+    store = LocalStore(str(cache))
+    note_missed_entries(config, store, store, report, since=time.time())
     assert missed_since_check(cache, KEY)
     lines = (cache / "jaxwarm-usage.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one

@@ -48,6 +48,7 @@ from jaxwarm.launcher.report import (
 from jaxwarm.launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
 from jaxwarm.launcher.store.commands import cache_stats, entry_rows
 from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.launcher.store.store import LocalStore
 from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage, usage_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -261,7 +262,7 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
     (tmp_path / f"{STEP}-cache").write_bytes(b"x" * 5)
     with caplog.at_level(logging.WARNING, "jaxwarm"):
         records = read_usage(tmp_path)
-        rows, stats = entry_rows(str(tmp_path)), cache_stats(str(tmp_path))
+        rows, stats = entry_rows(LocalStore(tmp_path)), cache_stats(LocalStore(tmp_path))
     assert [type(r).__name__ for r in records] == ["JobUsage", "EntryPruned", "EntryChecked"]
     history = key_histories(records)[STEP]
     assert (history.sha256, history.written_by) == ("f" * 64, "demo (train r0)")

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.launcher.config import MOCK_LAYOUT, MOCK_XLA_FLAGS, Config
+from jaxwarm.launcher.files import canonical_path
+from jaxwarm.launcher.store.store import open_store
 
 # The environment variables JAX or XLA read that can enter a cache key, in one place: the
 # job environment, the fingerprint of `--prewarm auto` (`jaxwarm.launcher.submit.fingerprint`)
@@ -42,17 +44,6 @@ PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
 
-def canonical_path(path: str | Path, base: Path | None = None) -> str:
-    """Absolute, symlink-free path string: the form every job must see for the cache dir.
-
-    Works for paths that do not exist yet (realpath resolves the existing prefix).
-    """
-    path = Path(path).expanduser()
-    if not path.is_absolute():
-        path = (base or Path.cwd()) / path
-    return os.path.realpath(path)
-
-
 def expand_variables(text: str,
                      environ: Mapping[str, str] = os.environ) -> tuple[str, list[str]]:
     """`text` with each `$NAME` / `${NAME}` replaced by its value, and the names that are
@@ -70,22 +61,17 @@ def expand_variables(text: str,
     return _VARIABLE.sub(value, text), missing
 
 
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def resolve_paths(config: Config, base: Path | None = None) -> Config:
     """Return the config with out_dir and cache.dir as canonical absolute strings.
 
     Done once by the launcher; the result is pinned into the run dir so that a job started
     from another working directory, node or restart never re-resolves them differently.
     """
-    cache_dir = config.cache.dir if is_remote(config.cache.dir) else \
-        canonical_path(config.cache.dir, base)
     return dataclasses.replace(
         config,
         run=dataclasses.replace(config.run, out_dir=canonical_path(config.run.out_dir, base)),
-        cache=dataclasses.replace(config.cache, dir=cache_dir),
+        cache=dataclasses.replace(config.cache,
+                                  dir=open_store(config.cache.dir).resolved(base)),
     )
 
 
@@ -103,7 +89,7 @@ def jax_options(config: Config) -> dict[str, Any]:
         "jax_persistent_cache_min_compile_time_secs": cache.min_compile_time_secs,
         "jax_persistent_cache_min_entry_size_bytes": cache.min_entry_size_bytes,
         "jax_persistent_cache_enable_xla_caches":
-            "none" if is_remote(cache.dir) else cache.xla_caches,
+            open_store(cache.dir).xla_caches(cache.xla_caches),
         "jax_compilation_cache_max_size": cache.max_size,
     }
     # PGLE's options only when on: a run without PGLE keeps the environment (and keys) it had.

@@ -52,6 +52,17 @@ GROUP_FILE, GROUP_DIR = 0o660, 0o2770
 GROUP_UMASK = 0o007
 
 
+def canonical_path(path: str | Path, base: Path | None = None) -> str:
+    """Absolute, symlink-free path string: the form every job must see for the cache dir.
+
+    Works for paths that do not exist yet (realpath resolves the existing prefix).
+    """
+    path = Path(path).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    return os.path.realpath(path)
+
+
 def modes_in(directory: str | Path) -> tuple[int, int]:
     """(file mode, dir mode) for what jaxwarm creates in `directory`. A dir shared with its
     group on purpose (setgid and group-writable, as a cache with `cache.trusted_group` is

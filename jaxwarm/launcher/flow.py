@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxwarm.launcher import mlperf
 from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import dropped_variables, is_remote
+from jaxwarm.launcher.environment import dropped_variables
 from jaxwarm.launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from jaxwarm.launcher.files import atomic_write
 from jaxwarm.launcher.records import (
@@ -71,9 +71,8 @@ from jaxwarm.launcher.rundir import (
 )
 from jaxwarm.launcher.selfcheck import selfcheck
 from jaxwarm.launcher.store.commands import human_size
-from jaxwarm.launcher.store.integrity import FULL_CHECK_BYTES, check_relied
-from jaxwarm.launcher.store.manifest import read_manifest, uses_entries
-from jaxwarm.launcher.store.prewarms import read_prewarms
+from jaxwarm.launcher.store.integrity import FULL_CHECK_BYTES
+from jaxwarm.launcher.store.store import open_store
 from jaxwarm.launcher.submit.backend import Backend
 from jaxwarm.launcher.submit.fingerprint import changed_reads, differences, fingerprint, listed
 from jaxwarm.launcher.submit.jobs import (
@@ -150,10 +149,11 @@ def launch(request: Request, backend: Backend) -> int:
             if request.command != VERIFY:
                 decision = decide_prewarm(request, config, prints[config.run_dir])
                 write_decision(config.run_dir, decision)
-                if decision.keys:  # the run uses them as if its own prewarm had found them
-                    manifest = read_manifest(config.cache.dir, strict=False)
-                    uses_entries(config.cache.dir, [manifest[key] for key in decision.keys
-                                                    if key in manifest], config.run.name)
+                local = open_store(config.cache.dir).local
+                if decision.keys and local is not None:  # as if its own prewarm found them
+                    manifest = local.manifest(strict=False)
+                    local.uses_entries([manifest[key] for key in decision.keys
+                                        if key in manifest], config.run.name)
                 jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
             decided.append((config, jobs))
         plans = decided
@@ -202,10 +202,11 @@ def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> Prewa
     """`auto`: a recorded prewarm of this fingerprint, the files its step factory read
     unchanged, whose entries would all load, checked in full where that is cheap
     (`check_relied`); anything else runs the prewarm job."""
-    if is_remote(config.cache.dir):
+    store = open_store(config.cache.dir).local
+    if store is None:
         return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
                                found)
-    records = read_prewarms(config.cache.dir)
+    records = store.prewarms()
     match = records.get(found.digest)
     if match is None:
         earlier = [r for r in records.values() if r.run == config.run.name] or \
@@ -221,7 +222,7 @@ def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> Prewa
         return PrewarmDecision(AUTO, True, f"the fingerprint matches the prewarm of run "
                                            f"{match.run!r}, but its step factory read "
                                            f"{listed(changed)}, changed since", found)
-    relied = check_relied(config.cache.dir, match.keys, full_check)
+    relied = store.check_relied(match.keys, full_check)
     if relied.problem is not None:
         return PrewarmDecision(AUTO, True, f"the fingerprint matches the prewarm of run "
                                            f"{match.run!r}, but {relied.problem}", found)
@@ -376,8 +377,8 @@ def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
 
         plot_path(plot, run_dir)
         config = load_config(pinned_config(run_dir))
-        plot_init(load_reports(run_dir), Targets.of(read_manifest(config.cache.dir,
-                                                                  strict=False)),
+        plot_init(load_reports(run_dir),
+                  Targets.of(open_store(config.cache.dir).manifest(strict=False)),
                   config.init_budget_s, plot, f"run {config.run.name}")
         log.info("init phases drawn into %s", plot)
     if as_json:
@@ -396,9 +397,10 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     job that ran and wrote no report is said as that, with what it means; `looking_back`
     (`jaxwarm report`, after the launch), training that has not reached its steps too."""
     reports = load_reports(run_dir)
-    manifest = read_manifest(config.cache.dir, strict=False)
+    store = open_store(config.cache.dir)
+    manifest = store.manifest(strict=False)
     lines = [*decision_lines(run_dir),
-             *summarize(reports, manifest, config.run.name, config.cache.dir, run_dir),
+             *summarize(reports, manifest, config.run.name, store, run_dir),
              *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
     if trained:
         lines += missing_train_report(reports)

@@ -51,7 +51,7 @@ from jaxwarm.launcher.rundir import (
 )
 from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run
 from jaxwarm.launcher.store.misses import explain_miss
-from jaxwarm.launcher.store.prewarms import read_prewarms
+from jaxwarm.launcher.store.store import CacheStore
 from jaxwarm.launcher.submit.fingerprint import differences
 from jaxwarm.launcher.words import plural
 
@@ -480,19 +480,19 @@ def prefetch_lines(attempt: list[InitReport]) -> list[str]:
 HEADLINE_LINES = 10
 
 
-def since_prewarm(run_dir: str | Path | None, cache_dir: str | None,
+def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
                   key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None or cache_dir is None:
+    if run_dir is None or store is None:
         return None
     path = prewarm_decision_path(run_dir)
     decision = read_record(PrewarmDecision, path) if path.is_file() else None
     if decision is None or decision.fingerprint is None:
         return None
-    record = next((r for r in reversed(read_prewarms(cache_dir).values()) if key in r.keys),
+    record = next((r for r in reversed(store.prewarms().values()) if key in r.keys),
                   None)
     if record is not None:
         return differences(record.fingerprint, decision.fingerprint)
@@ -501,7 +501,7 @@ def since_prewarm(run_dir: str | Path | None, cache_dir: str | None,
 
 
 def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str, cache_dir: str | None = None,
+              run: str, store: CacheStore | None = None,
               run_dir: str | Path | None = None) -> list[str]:
     """Headline lines, at most HEADLINE_LINES: the latest training attempt's label (warm,
     partly warm, cold), what it did with each prewarmed target (hit, on which processes,
@@ -545,12 +545,12 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 fn.name, fn.components, manifest, run=run,
                 process_count=report.process_count, signature=fn.signature,
                 global_options=fn.global_options, max_size=size_cap(report.environment),
-                xla_flags=report.environment.get("XLA_FLAGS"), cache_dir=cache_dir,
+                xla_flags=report.environment.get("XLA_FLAGS"), store=store,
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
                 not_loaded=fn.not_loaded,
                 input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, cache_dir, prewarmed.key)))
+                since_prewarm(run_dir, store, prewarmed.key)))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")

@@ -24,13 +24,11 @@ import logging
 import os
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from jaxwarm.launcher.config import Config
-from jaxwarm.launcher.environment import is_remote
 from jaxwarm.launcher.errors import EXIT_FAILED, EXIT_OK
-from jaxwarm.launcher.files import locked, make_dir
 from jaxwarm.launcher.injob.gpu import mocked_topology
 from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.injob.reads import FactoryReads
@@ -44,22 +42,9 @@ from jaxwarm.launcher.records import (
     read_record,
 )
 from jaxwarm.launcher.rundir import PREWARM, prewarm_decision_path
-from jaxwarm.launcher.store.entries import entry_path, writer_lock_path, written_since
-from jaxwarm.launcher.store.integrity import (
-    BEING_WRITTEN,
-    Check,
-    entry_problem,
-    quarantine,
-    record_check,
-)
-from jaxwarm.launcher.store.manifest import (
-    ManifestEntry,
-    manifest_path,
-    read_manifest,
-    record_entries,
-    uses_entries,
-)
-from jaxwarm.launcher.store.prewarms import record_prewarm
+from jaxwarm.launcher.store.integrity import BEING_WRITTEN, Check, entry_problem
+from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.launcher.store.store import CacheStore, LocalStore, open_store
 from jaxwarm.launcher.words import plural
 from jaxwarm.prewarm.bootstrap import job_main, start_job
 from jaxwarm.prewarm.judge import Decision, Target, decide, lower_targets
@@ -77,22 +62,7 @@ class Compiled:
     failure: str | None = None
 
 
-# A second prewarm of the same key waits while the first compiles it: as long as a big
-# compile takes, and no longer.
-COMPILE_LOCK_TIMEOUT_S = 3 * 3600.0
-
-
-def writer_lock(cache_dir: str, key: str | None, is_writer: bool) -> AbstractContextManager[None]:
-    """Held by process 0 while it compiles (and JAX writes) one key, until the manifest
-    records it (prune spares an entry under a held lock); nothing elsewhere."""
-    if not is_writer or key is None or is_remote(cache_dir):
-        return nullcontext()
-    path = writer_lock_path(cache_dir, key)
-    make_dir(path.parent)
-    return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
-
-
-def repair(config: Config, decisions: list[Decision]) -> None:
+def repair(config: Config, store: LocalStore, decisions: list[Decision]) -> None:
     """What process 0 of the prewarm does with its warm checks (verify never does it): a torn
     or corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
     the full check now finds corrupt; one being written by another prewarm is left alone (its
@@ -101,24 +71,23 @@ def repair(config: Config, decisions: list[Decision]) -> None:
     (its prewarm was killed before recording it) is pinned now, and one another run recorded
     is recorded as used by this run too (and, where that record predates `cache.prefetch`,
     with what loading it takes)."""
-    cache_dir = config.cache.dir
     checks = [d.check for d in decisions if d.check is not None]
     for check in checks:
         if check.problem not in (None, "missing", BEING_WRITTEN):
-            quarantine(cache_dir, Check(check.key, 0, check.problem, checksum_known=False))
-        record_check(cache_dir, check)
-    manifest = read_manifest(cache_dir, strict=False)
+            store.quarantine(Check(check.key, 0, check.problem, checksum_known=False))
+        store.record_check(check)
+    manifest = store.manifest(strict=False)
     warm = [(d.target, d.target.key) for d in decisions if d.warm and d.target.key]
     found = [manifest_entry(config, target, function_of(key), key, 0.0,
-                            written_since(cache_dir, key, 0.0))
+                            store.written_since(key, 0.0))
              for target, key in warm if key not in manifest]
     if found:
-        record_entries(cache_dir, found)
+        store.record_entries(found)
     known = {key: with_load(manifest[key], target) for target, key in warm if key in manifest}
     refreshed = [entry for key, entry in known.items() if entry is not manifest[key]]
     if refreshed:
-        record_entries(cache_dir, refreshed)
-    uses_entries(cache_dir, list(known.values()), config.run.name)
+        store.record_entries(refreshed)
+    store.uses_entries(list(known.values()), config.run.name)
 
 
 def with_load(entry: ManifestEntry, target: Target) -> ManifestEntry:
@@ -151,25 +120,24 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          device_ids=list(load.device_ids) if load else [])
 
 
-def record_compile(config: Config, target: Target, record: FunctionRecord,
+def record_compile(config: Config, store: LocalStore, target: Target, record: FunctionRecord,
                    since: float, inputs: InputSignature | None = None) -> str | None:
     """Right after process 0 compiled a target, still under its writer lock: check the entry
     JAX wrote and record it in the manifest, with the `inputs` it was compiled with, so no
     prune or crash finds it unrecorded. Returns why it failed (the torn entry
     quarantined), or None."""
-    cache_dir = config.cache.dir
-    if record.key is None or record.hit or is_remote(cache_dir):
+    if record.key is None or record.hit:
         return None
-    written = written_since(cache_dir, record.key, since)
+    written = store.written_since(record.key, since)
     failure: str | None
     if written is None:
         if record.not_stored is not None:
             return None
         failure = "JAX did not write it (a full disk or a read-only cache dir?)"
     else:
-        failure = entry_problem(entry_path(cache_dir, record.key), None)
+        failure = entry_problem(store.entry_path(record.key), None)
         if failure is not None:
-            quarantine(cache_dir, Check(record.key, written[1], failure, True))
+            store.quarantine(Check(record.key, written[1], failure, True))
             written = None
     record.sha256, record.size = written or (None, None)
     entry = dataclasses.replace(
@@ -177,21 +145,22 @@ def record_compile(config: Config, target: Target, record: FunctionRecord,
                        record.signature),
         components=record.components, inputs=inputs)
     try:
-        record_entries(cache_dir, [entry])
+        store.record_entries([entry])
     except OSError as exc:
         return failure or f"the manifest could not be written ({exc.strerror})"
     return failure
 
 
 def compile_targets(recorder: InitRecorder, targets: list[Target], config: Config,
-                    is_writer: bool) -> list[Compiled]:
+                    store: CacheStore, is_writer: bool) -> list[Compiled]:
     """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
-    records each entry as soon as it is written (`record_compile`)."""
+    of a local store compiles under each key's writer lock and records each entry as soon
+    as it is written (`record_compile`)."""
     import jax
 
     compiled = []
-    manifest = {} if is_remote(config.cache.dir) else read_manifest(config.cache.dir,
-                                                                     strict=False)
+    writer = store.local if is_writer else None
+    manifest = store.manifest(strict=False)
     record_to = progress_file(config.run_dir, is_writer)
     for index, target in enumerate(targets, 1):
         function = function_of(target.key) if target.key else module_name(target.name)
@@ -200,12 +169,12 @@ def compile_targets(recorder: InitRecorder, targets: list[Target], config: Confi
         progress = PrewarmProgress(function, index, len(targets), time.time(),
                                    last.compile_s if last else None)
         with compiling(progress, record_to), \
-                writer_lock(config.cache.dir, target.key, is_writer):
+                writer.writer_lock(target.key) if writer else nullcontext():
             since = time.time()
             target.lowered.compile(target.compiler_options)
             record = recorder.report.functions[-1]
-            failure = record_compile(config, target, record, since,
-                                     recorder.inputs(record.name)) if is_writer else None
+            failure = record_compile(config, writer, target, record, since,
+                                     recorder.inputs(record.name)) if writer else None
         if target.key is not None and record.key is not None and target.key != record.key:
             log.warning("%s: jaxwarm predicted key %s but JAX used %s: `jaxwarm verify` "
                         "cannot be trusted on this setup", target.name, target.key, record.key)
@@ -218,7 +187,8 @@ def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
     """With `cache.max_size`, JAX evicts least recently used entries while writing the next
     one: an entry this prewarm wrote (process 0 checksummed it) that is gone by the end was
     evicted by the cap, and the run would miss it; that is a failure, said as such."""
-    if config.cache.max_size == -1 or is_remote(config.cache.dir):
+    local = open_store(config.cache.dir).local
+    if config.cache.max_size == -1 or local is None:
         return compiled
     need = sum(item.record.size or 0 for item in compiled)
     return [dataclasses.replace(item, failure=(
@@ -227,7 +197,7 @@ def evictions(config: Config, compiled: list[Compiled]) -> list[Compiled]:
                 f"raise cache.max_size"))
             if item.failure is None and item.record.sha256 is not None
             and item.record.key is not None
-            and not entry_path(config.cache.dir, item.record.key).exists() else item
+            and not local.has_entry(item.record.key) else item
             for item in compiled]
 
 
@@ -262,26 +232,28 @@ def main() -> int:
              f" (mocked {mocked} on this one process)" if mocked else "", dict(mesh.shape))
     targets = lower_targets(bundle.compile_targets(), config.source, strict=False)
     decisions = decide(targets, config, recorder, job="this prewarm",
-                       repair=lambda found: repair(config, found))
+                       repair=lambda local, found: repair(config, local, found))
     cold = [decision.target for decision in decisions if not decision.warm]
     log.info("%s", f"compiling {', '.join(t.name for t in cold)}" if cold else
              "every function is WARM: nothing to compile")
-    compiled = evictions(config, compile_targets(recorder, cold, config,
+    store = open_store(config.cache.dir)
+    compiled = evictions(config, compile_targets(recorder, cold, config, store,
                                                  jax.process_index() == 0))
     for item in compiled:
         log.info("%s", describe(item))
     recorder.mark_first_step()
     failed = any(item.failure for item in compiled)
-    if is_remote(config.cache.dir):
+    if store.local is None:
         log.info("no manifest for a remote cache dir (it needs a local file lock)")
     elif jax.process_index() == 0:
-        log.info("manifest: %s", manifest_path(config.cache.dir))
+        log.info("manifest: %s", store.local.manifest_path())
         if not failed:
-            record_fingerprint(config, targets, reads.files)
+            record_fingerprint(config, store.local, targets, reads.files)
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, str]) -> None:
+def record_fingerprint(config: Config, store: LocalStore, targets: list[Target],
+                       reads: dict[str, str]) -> None:
     """Record that this prewarm completed under the fingerprint its launch computed (in the
     run dir's decision), with the files its step factory read (`reads`, their hashes) and
     the entries it leaves: a later launch with the same fingerprint and those files
@@ -302,9 +274,9 @@ def record_fingerprint(config: Config, targets: list[Target], reads: dict[str, s
                     here["jax"], here["jaxlib"], found.parts.get("jax"),
                     found.parts.get("jaxlib"))
         return
-    keys = [t.key for t in targets if t.key and entry_path(config.cache.dir, t.key).exists()]
-    record_prewarm(config.cache.dir, PrewarmRecord(dataclasses.replace(found, reads=reads),
-                                                   keys, config.run.name))
+    keys = [t.key for t in targets if t.key and store.has_entry(t.key)]
+    store.record_prewarm(PrewarmRecord(dataclasses.replace(found, reads=reads), keys,
+                                       config.run.name))
     log.info("fingerprint %s recorded with %d %s: a launch with the same fingerprint "
              "goes without a prewarm job", found.digest, len(keys),
              plural(len(keys), "entry", "entries"))

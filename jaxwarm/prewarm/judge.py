@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxwarm.launcher.config import Config
-from jaxwarm.launcher.environment import is_remote
 from jaxwarm.launcher.injob.gpu import mocked_topology
 from jaxwarm.launcher.injob.recorder import InitRecorder
 from jaxwarm.launcher.injob.warm import Decision, Target, judge, say
@@ -35,6 +34,7 @@ from jaxwarm.launcher.jaxkey.predict import (
     UnsupportedJaxVersion,
     predict_key,
 )
+from jaxwarm.launcher.store.store import LocalStore, open_store
 from jaxwarm.prewarm.specs import warn_risky_inputs
 from jaxwarm.prewarm.step import CompileTarget, lower_target
 
@@ -73,7 +73,7 @@ def lower_targets(targets: list[CompileTarget], source: str, *,
     return lowered
 
 
-Repair = Callable[[list[Decision]], None]
+Repair = Callable[[LocalStore, list[Decision]], None]
 
 # How long the other processes wait for process 0's decision: its checks read entries in
 # full where they must (big ones take minutes) and its repairs wait on the manifest's lock.
@@ -89,7 +89,8 @@ def decide(targets: list[Target], config: Config, recorder: InitRecorder,
     import jax
 
     if jax.process_index() == 0:
-        decisions = [judge(target, config.cache.dir, run=config.run.name,
+        store = open_store(config.cache.dir)
+        decisions = [judge(target, store, run=config.run.name,
                            max_size=config.cache.max_size,
                            signature=recorder.signature(target.prediction.module_name)
                            if target.prediction else None,
@@ -99,8 +100,8 @@ def decide(targets: list[Target], config: Config, recorder: InitRecorder,
                                                           target.lowered)
                            if target.prediction else None)
                      for target in targets]
-        if repair is not None and not is_remote(config.cache.dir):
-            repair(decisions)
+        if repair is not None and store.local is not None:
+            repair(store.local, decisions)
     else:
         decisions = [Decision(target, False) for target in targets]
     # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.

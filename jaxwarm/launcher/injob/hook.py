@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import is_remote, jax_options, owned, resolve_paths
+from jaxwarm.launcher.environment import jax_options, owned, resolve_paths
 from jaxwarm.launcher.files import GROUP_UMASK, append_line
 from jaxwarm.launcher.injob.gpu import mocked_topology
 from jaxwarm.launcher.injob.guard import STEP_FACTORY, TRAINER, CacheGuard
@@ -51,18 +51,11 @@ from jaxwarm.launcher.rundir import (
     prewarm_decision_path,
     report_path,
 )
-from jaxwarm.launcher.store.entries import entry_path, written_since
-from jaxwarm.launcher.store.integrity import entry_problem, recorded_entries
-from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run, read_manifest
-from jaxwarm.launcher.store.prewarms import forget_prewarm, read_prewarms
-from jaxwarm.launcher.store.security import (
-    DirIdentity,
-    check_cache_dir,
-    prepare_cache_dir,
-    recheck_cache_dir,
-)
-from jaxwarm.launcher.store.staging import publish_entries
-from jaxwarm.launcher.store.usage import append_usage, job_usage
+from jaxwarm.launcher.store.integrity import entry_problem
+from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run
+from jaxwarm.launcher.store.security import DirIdentity
+from jaxwarm.launcher.store.store import LocalStore, open_store
+from jaxwarm.launcher.store.usage import job_usage
 from jaxwarm.launcher.words import plural
 
 log = logging.getLogger("jaxwarm.hook")
@@ -86,48 +79,48 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     return load_config(pinned)
 
 
-def note_missed_entries(config: Config, jax_dir: str, report: InitReport,
-                        since: float) -> None:
-    """A miss on a key whose entry was in the cache JAX read (`jax_dir`: the shared dir, or
-    the node's staged copy of it) before this process started means JAX could not load that
+def note_missed_entries(config: Config, store: LocalStore, jax_dir: LocalStore,
+                        report: InitReport, since: float) -> None:
+    """A miss on a key whose entry was in the cache JAX read (`jax_dir`: the shared `store`,
+    or the node's staged copy of it) before this process started means JAX could not load that
     entry (JAX never replaces it): read it in full to say why (the report shows it), and
     record it in the usage log, so the next prewarm checks the entry in full and replaces it
     if it is corrupt. A process that read another dir (a trainer's own, under cache.enforce
     off) was never offered the entries of `jax_dir`: its misses say where it looked instead."""
-    if report.cache_dir != jax_dir:
+    if report.cache_dir != jax_dir.dir:
         return
     for record in report.functions:
         if record.key is None or record.hit or record.sha256 is not None:
             continue
-        path = entry_path(jax_dir, record.key)
-        if path.exists() and written_since(jax_dir, record.key, since) is None:
-            known = recorded_entries(config.cache.dir, strict=False, key=record.key)
+        path = jax_dir.entry_path(record.key)
+        if path.exists() and jax_dir.written_since(record.key, since) is None:
+            known = store.recorded(strict=False, key=record.key)
             expected = known[record.key].sha256 if record.key in known else None
             record.not_loaded = entry_problem(path, expected) or \
                 "it reads intact now (was it replaced while this job ran?)"
             log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
                         "it: %s); the next prewarm checks it in full", record.name, path,
                         record.not_loaded)
-            append_usage(config.cache.dir, EntryMissed(record.key, config.run.name))
+            store.append_usage(EntryMissed(record.key, config.run.name))
 
 
-def note_written_entries(cache_dir: str, report: InitReport, since: float) -> None:
+def note_written_entries(store: LocalStore, report: InitReport, since: float) -> None:
     """Checksum each entry this process wrote, once, onto its record (the usage log and
     the prewarm manifest both take it from there)."""
     for record in report.functions:
         if record.key is not None and not record.hit and record.sha256 is None:
-            written = written_since(cache_dir, record.key, since)
+            written = store.written_since(record.key, since)
             if written:
                 record.sha256, record.size = written
 
 
-def publish_written(config: Config, staging: Staging, report: InitReport | None,
-                    since: float) -> None:
+def publish_written(config: Config, store: LocalStore, staging: Staging,
+                    report: InitReport | None, since: float) -> None:
     """Publish the entries this process wrote into its node's stage dir to the shared dir
-    (`publish_entries`), and put each published entry's checksum onto its record for the
+    (`LocalStore.publish_from`), and put each published entry's checksum onto its record for the
     usage log. Only what was published is recorded: an entry another writer put in the
     shared dir first stays that writer's, and the job's own copy stays node-local."""
-    published = publish_entries(staging.dir, config.cache.dir, since, config.cache.max_size)
+    published = store.publish_from(staging.dir, since, config.cache.max_size)
     for record in report.functions if report is not None else []:
         if record.key in published and not record.hit and record.sha256 is None:
             record.sha256, record.size = published[record.key]
@@ -191,9 +184,10 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     recorder.on_bind.append(lambda bound: on_bind(config, bound, staging, ranks))
     if job == TRAIN:
         start_ledger(recorder)
-    if job == TRAIN and config.cache.prefetch is not False and not is_remote(config.cache.dir):
-        begin = once(lambda: begin_prefetch(config, options["jax_compilation_cache_dir"],
-                                            recorder))
+    store = open_store(config.cache.dir).local
+    if job == TRAIN and config.cache.prefetch is not False and store is not None:
+        jax_dir = LocalStore(options["jax_compilation_cache_dir"])
+        begin = once(lambda: begin_prefetch(config, store, jax_dir, recorder))
         after_join.append(begin)
         recorder.on_bind.append(lambda _: begin())  # after on_bind's cache dir checks
     atexit.register(recorder.close)
@@ -223,7 +217,8 @@ def once(callback: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None:
+def begin_prefetch(config: Config, store: LocalStore, jax_dir: LocalStore,
+                   recorder: InitRecorder) -> None:
     """`cache.prefetch`, as soon as the process has its backend (after jax.distributed's
     join, or at the first lowering): load this run's prewarmed executables for this layout
     on background threads (`jaxwarm.launcher.injob.prefetch`). On CPU only process 0 does: the
@@ -236,13 +231,13 @@ def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None
     if jax.devices()[0].platform == "cpu" and jax.process_index() != 0:
         return
     try:
-        check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-        if jax_dir != config.cache.dir:
-            check_cache_dir(Path(jax_dir), config.cache, config.source, key="cache.stage")
+        store.check(config.cache, config.source)
+        if jax_dir.dir != store.dir:
+            jax_dir.check(config.cache, config.source, key="cache.stage")
     except ConfigError as exc:
         log.warning("jaxwarm: no prefetch: %s", exc)
         return
-    entries = [e for e in latest_for_run(manifest_of(config), config.run.name)
+    entries = [e for e in latest_for_run(manifest_of(store), config.run.name)
                if e.process_count == jax.process_count()]
     try:
         prefetch = start_prefetch(entries, jax_dir, config.cache.prefetch_max_size,
@@ -256,11 +251,11 @@ def begin_prefetch(config: Config, jax_dir: str, recorder: InitRecorder) -> None
         recorder.after_first_step.insert(0, lambda _: prefetch.finish())
 
 
-def manifest_of(config: Config) -> dict[str, ManifestEntry]:
+def manifest_of(store: LocalStore) -> dict[str, ManifestEntry]:
     """The prewarm manifest, read once per job; one that cannot be read counts as empty (and
     says so): bookkeeping never stops training."""
     try:
-        return read_manifest(config.cache.dir, strict=False)
+        return store.manifest(strict=False)
     except OSError as exc:
         log.warning("the prewarm manifest cannot be read: %s", exc)
         return {}
@@ -311,27 +306,27 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
     import jax
 
     report = recorder.report
-    jax_dir = staging.dir if staging is not None else config.cache.dir
+    store = open_store(config.cache.dir).local
+    jax_dir = LocalStore(staging.dir) if staging is not None else store
     entries: list[ManifestEntry] = []
-    if not is_remote(config.cache.dir):
+    if store is not None and jax_dir is not None:
         if report.process_index == 0:
-            checked = prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
+            checked = store.prepare(config.cache, config.source)
         else:
-            checked = check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-        if jax_dir != config.cache.dir:
-            checked = check_cache_dir(Path(jax_dir), config.cache, config.source,
-                                      key="cache.stage")
+            checked = store.check(config.cache, config.source)
+        if jax_dir.dir != store.dir:
+            checked = jax_dir.check(config.cache, config.source, key="cache.stage")
         actor = actor_of(report.job)
         recorder.before_lookup.append(
-            lambda: recheck_before_lookup(config, jax_dir, checked, actor))
+            lambda: recheck_before_lookup(config, jax_dir.dir, checked, actor))
         if report.job == TRAIN or report.process_count > 1:
-            manifest = manifest_of(config)
+            manifest = manifest_of(store)
             entries = latest_for_run(manifest, config.run.name)
             if report.job == TRAIN:
                 watch_prewarmed(config, recorder, manifest)
                 if report.process_index == 0:
                     recorder.after_first_step.append(
-                        lambda done: forget_missed_prewarms(config, done))
+                        lambda done: forget_missed_prewarms(config, store, done))
     elif report.job == TRAIN:
         recorder.guess_first_step = True
     if report.process_index == 0 and report.job == TRAIN:
@@ -341,25 +336,25 @@ def on_bind(config: Config, recorder: InitRecorder, staging: Staging | None,
         ranks.bind(meet_timeout(config, entries))
     if report.process_index == 0 and report.job == TRAIN and config.report.mlperf:
         start_mlperf_log(config, recorder)
-    if report.process_index == 0 and not is_remote(config.cache.dir):
+    if report.process_index == 0 and store is not None and jax_dir is not None:
         since = recorder.start_time
-        if staging is not None and jax_dir != config.cache.dir:
+        if staging is not None and jax_dir.dir != store.dir:
             recorder.after_first_step.append(
-                lambda done: publish_written(config, staging, done, since))
+                lambda done: publish_written(config, store, staging, done, since))
             # What it compiles after the first step too, as the process ends.
-            atexit.register(publish_at_exit, config, staging, since)
+            atexit.register(publish_at_exit, config, store, staging, since)
         else:
             recorder.after_first_step.append(
-                lambda done: note_written_entries(config.cache.dir, done, since))
+                lambda done: note_written_entries(store, done, since))
         recorder.after_first_step += [
-            lambda done: note_missed_entries(config, jax_dir, done, since),
-            lambda done: append_usage(config.cache.dir, job_usage(config, done))]
+            lambda done: note_missed_entries(config, store, jax_dir, done, since),
+            lambda done: store.append_usage(job_usage(config, done))]
     log.info("persistent compilation cache at %s (process %d of %d, restart %d)",
              jax.config.jax_compilation_cache_dir, report.process_index,
              report.process_count, report.restart_count)
 
 
-def forget_missed_prewarms(config: Config, report: InitReport) -> None:
+def forget_missed_prewarms(config: Config, store: LocalStore, report: InitReport) -> None:
     """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
     that prewarm's functions up under another key: what the login node's fingerprint
     promised does not hold (a GPU driver, a module imported by a computed name). Forget
@@ -370,14 +365,14 @@ def forget_missed_prewarms(config: Config, report: InitReport) -> None:
     if decision is None or decision.fingerprint is None:
         return
     digest = decision.fingerprint.digest
-    record = read_prewarms(config.cache.dir).get(digest)
+    record = store.prewarms().get(digest)
     if record is None:
         return
     promised = {function_of(key): key for key in record.keys}
     for function in report.functions:
         key = promised.get(function.name)
         if key is not None and not function.hit and function.key not in (None, key):
-            forget_prewarm(config.cache.dir, digest, key,
+            store.forget_prewarm(digest, key,
                            f"{function.name} missed under key {function.key}, not the "
                            f"prewarmed {key}")
             return
@@ -399,9 +394,10 @@ def start_mlperf_log(config: Config, recorder: InitRecorder) -> None:
         (report.time_to_first_step_s or 0.0)))
 
 
-def publish_at_exit(config: Config, staging: Staging, since: float) -> None:
+def publish_at_exit(config: Config, store: LocalStore, staging: Staging,
+                    since: float) -> None:
     try:
-        publish_written(config, staging, None, since)
+        publish_written(config, store, staging, None, since)
     except OSError as exc:  # bookkeeping must never turn an exit into a failure
         log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
 
@@ -420,14 +416,15 @@ def recheck_before_lookup(config: Config, jax_dir: str, checked: DirIdentity | N
     same checks before JAX reads code from it."""
     import jax
 
-    current = jax.config.jax_compilation_cache_dir
-    if not current or is_remote(str(current)):
+    used = jax.config.jax_compilation_cache_dir
+    current = open_store(str(used)).local if used else None
+    if current is None:  # no cache, or a remote one: nothing on this node to check
         return
-    if current == jax_dir:
-        recheck_cache_dir(Path(current), config.cache, config.source, checked,
-                          key="cache.dir" if jax_dir == config.cache.dir else "cache.stage")
+    if current.dir == jax_dir:
+        current.recheck(config.cache, config.source, checked,
+                        key="cache.dir" if jax_dir == config.cache.dir else "cache.stage")
     else:
-        check_cache_dir(Path(current), config.cache, f"{config.source} (set by {actor})")
+        current.check(config.cache, f"{config.source} (set by {actor})")
 
 
 def enable_cache(config: Config | str | Path | None = None, *, job: str = TRAIN,

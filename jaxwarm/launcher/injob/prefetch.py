@@ -38,8 +38,9 @@ from jaxwarm.launcher.jaxkey.prefetch import (
     serve_lookups,
 )
 from jaxwarm.launcher.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
-from jaxwarm.launcher.store.entries import entry_path, mark_used, open_entry
+from jaxwarm.launcher.store.entries import open_entry
 from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.launcher.store.store import LocalStore
 
 log = logging.getLogger("jaxwarm.prefetch")
 
@@ -80,9 +81,9 @@ def mismatch(prefetched: LoadSpec, asked: Asked, cache_dir: str) -> str | None:
 class Prefetch:
     """The loads of one process, and what became of each (`report`)."""
 
-    def __init__(self, entries: list[ManifestEntry], cache_dir: str, max_size: int,
+    def __init__(self, entries: list[ManifestEntry], store: LocalStore, max_size: int,
                  started_s: float, capped: bool = False):
-        self.cache_dir = cache_dir
+        self.store = store
         # A size-capped cache (cache.max_size): a used entry's atime is renewed as JAX would.
         self.capped = capped
         self.report = PrefetchReport(started_s=round(started_s, 6), max_size=max_size)
@@ -97,7 +98,7 @@ class Prefetch:
             record = Prefetched(entry.function, entry.key, outcome="loading")
             self._items[entry.key] = _Item(
                 LoadSpec(entry.compile_options, tuple(entry.device_ids)), record,
-                entry_path(cache_dir, entry.key))
+                store.entry_path(entry.key))
             self.report.executables.append(record)
 
     def start(self) -> None:
@@ -179,7 +180,7 @@ class Prefetch:
             first, item.asked = not item.asked, True
         if not first:
             return None  # a second lookup of one key (JAX handed the first its executable)
-        why = mismatch(item.spec, asked, self.cache_dir)
+        why = mismatch(item.spec, asked, self.store.dir)
         if why is not None:
             self._drop(item, f"not used: {why}")
             log.warning("jaxwarm: %s was prefetched under key %s but not used: %s; JAX "
@@ -195,7 +196,7 @@ class Prefetch:
             item.record.outcome = USED
             if self.capped:
                 try:
-                    mark_used(self.cache_dir, asked.key)
+                    self.store.mark_used(asked.key)
                 except OSError as exc:  # bookkeeping never stops a load
                     log.warning("jaxwarm: %s: its atime file: %s", asked.key, exc)
         return loaded
@@ -217,18 +218,18 @@ class Prefetch:
 _started: list[Prefetch] = []
 
 
-def start_prefetch(entries: list[ManifestEntry], cache_dir: str, max_size: int,
+def start_prefetch(entries: list[ManifestEntry], store: LocalStore, max_size: int,
                    started_s: float, capped: bool) -> Prefetch | None:
     """Start loading `entries` (those recorded with what loading takes, whose file is in
-    `cache_dir`, the dir JAX reads) and serve JAX's lookups of them; once per process.
+    `store`, the dir JAX reads) and serve JAX's lookups of them; once per process.
     None when there is nothing to load."""
     if _started:
         return None
     loadable = [e for e in entries if e.compile_options is not None
-                and entry_path(cache_dir, e.key).is_file()]
+                and store.entry_path(e.key).is_file()]
     if not loadable:
         return None
-    prefetch = Prefetch(loadable, cache_dir, max_size, started_s, capped)
+    prefetch = Prefetch(loadable, store, max_size, started_s, capped)
     serve_lookups(prefetch.prefetched, prefetch.take)
     _started.append(prefetch)
     prefetch.start()

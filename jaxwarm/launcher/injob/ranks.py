@@ -48,8 +48,8 @@ from jaxwarm.launcher.jaxkey.components import PER_PROCESS, differing_components
 from jaxwarm.launcher.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.launcher.jaxkey.lookup import Lookup
 from jaxwarm.launcher.records import RANKS, KeyPost, RankState, ReportWarning, dumps, from_json
-from jaxwarm.launcher.store.entries import entry_size
 from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.launcher.store.store import open_store
 from jaxwarm.launcher.words import plural
 
 log = logging.getLogger("jaxwarm.ranks")
@@ -232,7 +232,7 @@ class RankCoordinator:
 
         store = self._started()
         name = lookup.module_name
-        size = entry_size(str(jax.config.jax_compilation_cache_dir), lookup.key)
+        size = open_store(str(jax.config.jax_compilation_cache_dir)).entry_size(lookup.key)
         self._publish(store, f"loading {name} from the cache" if size is not None
                       else f"compiling {name}")
         if not self.agree:

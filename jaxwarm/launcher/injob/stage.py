@@ -30,8 +30,8 @@ from jaxwarm.launcher.files import atomic_write, read_bounded
 from jaxwarm.launcher.injob.place import Place
 from jaxwarm.launcher.records import RECORD_CAP, Staging, dumps, from_json, parse_json
 from jaxwarm.launcher.rundir import stage_note_path
-from jaxwarm.launcher.store.security import prepare_cache_dir
-from jaxwarm.launcher.store.staging import refuse_key_change, stage_entries
+from jaxwarm.launcher.store.staging import refuse_key_change
+from jaxwarm.launcher.store.store import LocalStore
 from jaxwarm.launcher.words import plural
 
 log = logging.getLogger("jaxwarm.stage")
@@ -72,8 +72,9 @@ def stage_node(config: Config, node: int) -> Staging:
                        fallback=f"cache.stage {wanted!r} is {stage!r} on this node, not an "
                                 f"absolute path")
     try:
-        prepare_cache_dir(Path(stage), config.cache, config.source, key="cache.stage")
-        staged = stage_entries(shared, stage, config.run.name, config.cache.max_size)
+        LocalStore(stage).prepare(config.cache, config.source, key="cache.stage")
+        # A stage with a remote cache.dir is refused when the config loads: this one is local.
+        staged = LocalStore(shared).stage_into(stage, config.run.name, config.cache.max_size)
     except (ConfigError, OSError) as exc:
         return Staging(node, shared, stager=True,
                        fallback=f"staging into {stage} failed: {one_line(exc)}")

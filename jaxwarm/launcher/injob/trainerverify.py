@@ -35,7 +35,8 @@ from jaxwarm.launcher.jaxkey.lookup import watch_keys
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
 from jaxwarm.launcher.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
-from jaxwarm.launcher.store.manifest import latest_for_run, read_manifest
+from jaxwarm.launcher.store.manifest import latest_for_run
+from jaxwarm.launcher.store.store import open_store
 
 log = logging.getLogger("jaxwarm.verify")
 
@@ -75,7 +76,7 @@ class TrainerWatch:
         looked_in = jax.config.jax_compilation_cache_dir or self.config.cache.dir
         decision = judge(
             Target(found.module_name, None, 0.0, found, global_options=global_options()),
-            str(looked_in), run=self.config.run.name,
+            open_store(str(looked_in)), run=self.config.run.name,
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
             process_count=jax.process_count(), job=VERIFY,
@@ -169,7 +170,8 @@ def watch_trainer(recorder: InitRecorder) -> None:
     this run's prewarm compiled is read from the cache's manifest; none is one line."""
     config = config_from_env()
     prewarmed = {entry.function for entry in
-                 latest_for_run(read_manifest(config.cache.dir, strict=False), config.run.name)}
+                 latest_for_run(open_store(config.cache.dir).manifest(strict=False),
+                                config.run.name)}
     if not prewarmed:
         raise ConfigError(f"{config.source}: verify --trainer: the cache {config.cache.dir} "
                           f"records no prewarm of run {config.run.name!r}: it answers for the "

@@ -15,9 +15,10 @@ from typing import Any
 
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
 from jaxwarm.launcher.records import InputSignature, Verdict
-from jaxwarm.launcher.store.integrity import MISSED_NOTE, WarmCheck, warm_check
-from jaxwarm.launcher.store.manifest import latest_for_run, read_manifest
+from jaxwarm.launcher.store.integrity import MISSED_NOTE, WarmCheck
+from jaxwarm.launcher.store.manifest import latest_for_run
 from jaxwarm.launcher.store.misses import explain_miss, input_differences
+from jaxwarm.launcher.store.store import CacheStore
 
 log = logging.getLogger("jaxwarm.judge")
 
@@ -64,7 +65,7 @@ class Decision:
                        explanation=self.why, components=prediction.components)
 
 
-def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: int = -1,
+def judge(target: Target, store: CacheStore, *, run: str | None = None, max_size: int = -1,
           signature: str | None = None, process_count: int | None = None,
           job: str = "verify", recheck_missed: bool = False,
           inputs: InputSignature | None = None) -> Decision:
@@ -76,12 +77,12 @@ def judge(target: Target, cache_dir: str, *, run: str | None = None, max_size: i
     if target.prediction is None:
         return Decision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
-    check = warm_check(cache_dir, prediction.key, recheck_missed=recheck_missed)
+    check = store.warm_check(prediction.key, recheck_missed=recheck_missed)
     if check.warm:
         why = ([MISSED_BUT_INTACT] if check.read_in_full else [MISSED_NOTE]) \
             if check.missed else []
     elif check.problem == "missing":
-        manifest = read_manifest(cache_dir, strict=False)
+        manifest = store.manifest(strict=False)
         prewarmed = next((e.inputs for e in latest_for_run(manifest, run or "")
                           if e.function == prediction.module_name), None)
         why = explain_miss(prediction.module_name, prediction.components, manifest, run=run,

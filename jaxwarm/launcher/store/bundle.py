@@ -35,11 +35,11 @@ from jaxwarm.launcher.store.entries import (
     entry_path,
     is_entry_key,
     jax_lock,
-    scan,
     sha256_file,
 )
 from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
+from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.launcher.store.store import LocalStore
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
@@ -82,14 +82,15 @@ class BundleMeta:
         return not cache_path_in_key(self.jax_version, self.xla_caches)
 
 
-def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
-    """Write the entries `keys` of the config's cache, checked intact, to `output`."""
-    cache_dir = config.cache.dir
-    manifest = read_manifest(cache_dir)
+def export_bundle(store: LocalStore, config: Config, output: Path,
+                  keys: list[str]) -> BundleMeta:
+    """Write the entries `keys` of the config's cache (`store`), checked intact, to
+    `output`."""
+    manifest = store.manifest()
     here = required()
     entries = {}
     for key in keys:
-        path = entry_path(cache_dir, key)
+        path = store.entry_path(key)
         expected = manifest[key].sha256 if key in manifest else None
         problem = entry_problem(path, expected)
         if problem:
@@ -98,7 +99,7 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
         entries[key] = BundleItem(sha256_file(path), path.stat().st_size, known)
     meta = BundleMeta(version=BUNDLE_VERSION, jax_version=here.jax,
                       jaxlib_version=here.jaxlib, platform=config.topology.platform,
-                      cache_dir=cache_dir, xla_caches=config.cache.xla_caches,
+                      cache_dir=store.dir, xla_caches=config.cache.xla_caches,
                       created=time.time(), entries=entries)
     with atomic_path(output) as tmp, tarfile.open(tmp, "w") as tar:
         data = json.dumps(asdict(meta), indent=1).encode()
@@ -106,7 +107,7 @@ def export_bundle(config: Config, output: Path, keys: list[str]) -> BundleMeta:
         info.size, info.mtime = len(data), int(meta.created)
         tar.addfile(info, io.BytesIO(data))
         for key in keys:
-            tar.add(entry_path(cache_dir, key), arcname=f"{ENTRIES}/{key}{CACHE_SUFFIX}")
+            tar.add(store.entry_path(key), arcname=f"{ENTRIES}/{key}{CACHE_SUFFIX}")
     return meta
 
 
@@ -180,9 +181,10 @@ def refusal(meta: BundleMeta, config: Config) -> str | None:
     return None
 
 
-def import_bundle(source: Path, config: Config,
+def import_bundle(source: Path, store: LocalStore, config: Config,
                   max_bytes: int = DEFAULT_IMPORT_LIMIT) -> tuple[list[str], list[str]]:
-    """Copy the bundle's entries into the config's cache; returns (added, already present).
+    """Copy the bundle's entries into the config's cache (`store`); returns (added, already
+    present).
 
     Bounded by what the bundle is, not by what it claims: only a plain tar is read (a
     compressed one could expand without limit), every member must lie within the file (no
@@ -193,7 +195,7 @@ def import_bundle(source: Path, config: Config,
     JAX's lock with their atime files, so a running job never sees a partial entry and a
     size-capped writer finds the atime file it expects.
     """
-    cache_dir = Path(config.cache.dir)
+    cache_dir = store.path
     if not source.is_file():  # a FIFO or a device would be read forever
         raise BundleError(f"{source}: not a regular file; expected a bundle from "
                           f"`jaxwarm cache export`")
@@ -208,7 +210,7 @@ def import_bundle(source: Path, config: Config,
         reason = refusal(meta, config)
         if reason:
             raise BundleError(f"{source}: refusing to import: {reason}")
-        present = {entry.key for entry in scan(cache_dir, histories={})}
+        present = {entry.key for entry in store.scan(histories={})}
         todo = {key: item for key, item in meta.entries.items() if key not in present}
         members = {key: checked_member(tar, source, key, item) for key, item in todo.items()}
         check_total(source, cache_dir, sum(item.size for item in todo.values()), max_bytes)
@@ -224,7 +226,7 @@ def import_bundle(source: Path, config: Config,
     recorded = [record for key, item in todo.items()
                 if (record := manifest_record(source, key, item)) is not None]
     if recorded:
-        record_entries(cache_dir, recorded)
+        store.record_entries(recorded)
     return list(todo), sorted(present & set(meta.entries))
 
 

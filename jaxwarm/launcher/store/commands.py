@@ -19,17 +19,16 @@ from jaxwarm.launcher.config import (
     add_overrides_argument,
     load_config,
 )
-from jaxwarm.launcher.environment import canonical_path, is_remote, resolve_paths
+from jaxwarm.launcher.environment import resolve_paths
 from jaxwarm.launcher.errors import EXIT_FAILED, EXIT_OK
+from jaxwarm.launcher.files import canonical_path
 from jaxwarm.launcher.jaxkey.entryformat import split_key
 from jaxwarm.launcher.records import JobUsage, dumps
 from jaxwarm.launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
-from jaxwarm.launcher.store.entries import QUARANTINE_DIR, Entry, entry_path, scan
-from jaxwarm.launcher.store.integrity import check_and_quarantine
-from jaxwarm.launcher.store.manifest import latest_for_run, read_manifest
-from jaxwarm.launcher.store.prune import prune
-from jaxwarm.launcher.store.security import check_cache_dir, prepare_cache_dir
-from jaxwarm.launcher.store.usage import KeyHistory, key_histories, read_usage
+from jaxwarm.launcher.store.entries import QUARANTINE_DIR, Entry
+from jaxwarm.launcher.store.manifest import latest_for_run
+from jaxwarm.launcher.store.store import CacheStore, LocalStore, open_store
+from jaxwarm.launcher.store.usage import KeyHistory, key_histories
 from jaxwarm.launcher.words import plural
 
 _SIZE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[KMGT]?i?B?)?$", re.IGNORECASE)
@@ -106,21 +105,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                f"{DEFAULT_IMPORT_LIMIT >> 30}G)")
 
 
-def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config | None]:
-    """(cache dir, config or None) of a CONFIG or DIR argument."""
+def resolve_target(target: str, overrides: list[str]) -> tuple[CacheStore, Config | None]:
+    """(cache store, config or None) of a CONFIG or DIR argument."""
     path = Path(target)
     if path.is_file():
         config = resolve_paths(load_config(path, overrides))
-        if not is_remote(config.cache.dir):
-            check_cache_dir(Path(config.cache.dir), config.cache, config.source)
-        return config.cache.dir, config
+        store = open_store(config.cache.dir)
+        if store.local is not None:
+            store.local.check(config.cache, config.source)
+        return store, config
     if overrides:
         raise ConfigError(f"{target}: overrides need a config file, got a directory")
     if not path.is_dir():
         raise ConfigError(f"{target}: expected a config file or an existing cache dir")
-    cache_dir = canonical_path(path)
-    check_cache_dir(Path(cache_dir), CacheConfig(), target)
-    return cache_dir, None
+    local = LocalStore(canonical_path(path))
+    local.check(CacheConfig(), target)
+    return local, None
 
 
 def require_config(config: Config | None, target: str, action: str) -> Config:
@@ -146,12 +146,12 @@ class EntryRow:
     misses: int
 
 
-def entry_rows(cache_dir: str) -> list[EntryRow]:
-    histories = key_histories(read_usage(cache_dir))
-    manifest = read_manifest(cache_dir)
+def entry_rows(store: LocalStore) -> list[EntryRow]:
+    histories = key_histories(store.usage())
+    manifest = store.manifest()
     now = time.time()
     rows = []
-    for entry in scan(cache_dir, histories):
+    for entry in store.scan(histories):
         history = histories.get(entry.key, KeyHistory())
         made = manifest.get(entry.key)
         rows.append(EntryRow(
@@ -165,8 +165,8 @@ def entry_rows(cache_dir: str) -> list[EntryRow]:
     return sorted(rows, key=lambda r: (r.function, r.last_used_s))
 
 
-def cmd_ls(cache_dir: str) -> list[str]:
-    rows = entry_rows(cache_dir)
+def cmd_ls(store: LocalStore) -> list[str]:
+    rows = entry_rows(store)
     lines = []
     for function in sorted({r.function for r in rows}):
         group = [r for r in rows if r.function == function]
@@ -180,7 +180,7 @@ def cmd_ls(cache_dir: str) -> list[str]:
                 f"{'  pinned' if row.pinned else ''}"
                 f"  made by {row.produced_by or 'unknown'}"
                 f"  used by {', '.join(row.used_by) or 'nobody yet'}")
-    return lines or [f"{cache_dir}: no entries"]
+    return lines or [f"{store.dir}: no entries"]
 
 
 @dataclass(frozen=True)
@@ -211,17 +211,19 @@ class CacheStats:
     history: list[JobStart]
 
 
-def cache_stats(cache_dir: str) -> CacheStats:
-    entries: list[Entry] = scan(cache_dir)
-    jobs = [r for r in read_usage(cache_dir) if isinstance(r, JobUsage)]
-    quarantine = Path(cache_dir) / QUARANTINE_DIR
+def cache_stats(store: LocalStore) -> CacheStats:
+    """The usage log is read once: for the entries' last use and for the job history."""
+    usage = store.usage()
+    entries: list[Entry] = store.scan(key_histories(usage))
+    jobs = [r for r in usage if isinstance(r, JobUsage)]
+    quarantine = store.path / QUARANTINE_DIR
     history = [JobStart(time=r.time, run=r.run, job=r.job, restart=r.restart,
                         hits=sum(f.hit for f in r.functions), lookups=len(r.functions))
                for r in jobs]
     return CacheStats(
-        cache_dir=cache_dir, entries=len(entries), total_bytes=sum(e.size for e in entries),
+        cache_dir=store.dir, entries=len(entries), total_bytes=sum(e.size for e in entries),
         functions=len({e.function for e in entries}),
-        pinned=len(set(read_manifest(cache_dir)) & {e.key for e in entries}),
+        pinned=len(set(store.manifest()) & {e.key for e in entries}),
         quarantined=len(list(quarantine.glob("*-cache.*[0-9]"))) if quarantine.is_dir() else 0,
         jobs_recorded=len(jobs), lookups=sum(item.lookups for item in history),
         hits=sum(item.hits for item in history), history=history[-10:])
@@ -242,23 +244,24 @@ def format_stats(stats: CacheStats) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch one `jaxwarm cache` command; returns the exit code."""
-    cache_dir, config = resolve_target(args.target, args.overrides)
-    if is_remote(cache_dir):
+    found, config = resolve_target(args.target, args.overrides)
+    store = found.local
+    if store is None:
         raise ConfigError(f"{args.target}: cache.dir: 'jaxwarm cache' works on local or "
-                          f"mounted dirs; {cache_dir} is remote")
+                          f"mounted dirs; {found.dir} is remote")
     action = args.cache_command
     if action == "ls":
         if args.json:
-            print(dumps(entry_rows(cache_dir), indent=1))
+            print(dumps(entry_rows(store), indent=1))
         else:
-            print("\n".join(cmd_ls(cache_dir)))
+            print("\n".join(cmd_ls(store)))
     elif action == "stats":
-        stats = cache_stats(cache_dir)
+        stats = cache_stats(store)
         print(dumps(stats, indent=1) if args.json else "\n".join(format_stats(stats)))
     elif action == "prune":
-        return cmd_prune(args, cache_dir)
+        return cmd_prune(args, store)
     elif action == "verify":
-        checks, seconds = check_and_quarantine(cache_dir)
+        checks, seconds = store.check_and_quarantine()
         bad = [c for c in checks if not c.ok]
         for check in bad:
             print(f"QUARANTINED {check.key}: {check.problem}")
@@ -267,22 +270,22 @@ def run(args: argparse.Namespace) -> int:
               f"checksum): {len(checks) - len(bad)} intact, {len(bad)} quarantined")
         return EXIT_FAILED if bad else EXIT_OK
     elif action == "export":
-        return cmd_export(args, require_config(config, args.target, action))
+        return cmd_export(args, store, require_config(config, args.target, action))
     elif action == "import":
         config = require_config(config, args.target, action)
-        prepare_cache_dir(Path(cache_dir), config.cache, config.source)
-        added, present = import_bundle(args.bundle, config, args.max_bytes)
+        store.prepare(config.cache, config.source)
+        added, present = import_bundle(args.bundle, store, config, args.max_bytes)
         print(f"imported {len(added)} {plural(len(added), 'entry', 'entries')} "
-              f"({len(present)} already there) into {cache_dir}")
+              f"({len(present)} already there) into {store.dir}")
     return 0
 
 
-def cmd_prune(args: argparse.Namespace, cache_dir: str) -> int:
+def cmd_prune(args: argparse.Namespace, store: LocalStore) -> int:
     if args.max_size is None and args.older_than is None:
         raise ConfigError(f"{args.target}: 'cache prune' needs --max-size and/or --older-than")
-    removed = prune(cache_dir, max_bytes=args.max_size, older_than_s=args.older_than,
-                    include_pinned=args.include_pinned)
-    left = scan(cache_dir)
+    removed = store.prune(max_bytes=args.max_size, older_than_s=args.older_than,
+                          include_pinned=args.include_pinned)
+    left = store.scan()
     print(f"pruned {len(removed)} {plural(len(removed), 'entry', 'entries')} "
           f"({human_size(sum(e.size for e in removed))}); {len(left)} left, "
           f"{human_size(sum(e.size for e in left))}")
@@ -292,20 +295,19 @@ def cmd_prune(args: argparse.Namespace, cache_dir: str) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace, config: Config) -> int:
-    cache_dir = config.cache.dir
+def cmd_export(args: argparse.Namespace, store: LocalStore, config: Config) -> int:
     if args.all:
-        keys = [entry.key for entry in scan(cache_dir, histories={})]
+        keys = [entry.key for entry in store.scan(histories={})]
     else:
-        keys = [e.key for e in latest_for_run(read_manifest(cache_dir), config.run.name)
-                if entry_path(cache_dir, e.key).is_file()]
+        keys = [e.key for e in latest_for_run(store.manifest(), config.run.name)
+                if store.entry_path(e.key).is_file()]
     if not keys:
         raise ConfigError(f"{config.source}: run.name: no prewarmed entries of run "
-                          f"{config.run.name!r} in {cache_dir}; prewarm first or pass --all")
-    meta = export_bundle(config, args.output, keys)
+                          f"{config.run.name!r} in {store.dir}; prewarm first or pass --all")
+    meta = export_bundle(store, config, args.output, keys)
     size = args.output.stat().st_size
     print(f"exported {len(keys)} {plural(len(keys), 'entry', 'entries')} to {args.output} "
           f"({human_size(size)}; jax {meta.jax_version}, {meta.platform}, "
-          f"{'portable' if meta.portable else 'only for cache dir ' + cache_dir})")
+          f"{'portable' if meta.portable else 'only for cache dir ' + store.dir})")
     return 0
 

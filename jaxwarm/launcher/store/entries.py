@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from jaxwarm.launcher.environment import is_remote
 from jaxwarm.launcher.files import (
     RefusedFile,
     atomic_write,
@@ -93,21 +92,6 @@ class Entry:
 def entry_path(cache_dir: str | Path, key: str) -> Path:
     """Where JAX's file cache keeps the executable of a key."""
     return Path(cache_dir) / f"{key}{CACHE_SUFFIX}"
-
-
-def entry_size(cache_dir: str, key: str) -> int | None:
-    """The size of the entry of `key` as this process sees it now; None when it has none. A
-    remote dir is asked through etils.epath, as JAX reads it."""
-    if is_remote(cache_dir):
-        from etils import epath
-        try:
-            return int(epath.Path(cache_dir).joinpath(f"{key}{CACHE_SUFFIX}").stat().length)
-        except FileNotFoundError:
-            return None
-    try:
-        return entry_path(cache_dir, key).stat().st_size
-    except FileNotFoundError:
-        return None
 
 
 def writer_lock_path(cache_dir: str | Path, key: str) -> Path:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from jaxwarm.launcher.environment import is_remote
 from jaxwarm.launcher.files import atomic_write, file_kind, make_dir, modes_in
 from jaxwarm.launcher.jaxkey.entryformat import (
     BLOCK_BYTES,
@@ -33,7 +32,6 @@ from jaxwarm.launcher.jaxkey.entryformat import (
 )
 from jaxwarm.launcher.records import EntryChecked, EntryQuarantined
 from jaxwarm.launcher.store.entries import (
-    CACHE_SUFFIX,
     QUARANTINE_DIR,
     NotAnEntry,
     entry_path,
@@ -46,7 +44,13 @@ from jaxwarm.launcher.store.entries import (
     written_since,
 )
 from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage, records_entry
+from jaxwarm.launcher.store.usage import (
+    KeyHistory,
+    append_usage,
+    key_histories,
+    read_usage,
+    records_entry,
+)
 
 log = logging.getLogger("jaxwarm.store")
 
@@ -125,16 +129,21 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     return None
 
 
-def recorded_entries(cache_dir: str | Path, strict: bool = True,
-                     key: str | None = None) -> dict[str, Recorded]:
+def recorded_entries(cache_dir: str | Path, strict: bool = True, key: str | None = None,
+                     histories: dict[str, KeyHistory] | None = None) -> dict[str, Recorded]:
     """Checksum and size per key (only `key`'s when given), as recorded when jaxwarm saw the
     entry written. The usage log is the later word: a quarantine or prune there voids the
     manifest's record. With `strict=False` a broken manifest counts as empty (see
-    `read_manifest`)."""
+    `read_manifest`). `histories`: the usage log as the caller already parsed it (with
+    `key`, at least that key's lines); else it is read here."""
     recorded = {name: Recorded(entry.sha256, entry.size)
                 for name, entry in read_manifest(cache_dir, strict, key).items() if entry.sha256}
-    keep = None if key is None else records_entry(key)
-    for name, history in key_histories(read_usage(cache_dir, keep)).items():
+    if histories is None:
+        histories = key_histories(read_usage(cache_dir, None if key is None
+                                             else records_entry(key)))
+    for name, history in histories.items():
+        if key is not None and name != key:
+            continue
         if history.sha256:
             recorded[name] = Recorded(history.sha256, history.size)
         elif history.removed:
@@ -166,10 +175,17 @@ MISSED_NOTE = ("WARM by size, but a previous run missed it; the next prewarm che
                "full (and compiles it again if it is corrupt)")
 
 
-def missed_since_check(cache_dir: str | Path, key: str) -> bool:
+def key_lines(cache_dir: str | Path, key: str) -> dict[str, KeyHistory]:
+    """What the usage log records of `key`'s entry, from its lines alone (`records_entry`):
+    a warm check of one key must not pay for parsing a log with one line per job ever run."""
+    return key_histories(read_usage(cache_dir, records_entry(key)))
+
+
+def missed_since_check(cache_dir: str | Path, key: str,
+                       histories: dict[str, KeyHistory] | None = None) -> bool:
     """Whether a job missed `key` although its entry was there, and no full check, rewrite
-    or quarantine of it came after (only this key's lines of the usage log are parsed)."""
-    history = key_histories(read_usage(cache_dir, records_entry(key))).get(key)
+    or quarantine of it came after (`histories`: `key_lines`, when the caller has them)."""
+    history = (key_lines(cache_dir, key) if histories is None else histories).get(key)
     return history is not None and history.missed
 
 
@@ -190,24 +206,20 @@ class WarmCheck:
         return self.problem is None
 
 
-def warm_check(cache_dir: str, key: str, *, recheck_missed: bool = False) -> WarmCheck:
-    """Would the entry of `key` load? The one check behind the warm decision of the prewarm
-    and the verify job (`jaxwarm.prewarm.judge`); it reads and never writes. An entry recorded with
-    its size gets the quick check (within verify's 10 ms: only this key's records are
-    parsed); any other is read in full. With `recheck_missed` (the prewarm), an entry a
-    job missed although it was there (`missed_since_check`) is read in full too, so a
-    corrupt entry of the right size is found. An entry whose writer lock is held is being
-    written: `BEING_WRITTEN`, never quarantined. Remote dirs are looked up through
-    etils.epath, as JAX reads them."""
-    if is_remote(cache_dir):
-        from etils import epath
-        present = (epath.Path(cache_dir) / f"{key}{CACHE_SUFFIX}").exists()
-        return WarmCheck(key, None if present else "missing")
+def warm_check(cache_dir: str | Path, key: str, *, recheck_missed: bool = False) -> WarmCheck:
+    """Would the entry of `key` in a local dir load? (`CacheStore.warm_check`: a remote
+    dir's store only looks the entry up.) An entry recorded with its size gets the quick
+    check (within verify's 10 ms: only this key's lines of the usage log are parsed, once);
+    any other is read in full. With `recheck_missed` (the prewarm), an entry a job missed
+    although it was there (`missed_since_check`) is read in full too, so a corrupt entry
+    of the right size is found. An entry whose writer lock is held is being written:
+    `BEING_WRITTEN`, never quarantined."""
     if in_flight(cache_dir, key):
         return WarmCheck(key, BEING_WRITTEN)
     path = entry_path(cache_dir, key)
-    known = recorded_entries(cache_dir, strict=False, key=key).get(key)
-    missed = missed_since_check(cache_dir, key)
+    histories = key_lines(cache_dir, key)
+    known = recorded_entries(cache_dir, strict=False, key=key, histories=histories).get(key)
+    missed = missed_since_check(cache_dir, key, histories)
     if known is not None and known.size is not None and not (missed and recheck_missed):
         return WarmCheck(key, quick_problem(path, known.size), missed=missed)
     return WarmCheck(key, entry_problem(path, known.sha256 if known else None),
@@ -293,7 +305,7 @@ class Relied:
     seconds: float
 
 
-def check_relied(cache_dir: str, keys: list[str], full_check: bool) -> Relied:
+def check_relied(cache_dir: str | Path, keys: list[str], full_check: bool) -> Relied:
     """The check of the entries a recorded prewarm left, before a launch relies on them: the
     quick one for each (missing, being written, torn, missed by a job since), then, with
     `full_check` and at most `FULL_CHECK_BYTES` in all, each read in full against the

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from itertools import zip_longest
 
-from jaxwarm.launcher.environment import is_remote
 from jaxwarm.launcher.jaxkey.components import differing_components, likely_causes
 from jaxwarm.launcher.jaxkey.globalopts import differences
 from jaxwarm.launcher.records import InputLeaf, InputSignature
-from jaxwarm.launcher.store.entries import entry_path
 from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.launcher.store.store import CacheStore
 
 # What a miss whose inputs equal the prewarm's says first: the commonest cause by far.
 CODE_CHANGED = ("its inputs equal the prewarmed ones, so the program differs: the step's code "
@@ -26,7 +25,7 @@ def explain_miss(function: str, components: dict[str, str],
                  process_count: int | None = None, signature: str | None = None,
                  global_options: dict[str, str] | None = None, job: str = "run",
                  max_size: int = -1, xla_flags: str | None = None,
-                 cache_dir: str | None = None, looked_in: str | None = None,
+                 store: CacheStore | None = None, looked_in: str | None = None,
                  not_loaded: str | None = None, input_changes: list[str] | None = None,
                  since_prewarm: list[str] | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
@@ -40,7 +39,7 @@ def explain_miss(function: str, components: dict[str, str],
     eviction, and is named as that. An entry prewarmed through a mock of the layout on one
     node says so, and with this job's `xla_flags` (XLA_FLAGS) a difference in the XLA flags
     names the flags. A process that looked its entries up in another dir (`looked_in`, a
-    trainer's own under cache.enforce off) than the manifest's (`cache_dir`) is told where
+    trainer's own under cache.enforce off) than the manifest's (`store`) is told where
     the entry is, when it is there. Before all that: an entry that was there and that JAX
     could not load (`not_loaded`: what the job's full read of it found).
 
@@ -80,9 +79,9 @@ def explain_miss(function: str, components: dict[str, str],
                                        -e.created))
     lines = [component_line(component, closest, xla_flags) for component
              in differing_components(closest.components, components)]
-    if not lines and cache_dir is not None and looked_in not in (None, cache_dir) and \
-            not is_remote(cache_dir) and entry_path(cache_dir, closest.key).exists():
-        return [f"the manifest lists {closest.key} and its entry is in {cache_dir}, but this "
+    if not lines and store is not None and looked_in not in (None, store.dir) and \
+            store.local is not None and store.local.has_entry(closest.key):
+        return [f"the manifest lists {closest.key} and its entry is in {store.dir}, but this "
                 f"process looked it up in {looked_in}"]
     if not lines and max_size > 0:
         return [f"the manifest lists {closest.key} but its cache entry is gone: with "

@@ -14,13 +14,11 @@ from pathlib import Path
 import yaml
 
 from jaxwarm.launcher.config import CONFIG_CAP, Config, ConfigError, load_yaml
-from jaxwarm.launcher.environment import is_remote, resolve_paths
+from jaxwarm.launcher.environment import resolve_paths
 from jaxwarm.launcher.files import atomic_write, locked, read_capped
 from jaxwarm.launcher.rundir import lock_path, pinned_config, verify_config
-from jaxwarm.launcher.store.entries import ensure_atime_files
-from jaxwarm.launcher.store.integrity import check_and_quarantine
-from jaxwarm.launcher.store.manifest import latest_for_run, read_manifest
-from jaxwarm.launcher.store.security import check_cache_dir, prepare_cache_dir
+from jaxwarm.launcher.store.manifest import latest_for_run
+from jaxwarm.launcher.store.store import open_store
 from jaxwarm.launcher.words import plural
 
 log = logging.getLogger("jaxwarm.prepare")
@@ -33,10 +31,9 @@ def resolve_run(config: Config, base: Path | None = None,
     refused by a later check (a missing entrypoint, a busy run dir) must leave the run dir,
     and the pinned config that requeued jobs read, as they were.
     """
-    if not is_remote(config.cache.dir):
-        cache = Path(config.cache.dir).expanduser()
-        check_cache_dir(cache if cache.is_absolute() else (base or Path.cwd()) / cache,
-                        config.cache, config.source, writing=True)
+    store = open_store(config.cache.dir).local
+    if store is not None:
+        store.check(config.cache, config.source, writing=True, base=base)
     config = resolve_paths(config, base)
     refuse_small_cap(config)
     return config, (verify_config if verify else pinned_config)(config.run_dir)
@@ -45,9 +42,10 @@ def resolve_run(config: Config, base: Path | None = None,
 def refuse_small_cap(config: Config) -> None:
     """A `cache.max_size` below what the run's prewarm wrote would have JAX's own LRU evict
     the run's entries while writing them (the step then misses, for no visible reason)."""
-    if config.cache.max_size == -1 or is_remote(config.cache.dir):
+    if config.cache.max_size == -1:
         return
-    entries = latest_for_run(read_manifest(config.cache.dir, strict=False), config.run.name)
+    entries = latest_for_run(open_store(config.cache.dir).manifest(strict=False),
+                             config.run.name)
     need = sum(entry.size or 0 for entry in entries)
     if need > config.cache.max_size:
         raise ConfigError(f"{config.source}: cache.max_size: {config.cache.max_size} bytes is "
@@ -60,8 +58,9 @@ def write_run_dir(config: Config, pinned: Path | None = None) -> Path:
     """Create the cache and run dirs and write the pinned config (to `pinned`, where
     `resolve_run` put it: the run's own, or a verify's); only once every check passed, and
     under the run dir's lock when launching."""
-    if not is_remote(config.cache.dir):
-        prepare_cache_dir(Path(config.cache.dir), config.cache, config.source)
+    store = open_store(config.cache.dir).local
+    if store is not None:
+        store.prepare(config.cache, config.source)
     pinned = pinned or pinned_config(config.run_dir)
     pinned.parent.mkdir(parents=True, exist_ok=True)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
@@ -112,16 +111,15 @@ def prepare_cache(config: Config, check: bool, repair: bool = True) -> dict[str,
     compiles and rewrites it instead of crashing or missing forever). Without `repair`
     (verify, which writes nothing into the cache dir) nothing is added or moved: the bad
     entries are said and returned, by key, with why."""
-    if is_remote(config.cache.dir):
+    store = open_store(config.cache.dir).local
+    if store is None:
         return {}
     if repair and config.cache.max_size != -1:
-        ensure_atime_files(config.cache.dir)
+        store.ensure_atime_files()
     if not check:
         return {}
-    keys = [e.key for e in latest_for_run(read_manifest(config.cache.dir, strict=False),
-                                           config.run.name)]
-    checks, seconds = check_and_quarantine(config.cache.dir, keys, strict=False,
-                                           repair=repair)
+    keys = [e.key for e in latest_for_run(store.manifest(strict=False), config.run.name)]
+    checks, seconds = store.check_and_quarantine(keys, strict=False, repair=repair)
     bad = {c.key: c.problem or "" for c in checks if not c.ok}
     log.info("cache check: %d %s of run %s checked in %.0f ms, %d %s "
              "(--no-check-cache skips this)", len(checks), plural(len(checks), "entry", "entries"),

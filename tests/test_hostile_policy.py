@@ -121,7 +121,7 @@ def test_a_dir_swapped_after_its_check_is_refused(tmp_path: Path) -> None:
 SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
-from jaxwarm.launcher import enable_cache
+from jaxwarm import enable_cache
 from jaxwarm.launcher.config import ConfigError, load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])

@@ -18,7 +18,7 @@ DOUBLE_COMPILE = r'''
 import sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxwarm.launcher import enable_cache
+from jaxwarm import enable_cache
 from jaxwarm.launcher.config import load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])

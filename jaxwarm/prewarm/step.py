@@ -276,7 +276,7 @@ def build_step(config: Config, mesh: Mesh | None = None,
     bundle = call_factory(config, given, calling)
     if not isinstance(bundle, StepBundle):
         raise ConfigError(f"{config.source}: step.factory: {config.step.factory} returned "
-                          f"{type(bundle).__name__}, expected jaxwarm.prewarm.step.StepBundle")
+                          f"{type(bundle).__name__}, expected a jaxwarm.StepBundle")
     try:
         bundle.compile_targets()
     except ValueError as exc:

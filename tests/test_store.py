@@ -15,13 +15,14 @@ from jaxwarm.launcher.config import load_config
 from jaxwarm.launcher.environment import jax_options, job_environment
 from jaxwarm.launcher.jaxkey.entryformat import function_of, split_key
 from jaxwarm.launcher.jaxkey.versions import JaxVersions
-from jaxwarm.launcher.records import parse_usage_line
+from jaxwarm.launcher.records import EntryChecked, EntryPruned, parse_usage_line
 from jaxwarm.launcher.store import bundle
 from jaxwarm.launcher.store.bundle import BundleMeta, refusal
 from jaxwarm.launcher.store.commands import parse_age, parse_size
 from jaxwarm.launcher.store.entries import Entry
 from jaxwarm.launcher.store.prune import choose_victims
 from jaxwarm.launcher.store.security import dir_problem, parent_problem
+from jaxwarm.launcher.store.store import open_store
 from jaxwarm.launcher.store.usage import key_histories
 from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
 from jaxwarm.launcher.submit.prepare import pin_config
@@ -155,3 +156,25 @@ def test_remote_cache_dirs_turn_the_xla_sub_caches_off(tmp_path: Path) -> None:
     local = load_config(DEMO, [f"cache.dir={tmp_path}"])
     assert jax_options(local)["jax_persistent_cache_enable_xla_caches"] == \
         "xla_gpu_per_fusion_autotune_cache_dir"
+
+
+def test_a_remote_store_keeps_no_records_and_writes_nothing_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_store("s3://bucket/jax-cache")
+    assert store.local is None and store.resolved(tmp_path) == "s3://bucket/jax-cache"
+    assert store.manifest() == {} and store.prewarms() == {} and store.run_entries("demo") == []
+    assert store.xla_caches("all") == "none"
+    assert list(tmp_path.iterdir()) == []  # nothing under a local path that looks like the URL
+
+
+def test_a_local_store_parses_its_usage_log_once_until_it_writes_to_it(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path)).local
+    assert store is not None and store.resolved() == os.path.realpath(tmp_path)
+    key = "jit_step-" + "a" * 64
+    store.append_usage(EntryChecked(key, "f" * 64, 5))
+    first = store.usage()
+    assert store.usage() is first  # one parse, however many steps of a command ask
+    store.append_usage(EntryPruned(key, 5))  # this store wrote: it reads the log afresh
+    assert [type(record) for record in store.usage()] == [EntryChecked, EntryPruned]
+    assert store.histories()[key].removed

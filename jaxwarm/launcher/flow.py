@@ -72,7 +72,7 @@ from jaxwarm.launcher.rundir import (
 from jaxwarm.launcher.selfcheck import selfcheck
 from jaxwarm.launcher.store.commands import human_size
 from jaxwarm.launcher.store.integrity import FULL_CHECK_BYTES
-from jaxwarm.launcher.store.store import open_store
+from jaxwarm.launcher.store.store import CacheStore, open_store
 from jaxwarm.launcher.submit.backend import Backend
 from jaxwarm.launcher.submit.fingerprint import changed_reads, differences, fingerprint, listed
 from jaxwarm.launcher.submit.jobs import (
@@ -145,11 +145,13 @@ def launch(request: Request, backend: Backend) -> int:
             write_run_dir(config, pinned)
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
-            bad = prepare_cache(config, request.check_cache, repair=request.command != VERIFY)
+            store = open_store(config.cache.dir)  # one per run: its usage log read once
+            bad = prepare_cache(config, store, request.check_cache,
+                                repair=request.command != VERIFY)
             if request.command != VERIFY:
-                decision = decide_prewarm(request, config, prints[config.run_dir])
+                decision = decide_prewarm(request, config, store, prints[config.run_dir])
                 write_decision(config.run_dir, decision)
-                local = open_store(config.cache.dir).local
+                local = store.local
                 if decision.keys and local is not None:  # as if its own prewarm found them
                     manifest = local.manifest(strict=False)
                     local.uses_entries([manifest[key] for key in decision.keys
@@ -177,7 +179,8 @@ def say_dropped(names: list[str]) -> None:
                     ", ".join(names), plural(len(names), "is", "are"))
 
 
-def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> PrewarmDecision:
+def decide_prewarm(request: Request, config: Config, store: CacheStore,
+                   found: Fingerprint) -> PrewarmDecision:
     """Whether this launch runs its prewarm job, and why (logged, kept in the run dir, shown
     by the report). With `auto`, not when a completed prewarm ran under the same
     fingerprint (everything the launcher can know that enters the keys) and every entry it
@@ -192,17 +195,18 @@ def decide_prewarm(request: Request, config: Config, found: Fingerprint) -> Prew
         why = "jaxwarm prewarm" if request.command == PREWARM else "asked for"
         decision = PrewarmDecision(mode, True, why, found)
     else:
-        decision = auto_decision(config, found, request.check_cache)
+        decision = auto_decision(config, store, found, request.check_cache)
     log.info("%s: prewarm job %s (%s): %s", config.source,
              "runs" if decision.prewarm else "skipped", decision.mode, decision.why)
     return decision
 
 
-def auto_decision(config: Config, found: Fingerprint, full_check: bool) -> PrewarmDecision:
+def auto_decision(config: Config, cache: CacheStore, found: Fingerprint,
+                  full_check: bool) -> PrewarmDecision:
     """`auto`: a recorded prewarm of this fingerprint, the files its step factory read
     unchanged, whose entries would all load, checked in full where that is cheap
     (`check_relied`); anything else runs the prewarm job."""
-    store = open_store(config.cache.dir).local
+    store = cache.local
     if store is None:
         return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
                                found)

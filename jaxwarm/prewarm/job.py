@@ -42,7 +42,7 @@ from jaxwarm.launcher.records import (
     read_record,
 )
 from jaxwarm.launcher.rundir import PREWARM, prewarm_decision_path
-from jaxwarm.launcher.store.integrity import BEING_WRITTEN, Check, entry_problem
+from jaxwarm.launcher.store.integrity import BEING_WRITTEN, Check
 from jaxwarm.launcher.store.manifest import ManifestEntry
 from jaxwarm.launcher.store.store import CacheStore, LocalStore, open_store
 from jaxwarm.launcher.words import plural
@@ -135,7 +135,7 @@ def record_compile(config: Config, store: LocalStore, target: Target, record: Fu
             return None
         failure = "JAX did not write it (a full disk or a read-only cache dir?)"
     else:
-        failure = entry_problem(store.entry_path(record.key), None)
+        failure = store.entry_problem(record.key)
         if failure is not None:
             store.quarantine(Check(record.key, written[1], failure, True))
             written = None

@@ -51,7 +51,6 @@ from jaxwarm.launcher.rundir import (
     prewarm_decision_path,
     report_path,
 )
-from jaxwarm.launcher.store.integrity import entry_problem
 from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run
 from jaxwarm.launcher.store.security import DirIdentity
 from jaxwarm.launcher.store.store import LocalStore, open_store
@@ -96,7 +95,7 @@ def note_missed_entries(config: Config, store: LocalStore, jax_dir: LocalStore,
         if path.exists() and jax_dir.written_since(record.key, since) is None:
             known = store.recorded(strict=False, key=record.key)
             expected = known[record.key].sha256 if record.key in known else None
-            record.not_loaded = entry_problem(path, expected) or \
+            record.not_loaded = jax_dir.entry_problem(record.key, expected) or \
                 "it reads intact now (was it replaced while this job ran?)"
             log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
                         "it: %s); the next prewarm checks it in full", record.name, path,

@@ -35,7 +35,6 @@ from jaxwarm.launcher.jaxkey.lookup import watch_keys
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
 from jaxwarm.launcher.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
-from jaxwarm.launcher.store.manifest import latest_for_run
 from jaxwarm.launcher.store.store import open_store
 
 log = logging.getLogger("jaxwarm.verify")
@@ -169,9 +168,8 @@ def watch_trainer(recorder: InitRecorder) -> None:
     """Start verify --trainer in this process (the trainer's, under its recorder): what
     this run's prewarm compiled is read from the cache's manifest; none is one line."""
     config = config_from_env()
-    prewarmed = {entry.function for entry in
-                 latest_for_run(open_store(config.cache.dir).manifest(strict=False),
-                                config.run.name)}
+    prewarmed = {entry.function
+                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
     if not prewarmed:
         raise ConfigError(f"{config.source}: verify --trainer: the cache {config.cache.dir} "
                           f"records no prewarm of run {config.run.name!r}: it answers for the "

@@ -26,7 +26,6 @@ from jaxwarm.launcher.jaxkey.entryformat import split_key
 from jaxwarm.launcher.records import JobUsage, dumps
 from jaxwarm.launcher.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
 from jaxwarm.launcher.store.entries import QUARANTINE_DIR, Entry
-from jaxwarm.launcher.store.manifest import latest_for_run
 from jaxwarm.launcher.store.store import CacheStore, LocalStore, open_store
 from jaxwarm.launcher.store.usage import KeyHistory, key_histories
 from jaxwarm.launcher.words import plural
@@ -299,7 +298,7 @@ def cmd_export(args: argparse.Namespace, store: LocalStore, config: Config) -> i
     if args.all:
         keys = [entry.key for entry in store.scan(histories={})]
     else:
-        keys = [e.key for e in latest_for_run(store.manifest(), config.run.name)
+        keys = [e.key for e in store.run_entries(config.run.name, strict=True)
                 if store.entry_path(e.key).is_file()]
     if not keys:
         raise ConfigError(f"{config.source}: run.name: no prewarmed entries of run "

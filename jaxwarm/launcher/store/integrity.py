@@ -236,11 +236,11 @@ def record_check(cache_dir: str | Path, check: WarmCheck) -> None:
             append_usage(cache_dir, EntryChecked(check.key, *written))
 
 
-def check_entries(cache_dir: str | Path, keys: list[str] | None = None,
-                  strict: bool = True) -> list[Check]:
-    """Check the given keys (default: every entry in the dir); `strict` as in
-    `recorded_entries`. An entry being written (its writer lock held) is left alone."""
-    recorded = recorded_entries(cache_dir, strict)
+def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: bool = True,
+                  histories: dict[str, KeyHistory] | None = None) -> list[Check]:
+    """Check the given keys (default: every entry in the dir); `strict` and `histories` as
+    in `recorded_entries`. An entry being written (its writer lock held) is left alone."""
+    recorded = recorded_entries(cache_dir, strict, histories=histories)
     if keys is None:
         keys = [entry.key for entry in scan(cache_dir, histories={})]
     checks = []
@@ -275,12 +275,13 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
 
 
 def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
-                         strict: bool = True,
-                         repair: bool = True) -> tuple[list[Check], float]:
+                         strict: bool = True, repair: bool = True,
+                         histories: dict[str, KeyHistory] | None = None
+                         ) -> tuple[list[Check], float]:
     """Check entries and (with `repair`) quarantine the bad ones; returns the checks and the
     seconds it took."""
     start = time.perf_counter()
-    checks = check_entries(cache_dir, keys, strict)
+    checks = check_entries(cache_dir, keys, strict, histories)
     for check in checks:
         if repair and not check.ok:
             quarantine(cache_dir, check)
@@ -305,12 +306,14 @@ class Relied:
     seconds: float
 
 
-def check_relied(cache_dir: str | Path, keys: list[str], full_check: bool) -> Relied:
+def check_relied(cache_dir: str | Path, keys: list[str], full_check: bool,
+                 histories: dict[str, KeyHistory] | None = None) -> Relied:
     """The check of the entries a recorded prewarm left, before a launch relies on them: the
     quick one for each (missing, being written, torn, missed by a job since), then, with
     `full_check` and at most `FULL_CHECK_BYTES` in all, each read in full against the
     checksum recorded when it was written, a bad one quarantined: an entry corrupted
-    without changing its size would otherwise pass, and every job would miss it."""
+    without changing its size would otherwise pass, and every job would miss it.
+    `histories` as in `recorded_entries`."""
     start = time.perf_counter()
     size = 0
     for key in keys:
@@ -327,7 +330,7 @@ def check_relied(cache_dir: str | Path, keys: list[str], full_check: bool) -> Re
                           time.perf_counter() - start)
     if not full_check or size > FULL_CHECK_BYTES:
         return Relied(None, False, size, time.perf_counter() - start)
-    checks, _ = check_and_quarantine(cache_dir, keys, strict=False)
+    checks, _ = check_and_quarantine(cache_dir, keys, strict=False, histories=histories)
     bad = next((check for check in checks if not check.ok), None)
     return Relied(None if bad is None else
                   f"entry {bad.key}: {bad.problem} (read in full; quarantined, so the prewarm "

@@ -8,7 +8,7 @@ from pathlib import Path
 from jaxwarm.launcher.records import EntryPruned
 from jaxwarm.launcher.store.entries import Entry, in_flight, jax_lock, remove_entry, scan
 from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage
+from jaxwarm.launcher.store.usage import KeyHistory, append_usage, key_histories, read_usage
 
 
 def choose_victims(entries: list[Entry], *, max_bytes: int | None, older_than_s: float | None,
@@ -31,14 +31,17 @@ def choose_victims(entries: list[Entry], *, max_bytes: int | None, older_than_s:
 
 
 def prune(cache_dir: str | Path, *, max_bytes: int | None = None,
-          older_than_s: float | None = None, include_pinned: bool = False) -> list[Entry]:
+          older_than_s: float | None = None, include_pinned: bool = False,
+          histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
     """Remove entries by size and/or age under JAX's lock; safe while jobs run.
 
     Never removes an entry a running prewarm wrote and has not recorded yet (its writer lock
     is held), with or without `include_pinned`. The writer locks are looked at before the
     manifest is read, both under JAX's lock: a prewarm records its entry before it lets go
-    of the writer lock, so each entry is seen either in flight or pinned."""
-    histories = key_histories(read_usage(cache_dir))
+    of the writer lock, so each entry is seen either in flight or pinned. `histories`: the
+    usage log as the caller parsed it, else it is read here."""
+    if histories is None:
+        histories = key_histories(read_usage(cache_dir))
     with jax_lock(cache_dir):
         entries = scan(cache_dir, histories)
         busy = {e.key for e in entries if in_flight(cache_dir, e.key)}

@@ -22,7 +22,8 @@ binds them to its dir.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from jaxwarm.launcher.store.integrity import (
     WarmCheck,
     check_and_quarantine,
     check_relied,
+    entry_problem,
     quarantine,
     record_check,
     recorded_entries,
@@ -53,6 +55,7 @@ from jaxwarm.launcher.store.integrity import (
 )
 from jaxwarm.launcher.store.manifest import (
     ManifestEntry,
+    latest_for_run,
     manifest_path,
     read_manifest,
     record_entries,
@@ -67,7 +70,7 @@ from jaxwarm.launcher.store.security import (
     recheck_cache_dir,
 )
 from jaxwarm.launcher.store.staging import Staged, publish_entries, stage_entries
-from jaxwarm.launcher.store.usage import KeyHistory, append_usage, read_usage
+from jaxwarm.launcher.store.usage import KeyHistory, append_usage, key_histories, read_usage
 
 # A second prewarm of the same key waits while the first compiles it: as long as a big
 # compile takes, and no longer.
@@ -117,6 +120,10 @@ class CacheStore(ABC):
     def manifest(self, strict: bool = True, key: str | None = None) -> dict[str, ManifestEntry]:
         """The prewarm manifest's entries by key (`store.manifest.read_manifest`)."""
 
+    def run_entries(self, run: str, strict: bool = False) -> list[ManifestEntry]:
+        """What run `run`'s next job expects to load (`manifest.latest_for_run`)."""
+        return latest_for_run(self.manifest(strict), run)
+
     @abstractmethod
     def prewarms(self) -> dict[str, PrewarmRecord]:
         """The completed prewarms by fingerprint digest (`store.prewarms`)."""
@@ -164,6 +171,8 @@ class LocalStore(CacheStore):
     def __init__(self, cache_dir: str | Path) -> None:
         super().__init__(str(cache_dir))
         self.path = Path(cache_dir)
+        # The usage log as this store last parsed it (`usage`); None: read it at next use.
+        self._usage: list[UsageRecord] | None = None
 
     @property
     def local(self) -> LocalStore:
@@ -209,7 +218,9 @@ class LocalStore(CacheStore):
             return None
 
     def scan(self, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
-        return scan(self.path, histories)
+        """Every entry, oldest use first (`entries.scan`); `histories={}` when the order
+        does not matter, which reads no usage log."""
+        return scan(self.path, self.histories() if histories is None else histories)
 
     def written_since(self, key: str, since: float) -> tuple[str, int] | None:
         return written_since(self.path, key, since)
@@ -235,25 +246,42 @@ class LocalStore(CacheStore):
         return warm_check(self.path, key, recheck_missed=recheck_missed)
 
     def recorded(self, strict: bool = True, key: str | None = None) -> dict[str, Recorded]:
-        return recorded_entries(self.path, strict, key)
+        """Checksum and size per key (`integrity.recorded_entries`); with `key`, from that
+        key's lines of the usage log alone."""
+        return recorded_entries(self.path, strict, key,
+                                histories=None if key is not None else self.histories())
+
+    def entry_problem(self, key: str, expected_sha256: str | None = None) -> str | None:
+        """Why the entry of `key` cannot be loaded safely, read in full; None: intact."""
+        return entry_problem(self.entry_path(key), expected_sha256)
 
     def record_check(self, check: WarmCheck) -> None:
-        record_check(self.path, check)
+        with self._writing():
+            record_check(self.path, check)
 
     def quarantine(self, check: Check) -> Path | None:
-        return quarantine(self.path, check)
+        with self._writing():
+            return quarantine(self.path, check)
 
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
                              repair: bool = True) -> tuple[list[Check], float]:
-        return check_and_quarantine(self.path, keys, strict, repair)
+        checks, seconds = check_and_quarantine(self.path, keys, strict, repair,
+                                               self.histories())
+        if repair and not all(check.ok for check in checks):
+            self._usage = None  # a quarantine was logged
+        return checks, seconds
 
     def check_relied(self, keys: list[str], full_check: bool) -> Relied:
-        return check_relied(self.path, keys, full_check)
+        relied = check_relied(self.path, keys, full_check, self.histories())
+        if relied.full and relied.problem is not None:
+            self._usage = None  # a quarantine was logged
+        return relied
 
     def prune(self, *, max_bytes: int | None = None, older_than_s: float | None = None,
               include_pinned: bool = False) -> list[Entry]:
-        return prune(self.path, max_bytes=max_bytes, older_than_s=older_than_s,
-                     include_pinned=include_pinned)
+        with self._writing():
+            return prune(self.path, max_bytes=max_bytes, older_than_s=older_than_s,
+                         include_pinned=include_pinned, histories=self.histories())
 
     # -- the manifest, the usage log, the record of completed prewarms ---------------------
 
@@ -270,11 +298,29 @@ class LocalStore(CacheStore):
         uses_entries(self.path, used, run)
 
     def usage(self) -> list[UsageRecord]:
-        """The whole usage log, parsed: read it once per command and pass it on."""
-        return read_usage(self.path)
+        """The whole usage log, parsed once however many steps of a command ask (a log
+        with one line per job ever run is the biggest file jaxwarm reads); read afresh after
+        this store wrote to it. A snapshot: lines other processes append meanwhile are seen
+        by the next command."""
+        if self._usage is None:
+            self._usage = read_usage(self.path)
+        return self._usage
+
+    def histories(self) -> dict[str, KeyHistory]:
+        """What the usage log says of each key (`usage.key_histories`)."""
+        return key_histories(self.usage())
 
     def append_usage(self, record: UsageRecord) -> None:
-        append_usage(self.path, record)
+        with self._writing():
+            append_usage(self.path, record)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around anything that may append to the usage log: the snapshot is stale after."""
+        try:
+            yield
+        finally:
+            self._usage = None
 
     def prewarms(self) -> dict[str, PrewarmRecord]:
         return read_prewarms(self.path)

@@ -17,8 +17,7 @@ from jaxwarm.launcher.config import CONFIG_CAP, Config, ConfigError, load_yaml
 from jaxwarm.launcher.environment import resolve_paths
 from jaxwarm.launcher.files import atomic_write, locked, read_capped
 from jaxwarm.launcher.rundir import lock_path, pinned_config, verify_config
-from jaxwarm.launcher.store.manifest import latest_for_run
-from jaxwarm.launcher.store.store import open_store
+from jaxwarm.launcher.store.store import CacheStore, open_store
 from jaxwarm.launcher.words import plural
 
 log = logging.getLogger("jaxwarm.prepare")
@@ -44,8 +43,7 @@ def refuse_small_cap(config: Config) -> None:
     the run's entries while writing them (the step then misses, for no visible reason)."""
     if config.cache.max_size == -1:
         return
-    entries = latest_for_run(open_store(config.cache.dir).manifest(strict=False),
-                             config.run.name)
+    entries = open_store(config.cache.dir).run_entries(config.run.name)
     need = sum(entry.size or 0 for entry in entries)
     if need > config.cache.max_size:
         raise ConfigError(f"{config.source}: cache.max_size: {config.cache.max_size} bytes is "
@@ -105,20 +103,21 @@ def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
     return config, path
 
 
-def prepare_cache(config: Config, check: bool, repair: bool = True) -> dict[str, str]:
+def prepare_cache(config: Config, cache: CacheStore, check: bool,
+                  repair: bool = True) -> dict[str, str]:
     """Size-capped caches get the atime files JAX's eviction needs, and the entries this
     run's prewarm recorded are checked in full (a corrupt one is quarantined, so the job
     compiles and rewrites it instead of crashing or missing forever). Without `repair`
     (verify, which writes nothing into the cache dir) nothing is added or moved: the bad
     entries are said and returned, by key, with why."""
-    store = open_store(config.cache.dir).local
+    store = cache.local
     if store is None:
         return {}
     if repair and config.cache.max_size != -1:
         store.ensure_atime_files()
     if not check:
         return {}
-    keys = [e.key for e in latest_for_run(store.manifest(strict=False), config.run.name)]
+    keys = [e.key for e in store.run_entries(config.run.name)]
     checks, seconds = store.check_and_quarantine(keys, strict=False, repair=repair)
     bad = {c.key: c.problem or "" for c in checks if not c.ok}
     log.info("cache check: %d %s of run %s checked in %.0f ms, %d %s "

@@ -14,7 +14,7 @@ import sys
 
 
 def main() -> int:
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.launcher.rundir import TRAIN
     from jaxwarm.prewarm.bootstrap import start_job
     from jaxwarm.prewarm.step import lower_target

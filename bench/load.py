@@ -31,7 +31,7 @@ def decompress(data: bytes) -> bytes:
 def main() -> int:
     from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.prewarm.bootstrap import start_job
 
     config = config_from_env()

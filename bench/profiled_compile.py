@@ -20,7 +20,7 @@ PROFILE = b"a profile, as PGLE's profiler gives one on a GPU"
 
 
 def main() -> int:
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.prewarm.judge import lower_targets
     from jaxwarm.prewarm.step import build_step
 

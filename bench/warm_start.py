@@ -47,7 +47,7 @@ def trainer() -> int:
     import jax
     import numpy as np
 
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir
     from jaxwarm.prewarm.bootstrap import start_job
     from jaxwarm.prewarm.workload import checkpoint

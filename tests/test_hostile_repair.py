@@ -98,7 +98,7 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
 
 
 def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
-    from jaxwarm.launcher.injob.hook import note_missed_entries
+    from jaxwarm.launcher.injob.books import note_missed_entries
     from jaxwarm.launcher.store.store import LocalStore
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)

@@ -28,9 +28,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from jaxwarm.launcher.config import Config
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_FAILED, EXIT_OK
 from jaxwarm.launcher.injob.gpu import mocked_topology
-from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.injob.reads import FactoryReads
 from jaxwarm.launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
 from jaxwarm.launcher.jaxkey.entryformat import function_of

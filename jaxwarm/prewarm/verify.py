@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from jaxwarm.launcher.injob.hook import config_from_env
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.injob.trainerverify import write_result
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
 from jaxwarm.prewarm.bootstrap import job_main, start_job

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from jaxwarm.launcher.config import Config, ConfigError
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_ERROR
 from jaxwarm.launcher.files import atomic_write
-from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.injob.recorder import InitRecorder
 from jaxwarm.launcher.injob.warm import Decision, Target, judge, say
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options

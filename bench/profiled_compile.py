@@ -35,6 +35,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from jaxwarm.prewarm.bootstrap import job_main
+    from jaxwarm.prewarm.jobstart import job_main
 
     sys.exit(job_main(main))

@@ -25,7 +25,7 @@ from functools import partial
 
 from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.files import append_line
-from jaxwarm.launcher.injob.guard import CacheGuard, actor_of
+from jaxwarm.launcher.injob.cacheguard import CacheGuard, actor_of
 from jaxwarm.launcher.injob.ledger import Ledger
 from jaxwarm.launcher.injob.prefetch import Prefetch, start_prefetch
 from jaxwarm.launcher.injob.ranks import RankCoordinator, meet_timeout

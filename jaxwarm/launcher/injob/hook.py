@@ -5,7 +5,7 @@ Any trainer can call it. Under the launcher the environment already carries the 
 started by hand gets the same cache, refuses a process whose environment points elsewhere
 (JAX silently ignores a second cache dir), and starts the init-report recorder. A trainer
 that does not call it gets the same recorder from the launcher (`install_recorder`, run by
-`jaxwarm.launcher.injob.boot` when the trainer imports jax, whatever the launch form).
+`jaxwarm.launcher.injob.jaximport` when the trainer imports jax, whatever the launch form).
 
 The start is `INSTALL`, a named sequence read top to bottom, run before the trainer's own
 code can touch a device; what needs the process's place (the cache dir checks, the
@@ -27,8 +27,8 @@ from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.environment import config_from_env, jax_options, owned
 from jaxwarm.launcher.files import GROUP_UMASK
 from jaxwarm.launcher.injob.books import Books
+from jaxwarm.launcher.injob.cacheguard import CacheGuard, actor_of
 from jaxwarm.launcher.injob.gpu import mocked_topology
-from jaxwarm.launcher.injob.guard import CacheGuard, actor_of
 from jaxwarm.launcher.injob.ledger import Ledger
 from jaxwarm.launcher.injob.phases import call_after_join
 from jaxwarm.launcher.injob.place import Place
@@ -173,7 +173,7 @@ def install_recorder(config: Config | str | Path | None = None, *, job: str = TR
     """Apply the config's cache settings and start the init report, touching no device:
     `INSTALL`, in order.
 
-    This is what runs before a wrapped trainer's own code (`jaxwarm.launcher.injob.boot`). One
+    This is what runs before a wrapped trainer's own code (`jaxwarm.launcher.injob.jaximport`). One
     recorder per process: a later `enable_cache()` (a trainer that calls it, under the
     wrapper) gets this one.
     """

@@ -40,7 +40,7 @@ from jaxwarm.launcher.store.entries import (
     written_since,
 )
 from jaxwarm.launcher.store.integrity import (
-    Check,
+    IntegrityCheck,
     Recorded,
     Relied,
     WarmCheck,
@@ -240,11 +240,11 @@ class LocalStore(CacheStore):
     def record_check(self, check: WarmCheck) -> None:
         record_check(self.path, check)
 
-    def quarantine(self, check: Check) -> Path | None:
+    def quarantine(self, check: IntegrityCheck) -> Path | None:
         return quarantine(self.path, check)
 
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
-                             repair: bool = True) -> tuple[list[Check], float]:
+                             repair: bool = True) -> tuple[list[IntegrityCheck], float]:
         return check_and_quarantine(self.path, keys, strict, repair)
 
     def check_relied(self, keys: list[str], full_check: bool) -> Relied:

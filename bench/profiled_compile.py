@@ -20,7 +20,7 @@ PROFILE = b"a profile, as PGLE's profiler gives one on a GPU"
 
 
 def main() -> int:
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.prewarm.judge import lower_targets
     from jaxwarm.prewarm.step import build_step
 
@@ -35,6 +35,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from jaxwarm.prewarm.bootstrap import job_main
+    from jaxwarm.prewarm.jobstart import job_main
 
     sys.exit(job_main(main))

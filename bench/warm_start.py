@@ -3,7 +3,7 @@
 The reference step (the demo's, `step.args.scan_layers: false`: `--layers` layers unrolled,
 so that loading its executable takes as long as users' do) in a trainer with a realistic
 init (`trainer`, this module's `entrypoint.function`): it starts like the reference trainer
-(`jaxwarm.prewarm.bootstrap.start_job`), restores its train state with orbax from the previous
+(`jaxwarm.prewarm.jobstart.start_job`), restores its train state with orbax from the previous
 launch's checkpoint, starts its data pipeline (a pure-Python pass over `--records` synthetic
 records building a token index, then a thread feeding batches), and only then runs its
 first step. On one run dir (so each launch resumes from the last one's checkpoint):
@@ -47,9 +47,9 @@ def trainer() -> int:
     import jax
     import numpy as np
 
-    from jaxwarm.launcher.injob.hook import config_from_env
+    from jaxwarm.launcher.environment import config_from_env
     from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir
-    from jaxwarm.prewarm.bootstrap import start_job
+    from jaxwarm.prewarm.jobstart import start_job
     from jaxwarm.prewarm.workload import checkpoint
     from jaxwarm.prewarm.workload.data import make_global_batch
 

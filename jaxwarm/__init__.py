@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names' types, for a type checker (`X as X`: re-exported)
     from jaxwarm.launcher.config import Config as Config
     from jaxwarm.launcher.config import load_config as load_config
+    from jaxwarm.launcher.environment import config_from_env as config_from_env
     from jaxwarm.launcher.injob.distributed import initialize as initialize
-    from jaxwarm.launcher.injob.hook import config_from_env as config_from_env
     from jaxwarm.launcher.injob.hook import enable_cache as enable_cache
     from jaxwarm.prewarm.specs import sharded_specs as sharded_specs
     from jaxwarm.prewarm.specs import warn_risky_inputs as warn_risky_inputs
@@ -36,7 +36,7 @@ EXPORTS = {
     "Config": "jaxwarm.launcher.config",
     "load_config": "jaxwarm.launcher.config",
     "initialize": "jaxwarm.launcher.injob.distributed",
-    "config_from_env": "jaxwarm.launcher.injob.hook",
+    "config_from_env": "jaxwarm.launcher.environment",
     "enable_cache": "jaxwarm.launcher.injob.hook",
     "sharded_specs": "jaxwarm.prewarm.specs",
     "warn_risky_inputs": "jaxwarm.prewarm.specs",

@@ -10,12 +10,12 @@ import pytest
 
 from jaxwarm.launcher.config import load_config
 from jaxwarm.launcher.environment import (
+    config_from_env,
     dropped_variables,
     expand_variables,
     job_environment,
     merge_environment,
 )
-from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
 from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli

@@ -21,7 +21,7 @@ from jaxwarm.launcher.records import EntryMissed, FunctionRecord, InitReport
 from jaxwarm.launcher.store.entries import entry_path, writer_lock_path
 from jaxwarm.launcher.store.integrity import (
     BEING_WRITTEN,
-    Check,
+    IntegrityCheck,
     check_and_quarantine,
     missed_since_check,
     quarantine,
@@ -77,7 +77,7 @@ def test_a_missed_same_size_flip_is_found_by_the_next_prewarm_check(tmp_path: Pa
     check = warm_check(str(cache), KEY, recheck_missed=True)  # the prewarm's check
     assert check.read_in_full  # here zlib's own checksum fails; else the recorded sha256
     assert check.problem is not None
-    quarantine(cache, Check(KEY, 0, check.problem, checksum_known=True))
+    quarantine(cache, IntegrityCheck(KEY, 0, check.problem, checksum_known=True))
     assert not entry_path(cache, KEY).exists() and not missed_since_check(cache, KEY)
 
 
@@ -98,7 +98,7 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
 
 
 def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
-    from jaxwarm.launcher.injob.hook import note_missed_entries
+    from jaxwarm.launcher.injob.books import note_missed_entries
     from jaxwarm.launcher.store.store import LocalStore
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)

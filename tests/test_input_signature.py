@@ -27,7 +27,7 @@ from jaxwarm.launcher.records import (
     from_json,
     warmth,
 )
-from jaxwarm.launcher.report import Targets, attempt_summaries, fold_phases
+from jaxwarm.launcher.report import PrewarmedFunctions, attempt_summaries, fold_phases
 from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
 from jaxwarm.launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax
@@ -164,7 +164,7 @@ def test_a_report_labels_its_attempt_by_each_prewarmed_function_s_first_lookup()
     # `jaxwarm status` and the init phases (and --plot's bars) say the same label.
     assert attempt_summaries([report])[0].startswith(f"attempt r0: {report.label}; 2 hit(s)")
     timed = dataclasses.replace(report, phases=[InitPhase("compile", 52.04)])
-    assert fold_phases([timed], Targets(frozenset(), frozenset())) == [
+    assert fold_phases([timed], PrewarmedFunctions(frozenset(), frozenset())) == [
         (f"train r0 p0  {report.label}", {"compile": 52.04})]
 
 

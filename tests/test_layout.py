@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,3 +135,44 @@ def test_the_cli_knows_no_backend() -> None:
     assert {m for m in imported_modules(REPO / "jaxwarm" / "launcher" / "cli.py")
             if within(m, ("jaxwarm.launcher.submit.local",
                           "jaxwarm.launcher.submit.slurm"))} == set()
+
+
+def package_sources() -> list[Path]:
+    return sorted((REPO / "jaxwarm").rglob("*.py"))
+
+
+def used_twice(names: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: places for name, places in names.items() if len(places) > 1}
+
+
+def test_no_module_name_is_used_twice() -> None:
+    """A module's name says what it is wherever it is read (`from ... import guard` told
+    nothing about which guard): one module per name in the package (packages aside)."""
+    modules: dict[str, list[str]] = defaultdict(list)
+    for path in package_sources():
+        if path.name not in ("__init__.py", "__main__.py"):
+            modules[path.stem].append(str(path.relative_to(REPO)))
+    assert used_twice(modules) == {}
+
+
+def test_no_class_name_is_used_twice() -> None:
+    """Likewise a class: one class per name in the package (`Target`, `CompileTarget` and
+    `Targets` were three things)."""
+    classes: dict[str, list[str]] = defaultdict(list)
+    for path in package_sources():
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                classes[node.name].append(str(path.relative_to(REPO)))
+    assert used_twice(classes) == {}
+
+
+def test_the_in_job_start_is_documented_in_its_order() -> None:
+    """docs/architecture.md names the in-job start's steps in the order they run."""
+    from jaxwarm.launcher.injob.books import BOUND, INIT_OVER
+    from jaxwarm.launcher.injob.hook import INSTALL
+
+    text = re.sub(r" \([^()]*\)", "", " ".join(
+        (REPO / "docs" / "architecture.md").read_text().split()))
+    for sequence in (INSTALL, BOUND, INIT_OVER):
+        names = [f"`{step.__name__}`" for step in sequence]
+        assert " -> ".join(names) in text, names

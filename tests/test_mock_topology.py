@@ -119,13 +119,13 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
 def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from jaxwarm.launcher.jaxkey.predict import KeyPrediction
-    from jaxwarm.prewarm.job import Target, manifest_entry
+    from jaxwarm.prewarm.job import LoweredTarget, manifest_entry
 
     monkeypatch.setenv(MOCK_VARIABLE, "2x1x1")
     monkeypatch.setenv("XLA_FLAGS", SHARD_OFF)
     config = mocked()
     key = "jit_train_step-" + "a" * 64
-    target = Target("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
+    target = LoweredTarget("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
     entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0, ("ab", 10))
     assert (entry.mock_topology, entry.xla_flags) == ("2x1x1", SHARD_OFF)
     record_entries(tmp_path, [entry])

@@ -16,7 +16,7 @@ from jaxwarm.launcher.cli import main
 from jaxwarm.launcher.config import ConfigError
 from jaxwarm.launcher.injob.phases import ORDER
 from jaxwarm.launcher.plot import _pyplot, draw, plot_init, size_px
-from jaxwarm.launcher.report import Targets, fold_phases, load_reports
+from jaxwarm.launcher.report import PrewarmedFunctions, fold_phases, load_reports
 from jaxwarm.launcher.store.manifest import read_manifest
 from tests.conftest import run_cli
 
@@ -38,7 +38,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_the_picture_is_a_png_of_one_bar_per_process_outcome(tmp_path: Path) -> None:
     reports = load_reports(RUN)
-    targets = Targets.of(read_manifest(CACHE))
+    targets = PrewarmedFunctions.of(read_manifest(CACHE))
     bars = fold_phases(reports, targets)
     # The fixture's training job: process 0 loaded the step (warm), process 1 compiled it.
     assert [label for label, _ in bars] == ["train r0 p0  warm", "train r0 p1  cold"]
@@ -55,10 +55,10 @@ def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -
     for process in (2, 3):
         (run / "reports" / f"train-r0-p{process}.json").write_text(
             one.replace('"process_index": 1', f'"process_index": {process}'))
-    bars = fold_phases(load_reports(run), Targets.of(read_manifest(CACHE)))
+    bars = fold_phases(load_reports(run), PrewarmedFunctions.of(read_manifest(CACHE)))
     assert [label for label, _ in bars] == [
         "train r0 p0  warm", "train r0 p1-p3 (3 processes, median)  cold"]
-    path = plot_init(load_reports(run), Targets.of(read_manifest(CACHE)), 12.0,
+    path = plot_init(load_reports(run), PrewarmedFunctions.of(read_manifest(CACHE)), 12.0,
                      tmp_path / "budget.png", "run demo")  # a budget within the bars
     assert png_size(path) == size_px(2)
 
@@ -126,7 +126,7 @@ def test_a_plot_path_it_cannot_write_exactly_is_one_line(
 
 def test_nothing_to_draw_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no init report with phases"):
-        plot_init([], Targets.of({}), 1800, tmp_path / "x.png", "run empty")
+        plot_init([], PrewarmedFunctions.of({}), 1800, tmp_path / "x.png", "run empty")
 
 
 @pytest.mark.e2e

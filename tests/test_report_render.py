@@ -31,7 +31,7 @@ from jaxwarm.launcher.records import (
     from_json,
 )
 from jaxwarm.launcher.report import (
-    Targets,
+    PrewarmedFunctions,
     attempt_summaries,
     first_step_lines,
     format_table,
@@ -111,7 +111,7 @@ def test_a_miss_is_explained_by_the_component_that_differs() -> None:
 
 def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> None:
     reports = load_reports(RUN)
-    text = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5)
+    text = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), 0.5)
     rows = text.splitlines()
     assert rows[0].split() == ["job", "restart", "proc", "lookups", "hits", "misses",
                                "compile_s", "retrieval_s", "first_step_s", "budget_s", "init",
@@ -132,7 +132,8 @@ def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> Non
     assert "  prewarm r0 p0-p1  jit_train_step               MISS     6.84-7.01 s  2 keys  " \
            "prewarmed" in rows
     assert any(row.startswith("  WARNING train   r0 p0: the trainer set ") for row in rows)
-    everything = format_table(reports, Targets.of(read_manifest(CACHE)), 0.5, show_all=True)
+    everything = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), 0.5,
+                              show_all=True)
     assert "NO-CACHE" in everything and "small compile" not in everything
 
 
@@ -146,7 +147,7 @@ def test_the_table_leads_with_targets_and_sums_up_small_compiles() -> None:
     process = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
                          cache_dir="/c", init_budget_s=60.0,
                          functions=[*small, fn, other, big])
-    targets = Targets(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
+    targets = PrewarmedFunctions(frozenset({"jit_step-ab"}), frozenset({("jit_step", "s1")}))
     lines = function_lines([process], targets, 0.5, show_all=False)
     assert [line.split()[3] for line in lines[:-1]] == ["jit_step", "jit_init"]
     assert "jit_step [s1]" in lines[0] and lines[0].endswith("prewarmed")
@@ -162,8 +163,9 @@ def test_a_long_name_keeps_the_functions_columns_aligned() -> None:
     step = FunctionRecord(name="jit_step", key="jit_step-ab", hit=True, seconds=0.02)
     process = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
                          cache_dir="/c", init_budget_s=60.0, functions=[step, *long])
-    rows = [row for row in format_table([process], Targets(frozenset(), frozenset()), 0.5,
-                                        show_all=True).splitlines() if row.startswith("  train")]
+    nothing = PrewarmedFunctions(frozenset(), frozenset())
+    rows = [row for row in format_table([process], nothing, 0.5, show_all=True).splitlines()
+            if row.startswith("  train")]
     assert len(rows) == 3 and len({row.index("HIT") if "HIT" in row else row.index("MISS")
                                    for row in rows}) == 1, rows
 
@@ -186,7 +188,7 @@ def test_pgle_s_two_compiles_and_the_restart_s_load_are_named() -> None:
     assert lines[1] == ("jit_train_step: PGLE's second, profile-guided compile on process 0 "
                         "(restart 0), 12.50 s after the profiled steps; stored under "
                         "jit_train_step-bbbbbbbbbbbbbbbb for the restarts")
-    table = format_table(reports, Targets.of(read_manifest(CACHE)), threshold_s=1.0)
+    table = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), threshold_s=1.0)
     assert "12.50 s  jit_train_step-bbbbbbbbbbbbbbbb  PGLE profile-guided" in table
     restart = dataclasses.replace(first, restart_count=1, functions=[dataclasses.replace(
         second, hit=True, seconds=0.4)])
@@ -316,7 +318,7 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
         "time to first step (restart 0): 10.00-1900.00 s on processes 0-63 (slowest: process "
         "40), OVER the 1800 s budget on process 40; waiting for the other ranks up to 20.00 s "
         "(process 0)")
-    text = format_table(reports, Targets.of(manifest), 0.5)
+    text = format_table(reports, PrewarmedFunctions.of(manifest), 0.5)
     rows = text.splitlines()
     table = rows[:rows.index("")]
     assert [row.split()[:3] for row in table[1:]] == [
@@ -329,14 +331,15 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
     assert "  train   r0 p1-p63  jit_train_step               HIT      0.23-0.29 s  " \
            "jit_train_step-aaaaaaaaaaaaaaaa  prewarmed" in functions
     assert len(rows) < 20
-    everything = format_table(reports, Targets.of(manifest), 0.5, show_all=True).splitlines()
+    everything = format_table(reports, PrewarmedFunctions.of(manifest), 0.5,
+                              show_all=True).splitlines()
     assert len(everything[:everything.index("")]) == 1 + 128
     assert sum(line.startswith("  train   r0 p63 ") for line in everything) == 3
 
 
 def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_one() -> None:
     reports = load_reports(RUN)
-    lines = phase_table(reports, Targets.of(read_manifest(CACHE)))
+    lines = phase_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)))
     header = next(line for line in lines if line.startswith("processes"))
     assert header.split() == ["processes", "imports", "distributed", "trace", "lower",
                               "compile", "cache", "load", "first", "step", "other", "total"]
@@ -398,7 +401,7 @@ def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) ->
     assert (report.label, report.first_step_s, report.over_budget) == ("no step run", None,
                                                                        False)
     assert summarize([report], {}, "demo")[0] == "train restart 0, process 0: no step run"
-    row = format_table([report], Targets.of({}), 1.0).splitlines()[1].split()
+    row = format_table([report], PrewarmedFunctions.of({}), 1.0).splitlines()[1].split()
     assert row[8:] == ["-", "1", "no", "step", "run"], row  # first_step_s, budget_s, start
     assert attempt_summaries([report]) == [
         "attempt r0: no step run; 0 hit(s) of 1 lookup(s) on process 0, compile 0.00 s, "

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from jaxwarm.launcher import flow, selfcheck
+from jaxwarm.launcher import doctor, flow
 from jaxwarm.launcher.config import add_overrides_argument
 from jaxwarm.launcher.errors import run_main
 from jaxwarm.launcher.rundir import PREWARM, TRAIN
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="jaxwarm: %(message)s")
     commands = {"report": cmd_report, "status": cmd_status, "render": cmd_render,
-                "cache": cache_commands.run, "doctor": lambda _: selfcheck.doctor()}
+                "cache": cache_commands.run, "doctor": lambda _: doctor.doctor()}
     command = commands.get(args.command, cmd_jobs)
     # -v shows a bug's traceback; without it a bug is one line that names itself a bug.
     return run_main(lambda: quietly(command, args), bugs_as_one_line=not args.verbose)

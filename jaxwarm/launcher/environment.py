@@ -17,15 +17,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.launcher.config import MOCK_LAYOUT, MOCK_XLA_FLAGS, Config
+from jaxwarm.launcher.config import (
+    MOCK_LAYOUT,
+    MOCK_XLA_FLAGS,
+    Config,
+    ConfigError,
+    load_config,
+)
 from jaxwarm.launcher.files import canonical_path
 from jaxwarm.launcher.store.store import open_store
 
 # The environment variables JAX or XLA read that can enter a cache key, in one place: the
 # job environment, the fingerprint of `--prewarm auto` (`jaxwarm.launcher.submit.fingerprint`)
-# and the jobs' comparison of process-global settings (`jaxwarm.launcher.jaxkey.globalopts`) all
-# read them
-# here (`key_variable`).
+# and the jobs' comparison of process-global settings (`jaxwarm.launcher.jaxkey.globalopts`)
+# all read them here (`key_variable`).
 # Owned: the job environment sets them; inherited values are dropped so that a stray
 # `export XLA_FLAGS=...` in the submitting shell cannot split prewarm from run.
 OWNED_PREFIXES = ("JAX_", "JAXWARM_")
@@ -176,3 +181,21 @@ def merge_environment(inherited: dict[str, str], job_env: dict[str, str]) -> dic
     merged = {k: v for k, v in inherited.items() if not owned(k)}
     merged.update(job_env)
     return merged
+
+
+def config_from_env(config: Config | str | Path | None = None) -> Config:
+    """A job's config: the given one, or the pinned copy the launcher named in JAXWARM_CONFIG.
+
+    The pinned copy is used as pinned: its paths were resolved once, at launch, and every
+    job, rank and restart must see those very strings (on a node where part of the path is
+    a symlink, e.g. autofs, resolving again gives another string, hence another cache dir).
+    Only a YAML file passed by hand, which no launch resolved, is resolved here."""
+    if isinstance(config, Config):
+        return config
+    if config is not None:
+        return resolve_paths(load_config(config))
+    pinned = os.environ.get("JAXWARM_CONFIG")
+    if not pinned:
+        raise ConfigError("no config: pass one to enable_cache() or start the job through "
+                          "jaxwarm (which sets JAXWARM_CONFIG)")
+    return load_config(pinned)

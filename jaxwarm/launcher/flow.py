@@ -27,6 +27,7 @@ from typing import Any
 
 from jaxwarm.launcher import mlperf
 from jaxwarm.launcher.config import Config, ConfigError, load_config
+from jaxwarm.launcher.doctor import selfcheck
 from jaxwarm.launcher.environment import dropped_variables
 from jaxwarm.launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from jaxwarm.launcher.files import atomic_write
@@ -38,7 +39,7 @@ from jaxwarm.launcher.records import (
     read_record,
 )
 from jaxwarm.launcher.report import (
-    Targets,
+    PrewarmedFunctions,
     attempt_summaries,
     duration,
     first_step_lines,
@@ -69,7 +70,6 @@ from jaxwarm.launcher.rundir import (
     submitted_jobs_path,
     unfinished,
 )
-from jaxwarm.launcher.selfcheck import selfcheck
 from jaxwarm.launcher.store.commands import human_size
 from jaxwarm.launcher.store.integrity import FULL_CHECK_BYTES
 from jaxwarm.launcher.store.store import CacheStore, open_store
@@ -382,7 +382,7 @@ def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
         plot_path(plot, run_dir)
         config = load_config(pinned_config(run_dir))
         plot_init(load_reports(run_dir),
-                  Targets.of(open_store(config.cache.dir).manifest(strict=False)),
+                  PrewarmedFunctions.of(open_store(config.cache.dir).manifest(strict=False)),
                   config.init_budget_s, plot, f"run {config.run.name}")
         log.info("init phases drawn into %s", plot)
     if as_json:
@@ -413,7 +413,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
         lines += [f"{TRAIN}: {problem}"] if problem else []
     for line in lines:
         print(line)
-    targets = Targets.of(manifest)
+    targets = PrewarmedFunctions.of(manifest)
     print(format_table(reports, targets, config.cache.min_compile_time_secs, show_all))
     for line in phase_table(reports, targets):
         print(line)

@@ -17,7 +17,7 @@ from typing import Any
 from jaxwarm.launcher.config import ConfigError
 from jaxwarm.launcher.injob.phases import ORDER
 from jaxwarm.launcher.records import InitReport
-from jaxwarm.launcher.report import Targets, fold_owners, fold_phases
+from jaxwarm.launcher.report import PrewarmedFunctions, fold_owners, fold_phases
 
 # Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
 DPI = 100
@@ -87,7 +87,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_init(reports: list[InitReport], targets: Targets, budget_s: float,
+def plot_init(reports: list[InitReport], targets: PrewarmedFunctions, budget_s: float,
               path: Path, title: str) -> Path:
     """Draw the run's init phases into a PNG at exactly `path` (see `plot_path`)."""
     plt = _pyplot()

@@ -100,7 +100,7 @@ class FunctionRecord:
     # Why JAX did not write the entry of this miss, in its words (process 0; None if it did).
     not_stored: str | None = None
     # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
-    # in full after the miss: `jaxwarm.launcher.injob.hook.note_missed_entries`); None otherwise.
+    # in full after the miss: `jaxwarm.launcher.injob.books.note_missed_entries`); None otherwise.
     not_loaded: str | None = None
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.launcher.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.

@@ -151,7 +151,7 @@ def did(report: InitReport) -> str:
 
 
 @dataclass(frozen=True)
-class Targets:
+class PrewarmedFunctions:
     """What the prewarm put in the cache, to pick a run's rows that matter out of the many
     compiles a real trainer makes: keys the manifest lists, and the (name, abstract
     signature) of each prewarmed function. The signature tells two functions of one name
@@ -161,7 +161,7 @@ class Targets:
     functions: frozenset[tuple[str, str | None]]
 
     @classmethod
-    def of(cls, manifest: dict[str, ManifestEntry]) -> Targets:
+    def of(cls, manifest: dict[str, ManifestEntry]) -> PrewarmedFunctions:
         return cls(frozenset(manifest),
                    frozenset((e.function, e.signature) for e in manifest.values()))
 
@@ -211,7 +211,8 @@ class _Shown:
     small: list[float]
 
     @classmethod
-    def of(cls, r: InitReport, targets: Targets, threshold_s: float, show_all: bool) -> _Shown:
+    def of(cls, r: InitReport, targets: PrewarmedFunctions, threshold_s: float,
+           show_all: bool) -> _Shown:
         shared = _shared_names(r.functions)
         lines, small = [], []
         for fn in r.functions:
@@ -228,7 +229,7 @@ class _Shown:
                 bool(self.small))
 
 
-def function_lines(group: list[InitReport], targets: Targets, threshold_s: float,
+def function_lines(group: list[InitReport], targets: PrewarmedFunctions, threshold_s: float,
                    show_all: bool, width: int = 0, name_width: int = 28) -> list[str]:
     """The compiles of a group of processes that did the same (`fold`): the prewarmed
     targets and every compile of at least `threshold_s` (what JAX would store), then the
@@ -257,7 +258,7 @@ def function_lines(group: list[InitReport], targets: Targets, threshold_s: float
     return lines
 
 
-def format_table(reports: list[InitReport], targets: Targets, threshold_s: float,
+def format_table(reports: list[InitReport], targets: PrewarmedFunctions, threshold_s: float,
                  show_all: bool = False) -> str:
     """The init report as text: a summary row per process, then per-function rows; the
     processes of a job attempt that did the same are folded into one row (`p1-p63`), with
@@ -301,7 +302,7 @@ def phase_totals(report: InitReport) -> dict[str, float]:
     return {name: totals[name] for name in ORDER if name in totals}
 
 
-def _folded(reports: list[InitReport], targets: Targets) -> list[list[InitReport]]:
+def _folded(reports: list[InitReport], targets: PrewarmedFunctions) -> list[list[InitReport]]:
     """The processes folded into one row (or bar): one job attempt's processes that hit and
     missed the same prewarmed functions."""
     def outcome(report: InitReport) -> Hashable:
@@ -311,7 +312,8 @@ def _folded(reports: list[InitReport], targets: Targets) -> list[list[InitReport
     return fold([r for r in reports if r.phases], outcome, show_all=False)
 
 
-def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, dict[str, float]]]:
+def fold_phases(reports: list[InitReport],
+                targets: PrewarmedFunctions) -> list[tuple[str, dict[str, float]]]:
     """One row (or bar) per job attempt and outcome: its label and the median seconds per
     phase of the processes that hit and missed the same prewarmed functions."""
     bars = []
@@ -326,7 +328,7 @@ def fold_phases(reports: list[InitReport], targets: Targets) -> list[tuple[str, 
     return bars
 
 
-def fold_owners(reports: list[InitReport], targets: Targets) -> list[dict[str, float]]:
+def fold_owners(reports: list[InitReport], targets: PrewarmedFunctions) -> list[dict[str, float]]:
     """For each row of `fold_phases`, the init ledger's owners of "other" (seconds, largest
     first) of its first process."""
     return [dict(sorted(((p.function, p.seconds) for p in members[0].phases
@@ -341,7 +343,7 @@ def _processes(indices: list[int]) -> str:
     return f"{ranges(indices, 'p')} ({len(indices)} processes, median)"
 
 
-def phase_table(reports: list[InitReport], targets: Targets) -> list[str]:
+def phase_table(reports: list[InitReport], targets: PrewarmedFunctions) -> list[str]:
     """Where each process's time to first step went: one row per process (processes of one
     attempt that hit and missed the same functions folded into one row of their medians),
     one column per phase (they add up to `total`), then each prewarmed target's trace,
@@ -393,7 +395,8 @@ def ledger_lines(report: InitReport) -> list[str]:
                                   if cost is not None else "")]
 
 
-def _target_phases(report: InitReport, targets: Targets) -> dict[str, list[tuple[str, float]]]:
+def _target_phases(report: InitReport,
+                   targets: PrewarmedFunctions) -> dict[str, list[tuple[str, float]]]:
     """The phases spent on each prewarmed target of a process, by function name."""
     names = {name for name, _ in targets.functions} | \
         {fn.name for fn in report.functions if fn in targets}
@@ -515,7 +518,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     latest = max(r.restart_count for r in train)
     attempt = sorted((r for r in train if r.restart_count == latest),
                      key=lambda r: r.process_index)
-    targets = Targets.of(manifest)
+    targets = PrewarmedFunctions.of(manifest)
     label = attempt[0].label if attempt[0].process_index == 0 else ""
     lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []

@@ -28,9 +28,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from jaxwarm.launcher.config import Config
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_FAILED, EXIT_OK
 from jaxwarm.launcher.injob.gpu import mocked_topology
-from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.injob.reads import FactoryReads
 from jaxwarm.launcher.injob.recorder import FunctionRecord, InitRecorder, module_name
 from jaxwarm.launcher.jaxkey.entryformat import function_of
@@ -42,12 +42,12 @@ from jaxwarm.launcher.records import (
     read_record,
 )
 from jaxwarm.launcher.rundir import PREWARM, prewarm_decision_path
-from jaxwarm.launcher.store.integrity import BEING_WRITTEN, Check
+from jaxwarm.launcher.store.integrity import BEING_WRITTEN, IntegrityCheck
 from jaxwarm.launcher.store.manifest import ManifestEntry
 from jaxwarm.launcher.store.store import CacheStore, LocalStore, open_store
 from jaxwarm.launcher.words import plural
-from jaxwarm.prewarm.bootstrap import job_main, start_job
-from jaxwarm.prewarm.judge import Decision, Target, decide, lower_targets
+from jaxwarm.prewarm.jobstart import job_main, start_job
+from jaxwarm.prewarm.judge import LoweredTarget, WarmDecision, decide, lower_targets
 from jaxwarm.prewarm.progress import compiling, finished, last_compile, progress_file
 
 log = logging.getLogger("jaxwarm.prewarm")
@@ -55,14 +55,14 @@ log = logging.getLogger("jaxwarm.prewarm")
 
 @dataclass(frozen=True)
 class Compiled:
-    target: Target
+    target: LoweredTarget
     record: FunctionRecord
     # Why the entry JAX should have written is not in the cache (a full disk, a read-only
     # dir, a torn write); None when it is there intact, or was not meant to be written.
     failure: str | None = None
 
 
-def repair(config: Config, store: LocalStore, decisions: list[Decision]) -> None:
+def repair(config: Config, store: LocalStore, decisions: list[WarmDecision]) -> None:
     """What process 0 of the prewarm does with its warm checks (verify never does it): a torn
     or corrupt entry is quarantined (JAX never replaces one), and so is one a job missed that
     the full check now finds corrupt; one being written by another prewarm is left alone (its
@@ -74,7 +74,7 @@ def repair(config: Config, store: LocalStore, decisions: list[Decision]) -> None
     checks = [d.check for d in decisions if d.check is not None]
     for check in checks:
         if check.problem not in (None, "missing", BEING_WRITTEN):
-            store.quarantine(Check(check.key, 0, check.problem, checksum_known=False))
+            store.quarantine(IntegrityCheck(check.key, 0, check.problem, checksum_known=False))
         store.record_check(check)
     manifest = store.manifest(strict=False)
     warm = [(d.target, d.target.key) for d in decisions if d.warm and d.target.key]
@@ -90,7 +90,7 @@ def repair(config: Config, store: LocalStore, decisions: list[Decision]) -> None
     store.uses_entries(list(known.values()), config.run.name)
 
 
-def with_load(entry: ManifestEntry, target: Target) -> ManifestEntry:
+def with_load(entry: ManifestEntry, target: LoweredTarget) -> ManifestEntry:
     """A recorded entry with what loading it takes (`cache.prefetch`), from this prewarm's
     probe of the same key, where an older prewarm did not record it; else the entry as is."""
     load = target.prediction.load if target.prediction is not None else None
@@ -100,7 +100,7 @@ def with_load(entry: ManifestEntry, target: Target) -> ManifestEntry:
                                device_ids=list(load.device_ids))
 
 
-def manifest_entry(config: Config, target: Target, function: str, key: str, compile_s: float,
+def manifest_entry(config: Config, target: LoweredTarget, function: str, key: str, compile_s: float,
                    written: tuple[str, int] | None,
                    signature: str | None = None) -> ManifestEntry:
     """What the manifest records of one key: `written` is the entry's (sha256, size)."""
@@ -120,7 +120,7 @@ def manifest_entry(config: Config, target: Target, function: str, key: str, comp
                          device_ids=list(load.device_ids) if load else [])
 
 
-def record_compile(config: Config, store: LocalStore, target: Target, record: FunctionRecord,
+def record_compile(config: Config, store: LocalStore, target: LoweredTarget, record: FunctionRecord,
                    since: float, inputs: InputSignature | None = None) -> str | None:
     """Right after process 0 compiled a target, still under its writer lock: check the entry
     JAX wrote and record it in the manifest, with the `inputs` it was compiled with, so no
@@ -137,7 +137,7 @@ def record_compile(config: Config, store: LocalStore, target: Target, record: Fu
     else:
         failure = store.entry_problem(record.key)
         if failure is not None:
-            store.quarantine(Check(record.key, written[1], failure, True))
+            store.quarantine(IntegrityCheck(record.key, written[1], failure, True))
             written = None
     record.sha256, record.size = written or (None, None)
     entry = dataclasses.replace(
@@ -151,7 +151,7 @@ def record_compile(config: Config, store: LocalStore, target: Target, record: Fu
     return failure
 
 
-def compile_targets(recorder: InitRecorder, targets: list[Target], config: Config,
+def compile_targets(recorder: InitRecorder, targets: list[LoweredTarget], config: Config,
                     store: CacheStore, is_writer: bool) -> list[Compiled]:
     """Compile each lowered target; the recorder saw its cache key and outcome. Process 0
     of a local store compiles under each key's writer lock and records each entry as soon
@@ -252,7 +252,7 @@ def main() -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def record_fingerprint(config: Config, store: LocalStore, targets: list[Target],
+def record_fingerprint(config: Config, store: LocalStore, targets: list[LoweredTarget],
                        reads: dict[str, str]) -> None:
     """Record that this prewarm completed under the fingerprint its launch computed (in the
     run dir's decision), with the files its step factory read (`reads`, their hashes) and

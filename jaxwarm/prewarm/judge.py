@@ -25,7 +25,7 @@ from typing import Any
 from jaxwarm.launcher.config import Config
 from jaxwarm.launcher.injob.gpu import mocked_topology
 from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.injob.warm import Decision, Target, judge, say
+from jaxwarm.launcher.injob.warm import LoweredTarget, WarmDecision, judge, say
 from jaxwarm.launcher.jaxkey.agree import broadcast_flags
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.launcher.jaxkey.predict import (
@@ -43,7 +43,8 @@ log = logging.getLogger("jaxwarm.judge")
 
 
 def predicted(name: str, lowered: Any, lower_s: float, *, strict: bool = True,
-              compiler_options: dict[str, Any] | None = None, is_step: bool = True) -> Target:
+              compiler_options: dict[str, Any] | None = None,
+              is_step: bool = True) -> LoweredTarget:
     """A lowered function with its predicted key. `strict` (verify, whose answer is the
     key) lets a failed prediction through; otherwise (the prewarm) it is said in one line
     and the target is compiled without the key cross-check."""
@@ -55,12 +56,12 @@ def predicted(name: str, lowered: Any, lower_s: float, *, strict: bool = True,
             raise
         log.warning("%s; prewarming without the key cross-check", exc)
         prediction = None
-    return Target(name, lowered, lower_s, prediction, time.perf_counter() - start, is_step,
+    return LoweredTarget(name, lowered, lower_s, prediction, time.perf_counter() - start, is_step,
                   compiler_options, global_options())
 
 
 def lower_targets(targets: list[CompileTarget], source: str, *,
-                  strict: bool = True) -> list[Target]:
+                  strict: bool = True) -> list[LoweredTarget]:
     """Lower each target the way both jobs do, and predict its key (see `predicted`)."""
     lowered = []
     for target in targets:
@@ -73,15 +74,15 @@ def lower_targets(targets: list[CompileTarget], source: str, *,
     return lowered
 
 
-Repair = Callable[[LocalStore, list[Decision]], None]
+Repair = Callable[[LocalStore, list[WarmDecision]], None]
 
 # How long the other processes wait for process 0's decision: its checks read entries in
 # full where they must (big ones take minutes) and its repairs wait on the manifest's lock.
 DECISION_TIMEOUT_S = 3600.0
 
 
-def decide(targets: list[Target], config: Config, recorder: InitRecorder,
-           *, job: str, repair: Repair | None = None) -> list[Decision]:
+def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
+           *, job: str, repair: Repair | None = None) -> list[WarmDecision]:
     """The run's decision for every target, the same on every process: process 0 judges
     (and, for the prewarm, `repair`s from its checks), then broadcasts. Each process logs
     the answer; process 0 says why, with the target's signature and inputs as the job's
@@ -103,12 +104,12 @@ def decide(targets: list[Target], config: Config, recorder: InitRecorder,
         if repair is not None and store.local is not None:
             repair(store.local, decisions)
     else:
-        decisions = [Decision(target, False) for target in targets]
+        decisions = [WarmDecision(target, False) for target in targets]
     # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.
     warm = [d.warm for d in decisions] if mocked_topology() else broadcast_flags(
         [d.warm for d in decisions], what="warm-decision", timeout_s=DECISION_TIMEOUT_S)
     if jax.process_index() != 0:
-        decisions = [Decision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
+        decisions = [WarmDecision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
     for decision in decisions:
         say(decision)
     return decisions

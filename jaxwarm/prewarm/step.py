@@ -21,7 +21,7 @@ trainer's own mesh (a trainer that derives it from its own parallelism settings,
 does) and returns it in the bundle, and the run is lowered on that mesh.
 
 This module is what a user's adapter imports, and it imports nothing of the cache store or
-the in-job hook: how a job starts (join, hook, build) is `jaxwarm.prewarm.bootstrap`.
+the in-job hook: how a job starts (join, hook, build) is `jaxwarm.prewarm.jobstart`.
 """
 
 from __future__ import annotations

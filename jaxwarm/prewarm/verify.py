@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from jaxwarm.launcher.injob.hook import config_from_env
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.injob.trainerverify import write_result
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
-from jaxwarm.prewarm.bootstrap import job_main, start_job
+from jaxwarm.prewarm.jobstart import job_main, start_job
 from jaxwarm.prewarm.judge import decide, lower_targets
 
 log = logging.getLogger("jaxwarm.verify")

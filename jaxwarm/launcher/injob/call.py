@@ -74,7 +74,7 @@ def main() -> int:
             (argv[0] == "--function" and ":" not in argv[1]):
         print(USAGE, file=sys.stderr)
         return EXIT_ERROR
-    from jaxwarm.launcher.injob.boot import record_when_jax_imports
+    from jaxwarm.launcher.injob.jaximport import record_when_jax_imports
     record_when_jax_imports()
     result = run(argv[0], argv[1], argv[2:], script)
     return result if isinstance(result, int) and argv[0] not in ("--module", "--path") else 0

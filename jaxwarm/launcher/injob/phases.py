@@ -59,8 +59,15 @@ class Span:
 # jax.distributed joins of this process: jaxwarm's `initialize()` runs before a prewarm or
 # verify job's recorder exists, so the span is kept here until the recorder reads it.
 _joins: list[Span] = []
-# Called after a join succeeded: the backend may start now (e.g. `cache.prefetch`).
-after_join: list[Callable[[], None]] = []
+# Told after a join succeeded that the backend may start now (the books' `joined`: the
+# prefetch); set once, by the in-job start (`jaxwarm.launcher.injob.hook`).
+_after_join: Callable[[], None] | None = None
+
+
+def call_after_join(joined: Callable[[], None]) -> None:
+    """`joined` runs after each successful `jax.distributed` join of this process."""
+    global _after_join
+    _after_join = joined
 
 
 @contextmanager
@@ -71,8 +78,8 @@ def timed_join() -> Iterator[None]:
         yield
     finally:
         _joins.append(Span(DISTRIBUTED, start, time.time()))
-    for callback in after_join:
-        callback()
+    if _after_join is not None:
+        _after_join()
 
 
 def wrap_distributed_initialize() -> None:

@@ -5,7 +5,7 @@ A warm start still pays for loading each executable (XLA rebuilds the program as
 deserializes; on an H100 a 128-layer step took 28 s to load, a quarter of its compile).
 The executables a run needs are known before the trainer asks: its prewarm recorded them
 (the manifest's newest entry per function of the run, on this process layout, with what
-loading it takes: `jaxwarm.launcher.jaxkey.prefetch`). So, as soon as the process has its backend
+loading it takes: `jaxwarm.launcher.jaxkey.entryload`). So, as soon as the process has its backend
 (right after `jax.distributed.initialize()`, or at its first lowering without one), each is
 read, decompressed and deserialized on a thread of its own, up to `WORKERS` side by side,
 the step first. The trainer's lookup of that very key (JAX's key from the trainer's own
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxwarm.launcher.jaxkey.prefetch import (
+from jaxwarm.launcher.jaxkey.entryload import (
     Asked,
     Loaded,
     LoadSpec,

@@ -41,7 +41,7 @@ from typing import NoReturn
 
 from jaxwarm.launcher.config import MAX_DURATION_S, Config, ConfigError
 from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_FAILED, say
-from jaxwarm.launcher.injob.boot import RECORDER_PID
+from jaxwarm.launcher.injob.jaximport import RECORDER_PID
 from jaxwarm.launcher.injob.place import PROCESS_ID, ranges
 from jaxwarm.launcher.injob.recorder import InitRecorder
 from jaxwarm.launcher.jaxkey.components import PER_PROCESS, differing_components, likely_causes

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxwarm.launcher.files import atomic_write, lock_waits
-from jaxwarm.launcher.injob.guard import CacheGuard
 from jaxwarm.launcher.injob.phases import (
     COMPILE,
     LOAD,
@@ -60,7 +59,6 @@ from jaxwarm.launcher.jaxkey.predict import in_probe
 from jaxwarm.launcher.records import (
     OPTIONS_DIFFER,
     RECOMPILED,
-    SETTING_CHANGED,
     FunctionRecord,
     InitReport,
     InputSignature,
@@ -69,6 +67,9 @@ from jaxwarm.launcher.records import (
 )
 from jaxwarm.launcher.rundir import TRAIN
 from jaxwarm.launcher.store.misses import input_differences
+
+if TYPE_CHECKING:
+    from jaxwarm.launcher.injob.books import Books
 
 log = logging.getLogger("jaxwarm.recorder")
 
@@ -160,20 +161,22 @@ class InitRecorder:
     It can be installed before the trainer's own code runs (`jaxwarm.launcher.injob.call`), when the
     process does not know its place in `jax.distributed` yet and must not touch a device
     (that would break the trainer's `jax.distributed.initialize()`). It then binds itself
-    at the first lowering, when the backend exists: process index, report path, and the
-    `on_bind` callbacks (cache dir checks). `path` is the report's path, or a function of
-    the process index that gives it.
+    at the first lowering, when the backend exists: process index and report path. `path`
+    is the report's path, or a function of the process index that gives it. What the rest
+    of the job adds at each moment (the cache guard, the dir checks, the ranks, the ledger,
+    process 0's records) is in its `books` (`jaxwarm.launcher.injob.books`); a recorder without
+    books records JAX's events alone.
     """
 
     def __init__(self, report: InitReport, path: Path | Callable[[int], Path],
-                 recompile_warn_s: float = 1.0, guard: CacheGuard | None = None):
+                 recompile_warn_s: float = 1.0, books: Books | None = None):
         self.report = report
         # Only compiles at least this long count as a wasteful double compile: small helpers
         # (e.g. allgathers) legitimately compile once per input shape.
         self.recompile_warn_s = recompile_warn_s
         self._path_for = path if callable(path) else None
         self.path: Path | None = None if callable(path) else path
-        self.guard = guard
+        self.books = books
         self.start_time = process_start_time()
         # The init phases: JAX's compile time spans and jaxwarm's own timers.
         self.clock = PhaseClock(self.start_time)
@@ -198,8 +201,6 @@ class InitRecorder:
         # when asked (a miss, the prewarm's record): a hit costs nothing.
         self._modules: dict[str, Any] = {}
         self._inputs: dict[str, InputSignature] = {}
-        # Called once the process knows its index (e.g. the cache dir's safety checks).
-        self.on_bind: list[Callable[[InitRecorder], None]] = []
         # When the trainer never calls mark_first_step(): (name, abstract signature) of the
         # functions a prewarm recorded as steps, with the run whose prewarm recorded it,
         # whose first execution ends the first step (as does that of a lookup marked as
@@ -216,15 +217,6 @@ class InitRecorder:
         self._marking = threading.Lock()
         self._watchers: list[threading.Thread] = []
         self._closing = threading.Event()
-        # Called with the report once init is over, after the first step (e.g. the cache's
-        # usage log; see `_end_init`)...
-        self.after_first_step: list[Callable[[InitReport], None]] = []
-        # ... and each time the first step is found (a better-founded finding, or a guess
-        # with larger inputs, replaces a guess).
-        self.on_first_step: list[Callable[[InitReport], None]] = []
-        # Called at the end of each lowering, right before JAX computes the key and looks it
-        # up (e.g. the cache dir re-check); an exception stops that compile.
-        self.before_lookup: list[Callable[[], None]] = []
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -252,8 +244,8 @@ class InitRecorder:
         self.report.process_count = jax.process_count()
         assert self._path_for is not None
         self.path = self._path_for(self.report.process_index)
-        for callback in self.on_bind:
-            callback(self)
+        if self.books is not None:
+            self.books.bound(self)
 
     def add_warning(self, warning: ReportWarning, quiet: bool = False) -> None:
         """Into the report, and (unless `quiet`: already said) the job log."""
@@ -310,13 +302,15 @@ class InitRecorder:
         if in_probe():
             return
         if event == EVENT_LOWERED:
-            self._check_settings()
+            # The end of a lowering comes right before JAX computes the key and looks it up.
+            if self.books is not None:
+                self.books.lowered(self)
             self.bind()
             options = global_options()
             with self._lock:
                 self._options = options
-            for check in self.before_lookup:
-                check()
+            if self.books is not None:
+                self.books.before_lookup(self)
             return
         with self._lock:
             if event == EVENT_RETRIEVAL:
@@ -383,15 +377,6 @@ class InitRecorder:
         import jax
 
         self.report.cache_dir = str(jax.config.jax_compilation_cache_dir)
-
-    def _check_settings(self) -> None:
-        if self.guard is None:
-            return
-        lines = self.guard.check(looked_up=self.report.lookups > 0)
-        if lines:
-            with self._lock:
-                self.report.warnings.extend(ReportWarning(SETTING_CHANGED, line)
-                                            for line in lines)
 
     def _finish_function(self, fun_name: str, duration: float) -> FunctionRecord:
         # JAX's backend-compile duration wraps the whole lookup: the retrieval on a hit,
@@ -560,8 +545,8 @@ class InitRecorder:
         """The first step ends now (with the first execution of `function`, when jaxwarm
         detected it): said once by the trainer or a prewarmed step, while a guess
         (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
-        # One mark at a time, callbacks included: the trainer's and a watcher's may come at
-        # once, and what the callbacks record must end with the one that stands.
+        # One mark at a time, the books' included: the trainer's and a watcher's may come at
+        # once, and what the books record must end with the one that stands.
         with self._marking:
             with self._lock:
                 if self._superseded(found, serial) or \
@@ -577,27 +562,22 @@ class InitRecorder:
             with self._lock:
                 self.report.phases = phases
             self.write()
-            self._run(self.on_first_step)
+            if self.books is not None:
+                self.books.first_step(self)
         if found != Found.LARGEST_INPUTS:
             self._end_init()
 
     def _end_init(self) -> None:
-        """Init is over: the `after_first_step` bookkeeping runs, once. After a guessed
-        first step it waits for a better-founded one, or the end of the process (`close`):
-        a later function with larger inputs would still replace the guess."""
+        """Init is over: the books' `init_over` runs, once. After a guessed first step it
+        waits for a better-founded one, or the end of the process (`close`): a later
+        function with larger inputs would still replace the guess."""
         with self._lock:
             if self._init_ended or self.report.time_to_first_step_s is None:
                 return
             self._init_ended = True
         self.clock.stop()
-        self._run(self.after_first_step)
-
-    def _run(self, callbacks: list[Callable[[InitReport], None]]) -> None:
-        for callback in callbacks:
-            try:
-                callback(self.report)
-            except OSError as exc:  # bookkeeping must never stop training
-                log.warning("after the first step: %s", exc)
+        if self.books is not None:
+            self.books.init_over(self)
 
     def close(self) -> Path | None:
         """At the end of the process: stop waiting for first executions (a watcher still

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 from jaxwarm.launcher.config import Config, ConfigError
+from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_ERROR
 from jaxwarm.launcher.files import atomic_write
-from jaxwarm.launcher.injob.hook import config_from_env
 from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.injob.warm import Decision, Target, judge, say
+from jaxwarm.launcher.injob.warm import LoweredTarget, WarmDecision, judge, say
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.launcher.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.launcher.jaxkey.lookup import watch_keys
@@ -74,7 +74,7 @@ class TrainerWatch:
         # The dir JAX looks it up in: jaxwarm's, or (cache.enforce off) one the trainer set.
         looked_in = jax.config.jax_compilation_cache_dir or self.config.cache.dir
         decision = judge(
-            Target(found.module_name, None, 0.0, found, global_options=global_options()),
+            LoweredTarget(found.module_name, None, 0.0, found, global_options=global_options()),
             open_store(str(looked_in)), run=self.config.run.name,
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
@@ -89,7 +89,7 @@ class TrainerWatch:
             self.end(0)  # the launcher prints the answer and its cost
         return decision.warm and self.may_load
 
-    def verdict(self, decision: Decision) -> Verdict:
+    def verdict(self, decision: WarmDecision) -> Verdict:
         prediction = decision.target.prediction
         assert prediction is not None
         return Verdict(function=prediction.module_name, key=prediction.key,

@@ -27,7 +27,7 @@ MISSED_BUT_INTACT = ("a job missed it, but it is intact in full (sha256 and deco
 
 
 @dataclass(frozen=True)
-class Target:
+class LoweredTarget:
     """One compile target, lowered, with the key JAX will look it up under (None where the
     key could not be predicted: an untested jax, with the prewarm's consent)."""
 
@@ -47,11 +47,11 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Decision:
+class WarmDecision:
     """WARM or COLD for one target, and why (process 0's words; other processes get the
     answer only). `check` is process 0's look at the entry, for the prewarm's repairs."""
 
-    target: Target
+    target: LoweredTarget
     warm: bool
     why: list[str] = field(default_factory=list)
     check: WarmCheck | None = None
@@ -65,17 +65,17 @@ class Decision:
                        explanation=self.why, components=prediction.components)
 
 
-def judge(target: Target, store: CacheStore, *, run: str | None = None, max_size: int = -1,
+def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, max_size: int = -1,
           signature: str | None = None, process_count: int | None = None,
           job: str = "verify", recheck_missed: bool = False,
-          inputs: InputSignature | None = None) -> Decision:
+          inputs: InputSignature | None = None) -> WarmDecision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
     whole manifest, to explain the miss against the same target (`run` first, then the same
     layout; `signature` tells functions of one name apart) and, with its `inputs`, says
     which differ from those of the run's prewarm of it, as a training job does: a WARM
     decision costs a check of its entry."""
     if target.prediction is None:
-        return Decision(target, False, ["its key could not be predicted"])
+        return WarmDecision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
     check = store.warm_check(prediction.key, recheck_missed=recheck_missed)
     if check.warm:
@@ -93,10 +93,10 @@ def judge(target: Target, store: CacheStore, *, run: str | None = None, max_size
                            else input_differences(prewarmed, inputs))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
-    return Decision(target, check.warm, why, check)
+    return WarmDecision(target, check.warm, why, check)
 
 
-def say(decision: Decision) -> None:
+def say(decision: WarmDecision) -> None:
     """One decision in the job's log: WARM or COLD, the target and its key, then why."""
     log.info("%s  %s  %s", "WARM" if decision.warm else "COLD", decision.target.name,
              decision.target.key)

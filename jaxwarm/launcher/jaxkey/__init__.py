@@ -6,7 +6,9 @@
 - `entryformat`: an entry's file names, compression, header and atime files.
 - `agree`: process 0's answer to every process, through jax.distributed's key-value store.
 - `components`: the key's components and what a difference in each one means.
-- `guard`: job entry points fail with one line on an untested jax.
+- `versionguard`: job entry points fail with one line on an untested jax.
+- `entryload`: an entry loaded before JAX asks for it, handed to JAX's lookup (the
+  prefetch's JAX side).
 - `selfcheck`: `python -m jaxwarm.launcher.jaxkey.selfcheck` (`jaxwarm doctor`).
 
 Importing the package (or any of these modules) does not import jax.

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from jaxwarm.launcher.jaxkey import logs
 from jaxwarm.launcher.jaxkey.components import differing_components
 from jaxwarm.launcher.jaxkey.entryformat import function_of
+from jaxwarm.launcher.jaxkey.entryload import LoadSpec, load_spec
 from jaxwarm.launcher.jaxkey.pgle import is_pgle_options
-from jaxwarm.launcher.jaxkey.prefetch import LoadSpec, load_spec
 from jaxwarm.launcher.jaxkey.versions import (
     UnsupportedJaxVersion,
     unsupported_message,
@@ -73,7 +73,7 @@ class KeyPrediction:
     components: dict[str, str]
     # With PGLE on (or expected): the key JAX stores the profile-guided compile under.
     pgle_key: str | None = None
-    # What JAX needs besides the entry to load it (`jaxwarm.launcher.jaxkey.prefetch`): the compile
+    # What JAX needs besides the entry to load it (`jaxwarm.launcher.jaxkey.entryload`): the compile
     # options it hashed, serialized, and the ids of the devices it compiled for.
     load: LoadSpec | None = field(default=None, compare=False)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_INEXACT, EXIT_OK
 from jaxwarm.launcher.jaxkey.components import COMPONENTS
 from jaxwarm.launcher.jaxkey.entryformat import CACHE_SUFFIX
-from jaxwarm.launcher.jaxkey.guard import jax_job
 from jaxwarm.launcher.jaxkey.predict import KeyNotComputed, predict_key
+from jaxwarm.launcher.jaxkey.versionguard import jax_job
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The installed version is read from the package metadata, so the CLI can refuse an untested
 jax (one line, before any job starts) without paying for `import jax`, and a job's `main`
-can refuse it before it calls into jax (`jaxwarm.launcher.jaxkey.guard`).
+can refuse it before it calls into jax (`jaxwarm.launcher.jaxkey.versionguard`).
 """
 
 from __future__ import annotations

@@ -56,7 +56,11 @@ log = logging.getLogger("jaxwarm.store")
 
 
 @dataclass(frozen=True)
-class Check:
+class IntegrityCheck:
+    """What a full check of one entry found (`check_entries`: `jaxwarm cache verify`, the
+    prewarm's repairs): its size, the problem (None: intact), and whether a checksum was on
+    record to compare. A warm decision's look at an entry is a `WarmCheck`."""
+
     key: str
     size: int
     problem: str | None
@@ -237,7 +241,7 @@ def record_check(cache_dir: str | Path, check: WarmCheck) -> None:
 
 
 def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: bool = True,
-                  histories: dict[str, KeyHistory] | None = None) -> list[Check]:
+                  histories: dict[str, KeyHistory] | None = None) -> list[IntegrityCheck]:
     """Check the given keys (default: every entry in the dir); `strict` and `histories` as
     in `recorded_entries`. An entry being written (its writer lock held) is left alone."""
     recorded = recorded_entries(cache_dir, strict, histories=histories)
@@ -253,12 +257,12 @@ def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: 
         problem = entry_problem(path, known.sha256 if known else None)
         if problem == "missing":
             continue
-        checks.append(Check(key=key, size=path.lstat().st_size if path.exists() else 0,
+        checks.append(IntegrityCheck(key=key, size=path.lstat().st_size if path.exists() else 0,
                             problem=problem, checksum_known=known is not None))
     return checks
 
 
-def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
+def quarantine(cache_dir: str | Path, check: IntegrityCheck) -> Path | None:
     """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh."""
     folder = make_dir(Path(cache_dir) / QUARANTINE_DIR)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -277,7 +281,7 @@ def quarantine(cache_dir: str | Path, check: Check) -> Path | None:
 def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
                          strict: bool = True, repair: bool = True,
                          histories: dict[str, KeyHistory] | None = None
-                         ) -> tuple[list[Check], float]:
+                         ) -> tuple[list[IntegrityCheck], float]:
     """Check entries and (with `repair`) quarantine the bad ones; returns the checks and the
     seconds it took."""
     start = time.perf_counter()

@@ -64,7 +64,7 @@ class ManifestEntry:
     # Its inputs as the prewarm lowered them (None: not recorded, an older prewarm or an
     # entry found in the cache): a training job that misses it says which inputs differ.
     inputs: InputSignature | None = None
-    # What loading the entry takes besides its bytes (`jaxwarm.launcher.jaxkey.prefetch.LoadSpec`):
+    # What loading the entry takes besides its bytes (`jaxwarm.launcher.jaxkey.entryload.LoadSpec`):
     # a training job's `cache.prefetch` deserializes it with these before the trainer asks.
     compile_options: str | None = None
     device_ids: list[int] = field(default_factory=list)

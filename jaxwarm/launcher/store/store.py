@@ -41,7 +41,7 @@ from jaxwarm.launcher.store.entries import (
     written_since,
 )
 from jaxwarm.launcher.store.integrity import (
-    Check,
+    IntegrityCheck,
     Recorded,
     Relied,
     WarmCheck,
@@ -259,12 +259,12 @@ class LocalStore(CacheStore):
         with self._writing():
             record_check(self.path, check)
 
-    def quarantine(self, check: Check) -> Path | None:
+    def quarantine(self, check: IntegrityCheck) -> Path | None:
         with self._writing():
             return quarantine(self.path, check)
 
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
-                             repair: bool = True) -> tuple[list[Check], float]:
+                             repair: bool = True) -> tuple[list[IntegrityCheck], float]:
         checks, seconds = check_and_quarantine(self.path, keys, strict, repair,
                                                self.histories())
         if repair and not all(check.ok for check in checks):

@@ -27,7 +27,7 @@ from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.launcher.environment import job_environment, merge_environment
 from jaxwarm.launcher.gputarget import mock_environment
-from jaxwarm.launcher.injob.boot import BOOTSTRAP_DIR, VERIFY_TRAINER
+from jaxwarm.launcher.injob.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
 from jaxwarm.launcher.jaxkey.versions import version_problem
 from jaxwarm.launcher.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.launcher.store.staging import refuse_key_change
@@ -37,7 +37,7 @@ log = logging.getLogger("jaxwarm.jobs")
 PREWARM_MODULE = "jaxwarm.prewarm.job"
 VERIFY_MODULE = "jaxwarm.prewarm.verify"
 CALL_MODULE = "jaxwarm.launcher.injob.call"
-BOOT_MODULE = "jaxwarm.launcher.injob.boot"
+JAXIMPORT_MODULE = "jaxwarm.launcher.injob.jaximport"
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def console_script(config: Config, name: str) -> EntryPoint | None:
 @dataclass(frozen=True)
 class Entrypoint:
     """The training job's argv, and whether its Python processes need the bootstrap
-    (`jaxwarm.launcher.injob.boot`) on PYTHONPATH because no jaxwarm code runs before the
+    (`jaxwarm.launcher.injob.jaximport`) on PYTHONPATH because no jaxwarm code runs before the
     trainer's."""
 
     argv: list[str]
@@ -220,7 +220,7 @@ class Entrypoint:
 def entrypoint(config: Config, config_path: str | Path) -> Entrypoint:
     """The training entrypoint; `{config}` in its args becomes the pinned config. Each form
     gets jaxwarm's init recorder and cache guard, installed when the trainer imports jax
-    (`jaxwarm.launcher.injob.boot`), and the launcher logs which form it found:
+    (`jaxwarm.launcher.injob.jaximport`), and the launcher logs which form it found:
 
     - `entrypoint.function`, `entrypoint.module`, a console script, and a command that is a
       Python interpreter running a script or `-m module`: the trainer runs under
@@ -296,7 +296,7 @@ def imports_jaxwarm(config: Config, python: str) -> bool:
         return True
     env = merge_environment(dict(os.environ), {k: v for k, v in config.env.items()
                                               if k == "PYTHONPATH"})
-    probe = subprocess.run([python, "-c", f"import {BOOT_MODULE}"], env=env, check=False,
+    probe = subprocess.run([python, "-c", f"import {JAXIMPORT_MODULE}"], env=env, check=False,
                            capture_output=True, timeout=60)
     return probe.returncode == 0
 

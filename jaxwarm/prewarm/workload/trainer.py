@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import resolve_paths
-from jaxwarm.launcher.injob.hook import config_from_env
+from jaxwarm.launcher.environment import config_from_env, resolve_paths
 from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir, metrics_path
-from jaxwarm.prewarm.bootstrap import job_main, start_job
+from jaxwarm.prewarm.jobstart import job_main, start_job
 from jaxwarm.prewarm.workload import checkpoint
 from jaxwarm.prewarm.workload.data import make_global_batch
 

@@ -1,8 +1,8 @@
 """jaxwarm's bootstrap, first on a training job's PYTHONPATH when its entrypoint reaches
 Python through another program (a shell script): installs the init recorder when this
-process imports jax (`jaxwarm.launcher.injob.boot`), then imports the `sitecustomize` it shadows
-(a distribution's, a virtualenv's, the trainer's), as Python would have without it.
-Python imports it at start-up; it imports no jax itself."""
+process imports jax (`jaxwarm.launcher.injob.jaximport`), then imports the `sitecustomize`
+it shadows (a distribution's, a virtualenv's, the trainer's), as Python would have without
+it. Python imports it at start-up; it imports no jax itself."""
 
 import importlib
 import os
@@ -11,7 +11,7 @@ import sys
 
 def _record() -> None:
     try:
-        from jaxwarm.launcher.injob.boot import record_when_jax_imports
+        from jaxwarm.launcher.injob.jaximport import record_when_jax_imports
     except ImportError as exc:
         print(f"jaxwarm: warning: {sys.executable} cannot import jaxwarm ({exc}): this "
               f"process records no init report; run the trainer with the Python jaxwarm is "

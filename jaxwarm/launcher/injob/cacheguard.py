@@ -19,6 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxwarm.launcher.rundir import TRAIN
+
 log = logging.getLogger("jaxwarm.guard")
 
 CACHE_DIR = "jax_compilation_cache_dir"
@@ -34,6 +36,12 @@ WATCHED = tuple(_CONSEQUENCE)
 # Whose code changed a setting: in a training job the trainer's; in a prewarm or verify job
 # the step factory's (an adapter that runs the trainer's own set-up, as MaxText's does).
 TRAINER, STEP_FACTORY = "the trainer", "the step factory"
+
+
+def actor_of(job: str) -> str:
+    """Whose code besides jaxwarm's runs in a job: the trainer's in the training job, the
+    step factory's in the prewarm and verify jobs."""
+    return TRAINER if job == TRAIN else STEP_FACTORY
 
 
 def change_line(name: str, ours: Any, theirs: Any, enforce: bool, looked_up: bool,

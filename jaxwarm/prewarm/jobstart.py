@@ -19,7 +19,7 @@ from jaxwarm.launcher.injob.distributed import initialize
 from jaxwarm.launcher.injob.gpu import apply_mock, require_devices
 from jaxwarm.launcher.injob.hook import enable_cache
 from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.jaxkey.guard import jax_job
+from jaxwarm.launcher.jaxkey.versionguard import jax_job
 from jaxwarm.prewarm.step import StepBundle, build_step
 
 

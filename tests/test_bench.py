@@ -125,12 +125,13 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
 
 @pytest.mark.e2e
 def test_warm_start_at_two_layers_times_cold_warm_and_prefetch(tmp_path: Path) -> None:
-    """`bench.warm_start` at 2 layers and a short data pipeline: every launch reached its
-    first step, the warm ones loaded the step, and the prefetched one was handed its
-    executable; the table and the goals are printed."""
+    """`bench.warm_start` at 2 layers, a short data pipeline and one pair of the demo's warm
+    launches: every launch reached its first step, the warm ones loaded the step, and the
+    prefetched one was handed its executable; the tables and the goals are printed, and the
+    picture drawn where matplotlib is."""
     figures = tmp_path / "warm.json"
     proc = subprocess.run([sys.executable, "-m", "bench.warm_start", "--layers", "2",
-                           "--records", "1000", "--json", str(figures)],
+                           "--records", "1000", "--demo-repeats", "1", "--json", str(figures)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(figures.read_text())
@@ -142,4 +143,10 @@ def test_warm_start_at_two_layers_times_cold_warm_and_prefetch(tmp_path: Path) -
     used = {p["function"]: p["outcome"] for p in runs["warm with prefetch"]["prefetch"]
             ["executables"]}
     assert used["jit_train_step"] == "used", used
+    assert {name: len(times) for name, times in result["demo"].items()} == \
+        {"warm": 1, "warm with prefetch": 1}
+    assert all(positive(t) for times in result["demo"].values() for t in times)
     assert "Warm start, 2 unrolled layers" in proc.stdout and "Targets" in proc.stdout
+    assert "The demo's warm start" in proc.stdout
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -101,10 +101,11 @@ def plot_init(reports: list[InitReport], targets: PrewarmedFunctions, budget_s: 
     return path
 
 
-def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float,
+def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float | None,
          title: str, owners: list[dict[str, float]] | None = None) -> Any:
     """The figure of the bars (label, seconds by phase); with `owners` (the init ledger's
-    owners of "other", per bar), the largest are named inside the bar's "other"."""
+    owners of "other", per bar), the largest are named inside the bar's "other"; the init
+    budget as a line, unless None (a benchmark's launches, which set none of their own)."""
     width, height = size_px(len(bars))
     figure, axes = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     labels = [label for label, _ in bars]
@@ -121,12 +122,12 @@ def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float,
         axes.text(sum(phases.values()), row, f" {sum(phases.values()):.1f} s", va="center",
                   fontsize=8)
     limit = longest * 1.15
-    if budget_s <= limit * 1.5:
+    if budget_s is not None and budget_s <= limit * 1.5:
         limit = max(limit, budget_s * 1.05)
         axes.axvline(budget_s, color="black", linestyle="--", linewidth=1)
         axes.text(budget_s, len(bars) - 0.45, f" budget {budget_s:g} s", fontsize=8,
                   va="bottom")
-    else:  # far off to the right: said at the edge, the bars stay readable
+    elif budget_s is not None:  # far off to the right: said at the edge, bars readable
         axes.annotate(f"budget {budget_s:g} s \u2192", xy=(1.0, 1.0), xycoords="axes fraction",
                       ha="right", va="bottom", fontsize=8)
     axes.set_xlim(0, limit)

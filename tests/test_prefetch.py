@@ -151,14 +151,15 @@ def test_prefetch_off_changes_nothing(prewarmed: Prewarmed, tmp_path: Path) -> N
 
 
 def test_the_memory_cap_is_respected(prewarmed: Prewarmed, tmp_path: Path) -> None:
-    """A cap under the two executables together: what would pass it is not loaded (the
-    trainer's lookup loads it the usual way), and no more than the cap is ever held."""
+    """A cap under the two executables together: the step, first in load order, is
+    admitted, and the init function, which would pass the cap beside it, is not loaded (the
+    trainer's lookup loads it the usual way). Admission follows the sizes and the load order
+    alone, so this is the outcome however the loads and lookups interleave."""
     first = prewarmed.launch(tmp_path / "a")
     cap = max(p["size"] for p in first["prefetch"]["executables"]) + 1
     report = prewarmed.launch(tmp_path / "b", f"cache.prefetch_max_size={cap}")
-    assert OVER_CAP in outcomes(report).values()
-    assert set(outcomes(report).values()) <= {USED, OVER_CAP}
-    assert report["prefetch"]["peak_bytes"] <= cap
+    assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": OVER_CAP}
+    assert 0 < report["prefetch"]["peak_bytes"] <= cap
     assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
 
 

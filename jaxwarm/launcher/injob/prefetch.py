@@ -5,15 +5,21 @@ A warm start still pays for loading each executable (XLA rebuilds the program as
 deserializes; on an H100 a 128-layer step took 28 s to load, a quarter of its compile).
 The executables a run needs are known before the trainer asks: its prewarm recorded them
 (the manifest's newest entry per function of the run, on this process layout, with what
-loading it takes: `jaxwarm.launcher.jaxkey.entryload`). So, as soon as the process has its backend
-(right after `jax.distributed.initialize()`, or at its first lowering without one), each is
-read, decompressed and deserialized on a thread of its own, up to `WORKERS` side by side,
-the step first. The trainer's lookup of that very key (JAX's key from the trainer's own
-lowering), with the same compile options and devices, gets it, waiting while it still
-loads; anything else takes JAX's normal path, and a prefetched key asked for under other
-options is reported. Once init is over (the first step), what was never asked for is
-released and named in the report. At most `cache.prefetch_max_size` serialized bytes are
-held at once (an executable over it is not loaded, and the report says so).
+loading it takes: `jaxwarm.launcher.jaxkey.entryload`). So, as soon as the process has
+its backend (right after `jax.distributed.initialize()`, or at its first lowering without
+one), one thread reads and decompresses them in load order (the step first, then the
+largest), and each is deserialized on a thread of its own, up to `WORKERS` side by side.
+The trainer's lookup of that very key (JAX's key from the trainer's own lowering), with the
+same compile options and devices, gets it, waiting while it still loads; anything else
+takes JAX's normal path, and a prefetched key asked for under other options is reported.
+Once init is over (the first step), what was never asked for is released and named in the
+report.
+
+At most `cache.prefetch_max_size` serialized bytes are held at once: the executables are
+admitted in load order while the bytes of those admitted so far (each one's file, then its
+serialized executable) stay within it, and a release does not admit another, so what is
+loaded depends on the sizes alone, never on how the loads and the trainer's lookups
+interleave (one that is not admitted is not loaded, and the report says so).
 
 On CPU only process 0's keys are the prewarm's (every other process hashes its own
 devices), so only process 0 prefetches there.
@@ -57,6 +63,7 @@ class _Item:
     path: Path
     done: threading.Event = field(default_factory=threading.Event)
     loaded: Loaded | None = None
+    # The bytes admitted for it (and held until it is taken or released).
     held: int = 0
     asked: bool = False
     # Nobody will take it (init ended, or its lookup took JAX's path): the load drops it.
@@ -89,10 +96,12 @@ class Prefetch:
         self.report = PrefetchReport(started_s=round(started_s, 6), max_size=max_size)
         self._lock = threading.Lock()
         self._held = 0
+        self._admitted = 0  # every admitted item's bytes, released or not
         self._slots = threading.Semaphore(WORKERS)
         self._items: dict[str, _Item] = {}
         self._threads: list[threading.Thread] = []
-        # The step first (the trainer needs it last, but it takes longest), then the largest.
+        # Load order, which admission follows: the step first (the trainer needs it last,
+        # but it takes longest), then the largest.
         for entry in sorted(entries, key=lambda e: (not e.is_step, -(e.size or 0))):
             assert entry.compile_options is not None
             record = Prefetched(entry.function, entry.key, outcome="loading")
@@ -102,24 +111,30 @@ class Prefetch:
             self.report.executables.append(record)
 
     def start(self) -> None:
-        for key in self._items:
-            thread = threading.Thread(target=self._load, args=(key,), daemon=True,
-                                      name=f"jaxwarm-prefetch-{key}")
-            self._threads.append(thread)
-            thread.start()
+        reader = threading.Thread(target=self._read_all, daemon=True,
+                                  name="jaxwarm-prefetch-read")
+        self._threads.append(reader)
+        reader.start()
 
     def join(self) -> None:
         """At exit: let loads still inside XLA end (a thread in native code when the
         interpreter finalizes can abort the process), for at most JOIN_S."""
         deadline = time.monotonic() + JOIN_S
+        # The reader first: once it has ended, every load it started is in the list.
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
-    def _reserve(self, item: _Item, size: int) -> bool:
-        """Hold `size` bytes for `item` (instead of what it held), within the cap."""
+    def _admit(self, item: _Item, size: int) -> bool:
+        """Admit `size` bytes for `item` (in place of what it had) if everything admitted
+        so far stays within the cap; else take back what it had. Called in load order, from
+        the reader alone, so the answer depends on the sizes and the order only."""
         with self._lock:
-            if self._held - item.held + size > self.report.max_size:
+            if self._admitted - item.held + size > self.report.max_size:
+                self._admitted -= item.held
+                self._held -= item.held
+                item.held = 0
                 return False
+            self._admitted += size - item.held
             self._held += size - item.held
             item.held = size
             self.report.peak_bytes = max(self.report.peak_bytes, self._held)
@@ -140,35 +155,67 @@ class Prefetch:
         if not loading:
             self._release(item)
 
-    def _load(self, key: str) -> None:
-        item = self._items[key]
-        with self._slots:
+    def _read_all(self) -> None:
+        """Each item in load order: read and decompress it within the cap, then deserialize
+        it on a thread of its own (at most WORKERS at once). One nobody will take any more
+        is not read."""
+        for item in self._items.values():
             start = time.perf_counter()
-            loaded = None
             try:
-                with open_entry(item.path) as source:
-                    admitted = self._reserve(item, os.fstat(source.fileno()).st_size)
-                    data = source.read() if admitted else b""
-                if admitted:
-                    serialized, compile_time = payload(data)
-                    del data
-                    if self._reserve(item, len(serialized)):
-                        loaded = deserialize(serialized, compile_time, item.spec)
-                        item.record.size = loaded.size
-                if loaded is None:
-                    item.record.outcome = OVER_CAP
+                read = None if item.dropped else self._read(item)
             except Exception as exc:  # a load that fails leaves JAX's own path to the trainer
-                item.record.outcome = f"not loaded: {type(exc).__name__}: {exc}"
-                log.warning("jaxwarm: prefetch of %s: %s; JAX loads it at the trainer's "
-                            "call", item.record.function, item.record.outcome)
-            finally:
-                item.record.load_s = round(time.perf_counter() - start, 6)
-                with self._lock:
-                    item.loaded = loaded
-                    item.done.set()
-                    keep = loaded is not None and not item.dropped
-                if not keep:
-                    self._release(item)
+                self._failed(item, exc)
+                read = None
+            if read is None:
+                self._done(item, None, start)
+                continue
+            self._slots.acquire()
+            thread = threading.Thread(target=self._deserialize, args=(item, *read, start),
+                                      daemon=True, name=f"jaxwarm-prefetch-{item.record.key}")
+            self._threads.append(thread)
+            thread.start()
+
+    def _read(self, item: _Item) -> tuple[bytes, int] | None:
+        """The serialized executable and its compile time; None (outcome OVER_CAP) when the
+        cap does not admit its file or its serialized bytes."""
+        with open_entry(item.path) as source:
+            if not self._admit(item, os.fstat(source.fileno()).st_size):
+                item.record.outcome = OVER_CAP
+                return None
+            data = source.read()
+        serialized, compile_time = payload(data)
+        del data
+        if not self._admit(item, len(serialized)):
+            item.record.outcome = OVER_CAP
+            return None
+        return serialized, compile_time
+
+    def _deserialize(self, item: _Item, serialized: bytes, compile_time: int,
+                     start: float) -> None:
+        loaded = None
+        try:
+            loaded = deserialize(serialized, compile_time, item.spec)
+            item.record.size = loaded.size
+        except Exception as exc:  # as in _read_all
+            self._failed(item, exc)
+        finally:
+            self._slots.release()
+            self._done(item, loaded, start)
+
+    def _failed(self, item: _Item, exc: Exception) -> None:
+        item.record.outcome = f"not loaded: {type(exc).__name__}: {exc}"
+        log.warning("jaxwarm: prefetch of %s: %s; JAX loads it at the trainer's call",
+                    item.record.function, item.record.outcome)
+
+    def _done(self, item: _Item, loaded: Loaded | None, start: float) -> None:
+        """`item`'s load is over: kept for its lookup, or released."""
+        item.record.load_s = round(time.perf_counter() - start, 6)
+        with self._lock:
+            item.loaded = loaded
+            item.done.set()
+            keep = loaded is not None and not item.dropped
+        if not keep:
+            self._release(item)
 
     def prefetched(self, key: str) -> bool:
         return key in self._items

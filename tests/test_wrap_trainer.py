@@ -6,11 +6,9 @@ locally and on the dev SLURM cluster, and the report leads with that HIT."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +17,10 @@ import pytest
 
 from jaxwarm.launcher.records import SETTING_CHANGED
 from jaxwarm.launcher.rundir import report_path
+from testing import jsp
 from tests.conftest import REPO, run_cli
 from tests.slurm_cluster import ensure_cluster
 
-EXAMPLE = REPO / "examples" / "jsp_trainer"
 CONFIG = REPO / "configs" / "jsp-example.yaml"
 RUN = "jsp-example"
 DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
@@ -30,17 +28,9 @@ DIR_CHANGED = "the trainer set jax_compilation_cache_dir to "
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """jsp-train as an installed console script: the dist-info an installer writes (its entry
-    points from the example's pyproject), on a PYTHONPATH that also holds the adapter."""
-    site = tmp_path_factory.mktemp("site")
-    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
-    info = site / f"jsp_trainer-{project['version']}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\n"
-                                   f"Version: {project['version']}\n")
-    scripts = "".join(f"{name} = {value}\n" for name, value in project["scripts"].items())
-    (info / "entry_points.txt").write_text(f"[console_scripts]\n{scripts}")
-    return os.pathsep.join([str(site), str(EXAMPLE)])
+    """jsp-train as an installed console script, on a PYTHONPATH that also holds the
+    adapter."""
+    return jsp.install(tmp_path_factory.mktemp("site"))
 
 
 def args_for(tmp_path: Path, pythonpath: str, *extra: str,

@@ -22,6 +22,7 @@ from bench import (
     big_compile,
     gpu_check,
     growth,
+    init_ledger,
     key_cost,
     launch_cost,
     scale,
@@ -89,6 +90,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),
     "gpu-h100-sizes": lambda: gpu_sizes_table("nvidia-h100-80gb-hbm3-sizes"),
     "warm-start": lambda: warm_start.warm_table(result("warm-start")),
+    "init-ledger": lambda: init_ledger.ledger_table(result("init-ledger")),
 }
 
 

@@ -102,13 +102,27 @@ def token_index(records: int) -> dict[int, int]:
     return counts
 
 
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO, env=env,
+def cli(*args: str, env: dict[str, str], python: Path = Path(sys.executable),
+        cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """`jaxwarm ARGS...` run by `python` in `cwd`; a failure is a BenchError."""
+    result = subprocess.run([str(python), "-m", "jaxwarm", *args], cwd=cwd, env=env,
                             capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
                          f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     return result
+
+
+def train_report(run_dir: Path, env: dict[str, str], python: Path = Path(sys.executable),
+                 cwd: Path = REPO) -> dict[str, Any]:
+    """Process 0's init report of the run's latest training attempt (`jaxwarm report
+    --json`)."""
+    reports = json.loads(cli("report", str(run_dir), "--json", env=env, python=python,
+                             cwd=cwd).stdout)
+    listed = reports["reports"] if isinstance(reports, dict) else reports
+    train = [r for r in listed if r["job"] == "train" and r["process_index"] == 0]
+    report: dict[str, Any] = max(train, key=lambda r: r["restart_count"])
+    return report
 
 
 def sized(layers: int, steps: int) -> list[str]:
@@ -134,10 +148,7 @@ def launch(work: Path, cache: Path, run: list[str], env: dict[str, str], *extra:
     if command != "launch":
         return {"wall_s": wall}
     name = next(o for o in run if o.startswith("run.name=")).split("=", 1)[1]
-    reports = json.loads(cli("report", str(work / "runs" / name), "--json", env=env).stdout)
-    listed = reports["reports"] if isinstance(reports, dict) else reports
-    train = [r for r in listed if r["job"] == "train" and r["process_index"] == 0]
-    report: dict[str, Any] = max(train, key=lambda r: r["restart_count"])
+    report = train_report(work / "runs" / name, env)
     report["wall_s"] = wall
     return report
 
@@ -159,18 +170,20 @@ def demo_pairs(work: Path, env: dict[str, str], repeats: int) -> dict[str, list[
     return times
 
 
-def summary(report: dict[str, Any]) -> dict[str, Any]:
-    """What the table shows of one launch."""
+def summary(report: dict[str, Any], step: str = "jit_train_step") -> dict[str, Any]:
+    """What the tables show of one launch: its phases, "other" by owner (the largest) and
+    what no sample named, its `step`'s lookup, the prefetch and what sampling cost."""
     phases: dict[str, float] = {}
     owners: dict[str, float] = {}
     for phase in report["phases"]:
         phases[phase["phase"]] = phases.get(phase["phase"], 0.0) + phase["seconds"]
         if phase["phase"] == "other" and phase["function"]:
             owners[phase["function"]] = phase["seconds"]
-    step = next(f for f in report["functions"] if f["name"] == "jit_train_step")
+    found = next(f for f in report["functions"] if f["name"] == step)
     return {"time_to_first_step_s": report["time_to_first_step_s"], "phases": phases,
             "other_by_owner": dict(sorted(owners.items(), key=lambda kv: -kv[1])[:8]),
-            "step_hit": step["hit"], "step_seconds": step["seconds"],
+            "other_unnamed_s": phases.get("other", 0.0) - sum(owners.values()),
+            "step_hit": found["hit"], "step_seconds": found["seconds"],
             "prefetch": report.get("prefetch"), "sampling": report.get("sampling")}
 
 

@@ -210,7 +210,7 @@ def warm_table(result: dict[str, Any]) -> str:
 
 
 def draw(result: dict[str, Any], path: Path) -> bool:
-    """The sized launches' phases as bars (the report's own picture of init phases, its
+    """The sized launches' phases as bars (the report's own picture of init phases, the two
     largest owners of "other" named inside); False, nothing written, without matplotlib."""
     try:
         import matplotlib
@@ -228,7 +228,8 @@ def draw(result: dict[str, Any], path: Path) -> bool:
              f"{result['machine']['cpus']} CPUs, jax {result['machine']['jax']}, load "
              f"average {load['start'][0]:.1f} to {load['end'][0]:.1f}")
     figure = draw_phases(pyplot, [(name, row["phases"]) for name, row in runs.items()], None,
-                         title, [row["other_by_owner"] for row in runs.values()])
+                         title, [dict(list(row["other_by_owner"].items())[:2])
+                                 for row in runs.values()])
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=DPI, format="png")
     pyplot.close(figure)

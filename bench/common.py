@@ -101,6 +101,16 @@ def with_xla_flag(*flags: str) -> str:
     return f"xla_flags=[{', '.join([*load_config(DEMO).xla_flags, *flags])}]"
 
 
+# The tiny step, every compile cached however fast: for a run that needs the step compiled
+# and in the cache, whatever its compile time.
+TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
+# The cheapest step there is, compiled the cheapest way and every compile cached: for runs
+# about what happens around the compile (ranks, SLURM, signals), where neither the step's
+# size nor its compile time is the point. XLA's older CPU fusion emitter, a flag of
+# jax < 0.11 (the main venv's), compiles it in a quarter of the time and memory.
+FAST_STEP = (*TINY_CACHED, with_xla_flag(LEGACY_CPU_FUSION))
+
+
 def bench_config(work: Path, name: str, overrides: Iterable[str] = ()) -> tuple[Config, Path]:
     """The demo config on the benchmark layout, its run dir and (unless overridden) its
     cache under `work`, pinned like `jaxwarm launch` pins it (absolute paths, config.yaml in

@@ -1,6 +1,7 @@
 """Many ranks end to end: `python -m bench.scale --ranks 64 --nodes 8 [--slurm]`.
 
-The demo step at its smallest (`bench.common.TINY_STEP`) on `--nodes` x `ranks / nodes`
+The cheapest step (`bench.common.FAST_STEP`: the demo step at its smallest, XLA's older
+CPU fusion emitter) on `--nodes` x `ranks / nodes`
 processes of one CPU device each (a 64-device mesh, data 8 x fsdp 8), through the real
 `jaxwarm launch`, phase after phase on one run and one cache, the way a user meets them:
 
@@ -18,9 +19,12 @@ processes of one CPU device each (a 64-device mesh, data 8 x fsdp 8), through th
   compiles; then `relaunch`: the next launch (prewarm and train) works.
 
 Per phase: exit status, wall time, the training job's time to first step on process 0 and
-the slowest rank, the longest wait at the ranks' meetings, and the peak RSS of one rank and
-of all ranks together (every process whose environment names the run dir, sampled every
-0.5 s from /proc). Run it under the heavy-command lock; it prints a table and writes JSON.
+the slowest rank, the longest wait at the ranks' meetings, and the peak memory of one rank
+and of all ranks together (every process whose environment names the run dir, sampled every
+0.5 s from /proc): RSS, and the proportional set size (PSS), which counts a page that N
+processes share (jaxlib's code, ~150 MiB of a rank's RSS) 1/N in each, so that the ranks'
+PSS add up to what they take from the machine, where their RSS counts the shared pages once
+per rank. Run it under the heavy-command lock; it prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.common import DEMO, REPO, TINY_STEP, machine, table, write_json
+from bench.common import DEMO, FAST_STEP, REPO, machine, table, write_json
 from testing.procs import run_processes
 
 KILLED_RANK = 5
@@ -56,6 +60,9 @@ class Phase:
     hits_p0: int | None = None
     peak_rank_rss_mb: float = 0.0
     peak_total_rss_mb: float = 0.0
+    # None in results from before PSS was sampled.
+    peak_rank_pss_mb: float | None = None
+    peak_total_pss_mb: float | None = None
     processes_seen: int = 0
     # kill phases: from the kill until no process of the job is left; the launch's line.
     stopped_after_s: float | None = None
@@ -63,18 +70,21 @@ class Phase:
     left_running: list[int] = field(default_factory=list)
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int) -> tuple[float, float]:
+    """A process's RSS and PSS now (0 for a process gone meanwhile)."""
+    sizes = {"Rss": 0.0, "Pss": 0.0}
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            name = line.split(":")[0]
+            if name in sizes:
+                sizes[name] = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return sizes["Rss"], sizes["Pss"]
 
 
 class Sampler(threading.Thread):
-    """Peak RSS of the biggest rank process and of all of them together."""
+    """Peak RSS and PSS of the biggest rank process and of all of them together."""
 
     def __init__(self, run_dir: Path, phase: Phase):
         super().__init__(daemon=True)
@@ -84,10 +94,15 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            sizes = {pid: rss_mb(pid) for pid in run_processes(self.run_dir)}
+            sizes = {pid: memory_mb(pid) for pid in run_processes(self.run_dir)}
             self.seen |= set(sizes)
-            self.phase.peak_rank_rss_mb = max([self.phase.peak_rank_rss_mb, *sizes.values()])
-            self.phase.peak_total_rss_mb = max(self.phase.peak_total_rss_mb, sum(sizes.values()))
+            rss = [size[0] for size in sizes.values()]
+            pss = [size[1] for size in sizes.values()]
+            phase = self.phase
+            phase.peak_rank_rss_mb = max([phase.peak_rank_rss_mb, *rss])
+            phase.peak_total_rss_mb = max(phase.peak_total_rss_mb, sum(rss))
+            phase.peak_rank_pss_mb = max([phase.peak_rank_pss_mb or 0.0, *pss])
+            phase.peak_total_pss_mb = max(phase.peak_total_pss_mb or 0.0, sum(pss))
             self.done.wait(SAMPLE_S)
         self.phase.processes_seen = len(self.seen)
 
@@ -102,7 +117,7 @@ class Scale:
         self.overrides = [
             f"topology.nodes={args.nodes}", f"topology.processes_per_node={per_node}",
             "topology.devices_per_process=1", f"mesh.axes={{data: {args.ranks // side}, "
-            f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *TINY_STEP,
+            f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *FAST_STEP,
             "run.name=scale", f"run.out_dir={self.work / 'runs'}",
             f"ranks.meet_timeout_s={MEET_TIMEOUT_S}", "train.checkpoint_every=0",
             "slurm.time=04:00:00", "slurm.signal_lead_s=60", "slurm.max_requeues=1",
@@ -249,15 +264,23 @@ def render(phases: list[Phase], args: argparse.Namespace) -> str:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
+    def mib(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    def gib(value: float | None) -> str:
+        return "-" if value is None else f"{value / 1024:.1f}"
+
     return table(
         f"{args.ranks} ranks ({args.nodes} nodes x {args.ranks // args.nodes}), "
         f"{'SLURM dev cluster' if args.slurm else 'local runner'}",
         ["phase", "exit", "wall s", "first step p0 s", "slowest rank s", "max wait s",
-         "p0 hits", "peak rank RSS MiB", "peak total RSS GiB", "stopped after kill s"],
+         "p0 hits", "peak rank RSS MiB", "peak total RSS GiB", "peak rank PSS MiB",
+         "peak total PSS GiB", "stopped after kill s"],
         [[p.name, p.exit_code, f"{p.wall_s:.0f}", seconds(p.first_step_p0_s),
           seconds(p.first_step_max_s), seconds(p.rank_wait_max_s),
           "-" if p.hits_p0 is None else p.hits_p0, f"{p.peak_rank_rss_mb:.0f}",
-          f"{p.peak_total_rss_mb / 1024:.1f}", seconds(p.stopped_after_s)] for p in phases])
+          f"{p.peak_total_rss_mb / 1024:.1f}", mib(p.peak_rank_pss_mb),
+          gib(p.peak_total_pss_mb), seconds(p.stopped_after_s)] for p in phases])
 
 
 def main() -> int:

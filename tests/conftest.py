@@ -34,7 +34,8 @@ import pytest
 import submitit  # noqa: F401  (imported before any test: see the comment below)
 from filelock import FileLock
 
-from bench.common import LEGACY_CPU_FUSION, TINY_STEP
+from bench.common import FAST_STEP as FAST_STEP  # re-exported for the tests
+from bench.common import TINY_CACHED as TINY_CACHED
 from bench.common import with_xla_flag as with_xla_flag  # re-exported for the tests
 
 # submitit configures its logger with logging.config.dictConfig at its first import, which
@@ -50,14 +51,10 @@ DEMO = REPO / "configs" / "demo.yaml"
 # processes, a launch at half the CPU (on CPU the demo's second process only misses and
 # compiles again).
 ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
-# The tiny step, every compile cached however fast: for a test that needs the step compiled
-# and in the cache, whatever its compile time.
-TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
-# The cheapest step there is, compiled the cheapest way and every compile cached: for a test
-# of what happens around the compile (ranks, SLURM, signals), where neither the step's size
-# nor its compile time is the point. XLA's older CPU fusion emitter, a flag of jax < 0.11
-# (the main venv's), compiles it in a quarter of the time.
-FAST_STEP = (*TINY_CACHED, with_xla_flag(LEGACY_CPU_FUSION))
+# TINY_CACHED: the tiny step, every compile cached however fast, for a test that needs the
+# step compiled and in the cache; FAST_STEP: the cheapest step there is, compiled the
+# cheapest way, for a test of what happens around the compile (ranks, SLURM, signals).
+# Both from bench.common, which the benchmarks of many ranks share.
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from jaxwarm.launcher.environment import (
     dropped_variables,
     expand_variables,
     job_environment,
+    key_variable,
     merge_environment,
 )
 from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
@@ -88,6 +89,19 @@ def test_user_flags_and_options_reach_the_environment(tmp_path: Path) -> None:
                                 "--xla_force_host_platform_device_count=4")
     assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
     assert env["MY_VAR"] == "1"
+
+
+def test_cpu_ranks_get_two_malloc_arenas_unless_the_config_says_otherwise(
+        tmp_path: Path) -> None:
+    """MALLOC_ARENA_MAX bounds a CPU rank's memory (docs/scale.md); it is no key variable,
+    so it changes no cache key, and a GPU job's environment does not get it."""
+    base = [f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}"]
+    assert job_environment(*pin_config(load_config(DEMO, base)))["MALLOC_ARENA_MAX"] == "2"
+    mine = job_environment(*pin_config(load_config(DEMO, [*base, "env={MALLOC_ARENA_MAX: 8}"])))
+    assert mine["MALLOC_ARENA_MAX"] == "8"
+    gpu = job_environment(*pin_config(load_config(DEMO, [*base, "topology.platform=gpu"])))
+    assert "MALLOC_ARENA_MAX" not in gpu
+    assert not key_variable("MALLOC_ARENA_MAX")
 
 
 def test_pgle_reaches_every_job_the_same_and_only_when_on(tmp_path: Path) -> None:

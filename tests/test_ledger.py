@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.injob.ledger import owner, package_of
+from jaxwarm.launcher.injob.ledger import INTERVAL_S, Ledger, frames_of, owner, package_of
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 
@@ -34,7 +34,24 @@ def test_a_librarys_frame_under_the_plumbing_names_the_library() -> None:
                      "def restore():\n"
                      "    return json.loads('1', parse_int=lambda _: sys._getframe(1))\n")
     frame = library.restore()  # json (stdlib) called back into the library's frame's caller
-    assert owner(frame) == "orbax.checkpoint"
+    assert owner(frames_of(frame)) == "orbax.checkpoint"
+
+
+def test_the_main_thread_samples_itself_where_it_runs_for_the_ledger() -> None:
+    """The ledger's thread asks, the main thread takes each sample between two of its
+    bytecodes (no other thread walks its frames): while it runs a library's Python, the
+    spans name that library, and the sampling's cost is counted."""
+    library = module("orbax.checkpoint._src.spin",
+                     "def spin(ledger, samples):\n"
+                     "    while ledger.sampling().samples < samples:\n"
+                     "        for _ in range(10000):\n"
+                     "            pass\n")
+    ledger = Ledger(interval_s=0.001).start()
+    library.spin(ledger, 20)
+    ledger.stop()
+    owners = {name for _, _, name in ledger.spans()}
+    assert "orbax.checkpoint" in owners, ledger.spans()
+    assert ledger.sampling().cost_s > 0
 
 
 def test_a_script_is_named_by_its_file_and_a_private_module_by_its_package() -> None:
@@ -52,8 +69,8 @@ def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
     (package / "inner").mkdir(parents=True)
     (package / "__init__.py").write_text("from slowpkg import inner\n")
     (package / "inner" / "__init__.py").write_text(
-        "import sys\nfrom jaxwarm.launcher.injob.ledger import owner\n"
-        "SEEN = owner(sys._getframe())\n")
+        "import sys\nfrom jaxwarm.launcher.injob.ledger import frames_of, owner\n"
+        "SEEN = owner(frames_of(sys._getframe()))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import slowpkg  # type: ignore[import-not-found]
     assert slowpkg.inner.SEEN == "import slowpkg"
@@ -79,6 +96,6 @@ def test_the_reference_trainers_other_is_split_by_owner(tmp_path: Path) -> None:
         pytest.approx(train["time_to_first_step_s"], abs=1e-3)
     sampling = train["sampling"]
     assert sampling["samples"] > 0 and sampling["cost_s"] >= 0
-    assert sampling["interval_s"] == 0.02
+    assert sampling["interval_s"] == INTERVAL_S
     table = run_cli("report", str(run)).stdout
     assert "train   r0 p0  other: " in table and "of CPU)" in table

@@ -3,20 +3,32 @@
 JAX times its traces, lowerings and compiles, jaxwarm its own waits; the rest of a start
 (model and optimizer construction, a checkpoint restore, a data pipeline, imports after
 jax's) is the trainer's own Python, which nothing times. A sampling thread reads the main
-thread's stack (`sys._current_frames()`) every `INTERVAL_S` and names who it is in
-(`owner`): the innermost frame's package that is not the plumbing every stack goes through
-(the standard library, jax, jaxlib, numpy), e.g. `orbax.checkpoint`, `flax.linen`, or the
-trainer's own module; `import X` while a module is being imported. Each sample stands for
-the time to the next one. The init phases (`jaxwarm.launcher.injob.phases`) give those spans the
+thread's stack every `INTERVAL_S` and names who it is in (`owner`): the innermost frame's
+package that is not the plumbing every stack goes through (the standard library, jax,
+jaxlib, numpy), e.g. `orbax.checkpoint`, `flax.linen`, or the trainer's own module;
+`import X` while a module is being imported. Each sample stands for the time to the next
+one. The init phases (`jaxwarm.launcher.injob.phases`) give those spans the
 lowest precedence, so they split only what no timer covers: "other" comes out by owner,
 and what remains unnamed is what no sample saw (shorter than an interval).
 
-Cost: one stack walk per sample on a thread of its own; the report states the sampler's
-own CPU time (`Sampling.cost_s`).
+How it reads the stack: the sampling thread only keeps time; the main thread walks its
+own stack (`frames_of`), between two of its bytecodes, as a pending call
+(`Py_AddPendingCall`, the way CPython runs a Python signal handler, without a signal). No
+thread walks another's frames: `sys._current_frames()` and `f_back` from the sampling
+thread, as this did first, and faulthandler's walk in C, tried next, both crashed ranks on
+CPython 3.11.7 with SIGSEGV (in `PyFrame_GetBack`, `_PyFrame_MakeAndSetFrameObject`,
+`dump_traceback`: the main thread's frames changing under the walk; about one rank per
+64-rank launch, docs/scale.md). A main thread inside a long native call takes no sample
+until it is back in Python: that time goes to the sample before, most often taken in the
+frame that made the call.
+
+Cost: one stack walk per sample on the main thread, a wake-up on the sampling thread; the
+report states the CPU time of both (`Sampling.cost_s`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -58,40 +70,63 @@ def top_of(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "jaxwarm" else parts[0]
 
 
-def owner(frame: FrameType | None) -> str | None:
-    """Who the stack ending in `frame` works for (see the module docstring)."""
+# One frame of a stack: its module's name, its file and its function.
+Frame = tuple[str, str, str]
+
+
+def frames_of(frame: FrameType | None) -> list[Frame]:
+    """The stack ending in `frame`, innermost first; `frame` of the calling thread (see the
+    module docstring)."""
+    stack = []
+    while frame is not None:
+        stack.append((str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename,
+                      frame.f_code.co_name))
+        frame = frame.f_back
+    return stack
+
+
+def owner(stack: list[Frame]) -> str | None:
+    """Who `stack` (innermost first) works for (see the module docstring)."""
     importing: str | None = None
     found: str | None = None
-    innermost: str | None = None
-    while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
+    for index, (module, filename, function) in enumerate(stack):
         top = top_of(module)
-        if innermost is None:
-            innermost = top
         if found is None and top and top not in PLUMBING:
-            found = package_of(module, frame.f_code.co_filename)
-        caller = frame.f_back
-        if frame.f_code.co_name == "<module>" and caller is not None \
-                and caller.f_code.co_filename.startswith("<frozen importlib"):
+            found = package_of(module, filename)
+        caller = stack[index + 1] if index + 1 < len(stack) else None
+        if function == "<module>" and caller is not None \
+                and caller[1].startswith("<frozen importlib"):
             importing = top  # the outermost import wins: `import flax` runs flax.linen's
-        frame = caller
     if importing is not None:
         return f"import {importing}"
-    return found or innermost
+    return found or (top_of(stack[0][0]) if stack else None)
+
+
+# Py_AddPendingCall: a C function the main thread calls between two of its bytecodes, with
+# the GIL, as it runs a Python signal handler. ctypes.pythonapi holds the GIL for the call.
+_PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_add_pending_call = ctypes.pythonapi.Py_AddPendingCall
+_add_pending_call.argtypes = [_PENDING, ctypes.c_void_p]
+_add_pending_call.restype = ctypes.c_int
 
 
 class Ledger:
-    """Samples the main thread until `stop`; `spans()` are (start, end, owner) runs."""
+    """Samples the main thread until `stop`; `spans()` are (start, end, owner) runs.
+
+    Only the main thread writes the samples, in `_on_main`, which can run between any two
+    of its bytecodes, this class's own included: so no lock (the main thread would wait for
+    itself), and a reader (any thread) copies what is there."""
 
     def __init__(self, interval_s: float = INTERVAL_S):
         self.interval_s = interval_s
-        self._target = threading.main_thread().ident or 0
         self._runs: list[tuple[float, float, str]] = []
         self._current: tuple[float, str] | None = None
-        self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._samples = 0
-        self._cpu_s = 0.0  # the sampler thread's own CPU time so far
+        self._main_cpu_s = 0.0  # the samples' CPU time on the main thread
+        self._cpu_s = 0.0  # the timer thread's own CPU time so far
+        self._queued = False  # a sample waits for the main thread
+        self._callback = _PENDING(self._on_main)  # kept alive while a call may be queued
         self._thread = threading.Thread(target=self._run, name="jaxwarm-ledger", daemon=True)
 
     def start(self) -> Ledger:
@@ -99,38 +134,52 @@ class Ledger:
         return self
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.interval_s):
-            frame = sys._current_frames().get(self._target)  # noqa: SLF001 (the sampler)
-            name = owner(frame) if frame is not None else None
-            del frame
-            now = time.time()
-            with self._lock:
-                self._samples += 1
-                if self._current is not None and self._current[1] != name:
-                    self._close(now)
-                if self._current is None and name is not None:
-                    self._current = (now, name)
-                self._cpu_s = time.thread_time()
-            if name is None and not threading.main_thread().is_alive():
-                return
+        """Every interval, ask the main thread for one sample (one at a time: a main thread
+        inside a long native call takes it when it is back in Python)."""
+        while not self._stopped.wait(self.interval_s) and threading.main_thread().is_alive():
+            self._cpu_s = time.thread_time()
+            if self._queued:
+                continue
+            self._queued = True
+            if _add_pending_call(self._callback, None) != 0:  # the queue is full: next time
+                self._queued = False
 
+    def _on_main(self, _: int | None) -> int:
+        """One sample, run by the main thread between two of its bytecodes: the stack it was
+        in, below this call, walked by its own thread. Never raises into the trainer."""
+        try:
+            if not self._stopped.is_set():
+                start = time.thread_time()
+                self._sample(owner(frames_of(sys._getframe(1))))
+                self._main_cpu_s += time.thread_time() - start
+        except Exception:  # noqa: BLE001, S110 (a lost sample, never the trainer's error)
+            pass
+        finally:
+            self._queued = False
+        return 0
+
+    def _sample(self, name: str | None) -> None:
+        now = time.time()
+        self._samples += 1
+        if self._current is not None and self._current[1] != name:
+            self._close(now)
+        if self._current is None and name is not None:
+            self._current = (now, name)
     def _close(self, now: float) -> None:
-        assert self._current is not None
+        current = self._current
+        assert current is not None
         if len(self._runs) < MAX_SPANS:
-            self._runs.append((self._current[0], now, self._current[1]))
+            self._runs.append((current[0], now, current[1]))
         self._current = None
 
     def spans(self) -> list[tuple[float, float, str]]:
         """The runs so far, the one in progress up to now."""
-        with self._lock:
-            current = [(self._current[0], time.time(), self._current[1])] \
-                if self._current is not None else []
-            return [*self._runs, *current]
+        current = self._current
+        return [*self._runs, *([(current[0], time.time(), current[1])] if current else [])]
 
     def stop(self) -> None:
         self._stopped.set()
 
     def sampling(self) -> Sampling:
-        with self._lock:
-            return Sampling(interval_s=self.interval_s, samples=self._samples,
-                            cost_s=round(self._cpu_s, 6))
+        return Sampling(interval_s=self.interval_s, samples=self._samples,
+                        cost_s=round(self._cpu_s + self._main_cpu_s, 6))

@@ -85,6 +85,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "big-compile": lambda: big_compile.big_table(result("big-compile")["row"]),
     "scale-32-local": lambda: scale_table("scale-32-local"),
     "scale-32-slurm": lambda: scale_table("scale-32-slurm"),
+    "scale-64-local": lambda: scale_table("scale-64-local"),
     "stage-reads-4nodes": lambda: stage_reads.reads_table(result("stage-reads-4nodes")),
     "stage-reads-8nodes": lambda: stage_reads.reads_table(result("stage-reads-8nodes")),
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),

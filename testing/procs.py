@@ -48,3 +48,12 @@ def run_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
             rank = environ.get("JAXWARM_PROCESS_ID") or environ.get("SLURM_PROCID") or "0"
             found[int(proc.name)] = (int(rank), command)
     return found
+
+
+def available_gib() -> float:
+    """The memory the kernel says can be had without swapping (MemAvailable), in GiB: what a
+    test of many processes checks before it starts them."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0

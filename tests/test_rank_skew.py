@@ -1,6 +1,8 @@
 """Ranks that reach their first collective far apart (2 processes x 1 CPU device, the tiny
 demo step; process 1 builds the step `tests.late_factory.LATE_S` = 40 s late: one late rank
-is all the skew takes, and each more rank only compiles the step once more).
+is all the skew takes, and each more rank only compiles the step once more); and the same
+at the mission's 64 ranks, where the point is 64 processes meeting and folded in one
+report (skipped where the machine has not the memory for them).
 
 Before the ranks met after each compile, a launch of 8 or 16 ranks on this machine died:
 process 0 loaded the step from the cache and reached its first collective while the others
@@ -17,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.launcher.report import HEADLINE_LINES, load_reports, summarize
 from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.store.store import open_store
+from testing.procs import available_gib
 from tests.conftest import DEMO, ranks_layout, run_cli
 from tests.late_factory import LATE_S
 
@@ -43,3 +48,43 @@ def test_ranks_a_collective_would_not_wait_for_meet_before_it(tmp_path: Path) ->
     assert reports[0]["ranks_wait_s"] > LATE_S - 10
     assert all(r["time_to_first_step_s"] is not None for r in reports)
     assert "jit_train_step: HIT on process 0" in result.stdout
+
+
+# The mission's layout: 8 nodes x 8 processes, 1 CPU device each, the cheapest step.
+NODES, PER_NODE = 8, 8
+# What 64 ranks of the cheapest step take from the machine at their peak, supervisors and
+# launcher included (the sum of their PSS, bench/results/scale-64-local.json: 8.1 GiB),
+# and a margin: below that much available memory the test is skipped, not OOM-killed.
+MEMORY_FLOOR_GIB = 11.0
+
+
+def test_64_ranks_meet_a_rank_late_beyond_gloos_wait_and_the_headline_fits(
+        tmp_path: Path) -> None:
+    """The same skew at the mission's 64 ranks, without a prewarm (every rank compiles,
+    process 0 at once, the others 40 s late): process 0 waits at the meeting for 63 ranks,
+    the launch passes, and the report's headline names all 64 processes in a screen."""
+    available = available_gib()
+    if available < MEMORY_FLOOR_GIB:
+        pytest.skip(f"64 ranks need {MEMORY_FLOOR_GIB:.0f} GiB of available memory "
+                    f"(MemAvailable); this machine has {available:.1f} GiB")
+    ranks = NODES * PER_NODE
+    cache = tmp_path / "cache"
+    result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
+                     *ranks_layout(ranks, NODES, PER_NODE), f"topology.nodes={NODES}",
+                     f"topology.processes_per_node={PER_NODE}", "ranks.meet_timeout_s=1800",
+                     "step.factory=tests.late_factory:make_train_step_late",
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", timeout=2400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "demo"
+    reports = [r for r in load_reports(run_dir) if r.job == "train"]
+    assert sorted(r.process_index for r in reports) == list(range(ranks))
+    first = next(r for r in reports if r.process_index == 0)
+    assert first.ranks_wait_s > LATE_S - 10
+    assert all(r.time_to_first_step_s is not None for r in reports)
+    store = open_store(str(cache))
+    headline = summarize(reports, store.manifest(strict=False), "demo", store, run_dir)
+    assert len(headline) <= HEADLINE_LINES
+    assert not any("more line(s)" in line for line in headline), headline
+    assert all(line in result.stdout for line in headline)
+    assert any(line.startswith("time to first step (restart 0):") and "processes 0-63" in line
+               for line in headline), headline

@@ -169,14 +169,18 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
         log = verify_job.log_path(task).read_text()
         assert "WARM  train_step" in log and "WARM  init_state" in log, log[-3000:]
 
-    launch = ok(jaxwarm(leg, tmp_path, "launch", *args))
-    assert "prewarm job: skipped (--prewarm auto)" in launch, launch
+    launch = jaxwarm(leg, tmp_path, "launch", *args)
+    ok(launch)
     train = read_jobs(run_dir)[-1]
-    assert train.name == "train"
-    for restart in (0, 1):
-        wait_for_step_lookup(run_dir, restart, train, timeout=900)
-        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
-    assert wait_job(train.job_id, timeout=900) == "COMPLETED"
+    try:
+        assert "prewarm job skipped (auto): the fingerprint" in launch.stderr, launch.stderr
+        assert [job.name for job in read_jobs(run_dir)] == ["prewarm", "verify", "train"]
+        for restart in (0, 1):
+            wait_for_step_lookup(run_dir, restart, train, timeout=900)
+            subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        assert wait_job(train.job_id, timeout=900) == "COMPLETED"
+    finally:  # a job of a million steps: never left running
+        subprocess.run(["scancel", train.job_id], check=True)
 
     first, restart = (json.loads(report_path(run_dir, "train", r, 0).read_text())
                       for r in (0, 1))

@@ -21,7 +21,7 @@ the training job then looks up:
   shardings the abstract state's, inside `logical_axis_rules` and no mesh) and runs it at
   once, and no function of MaxText returns it. `init_state_target` builds the same lambda
   from MaxText's own model and optimizer constructors; the training job's `jit__lambda`
-  is the key this prewarms (tests/test_maxtext_slurm.py checks the HIT).
+  is the key this prewarms (tests/test_maxtext.py checks the HIT).
 """
 
 from __future__ import annotations

@@ -10,11 +10,14 @@ Public API:
     job_fields(job_id) -> dict[str, str]    all fields of ``scontrol show job -o``
     sbatch(*args, cwd=None) -> str    submit with ``sbatch --parsable``; return the job id
     sacct_state(job_id) -> str | None current state as accounting (sacct) reports it
+    wait_for(predicate, timeout, what, job=None)   poll; a job that ended first fails at once
+    wait_for_step_lookup(run_dir, restart, job)    until that training attempt looked its step up
     TERMINAL_STATES, REPO_ROOT, CLUSTER_SCRIPT
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,6 +27,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.submit.slurm import SubmittedJob
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm-dev-cluster"
@@ -199,3 +205,44 @@ def wait_job(job_id: str | int, timeout: float = 60.0, poll: float = 0.5) -> str
                 f"(sacct: {state}, slurmctld: {live})\n{details}"
             )
         time.sleep(poll)
+
+
+def wait_for(predicate, timeout: float, what: str, job: SubmittedJob | None = None) -> None:
+    """Poll until predicate(). With the job it waits on, a job that ended first fails the
+    test at once, and either failure says what SLURM and the job's log said: a CI run that
+    times out must name its cause (a pending job, a down node, a failed task)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        ended = job is not None and job_field(job.job_id, "JobState") in TERMINAL_STATES
+        if ended or time.monotonic() > deadline:
+            why = "the job ended" if ended else f"timed out after {timeout:.0f} s"
+            raise AssertionError(f"{why} waiting for {what}" + ("" if job is None
+                                                                 else job_diagnosis(job)))
+        time.sleep(1)
+
+
+def job_diagnosis(job: SubmittedJob) -> str:
+    """What SLURM says of the job and its nodes, and the tail of each task's log."""
+    def run(*args: str) -> str:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+        return (done.stdout + done.stderr).strip()
+    logs = [f"--- {path.name} (tail) ---\n" + "\n".join(path.read_text(errors="replace")
+                                                       .splitlines()[-40:])
+            for path in sorted(Path(job.log_dir).glob(f"{job.job_id}_*_log.*"))]
+    return "\n".join(["", "--- scontrol show job ---", run("scontrol", "show", "job", job.job_id),
+                      "--- sinfo -N ---", run("sinfo", "-N", "-o", "%N %T %E"),
+                      "--- squeue ---", run("squeue"), *logs])
+
+
+def wait_for_step_lookup(run_dir: Path, restart: int, job: SubmittedJob,
+                         timeout: float = 600) -> None:
+    """Until process 0 of that attempt of the training job has looked up the train step.
+    Its report is first written when a first execution is only guessed (the largest inputs
+    so far: the init state's), before the step's own lookup is in it."""
+    path = report_path(run_dir, "train", restart, 0)
+
+    def looked_up() -> bool:
+        return path.exists() and any(fn["name"] == "jit_train_step"
+                                     for fn in json.loads(path.read_text())["functions"])
+
+    wait_for(looked_up, timeout, f"attempt {restart}'s lookup of the train step", job)

@@ -1,5 +1,7 @@
-"""MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` is a HIT
-in the training job on 1 process (hardware=cpu) and on 2 (hardware=gpu_multiprocess).
+"""MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` and its
+state init (`jit__lambda`) are HITs in the training job on 1 process (hardware=cpu) and on 2
+(hardware=gpu_multiprocess), locally and on the SLURM dev cluster (2 nodes x 1 process, with a
+requeue by signal that resumes from MaxText's own preemption checkpoint, warm).
 
 It runs in MaxText's own venv (`make test` and `make maxtext` build `.venvs/maxtext`,
 `testing/legs.py`; `make maxtext` runs this file alone), as a user runs it: `jaxwarm
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,9 @@ import pytest
 
 from jaxwarm.launcher.records import SETTING_CHANGED
 from jaxwarm.launcher.rundir import report_path
+from jaxwarm.launcher.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
+from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +36,17 @@ CONFIG = REPO / "examples" / "maxtext" / "maxtext-cpu.yaml"
 # The README's 2-process launch: MaxText joins the processes itself.
 TWO_PROCESSES = ("topology.processes_per_node=2", "topology.devices_per_process=2",
                  "env.M_HARDWARE=gpu_multiprocess", 'env.M_SKIP_JAX_DISTRIBUTED_SYSTEM="false"')
+# docs/maxtext.md's SLURM launch: the 2-process layout on 2 nodes, and a run long enough to be
+# stopped by signal only: SLURM's warning (USR2) is forwarded as SIGTERM, which JAX's
+# preemption notifier hears; MaxText checkpoints at the step its processes agree on
+# (enable_autocheckpoint) and ends, and the requeued job restores that checkpoint. Orbax
+# checkpoints into an absolute dir only.
+TWO_NODES = ("--slurm", "topology.nodes=2", "topology.devices_per_process=2",
+             "env.M_HARDWARE=gpu_multiprocess", 'env.M_SKIP_JAX_DISTRIBUTED_SYSTEM="false"')
+UNTIL_PREEMPTED = ('env.M_STEPS="1000000"', "train.steps=1000000",
+                   'env.M_ENABLE_CHECKPOINTING="true"', 'env.M_ENABLE_AUTOCHECKPOINT="true"',
+                   'env.M_ASYNC_CHECKPOINTING="false"', "slurm.signal=TERM",
+                   "slurm.max_requeues=1")
 MODULE_FORM = ("entrypoint.module: maxtext.trainers.pre_train.train runs as python -m "
                "maxtext.trainers.pre_train.train, with jaxwarm's init recorder")
 
@@ -60,10 +76,16 @@ def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
     return result.stdout
 
 
+def example_args(tmp: Path, *overrides: str) -> list[str]:
+    """The example config with the adapter's absolute path and MaxText's own cache dir in
+    `tmp` (which must stay empty)."""
+    return [str(CONFIG), f"env.PYTHONPATH={REPO / 'examples' / 'maxtext'}",
+            f"env.M_JAX_CACHE_DIR={tmp / 'maxtext-own-cache'}", *overrides]
+
+
 def run(leg: Leg, tmp: Path, *overrides: str, verify: bool) -> dict[str, Any]:
     """prewarm, (verify,) launch --no-prewarm: the outputs, the training job's reports."""
-    args = [str(CONFIG), "--local", f"env.PYTHONPATH={REPO / 'examples' / 'maxtext'}",
-            f"env.M_JAX_CACHE_DIR={tmp / 'maxtext-own-cache'}", *overrides]
+    args = example_args(tmp, "--local", *overrides)
     done: dict[str, Any] = {"prewarm": ok(jaxwarm(leg, tmp, "prewarm", *args))}
     if verify:
         done["verify"] = ok(jaxwarm(leg, tmp, "verify", *args))
@@ -80,25 +102,32 @@ def run(leg: Leg, tmp: Path, *overrides: str, verify: bool) -> dict[str, Any]:
 
 def assert_hit_in_jaxwarm_s_cache(done: dict[str, Any], tmp: Path) -> None:
     assert "jit_train_step: HIT on process 0" in done["launch"], done["launch"]
-    p0 = done["p0"]
-    steps = [fn for fn in p0["functions"] if fn["name"] == "jit_train_step"]
-    assert steps and all(fn["hit"] for fn in steps), p0["functions"]
-    assert p0["time_to_first_step_s"] is not None and p0["time_to_first_step_s"] > 0
-    # MaxText set its own jax_cache_dir; the guard put jaxwarm's back before the lookup.
+    assert_prewarmed_hits(done["p0"], tmp)
+    assert MODULE_FORM in done["log"], done["log"][-3000:]
+
+
+def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
+    """Process 0's report of a training attempt: the step and the state init (which MaxText
+    compiles, inline, before the step) HITs in jaxwarm's cache, though MaxText set its own
+    jax_cache_dir: the guard put jaxwarm's back before the lookups."""
     cache = tmp / "jax-cache"
+    for name in ("jit_train_step", "jit__lambda"):
+        found = [fn for fn in p0["functions"] if fn["name"] == name]
+        assert found and all(fn["hit"] for fn in found), (name, p0["functions"])
+        assert any(f"{fn['key']}-cache" in os.listdir(cache) for fn in found)
+    assert p0["time_to_first_step_s"] is not None and p0["time_to_first_step_s"] > 0
     assert p0["cache_dir"] == str(cache)
-    assert any(f"{fn['key']}-cache" in os.listdir(cache) for fn in steps)
     own = tmp / "maxtext-own-cache"
     changed = [w["text"] for w in p0["warnings"] if w["kind"] == SETTING_CHANGED]
     assert any(f"jax_compilation_cache_dir to {str(own)!r}" in line
                and "cache.enforce is on" in line for line in changed), changed
     assert not own.exists() or not any(own.iterdir()), list(own.iterdir())
-    assert MODULE_FORM in done["log"], done["log"][-3000:]
 
 
 def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
     done = run(leg, tmp_path, verify=True)
     assert done["verify"].startswith("WARM  jit_train_step"), done["verify"]
+    assert "WARM  jit__lambda" in done["verify"], done["verify"]
     # Asked of MaxText itself (python -m, its own set-up): the same key, WARM.
     key = done["verify"].split()[2]
     assert f"WARM  jit_train_step  {key}  (the trainer looked it up at" in \
@@ -112,3 +141,59 @@ def test_maxtext_hits_on_two_processes(leg: Leg, tmp_path: Path) -> None:
     done = run(leg, tmp_path, *TWO_PROCESSES, verify=False)
     assert_hit_in_jaxwarm_s_cache(done, tmp_path)
     assert len(done["reports"]) == 2, done["reports"]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeue(
+        leg: Leg, tmp_path: Path) -> None:
+    """docs/maxtext.md's SLURM commands: the prewarm job, verify (both processes' view),
+    then the training job, warm (--prewarm auto: the job alone), stopped by SLURM's warning
+    signal once in each attempt: the first requeues, the restart resumes from MaxText's
+    checkpoint, warm, and the second ends the job (max_requeues=1)."""
+    ensure_cluster()
+    args = example_args(tmp_path, *TWO_NODES, *UNTIL_PREEMPTED,
+                        f"env.M_BASE_OUTPUT_DIRECTORY={tmp_path / 'maxtext-out'}")
+    prewarm = ok(jaxwarm(leg, tmp_path, "prewarm", *args, "--wait"))
+    assert "prewarm: SLURM job" in prewarm, prewarm
+    run_dir = tmp_path / "runs" / "maxtext"
+    prewarmed = json.loads(report_path(run_dir, "prewarm", 0, 0).read_text())["functions"]
+    assert {fn["name"] for fn in prewarmed} >= {"jit_train_step", "jit__lambda"}, prewarmed
+
+    verify = ok(jaxwarm(leg, tmp_path, "verify", *args))
+    assert "WARM  jit_train_step" in verify and "WARM  jit__lambda" in verify, verify
+    # Process 0 decides for the run; each process says so in its own task's log, with its
+    # own key (on CPU each process's devices enter its key).
+    verify_job = read_jobs(run_dir)[-1]
+    for task in (0, 1):
+        log = verify_job.log_path(task).read_text()
+        assert "WARM  train_step" in log and "WARM  init_state" in log, log[-3000:]
+
+    launch = jaxwarm(leg, tmp_path, "launch", *args)
+    ok(launch)
+    train = read_jobs(run_dir)[-1]
+    try:
+        assert "prewarm job skipped (auto): the fingerprint" in launch.stderr, launch.stderr
+        assert [job.name for job in read_jobs(run_dir)] == ["prewarm", "verify", "train"]
+        for restart in (0, 1):
+            wait_for_step_lookup(run_dir, restart, train, timeout=900)
+            subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        assert wait_job(train.job_id, timeout=900) == "COMPLETED"
+    finally:  # a job of a million steps: never left running
+        subprocess.run(["scancel", train.job_id], check=True)
+
+    first, restart = (json.loads(report_path(run_dir, "train", r, 0).read_text())
+                      for r in (0, 1))
+    assert_prewarmed_hits(first, tmp_path)
+    assert_prewarmed_hits(restart, tmp_path)
+    assert restart["restart_count"] == 1 and restart["environment"] == first["environment"]
+    log = train.log_path().read_text()
+    assert "got SIGUSR2, forwarding SIGTERM" in log
+    assert "requeueing job" in log and "not requeueing job" in log
+    assert log.count("Training stopped: Job received termination signal (SIGTERM)") == 2
+    resumed = re.search(r"restoring from this run's directory step (\d+)", log)
+    assert resumed, log[-3000:]
+    assert (tmp_path / "maxtext-out" / "maxtext" / "checkpoints" / resumed[1]).is_dir()
+    status = ok(jaxwarm(leg, tmp_path, "status", str(run_dir)))
+    assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status), status
+    assert "attempt r0: warm" in status and "attempt r1: warm" in status, status

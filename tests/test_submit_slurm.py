@@ -11,7 +11,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,16 @@ import pytest
 from jaxwarm.launcher.files import locked
 from jaxwarm.launcher.rundir import report_path, step_reached
 from jaxwarm.launcher.store.entries import writer_lock_path
-from jaxwarm.launcher.submit.slurm import SubmittedJob, job_states, read_jobs
+from jaxwarm.launcher.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
-from tests.slurm_cluster import TERMINAL_STATES, ensure_cluster, job_field, job_fields, wait_job
+from tests.slurm_cluster import (
+    ensure_cluster,
+    job_field,
+    job_fields,
+    wait_for,
+    wait_for_step_lookup,
+    wait_job,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -58,33 +64,6 @@ def step_hit(report: dict) -> bool:
 # keeps the job from holding both cores for the minutes it waits. Every 2 steps (under 10 s)
 # its processes agree whether to stop, well inside SLURM's KillWait of 30 s.
 UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")
-
-
-def wait_for(predicate, timeout: float, what: str, job: SubmittedJob | None = None) -> None:
-    """Poll until predicate(). With the job it waits on, a job that ended first fails the
-    test at once, and either failure says what SLURM and the job's log said: a CI run that
-    times out must name its cause (a pending job, a down node, a failed task)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        ended = job is not None and job_field(job.job_id, "JobState") in TERMINAL_STATES
-        if ended or time.monotonic() > deadline:
-            why = "the job ended" if ended else f"timed out after {timeout:.0f} s"
-            raise AssertionError(f"{why} waiting for {what}" + ("" if job is None
-                                                                 else job_diagnosis(job)))
-        time.sleep(1)
-
-
-def job_diagnosis(job: SubmittedJob) -> str:
-    """What SLURM says of the job and its nodes, and the tail of each task's log."""
-    def run(*args: str) -> str:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
-        return (done.stdout + done.stderr).strip()
-    logs = [f"--- {path.name} (tail) ---\n" + "\n".join(path.read_text(errors="replace")
-                                                       .splitlines()[-40:])
-            for path in sorted(Path(job.log_dir).glob(f"{job.job_id}_*_log.*"))]
-    return "\n".join(["", "--- scontrol show job ---", run("scontrol", "show", "job", job.job_id),
-                      "--- sinfo -N ---", run("sinfo", "-N", "-o", "%N %T %E"),
-                      "--- squeue ---", run("squeue"), *logs])
 
 
 def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
@@ -169,19 +148,6 @@ def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Pat
         assert len(read_jobs(run_dir)) == 1  # nothing more was submitted
     finally:
         subprocess.run(["scancel", train.job_id], check=True)
-
-
-def wait_for_step_lookup(run_dir: Path, restart: int, job: SubmittedJob) -> None:
-    """Until process 0 of that attempt of the training job has looked up the train step.
-    Its report is first written when a first execution is only guessed (the largest inputs
-    so far: the init state's), before the step's own lookup is in it."""
-    path = report_path(run_dir, "train", restart, 0)
-
-    def looked_up() -> bool:
-        return path.exists() and any(fn["name"] == "jit_train_step"
-                                     for fn in json.loads(path.read_text())["functions"])
-
-    wait_for(looked_up, 600, f"attempt {restart}'s lookup of the train step", job)
 
 
 def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:

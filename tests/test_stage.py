@@ -296,6 +296,12 @@ def train_report(tmp: Path, process: int, run: str = "demo", runs: str = "runs")
     return json.loads(report_path(tmp / runs / run, "train", 0, process).read_text())
 
 
+# The demo's prewarmed functions. A test asks that they hit, not that nothing else does: a
+# small function the trainer compiles (jit_slice) is stored too when its compile passed
+# JAX's minimum compile time, which a loaded machine decides, and hits in the next launch.
+PREWARMED = {"jit_train_step", "jit_init_state"}
+
+
 def hits(report: dict) -> set[str]:
     return {fn["name"] for fn in report["functions"] if fn["hit"]}
 
@@ -331,7 +337,7 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(staged: dict[str, Any]
     next start of the run on the node copies nothing it holds intact."""
     tmp, stage = staged["tmp"], staged["tmp"] / "stage"
     first, second = train_report(tmp, 0), train_report(tmp, 1)
-    assert hits(first) == {"jit_train_step", "jit_init_state"}, first["functions"]
+    assert PREWARMED <= hits(first), first["functions"]
     assert first["cache_dir"] == str(stage) and first["stage"]["stager"]
     assert len(first["stage"]["copied"]) == 2 and first["stage"]["fallback"] is None
     assert second["cache_dir"] == str(stage) and not second["stage"]["stager"]
@@ -344,7 +350,7 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(staged: dict[str, Any]
     assert again["stage"]["reused"] == [key for key in first["stage"]["copied"]
                                         if key != staged["cut"]]
     assert not again["stage"]["copied"]
-    assert hits(again) == {"jit_train_step", "jit_init_state"}
+    assert PREWARMED <= hits(again)
 
 
 @pytest.mark.e2e
@@ -356,13 +362,13 @@ def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(
     tmp = staged["tmp"]
     report = train_report(tmp, 0, runs="again")
     assert report["stage"]["replaced"] == [staged["cut"]]
-    assert report["cache_dir"] == str(tmp / "stage") and len(hits(report)) == 2
+    assert report["cache_dir"] == str(tmp / "stage") and PREWARMED <= hits(report)
     assert staged["out"]["again"].count(
         "was partial or corrupt; replaced it with a verified copy") == 1
 
     blocked, out = tmp / "not-a-dir", staged["out"]["blocked"]
     report = train_report(tmp, 0, runs="blocked")
-    assert report["cache_dir"] == str(tmp / "cache") and len(hits(report)) == 2
+    assert report["cache_dir"] == str(tmp / "cache") and PREWARMED <= hits(report)
     fallback = [line for line in out.splitlines() if "reading the shared cache dir" in line]
     assert len(fallback) == 1 and f"staging into {blocked} failed" in fallback[0], out[-3000:]
     assert "staging: node 0 read the shared cache dir: staging into" in out
@@ -387,7 +393,7 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
     verify = run_cli("cache", "verify", str(tmp_path / "cache"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     launch(tmp_path, "--no-prewarm", "run.name=unstaged", *ONE_PROCESS)
-    assert {"jit_train_step", "jit_init_state"} <= hits(train_report(tmp_path, 0, "unstaged"))
+    assert PREWARMED <= hits(train_report(tmp_path, 0, "unstaged"))
 
 
 @pytest.mark.slurm(lane=2)
@@ -417,6 +423,6 @@ def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
         assert len({s["dir"] for s in stages}) == 1 and stages[0]["dir"].startswith(str(stage))
         assert all(s["fallback"] is None for s in stages)
     assert len({stages[0]["dir"] for stages in by_node.values()}) == 2  # a dir per node
-    assert hits(reports[0]) == {"jit_train_step", "jit_init_state"}
+    assert PREWARMED <= hits(reports[0])
     notes = sorted(p.name for p in (tmp_path / "runs" / "demo" / "stage").iterdir())
     assert [name.rsplit("-", 1)[1] for name in notes] == ["n0.json", "n1.json"]

@@ -24,7 +24,8 @@ and of all ranks together (every process whose environment names the run dir, sa
 0.5 s from /proc): RSS, and the proportional set size (PSS), which counts a page that N
 processes share (jaxlib's code, ~150 MiB of a rank's RSS) 1/N in each, so that the ranks'
 PSS add up to what they take from the machine, where their RSS counts the shared pages once
-per rank. Run it under the heavy-command lock; it prints a table and writes JSON.
+per rank. Run it under the heavy-command lock; it prints a table and writes JSON, after each
+phase (a run stopped early keeps the phases it finished). `--phases` runs some of them.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.common import DEMO, FAST_STEP, REPO, machine, table, write_json
 from testing.procs import run_processes
@@ -223,28 +226,28 @@ class Scale:
                 process.send_signal(signal.SIGTERM)
         return during
 
-    def run(self) -> list[Phase]:
+    def run(self) -> Iterator[Phase]:
+        """The phases asked for, in order, each as it ends."""
         cache = self.work / "cache"
-        phases = []
         wanted = self.args.phases.split(",")
         if "cold" in wanted:
-            phases.append(self.phase("cold", self.launch_argv(cache, "train.steps=1")))
+            yield self.phase("cold", self.launch_argv(cache, "train.steps=1"))
         if "warm" in wanted:
-            phases.append(self.phase("warm", self.launch_argv(cache, "train.steps=2")))
+            yield self.phase("warm", self.launch_argv(cache, "train.steps=2"))
         if "requeue" in wanted:
-            phases.append(self.phase("requeue", self.launch_argv(cache, "train.steps=40"),
-                                     self.requeue_after(2)))
+            yield self.phase("requeue", self.launch_argv(cache, "train.steps=40"),
+                             self.requeue_after(2))
         if "resume" in wanted and not self.args.slurm:
-            phases.append(self.phase("resume", self.launch_argv(cache, "train.steps=40")))
+            yield self.phase("resume", self.launch_argv(cache, "train.steps=40"))
         if "kill-train" in wanted:
-            phases.append(self.phase("kill-train", self.launch_argv(cache, "train.steps=80"),
-                                     self.kill_when("train", "chunkwise step:")))
+            yield self.phase("kill-train", self.launch_argv(cache, "train.steps=80"),
+                             self.kill_when("train", "chunkwise step:"))
+        cold = self.work / "cache-killed"
         if "kill-prewarm" in wanted:
-            cold = self.work / "cache-killed"
-            phases.append(self.phase("kill-prewarm", self.launch_argv(cold, "train.steps=81"),
-                                     self.kill_when("prewarm", "COLD  train_step")))
-            phases.append(self.phase("relaunch", self.launch_argv(cold, "train.steps=81")))
-        return phases
+            yield self.phase("kill-prewarm", self.launch_argv(cold, "train.steps=81"),
+                             self.kill_when("prewarm", "COLD  train_step"))
+        if "relaunch" in wanted:
+            yield self.phase("relaunch", self.launch_argv(cold, "train.steps=81"))
 
 
 def cluster(*layout: str) -> None:
@@ -289,28 +292,36 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--slurm", action="store_true", help="on the SLURM dev cluster")
     parser.add_argument("--work", default="/tmp/jaxwarm-scale", help="run dirs and caches")
-    parser.add_argument("--phases", default="cold,warm,requeue,resume,kill-train,kill-prewarm")
+    parser.add_argument("--phases", help="some of them, comma-separated",
+                        default="cold,warm,requeue,resume,kill-train,kill-prewarm,relaunch")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("overrides", nargs="*", metavar="KEY.SUB=VALUE",
                         help="more config overrides for every launch")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
+
+    def figures(phases: list[Phase]) -> dict[str, Any]:
+        return {"machine": machine(), "ranks": args.ranks, "nodes": args.nodes,
+                "overrides": args.overrides, "backend": "slurm" if args.slurm else "local",
+                "load_before": load, "load_after": os.getloadavg(),
+                "phases": [asdict(p) for p in phases]}
+
+    phases: list[Phase] = []
     if args.slurm:  # grown for this run, back to the default layout after it
         cluster(str(args.nodes), str(max(2, args.ranks // args.nodes)))
-    try:
-        phases = Scale(args).run()
+    try:  # the JSON after each phase: a run stopped early keeps the phases it finished
+        for phase in Scale(args).run():
+            phases.append(phase)
+            if args.json:
+                write_json(args.json, figures(phases))
     finally:
         if args.slurm:
             cluster()
     print(render(phases, args))
     print(f"\nload average before: {load[0]:.1f}, after: {os.getloadavg()[0]:.1f}")
     if args.json:
-        write_json(args.json, {"machine": machine(), "ranks": args.ranks, "nodes": args.nodes,
-                               "overrides": args.overrides,
-                               "backend": "slurm" if args.slurm else "local",
-                               "load_before": load, "load_after": os.getloadavg(),
-                               "phases": [asdict(p) for p in phases]})
+        print(f"figures: {args.json}")
     return 0
 
 

@@ -86,6 +86,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale-32-local": lambda: scale_table("scale-32-local"),
     "scale-32-slurm": lambda: scale_table("scale-32-slurm"),
     "scale-64-local": lambda: scale_table("scale-64-local"),
+    "scale-64-slurm": lambda: scale_table("scale-64-slurm"),
     "stage-reads-4nodes": lambda: stage_reads.reads_table(result("stage-reads-4nodes")),
     "stage-reads-8nodes": lambda: stage_reads.reads_table(result("stage-reads-8nodes")),
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),

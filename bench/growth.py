@@ -1,15 +1,17 @@
-"""`python -m bench.growth [--ranks 1 8 64] [--repeats N] [--json PATH] [--png PATH]`: how
+"""`python -m bench.growth [--ranks 1 8 32 64] [--repeats N] [--json PATH] [--png PATH]`: how
 jaxwarm's own costs grow with the number of ranks (run it under the heavy lock).
 
-At each rank count R the demo step runs as R processes x 1 fake CPU device on this machine
-(mesh data=R x fsdp=1, global batch 2R in 2 chunks), with one trainer, `bench.plain_train`
+At each rank count R the cheapest step (`bench.common.FAST_STEP`) runs as R processes x 1
+fake CPU device on this machine (mesh data=R x fsdp=1, global batch R), with one trainer,
+`bench.plain_train`
 (a trainer that knows nothing of jaxwarm), started two ways on the same warm cache:
 
 - **by hand**: R processes started here, JAX's cache set through environment variables
   only (the `JAX_*` and `XLA_FLAGS` jaxwarm would give them, nothing else of jaxwarm), the
   coordinator named as the local runner names it;
 - **jaxwarm**: `jaxwarm launch --local --no-prewarm` with the trainer as
-  `entrypoint.function`: jaxwarm's runner, supervisors, recorder and cache hook around it.
+  `entrypoint.function`: jaxwarm's runner, supervisors, recorder, cache hook and the ranks'
+  meetings around it, and its job environment (on CPU `MALLOC_ARENA_MAX=2` too).
 
 First one `jaxwarm prewarm --local` at R ranks fills the cache (its wall time is the cold
 prewarm's). Then per repetition, each way once, in a fresh run dir:
@@ -26,7 +28,11 @@ prewarm's). Then per repetition, each way once, in a fresh run dir:
   (manifest, usage log, per-key writer locks), summed over ranks, prewarm and training.
 
 On CPU only process 0 loads the step (JAX hashes each process's devices into the key);
-every other rank compiles it, both ways.
+every other rank compiles it, both ways. Each figure of the table is the median over the
+repetitions (of each repetition's median or slowest rank), and jaxwarm's added time and
+memory come with their spread: the least and the most any one repetition added. With
+`--budget-s` a size gets fewer repetitions when the next would not end in time; its row
+says how many it has.
 """
 
 from __future__ import annotations
@@ -44,15 +50,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.chart import save_figure
-from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
+from bench.common import DEMO, FAST_STEP, REPO, BenchError, machine, publish, read_json, table
 from jaxwarm.launcher.config import load_config
 from jaxwarm.launcher.environment import job_environment, merge_environment
 from jaxwarm.launcher.injob.place import process_variables
 from jaxwarm.launcher.rundir import PREWARM, TRAIN, pinned_config, report_path
 from jaxwarm.launcher.submit.local import free_port
 
-RANKS = (1, 8, 64)
-REPEATS = 1
+RANKS = (1, 8, 32, 64)
+REPEATS = 3
 TIMEOUT_S = 3600.0
 TRAINER = "bench.plain_train"
 
@@ -60,8 +66,8 @@ TRAINER = "bench.plain_train"
 def overrides(work: Path, ranks: int, runs: str) -> list[str]:
     return [f"run.out_dir={work / runs}", f"cache.dir={work / 'cache'}",
             f"topology.processes_per_node={ranks}", "topology.devices_per_process=1",
-            f"mesh.axes={{data: {ranks}, fsdp: 1}}", f"step.args.global_batch={2 * ranks}",
-            "train.steps=1", "stop_grace_s=60",
+            f"mesh.axes={{data: {ranks}, fsdp: 1}}", f"step.args.global_batch={ranks}",
+            *FAST_STEP, "train.steps=1", "stop_grace_s=60",
             f"entrypoint={{function: '{TRAINER}:main', args: ['{{config}}', "
             f"'{work / runs / 'first-step'}']}}"]
 
@@ -196,16 +202,21 @@ def with_jaxwarm(work: Path, ranks: int, runs: str) -> dict[str, Any]:
             "train_lock_wait_s": lock_waits(run_dir, TRAIN, ranks)}
 
 
-def measure(ranks: int, repeats: int) -> dict[str, Any]:
+def measure(ranks: int, repeats: int, end: float) -> dict[str, Any]:
+    """Prewarm at R ranks, then up to `repeats` repetitions: one at least, and another only
+    while the last one's time still fits before `end` (a `time.perf_counter()` value)."""
     with tempfile.TemporaryDirectory(prefix="jaxwarm-growth-", dir="/tmp") as tmp:
         work = Path(tmp)
         prewarm_wall, _ = run(cli("prewarm", str(DEMO), "--local",
                                   *overrides(work, ranks, "prewarm")))
         prewarm_locks = lock_waits(work / "prewarm" / "demo", PREWARM, ranks)
-        samples = []
-        for repeat in range(repeats):
-            samples.append({"plain": by_hand(work, ranks, f"plain-{repeat}"),
-                            "jaxwarm": with_jaxwarm(work, ranks, f"jaxwarm-{repeat}")})
+        samples: list[dict[str, Any]] = []
+        took = 0.0
+        while len(samples) < repeats and (not samples or time.perf_counter() + took < end):
+            began = time.perf_counter()
+            samples.append({"plain": by_hand(work, ranks, f"plain-{len(samples)}"),
+                            "jaxwarm": with_jaxwarm(work, ranks, f"jaxwarm-{len(samples)}")})
+            took = time.perf_counter() - began
     return {"ranks": ranks, "prewarm_wall_s": prewarm_wall,
             "prewarm_lock_wait_s": prewarm_locks, "samples": samples,
             "row": summarize(ranks, samples, prewarm_locks)}
@@ -219,7 +230,7 @@ def summarize(ranks: int, samples: list[dict[str, Any]], prewarm_locks: float
         return statistics.median((pick(v) if v else math.nan) if isinstance(v, list) else v
                                  for v in values)
 
-    row = {"ranks": ranks,
+    row = {"ranks": ranks, "repeats": len(samples),
            "plain_first_step_s": med("plain", "first_step_s"),
            "jaxwarm_first_step_s": med("jaxwarm", "first_step_s"),
            "plain_slowest_s": med("plain", "first_step_s", max),
@@ -234,19 +245,42 @@ def summarize(ranks: int, samples: list[dict[str, Any]], prewarm_locks: float
     row["added_first_step_s"] = row["jaxwarm_first_step_s"] - row["plain_first_step_s"]
     row["added_slowest_s"] = row["jaxwarm_slowest_s"] - row["plain_slowest_s"]
     row["added_wall_s"] = row["jaxwarm_wall_s"] - row["plain_wall_s"]
+    row["added_rss_mb"] = row["jaxwarm_rss_mb"] - row["plain_rss_mb"]
+    for name, key, pick in (("first_step_s", "first_step_s", statistics.median),
+                            ("slowest_s", "first_step_s", max),
+                            ("wall_s", "wall_s", statistics.median),
+                            ("rss_mb", "trainer_rss_mb", statistics.median)):
+        added = [added_by(sample, key, pick) for sample in samples]
+        row[f"added_{name}_least"], row[f"added_{name}_most"] = min(added), max(added)
     return row
+
+
+def added_by(sample: dict[str, Any], key: str, pick: Any) -> float:
+    """What jaxwarm added to a figure in one repetition (a list: its median or slowest)."""
+    def value(side: str) -> float:
+        figure = sample[side][key]
+        return pick(figure) if isinstance(figure, list) else figure
+    return value("jaxwarm") - value("plain")
+
+
+def spread(row: dict[str, float], name: str, digits: int) -> str:
+    """jaxwarm's added median, and the least and most one repetition added."""
+    return (f"{row[f'added_{name}']:+.{digits}f} ({row[f'added_{name}_least']:+.{digits}f}"
+            f" to {row[f'added_{name}_most']:+.{digits}f})")
 
 
 def growth_table(rows: list[dict[str, float]]) -> str:
     return table(
-        "jaxwarm against the same trainer with JAX's cache set by hand (warm cache; medians)",
-        ["ranks", "first step s, by hand", "jaxwarm", "added", "slowest rank added",
+        "jaxwarm against the same trainer with JAX's cache set by hand (warm cache; medians "
+        "of the repetitions; added: median (least to most of one repetition))",
+        ["ranks", "repetitions", "first step s, by hand", "jaxwarm", "added", "slowest rank added",
          "wall s, by hand", "jaxwarm", "added", "trainer RSS MiB, by hand", "jaxwarm",
-         "supervisor RSS MiB/rank", "launcher RSS MiB", "report s", "lock waits ms"],
-        [[int(r["ranks"]), f"{r['plain_first_step_s']:.2f}", f"{r['jaxwarm_first_step_s']:.2f}",
-          f"{r['added_first_step_s']:+.2f}", f"{r['added_slowest_s']:+.2f}",
-          f"{r['plain_wall_s']:.1f}", f"{r['jaxwarm_wall_s']:.1f}",
-          f"{r['added_wall_s']:+.1f}", f"{r['plain_rss_mb']:.0f}", f"{r['jaxwarm_rss_mb']:.0f}",
+         "added", "supervisor RSS MiB/rank", "launcher RSS MiB", "report s", "lock waits ms"],
+        [[int(r["ranks"]), int(r["repeats"]), f"{r['plain_first_step_s']:.2f}",
+          f"{r['jaxwarm_first_step_s']:.2f}",
+          spread(r, "first_step_s", 2), spread(r, "slowest_s", 2),
+          f"{r['plain_wall_s']:.1f}", f"{r['jaxwarm_wall_s']:.1f}", spread(r, "wall_s", 1),
+          f"{r['plain_rss_mb']:.0f}", f"{r['jaxwarm_rss_mb']:.0f}", spread(r, "rss_mb", 0),
           f"{r['supervisor_rss_mb']:.0f}", f"{r['launcher_rss_mb']:.0f}",
           f"{r['report_s']:.2f}", f"{1e3 * r['lock_wait_s']:.1f}"] for r in rows])
 
@@ -281,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--budget-s", type=float,
+                        help="start no further repetition of a size (each has one at least) "
+                             "unless the last one's time still fits in this many seconds "
+                             "from the start; each row says how many it has")
     parser.add_argument("--json", type=Path, default=Path("bench/results/growth.json"))
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
@@ -290,13 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for ranks in args.ranks:
             loads.append({"ranks": ranks, "load": os.getloadavg()})
-            measured.append(measure(ranks, args.repeats))
+            measured.append(measure(ranks, args.repeats, started + (
+                math.inf if args.budget_s is None else args.budget_s)))
     except (BenchError, subprocess.TimeoutExpired) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
     rows = [m["row"] for m in measured]
     about = machine()
-    title = (f"demo step, R processes x 1 CPU device, {about['cpus']} CPUs, jax {about['jax']}; "
+    title = (f"tiny step, R processes x 1 CPU device, {about['cpus']} CPUs, jax {about['jax']}; "
              f"load average {load_start[0]:.1f} at start")
     result = {"machine": {**about, "layout": "R processes x 1 CPU device"},
               "load_average": {"start": load_start, "end": os.getloadavg(), "during": loads},

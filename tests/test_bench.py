@@ -90,13 +90,16 @@ def test_quick_is_two_sizes_and_one_repetition() -> None:
 @pytest.mark.e2e
 def test_growth_at_one_rank_compares_jaxwarm_with_the_cache_set_by_hand(tmp_path: Path) -> None:
     """`bench.growth` at its smallest size: both ways ran the trainer to its first step,
-    every figure of the row is a number, and the chart is drawn when matplotlib is there."""
+    every figure of the row is a number, and the chart is drawn when matplotlib is there;
+    a budget already spent leaves the size its one repetition, and the row says so."""
     figures = tmp_path / "growth.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.growth", "--ranks", "1", "--json",
-                           str(figures)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "bench.growth", "--ranks", "1", "--repeats", "2",
+                           "--budget-s", "0", "--json", str(figures)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "jaxwarm against the same trainer with JAX's cache set by hand" in proc.stdout
     (row,) = json.loads(figures.read_text())["rows"]
+    assert row["repeats"] == 1, row
     for key in ("plain_first_step_s", "jaxwarm_first_step_s", "plain_wall_s",
                 "jaxwarm_wall_s", "plain_rss_mb", "jaxwarm_rss_mb", "supervisor_rss_mb",
                 "launcher_rss_mb", "report_s"):

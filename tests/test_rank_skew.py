@@ -14,9 +14,8 @@ launch passes."""
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 from pathlib import Path
 
 import pytest

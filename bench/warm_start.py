@@ -46,10 +46,12 @@ from typing import Any
 from bench.common import REPO, BenchError, Check, checks_json, checks_table, machine, publish, table
 
 DEFAULT_JSON = REPO / "bench" / "results" / "warm-start.json"
-DEFAULT_LAYERS = 96
-# The data pipeline's start about as long as the step's load at 96 layers (issue 30: "an
-# init of about the load's length"): 14M records took 24.7 s against a 19.3 s load.
-DEFAULT_RECORDS = 10_000_000
+# The smallest size whose load takes 20 s or more on a quiet 2-core machine (issue 30): at
+# 96 layers the load took 15.0 s, at 112 27.2 s.
+DEFAULT_LAYERS = 112
+# The data pipeline's start about as long as that load (issue 30: "an init of about the
+# load's length"): 14M records, with the reference start, 25.4 s of init.
+DEFAULT_RECORDS = 14_000_000
 DEFAULT_DEMO_REPEATS = 3
 # The layout every launch runs on: one process, so that its keys are the prewarm's (on CPU
 # a second process hashes its own devices and always compiles).

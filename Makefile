@@ -39,11 +39,13 @@ check: $(STAMP)
 # The whole suite, every tested jax and MaxText included, on TEST_WORKERS parallel pytest-xdist workers
 # (tests/conftest.py: which tests share a worker, and the order work is handed out in);
 # tests that need SLURM start the project's own dev cluster. .venv and the legs are built
-# side by side first.
+# side by side first. Then the tests marked `alone` (the 64-rank launch), one at a time with
+# nothing beside them: in the parallel suite they starved the other tests' trainers.
 TEST_WORKERS ?= 4
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) legs
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone"
+	$(VENV)/bin/python -m pytest -q -m alone
 
 # The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.
 matrix: $(STAMP) legs

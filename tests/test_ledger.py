@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.injob.ledger import INTERVAL_S, Ledger, frames_of, owner, package_of
+from jaxwarm.launcher.injob.ledger import (
+    INTERVAL_S,
+    MAX_INTERVAL_S,
+    Ledger,
+    frames_of,
+    owner,
+    package_of,
+    spacing,
+)
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 
@@ -52,6 +60,20 @@ def test_the_main_thread_samples_itself_where_it_runs_for_the_ledger() -> None:
     owners = {name for _, _, name in ledger.spans()}
     assert "orbax.checkpoint" in owners, ledger.spans()
     assert ledger.sampling().cost_s > 0
+
+
+def test_samples_come_further_apart_as_a_start_goes_on() -> None:
+    """50 a second for the first 4 s, then 0.5% of the time so far, at most 0.5 s apart: a
+    45 s start at 32 ranks on 2 cores takes some hundreds of samples per rank, not 2,250."""
+    assert spacing(INTERVAL_S, 0.0) == INTERVAL_S
+    assert spacing(INTERVAL_S, 4.0) == pytest.approx(INTERVAL_S)
+    assert spacing(INTERVAL_S, 40.0) == pytest.approx(0.2)
+    assert spacing(INTERVAL_S, 3600.0) == MAX_INTERVAL_S
+    waits, elapsed = 0, 0.0
+    while elapsed < 45.0:
+        elapsed += spacing(INTERVAL_S, elapsed)
+        waits += 1
+    assert 300 < waits < 800
 
 
 def test_a_script_is_named_by_its_file_and_a_private_module_by_its_package() -> None:

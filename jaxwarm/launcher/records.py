@@ -184,6 +184,7 @@ class PrefetchReport:
 class Sampling:
     """What the init ledger's stack sampling (`jaxwarm.launcher.injob.ledger`) cost one process."""
 
+    # The first samples' interval (later ones are further apart: the ledger's `spacing`).
     interval_s: float
     samples: int
     # The sampling thread's own CPU time up to the first step.

@@ -390,8 +390,8 @@ def ledger_lines(report: InitReport) -> list[str]:
     unsampled = sum(p.seconds for p in report.phases if p.phase == OTHER and not p.function)
     cost = report.sampling
     return [f"  {_where([report])}  other: " + " + ".join(shown) + f" + unsampled "
-            f"{unsampled:.2f}" + (f" (sampled every {cost.interval_s * 1000:g} ms, "
-                                  f"{cost.samples} samples, {cost.cost_s:.3f} s of CPU)"
+            f"{unsampled:.2f}" + (f" ({cost.samples} samples, {cost.interval_s * 1000:g} ms "
+                                  f"apart at first, {cost.cost_s:.3f} s of CPU)"
                                   if cost is not None else "")]
 
 

@@ -3,7 +3,8 @@
 JAX times its traces, lowerings and compiles, jaxwarm its own waits; the rest of a start
 (model and optimizer construction, a checkpoint restore, a data pipeline, imports after
 jax's) is the trainer's own Python, which nothing times. A sampling thread reads the main
-thread's stack every `INTERVAL_S` and names who it is in (`owner`): the innermost frame's
+thread's stack (every `INTERVAL_S`, then further apart: `spacing`) and names who it is in
+(`owner`): the innermost frame's
 package that is not the plumbing every stack goes through (the standard library, jax,
 jaxlib, numpy), e.g. `orbax.checkpoint`, `flax.linen`, or the trainer's own module;
 `import X` while a module is being imported. Each sample stands for the time to the next
@@ -37,9 +38,16 @@ from types import FrameType
 
 from jaxwarm.launcher.records import Sampling
 
-# 50 samples a second: a phase of 0.1 s is seen, and a stack walk of some 20 us costs the
-# process about 0.1% of a core.
+# 50 samples a second at first: a phase of 0.1 s is seen, and a stack walk of some 20 us
+# costs the process about 0.1% of a core.
 INTERVAL_S = 0.02
+# Then one sample per SPACING of the time sampled so far, at most MAX_INTERVAL_S apart: a
+# span is named to within about 0.5% of the start's length, and a long start takes some
+# hundreds of samples, not 50 a second. The cost that matters is not the walks but the
+# wake-ups: at 32 ranks on 2 cores, where a start took 45 s, 50 a second per rank were
+# 72,000 wake-ups, each a context switch and a pass of the GIL, and made every rank slower.
+SPACING = 0.005
+MAX_INTERVAL_S = 0.5
 # At most this many spans are kept (a run of samples with one owner is one span): a few MB.
 MAX_SPANS = 100_000
 # Packages every stack passes through: a sample is the innermost frame outside them.
@@ -47,6 +55,15 @@ PLUMBING = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum",
                       "typing_extensions", *sys.stdlib_module_names})
 # jaxwarm's own code (the reference trainer, jaxwarm.prewarm.workload, aside) is named as such.
 JAXWARM = "jaxwarm.launcher"
+
+
+def spacing(base_s: float, elapsed_s: float) -> float:
+    """The wait before the next look of a thread that looks every `base_s` at first and has
+    looked for `elapsed_s`: later looks SPACING of the time so far apart, at most
+    MAX_INTERVAL_S (the ledger's samples, a first-step watcher's polls): what it sees is
+    as exact, relative to how long it has looked, and a long look costs some hundreds of
+    wake-ups, not a fixed number a second."""
+    return max(base_s, min(MAX_INTERVAL_S, SPACING * elapsed_s))
 
 
 def package_of(module: str, filename: str) -> str:
@@ -136,7 +153,9 @@ class Ledger:
     def _run(self) -> None:
         """Every interval, ask the main thread for one sample (one at a time: a main thread
         inside a long native call takes it when it is back in Python)."""
-        while not self._stopped.wait(self.interval_s) and threading.main_thread().is_alive():
+        start = time.monotonic()
+        while not self._stopped.wait(spacing(self.interval_s, time.monotonic() - start)) \
+                and threading.main_thread().is_alive():
             self._cpu_s = time.thread_time()
             if self._queued:
                 continue

@@ -312,28 +312,27 @@ class RankCoordinator:
               what: str, function: str) -> None:
         """Post under the barrier's name, wait for the others; stop the job with one line
         when they do not all come in time."""
-        start = time.time()
-        try:
-            store.set(f"{barrier}/{self._rank}", post)
-            everyone = len(processes) == self.recorder.report.process_count
-            met = store.barrier(barrier, self.timeout_s, None if everyone else processes)
-            if not met:
-                arrived = {int(rank) for rank in store.get_dir(barrier)}
-                states = self._states(store)
-                self.stop(late_line(what, self.timeout_s,
-                                    {rank: states.get(rank) for rank in processes
-                                     if rank not in arrived}, time.time()), EXIT_FAILED)
-            with self._lock:
-                first, self._environment_checked = not self._environment_checked, True
-            if first:
-                environments = {int(rank): json.loads(value) for rank, value in
-                                store.get_dir(f"{PREFIX}/env").items()}
-                line = environment_line(environments)
-                if line is not None:
-                    self.stop(line, EXIT_ERROR)
-        except StoreError as exc:
-            self._lost(exc, f"waiting for the other ranks {what}")
-        self.recorder.add_rank_wait(start, time.time(), function)
+        with self.recorder.waiting_for_ranks(function):
+            try:
+                store.set(f"{barrier}/{self._rank}", post)
+                everyone = len(processes) == self.recorder.report.process_count
+                met = store.barrier(barrier, self.timeout_s, None if everyone else processes)
+                if not met:
+                    arrived = {int(rank) for rank in store.get_dir(barrier)}
+                    states = self._states(store)
+                    self.stop(late_line(what, self.timeout_s,
+                                        {rank: states.get(rank) for rank in processes
+                                         if rank not in arrived}, time.time()), EXIT_FAILED)
+                with self._lock:
+                    first, self._environment_checked = not self._environment_checked, True
+                if first:
+                    environments = {int(rank): json.loads(value) for rank, value in
+                                    store.get_dir(f"{PREFIX}/env").items()}
+                    line = environment_line(environments)
+                    if line is not None:
+                        self.stop(line, EXIT_ERROR)
+            except StoreError as exc:
+                self._lost(exc, f"waiting for the other ranks {what}")
 
     def _states(self, store: KVStore) -> dict[int, RankState]:
         states = {}

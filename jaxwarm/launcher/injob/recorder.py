@@ -15,12 +15,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxwarm.launcher.files import atomic_write, lock_waits
+from jaxwarm.launcher.injob.ledger import spacing
 from jaxwarm.launcher.injob.phases import (
     COMPILE,
     LOAD,
@@ -217,6 +219,9 @@ class InitRecorder:
         self._marking = threading.Lock()
         self._watchers: list[threading.Thread] = []
         self._closing = threading.Event()
+        # The threads now waiting at a ranks' meeting (`waiting_for_ranks`), and their end.
+        self._meeting: set[int] = set()
+        self._met = threading.Condition()
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -254,11 +259,24 @@ class InitRecorder:
         if not quiet:
             log.warning("jaxwarm: %s", warning.text)
 
-    def add_rank_wait(self, start: float, end: float, function: str) -> None:
-        """A wait at the ranks' meeting (wall-clock times): in the report and its phases."""
-        with self._lock:
-            self.report.ranks_wait_s += end - start
-        self.clock.add(Span(RANKS_WAIT, start, end, function))
+    @contextmanager
+    def waiting_for_ranks(self, function: str) -> Iterator[None]:
+        """The calling thread waits at the ranks' meeting after compiling `function`: the
+        wait goes into the report and its phases, and a first-step watcher of a program this
+        thread compiled pauses meanwhile (`_wait_first_execution`)."""
+        thread, start = threading.get_ident(), time.time()
+        with self._met:
+            self._meeting.add(thread)
+        try:
+            yield
+        finally:
+            with self._met:
+                self._meeting.discard(thread)
+                self._met.notify_all()
+            end = time.time()
+            with self._lock:
+                self.report.ranks_wait_s += end - start
+            self.clock.add(Span(RANKS_WAIT, start, end, function))
 
     def signature(self, module_name: str) -> str | None:
         """The abstract signature `module_name` (e.g. jit_train_step) was last lowered for."""
@@ -501,7 +519,8 @@ class InitRecorder:
 
         before = {id(array) for array in jax.live_arrays()}
         watcher = threading.Thread(target=self._wait_first_execution,
-                                   args=(*candidate, record.name, self._guess[0], before),
+                                   args=(*candidate, record.name, self._guess[0], before,
+                                         threading.get_ident()),
                                    name="jaxwarm-first-step", daemon=True)
         self._watchers.append(watcher)
         watcher.start()
@@ -511,14 +530,25 @@ class InitRecorder:
                                        serial != self._guess[0])
 
     def _wait_first_execution(self, found: Found, source: str, name: str, serial: int,
-                              before: set[int]) -> None:
+                              before: set[int], compiler: int) -> None:
+        """Poll for the arrays of the function's first execution, except while the thread
+        that compiled it waits at the ranks' meeting: the program cannot run before that
+        ends, and the meeting can last as long as the slowest rank's compile (tens of
+        seconds at 32 ranks on this machine, where 200 polls a second cost every rank CPU that
+        the others' compiles needed)."""
         import jax
 
         fresh: list[Any] = []
+        start = time.monotonic()
         while not fresh:
             if self._superseded(found, serial) or self._closing.is_set():
                 return  # the trainer said, a better-founded candidate came, or the end
-            time.sleep(FIRST_STEP_POLL_S)
+            with self._met:
+                self._met.wait_for(lambda: compiler not in self._meeting or
+                                   self._closing.is_set())
+            # On CPU a call may execute before it returns (its arrays appear only then, after
+            # a collective has waited for every rank): polls spaced with the wait.
+            time.sleep(spacing(FIRST_STEP_POLL_S, time.monotonic() - start))
             fresh = [a for a in jax.live_arrays() if id(a) not in before]
         # One more look: the call may transfer uncommitted inputs just before it dispatches.
         time.sleep(FIRST_STEP_POLL_S)
@@ -584,6 +614,8 @@ class InitRecorder:
         inside JAX when the interpreter ends would abort the process), end init if only a
         guess found the first step, and write the report."""
         self._closing.set()
+        with self._met:
+            self._met.notify_all()
         for watcher in self._watchers:
             watcher.join(timeout=WATCHER_JOIN_S)
         self._end_init()

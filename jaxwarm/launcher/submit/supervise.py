@@ -11,7 +11,10 @@ forwarded signals, then SIGKILL after the grace period for a group that ignores 
 SIGINT, and whatever of the group outlives the command itself. As the group's subreaper it
 also reaps what the shell left behind. Its output goes to the launcher's pipe (process 0's
 echo), which breaks when the launcher dies: a failed write is dropped, and however the
-supervisor stops, it SIGKILLs and reaps the group on the way out. It imports nothing from
+supervisor stops, it SIGKILLs and reaps the group on the way out. While the command runs
+it sleeps until a signal comes (the command's end is one, SIGCHLD), never on a timer: one
+wake-up 20 times a second per rank was a context switch the ranks' compiles paid for, on a
+machine with fewer cores than ranks. It imports nothing from
 jaxwarm but the exit codes (`jaxwarm.launcher.errors`, which imports nothing): it starts at once.
 
     python -m jaxwarm.launcher.submit.supervise GRACE_S -- ARGV...
@@ -20,7 +23,9 @@ jaxwarm but the exit codes (`jaxwarm.launcher.errors`, which imports nothing): i
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -104,10 +109,33 @@ def end_group(pgid: int, grace_s: float, name: str) -> None:
     kill_group(pgid)
 
 
+def signal_pipe() -> int:
+    """A pipe every signal with a Python handler writes a byte to (`signal.set_wakeup_fd`),
+    the command's end (SIGCHLD) included: its read end, to sleep on until one comes."""
+    read, write = os.pipe()
+    for end in (read, write):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(write)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    return read
+
+
+def sleep_until_signal(pipe: int, timeout_s: float) -> None:
+    """Until a signal came since the last call (its handler has run), or `timeout_s` passed
+    (math.inf: no timeout)."""
+    if select.select([pipe], [], [], None if timeout_s == math.inf else timeout_s)[0]:
+        try:
+            while os.read(pipe, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+
 def supervise(argv: list[str], grace_s: float) -> int:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     stop_at: list[float] = []
+    pipe = signal_pipe()
     child = subprocess.Popen(argv, process_group=0)
 
     def forward(signum: int, _frame: object) -> None:
@@ -126,7 +154,8 @@ def supervise(argv: list[str], grace_s: float) -> int:
                 signal_group(child.pid, signal.SIGKILL)
                 say(f"{argv[0]} did not stop within {grace_s:g} s of the signal; killing its "
                     f"process group")
-            time.sleep(POLL_S)
+            sleep_until_signal(pipe, max(0.0, stop_at[0] - time.monotonic()) if stop_at
+                               else math.inf)
         end_group(child.pid, grace_s, argv[0])
     finally:  # whatever stopped the supervisor, nothing of the group outlives it
         kill_group(child.pid)

@@ -28,6 +28,7 @@ from bench import (
     scale,
     stage_reads,
     step_cost,
+    wakeups,
     warm_start,
 )
 from bench.common import REPO, Check, checks_table, read_json, table
@@ -93,6 +94,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-h100-sizes": lambda: gpu_sizes_table("nvidia-h100-80gb-hbm3-sizes"),
     "warm-start": lambda: warm_start.warm_table(result("warm-start")),
     "init-ledger": lambda: init_ledger.ledger_table(result("init-ledger")),
+    "wakeups-32-before": lambda: wakeups.wakeups_table(result("wakeups-32-before")),
+    "wakeups-32": lambda: wakeups.wakeups_table(result("wakeups-32")),
 }
 
 

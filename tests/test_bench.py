@@ -110,6 +110,26 @@ def test_growth_at_one_rank_compares_jaxwarm_with_the_cache_set_by_hand(tmp_path
 
 
 @pytest.mark.e2e
+def test_wakeups_counts_both_ways_threads_by_kind(tmp_path: Path) -> None:
+    """`bench.wakeups` at 2 ranks: both ways' trainers were seen with their CPU time and
+    context switches, jaxwarm's supervisors and launcher too, and the ledger's samples come
+    from the init reports."""
+    figures = tmp_path / "wakeups.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.wakeups", "--ranks", "2", "--repeats",
+                           "1", "--json", str(figures)], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "context switches (thousands) by kind" in proc.stdout
+    (pair,) = json.loads(figures.read_text())["pairs"]
+    for way in ("by hand", "jaxwarm"):
+        assert positive(pair[way]["first_step_s"]), pair
+        assert "trainer main" in pair[way]["cpu_s"] and "trainer main" in pair[way]["switches"]
+    assert {"supervisor", "launcher"} <= set(pair["jaxwarm"]["cpu_s"]), pair
+    assert "supervisor" not in pair["by hand"]["cpu_s"]
+    assert pair["jaxwarm"]["sampling"]["samples"] > 0
+
+
+@pytest.mark.e2e
 def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: Path) -> None:
     """`bench.big_compile` at 1 layer (the Llama-3-8B mesh on 64 CPU devices): the prewarm
     compiled the step, a fresh process loaded it from the cache, and the limit is made of

@@ -8,6 +8,7 @@ splits "other" by owner, says what sampling cost, and the split adds up.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import types
@@ -60,6 +61,20 @@ def test_the_main_thread_samples_itself_where_it_runs_for_the_ledger() -> None:
     owners = {name for _, _, name in ledger.spans()}
     assert "orbax.checkpoint" in owners, ledger.spans()
     assert ledger.sampling().cost_s > 0
+
+
+def test_the_first_sample_is_taken_at_once_and_collection_stays_on() -> None:
+    """The start's first instants are named too (the first sample does not wait an
+    interval: with one of 1000 s, a sample still comes), and the sample's walk leaves the
+    garbage collector as it found it (it is paused only for the walk, whose few allocations
+    must not set off the collection the trainer's next ones would)."""
+    ledger = Ledger(interval_s=1000.0).start()
+    for _ in range(100_000_000):
+        if ledger.sampling().samples:
+            break
+    ledger.stop()
+    assert ledger.sampling().samples == 1
+    assert gc.isenabled()
 
 
 def test_samples_come_further_apart_as_a_start_goes_on() -> None:

@@ -3,8 +3,8 @@
 JAX times its traces, lowerings and compiles, jaxwarm its own waits; the rest of a start
 (model and optimizer construction, a checkpoint restore, a data pipeline, imports after
 jax's) is the trainer's own Python, which nothing times. A sampling thread reads the main
-thread's stack (every `INTERVAL_S`, then further apart: `spacing`) and names who it is in
-(`owner`): the innermost frame's
+thread's stack (at once, every `INTERVAL_S` then, later further apart: `spacing`) and names
+who it is in (`owner`): the innermost frame's
 package that is not the plumbing every stack goes through (the standard library, jax,
 jaxlib, numpy), e.g. `orbax.checkpoint`, `flax.linen`, or the trainer's own module;
 `import X` while a module is being imported. Each sample stands for the time to the next
@@ -23,13 +23,15 @@ CPython 3.11.7 with SIGSEGV (in `PyFrame_GetBack`, `_PyFrame_MakeAndSetFrameObje
 until it is back in Python: that time goes to the sample before, most often taken in the
 frame that made the call.
 
-Cost: one stack walk per sample on the main thread, a wake-up on the sampling thread; the
-report states the CPU time of both (`Sampling.cost_s`).
+Cost: one stack walk per sample on the main thread (with the garbage collector paused for
+it), a wake-up on the sampling thread; the report states the CPU time of both
+(`Sampling.cost_s`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 import threading
 import time
@@ -151,29 +153,35 @@ class Ledger:
         return self
 
     def _run(self) -> None:
-        """Every interval, ask the main thread for one sample (one at a time: a main thread
-        inside a long native call takes it when it is back in Python)."""
+        """At once, then every interval, ask the main thread for one sample (one at a time:
+        a main thread inside a long native call takes it when it is back in Python)."""
         start = time.monotonic()
-        while not self._stopped.wait(spacing(self.interval_s, time.monotonic() - start)) \
-                and threading.main_thread().is_alive():
+        while threading.main_thread().is_alive():
             self._cpu_s = time.thread_time()
-            if self._queued:
-                continue
-            self._queued = True
-            if _add_pending_call(self._callback, None) != 0:  # the queue is full: next time
-                self._queued = False
+            if not self._queued:
+                self._queued = True
+                if _add_pending_call(self._callback, None) != 0:  # the queue is full: later
+                    self._queued = False
+            if self._stopped.wait(spacing(self.interval_s, time.monotonic() - start)):
+                return
 
     def _on_main(self, _: int | None) -> int:
         """One sample, run by the main thread between two of its bytecodes: the stack it was
         in, below this call, walked by its own thread. Never raises into the trainer."""
+        collecting = gc.isenabled()
         try:
             if not self._stopped.is_set():
+                # The walk's few allocations must not set off the collection the trainer's
+                # next ones would (40 ms of a jax process's heap, seen counted as a sample's).
+                gc.disable()
                 start = time.thread_time()
                 self._sample(owner(frames_of(sys._getframe(1))))
                 self._main_cpu_s += time.thread_time() - start
         except Exception:  # noqa: BLE001, S110 (a lost sample, never the trainer's error)
             pass
         finally:
+            if collecting:
+                gc.enable()
             self._queued = False
         return 0
 

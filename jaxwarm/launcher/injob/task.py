@@ -17,12 +17,13 @@ this wrapper in each task and follows the job (its timeout requeue is turned off
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxwarm.launcher.childwait import signal_pipe, sleep_until_signal
 from jaxwarm.launcher.errors import say
 from jaxwarm.launcher.injob.place import Place
 
@@ -54,13 +55,15 @@ class TaskCommand:
     max_requeues: int = 0
 
     def __call__(self) -> int:
+        pipe = signal_pipe()
         self._child = subprocess.Popen(self.argv, preexec_fn=_ignore_warning)
         self._stopping: int | None = None
         signal.signal(WARNING, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        # poll(), not wait(): wait() holds a lock a signal handler could need.
+        # poll(), not wait(): wait() holds a lock a signal handler could need. Between two
+        # looks, asleep until a signal (the child's end is SIGCHLD): `childwait`.
         while self._child.poll() is None:
-            time.sleep(0.2)
+            sleep_until_signal(pipe, math.inf)
         code = self._child.returncode
         if self._stopping == WARNING and Place.here().process_id == 0:
             self._requeue()

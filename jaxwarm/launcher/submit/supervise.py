@@ -15,7 +15,8 @@ supervisor stops, it SIGKILLs and reaps the group on the way out. While the comm
 it sleeps until a signal comes (the command's end is one, SIGCHLD), never on a timer: one
 wake-up 20 times a second per rank was a context switch the ranks' compiles paid for, on a
 machine with fewer cores than ranks. It imports nothing from
-jaxwarm but the exit codes (`jaxwarm.launcher.errors`, which imports nothing): it starts at once.
+jaxwarm but the exit codes and that sleep (`jaxwarm.launcher.errors`,
+`jaxwarm.launcher.childwait`, which import nothing of jaxwarm): it starts at once.
 
     python -m jaxwarm.launcher.submit.supervise GRACE_S -- ARGV...
 """
@@ -25,12 +26,12 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
 
+from jaxwarm.launcher.childwait import signal_pipe, sleep_until_signal
 from jaxwarm.launcher.errors import EXIT_ERROR
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -107,28 +108,6 @@ def end_group(pgid: int, grace_s: float, name: str) -> None:
         say(f"{name} exited, but processes it started did not stop within {grace_s:g} s of "
             f"SIGTERM; killing its process group")
     kill_group(pgid)
-
-
-def signal_pipe() -> int:
-    """A pipe every signal with a Python handler writes a byte to (`signal.set_wakeup_fd`),
-    the command's end (SIGCHLD) included: its read end, to sleep on until one comes."""
-    read, write = os.pipe()
-    for end in (read, write):
-        os.set_blocking(end, False)
-    signal.set_wakeup_fd(write)
-    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
-    return read
-
-
-def sleep_until_signal(pipe: int, timeout_s: float) -> None:
-    """Until a signal came since the last call (its handler has run), or `timeout_s` passed
-    (math.inf: no timeout)."""
-    if select.select([pipe], [], [], None if timeout_s == math.inf else timeout_s)[0]:
-        try:
-            while os.read(pipe, 512):
-                pass
-        except BlockingIOError:
-            pass
 
 
 def supervise(argv: list[str], grace_s: float) -> int:

@@ -44,7 +44,7 @@ check: $(STAMP)
 TEST_WORKERS ?= 4
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) legs
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone"
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15
 	$(VENV)/bin/python -m pytest -q -m alone
 
 # The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.

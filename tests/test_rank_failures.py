@@ -76,10 +76,12 @@ def test_a_killed_rank_or_ranks_late_to_meet_stop_every_rank_with_one_line(
         err[-3000:]
     assert run_processes(run_dir) == {}
 
-    # After the prewarm, process 0 loads each step in a fraction of a second while the
-    # others compile it for seconds: with a meeting bound of 1 ms it waits in vain.
-    late = run_cli("launch", *job_args(tmp_path, "--no-prewarm", "ranks.meet_timeout_s=0.001"),
-                   timeout=900)
+    # The others build the step 5 s after process 0 (which then loads it from the cache):
+    # with a meeting bound of 1 ms it waits in vain. (Without the delay, ranks compiling a
+    # tiny step on a quiet machine came close enough together to meet even so.)
+    late = run_cli("launch", *job_args(
+        tmp_path, "--no-prewarm", "ranks.meet_timeout_s=0.001",
+        "step.factory=tests.late_factory:make_train_step_a_little_late"), timeout=900)
     assert late.returncode == 1, late.stderr[-3000:]
     [line] = [line for line in late.stderr.splitlines()
               if line.startswith("jaxwarm: train failed")]

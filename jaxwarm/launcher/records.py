@@ -187,7 +187,8 @@ class Sampling:
     # The first samples' interval (later ones are further apart: the ledger's `spacing`).
     interval_s: float
     samples: int
-    # The sampling thread's own CPU time up to the first step.
+    # The CPU time sampling took up to the first step: the samples' stack walks on the
+    # main thread and the timer thread's own.
     cost_s: float
 
 

@@ -192,6 +192,7 @@ class Ledger:
             self._close(now)
         if self._current is None and name is not None:
             self._current = (now, name)
+
     def _close(self, now: float) -> None:
         current = self._current
         assert current is not None

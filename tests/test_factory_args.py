@@ -114,3 +114,27 @@ def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
     pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
     assert log.splitlines()[-1] == f"jaxwarm: error: {pinned}: {line}"
     assert "Traceback" not in log + result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path) -> None:
+    """The launcher's static check cannot see every module (no source); the job's own
+    error is one line, not a traceback per process."""
+    import subprocess
+    import sys
+
+    from jaxwarm.core.config import load_config
+    from jaxwarm.submit.prepare import pin_config
+    from testing.jaxproc import jax_env
+
+    config, pinned = pin_config(load_config(DEMO, [
+        f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",
+        "step.factory=jaxwarm.step:no_such", "topology.processes_per_node=1",
+        "topology.devices_per_process=1", "mesh.axes={data: 1}"]))
+    result = subprocess.run([sys.executable, "-m", "jaxwarm.job.verify"], capture_output=True,
+                            text=True, timeout=120,
+                            env={**jax_env(1), "JAXWARM_CONFIG": str(pinned)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "step.factory: module 'jaxwarm.step' has no function 'no_such'" in result.stderr

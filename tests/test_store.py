@@ -1,12 +1,11 @@
-"""The cache store's pure parts: prune policy, usage history, dir safety, bundle refusals,
-size/age parsing, and the environment rules for size caps and remote dirs."""
+"""The cache store's pure parts: prune policy, usage history, size/age parsing, the environment
+rules for size caps and remote dirs, and the store objects. (Dir safety:
+tests/test_security.py; bundles: tests/test_bundle.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,9 @@ from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import jax_options, job_environment
 from jaxwarm.core.records import EntryChecked, EntryPruned, parse_usage_line
 from jaxwarm.jaxkey.entryformat import function_of, split_key
-from jaxwarm.jaxkey.versions import JaxVersions
 from jaxwarm.job.start.pinned import resolve_paths
-from jaxwarm.store import bundle
-from jaxwarm.store.bundle import BundleMeta, refusal
 from jaxwarm.store.entries import Entry
 from jaxwarm.store.prune import choose_victims
-from jaxwarm.store.security import dir_problem, parent_problem
 from jaxwarm.store.store import open_store
 from jaxwarm.store.usage import key_histories
 from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
@@ -67,55 +62,6 @@ def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() ->
          "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]}))
     assert rewritten["jit_f-1"].sha256 == "bb"
     assert rewritten["jit_f-1"].written_by == "r (train r1)"
-
-
-def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
-    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, gid, 0, 0, 0, 0))
-
-
-def test_dir_safety_rules() -> None:
-    assert dir_problem(stat_result(0o700, 1000, 1000), 1000, None) is None
-    assert "writable by every user" in dir_problem(stat_result(0o777, 1000, 1000), 1000, None)
-    assert "not by you" in dir_problem(stat_result(0o700, 1001, 1001), 1000, None)
-    # Shared on purpose: another member's dir is fine if it belongs to the trusted group...
-    assert dir_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
-    # ...but not another group's, and never a world-writable one.
-    assert "trusted group" in dir_problem(stat_result(0o2770, 1001, 501), 1000, 500)
-    assert dir_problem(stat_result(0o2777, 1001, 500), 1000, 500) is not None
-    assert parent_problem(stat_result(0o1777, 0, 0), 1000, None) is None  # /tmp: sticky
-    assert parent_problem(stat_result(0o777, 0, 0), 1000, None) is not None
-    # A group-writable parent lets every member swap the dir, unless the group is trusted.
-    assert "cache.trusted_group" in parent_problem(stat_result(0o2775, 0, 500), 1000, None)
-    assert parent_problem(stat_result(0o2775, 0, 500), 1000, 500) is None
-    # Its owner may always rename in it: root, you, or a member of the trusted group only.
-    assert parent_problem(stat_result(0o755, 1000, 1000), 1000, None) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 1001), 1000, None)
-    assert "owned by uid 1001" in parent_problem(stat_result(0o1777, 1001, 0), 1000, None)
-    assert parent_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 501), 1000, 500)
-
-
-def meta(**changes: object) -> BundleMeta:
-    base = BundleMeta(version=1, jax_version="0.10.2", jaxlib_version="0.10.2",
-                      platform="cpu", cache_dir="/a/cache", xla_caches="none", created=0.0,
-                      entries={})
-    return dataclasses.replace(base, **changes)
-
-
-def test_bundle_refusals_name_what_would_make_every_entry_miss(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
-    monkeypatch.setattr(bundle, "required", lambda: JaxVersions("0.10.2", "0.10.2"))
-    config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
-    assert refusal(meta(), config) is None
-    assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)
-    assert "platform gpu" in refusal(meta(platform="gpu"), config)
-    bound = meta(xla_caches="xla_gpu_per_fusion_autotune_cache_dir")
-    assert "include the cache path /a/cache" in refusal(bound, config)
-    assert refusal(bound, dataclasses.replace(
-        config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
-    with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
-    assert "puts the cache path in every key" in refusal(meta(), with_autotune)
 
 
 def test_a_key_names_its_function() -> None:

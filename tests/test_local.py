@@ -1,10 +1,12 @@
-"""Class 5 of issue 17: every process ends. A trainer that never reaches its first step is
-stopped (train.first_step_timeout_s); one that ignores SIGTERM/SIGINT is killed after the
-grace period; a trainer behind a shell wrapper that does not `exec` is signalled with the
-wrapper, and a SIGKILLed launcher leaves no orphan; a training job that exits 0 before its
-configured steps is reported unfinished with the step reached; a supervisor sleeps while
-its command runs (no wake-ups a second per rank) and still sees it end. No JAX: the trainers here
-are small Python loops behind `sh -c`, run by the real launcher and supervisor."""
+"""The local backend (jaxwarm/submit/local.py) and the supervisor of each of its processes
+(jaxwarm/submit/supervise.py) against hostile trainers (class 5 of issue 17): every process
+ends. A trainer that never reaches its first step is stopped (train.first_step_timeout_s);
+one that ignores SIGTERM/SIGINT is killed after the grace period; a trainer behind a shell
+wrapper that does not `exec` is signalled with the wrapper, and a SIGKILLed launcher leaves
+no orphan; a training job that exits 0 before its configured steps is reported unfinished
+with the step reached; a supervisor sleeps while its command runs (no wake-ups a second per
+rank) and still sees it end. No JAX: the trainers here are small Python loops behind
+`sh -c`, run by the real launcher and supervisor."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from testing.procs import alive, run_processes, wait_until
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
 
 # Writes its pid, then loops; with IGNORE it ignores SIGTERM and SIGINT.
 SLEEPER = r'''

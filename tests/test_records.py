@@ -1,10 +1,12 @@
-"""Class 1 of issue 28: every state file jaxwarm reads back is read within a bound. Each kind
-(init reports, the prewarm decision, the first-step log, MLPerf logs, the submitted jobs, the
-pinned config in a run dir; the manifest, the usage log and atime files in a cache; the
-prewarm records, verify's result and a lock's holder note) planted as a link to /dev/zero, a
-FIFO, a directory, a (sparse) file one byte over its cap, and JSON nested 100,000 deep: the
-command ends, names the file and why in one line, goes on with the rest where the file is
-one among many, and changes nothing.
+"""jaxwarm's state files read back (the readers of jaxwarm.core.records, on the bounded reads
+of jaxwarm.core.files) against hostile files (class 1 of issue 28): every state file jaxwarm
+reads back is read within a bound. Each kind (init reports, the prewarm decision, the
+first-step log, MLPerf logs, the submitted jobs, the pinned config in a run dir; the
+manifest, the usage log and atime files in a cache; the prewarm records, verify's result and
+a lock's holder note) planted as a link to /dev/zero, a FIFO, a directory, a (sparse) file
+one byte over its cap, and JSON nested 100,000 deep: the command ends, names the file and
+why in one line, goes on with the rest where the file is one among many, and changes
+nothing.
 
 The commands run as a user runs them, in a process of their own: a regression that read
 /dev/zero or opened a FIFO would otherwise take the test runner's memory or hang it. The
@@ -39,7 +41,7 @@ from jaxwarm.store.prewarms import PREWARMS_CAP, read_prewarms
 from jaxwarm.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Far longer than any of these commands takes; reached only by a command that hangs.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import GROUP_DIR, make_dir, modes_in
+from jaxwarm.core.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, FAST_STEP, REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)

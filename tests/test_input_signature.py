@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
     FirstStep,
     FunctionRecord,
@@ -21,8 +22,6 @@ from jaxwarm.core.records import (
     InitReport,
     InputLeaf,
     InputSignature,
-    dumps,
-    from_json,
     warmth,
 )
 from jaxwarm.jaxkey.inputs import short_type

@@ -16,6 +16,7 @@ from pathlib import Path
 from jaxwarm.core.config import ConfigError
 from jaxwarm.core.environment import size_cap
 from jaxwarm.core.files import RefusedFile, read_bounded
+from jaxwarm.core.jsonio import RECORD_CAP, from_json, parse_json, read_lines, read_record
 from jaxwarm.core.records import (
     COMPILE,
     FIRST_STEP,
@@ -25,7 +26,6 @@ from jaxwarm.core.records import (
     ORDER,
     OTHER,
     RANKS,
-    RECORD_CAP,
     SETTING_CHANGED,
     USED,
     FirstStep,
@@ -35,11 +35,7 @@ from jaxwarm.core.records import (
     Verdict,
     VerifyResult,
     differences,
-    from_json,
     parse_first_step,
-    parse_json,
-    read_lines,
-    read_record,
 )
 from jaxwarm.core.rundir import (
     TRAIN,
@@ -64,7 +60,7 @@ FIRST_STEPS_CAP = 16 << 20
 
 def load_reports(run_dir: str | Path) -> list[InitReport]:
     """Every readable report of a run, in job, restart, process order; an unreadable or
-    malformed one is skipped with one line naming it (`records.read_record`)."""
+    malformed one is skipped with one line naming it (`jsonio.read_record`)."""
     found = []
     for path in reports_dir(run_dir).glob("*.json"):
         name = parse_report_path(path)

@@ -29,15 +29,8 @@ from jaxwarm.core.config import Config, ConfigError, load_config
 from jaxwarm.core.environment import dropped_variables
 from jaxwarm.core.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from jaxwarm.core.files import atomic_write
-from jaxwarm.core.records import (
-    Fingerprint,
-    PrewarmDecision,
-    PrewarmProgress,
-    differences,
-    dumps,
-    listed,
-    read_record,
-)
+from jaxwarm.core.jsonio import dumps, read_record
+from jaxwarm.core.records import Fingerprint, PrewarmDecision, PrewarmProgress, differences, listed
 from jaxwarm.core.rundir import (
     PREWARM,
     TRAIN,

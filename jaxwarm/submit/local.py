@@ -31,7 +31,8 @@ from jaxwarm.core.environment import merge_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, error_line
 from jaxwarm.core.files import atomic_write, is_held, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
-from jaxwarm.core.records import LocalJobState, LocalLaunch, dumps, read_record
+from jaxwarm.core.jsonio import dumps, read_record
+from jaxwarm.core.records import LocalJobState, LocalLaunch
 from jaxwarm.core.rundir import (
     TRAIN,
     VERIFY,

@@ -27,7 +27,7 @@ from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import UserError, error_line
 from jaxwarm.core.files import atomic_write, read_bounded, read_tail
-from jaxwarm.core.records import RECORD_CAP, load_json
+from jaxwarm.core.jsonio import RECORD_CAP, load_json
 from jaxwarm.core.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
 from jaxwarm.job.start.task import TaskCommand
 from jaxwarm.submit.backend import Outcome

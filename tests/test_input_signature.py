@@ -22,8 +22,8 @@ from jaxwarm.core.records import (
     InitReport,
     InputLeaf,
     InputSignature,
-    warmth,
 )
+from jaxwarm.core.warmth import warmth
 from jaxwarm.jaxkey.inputs import short_type
 from jaxwarm.jaxkey.logs import weak_types
 from jaxwarm.report.render import PrewarmedFunctions, attempt_summaries, fold_phases
@@ -201,7 +201,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxwarm.jaxkey.inputs import module_inputs
 from jaxwarm.jaxkey.logs import LOWERING
 from jaxwarm.jaxkey.logs import LOWERING_LOGGER
-from jaxwarm.core.records import dumps
+from jaxwarm.core.jsonio import dumps
 from jaxwarm.store.misses import input_differences
 import logging
 

@@ -26,7 +26,8 @@ from jaxwarm.core.records import (
 from jaxwarm.core.warmth import warmth
 from jaxwarm.jaxkey.inputs import short_type
 from jaxwarm.jaxkey.logs import weak_types
-from jaxwarm.report.render import PrewarmedFunctions, attempt_summaries, fold_phases
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases
+from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
 from jaxwarm.store.misses import CODE_CHANGED, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax

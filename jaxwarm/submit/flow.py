@@ -49,15 +49,12 @@ from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
 from jaxwarm.job.progress import progress_line
 from jaxwarm.job.record import mlperf
+from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
-    PrewarmedFunctions,
     attempt_summaries,
     first_step_lines,
     format_table,
     format_verdicts,
-    load_first_steps,
-    load_reports,
-    load_verdicts,
     missing_train_report,
     phase_table,
     summarize,

@@ -1,19 +1,21 @@
 """The command line's usage errors name what is missing and nothing more: the overrides
 (`KEY.SUB=VALUE ...`) are optional everywhere, so argparse never lists them as required
-(`jaxwarm cache ls` alone said `target, KEY.SUB=VALUE` were); and every subcommand answers
-bad input (real files of every kind) with one line and exit 2, never a traceback, writing
-nothing. In this process, no JAX."""
+(`jaxwarm cache ls` alone said `target, KEY.SUB=VALUE` were); `--version` is the installed
+package's, pyproject.toml's; and every subcommand answers bad input (real files of every
+kind) with one line and exit 2, never a traceback, writing nothing. In this process, no
+JAX."""
 
 from __future__ import annotations
 
 import os
+import tomllib
 import zlib
 from pathlib import Path
 
 import pytest
 
 from jaxwarm.cli.main import main
-from tests.conftest import DEMO, Cli
+from tests.conftest import DEMO, REPO, Cli
 from tests.hostile import assert_refused, snapshot
 
 
@@ -38,6 +40,14 @@ def test_a_missing_argument_is_named_alone(argv: list[str], missing: str,
     assert err.splitlines()[-1].endswith(f"error: the following arguments are required: "
                                          f"{missing}"), err
     assert "[KEY.SUB=VALUE ...]" in err  # the usage line still shows them, as optional
+
+
+def test_the_version_is_the_project_s(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"jaxwarm {project['version']}\n"
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""jaxwarm's state files read back (the readers of jaxwarm.core.records, on the bounded reads
+"""jaxwarm's state files read back (the readers of jaxwarm.core.jsonio, on the bounded reads
 of jaxwarm.core.files) against hostile files (class 1 of issue 28): every state file jaxwarm
 reads back is read within a bound. Each kind (init reports, the prewarm decision, the
 first-step log, MLPerf logs, the submitted jobs, the pinned config in a run dir; the

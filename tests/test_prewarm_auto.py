@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import PrewarmDecision
-from jaxwarm.core.rundir import prewarm_decision_path, report_path
+from jaxwarm.core.records import PREWARM, PrewarmDecision
+from jaxwarm.core.rundir import log_path, prewarm_decision_path, report_path
 from jaxwarm.store.prewarms import read_prewarms
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
@@ -72,7 +72,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     skipped = decision(run_dir)
     assert not skipped.prewarm and "matches the prewarm of run 'first'" in skipped.why
     assert "2 entries are intact" in skipped.why
-    assert not (run_dir / "logs" / "prewarm-p0.log").exists()
+    assert not log_path(run_dir, PREWARM, 0).exists()
     assert not report_path(run_dir, "prewarm", 0, 0).exists()
     assert step_hit(run_dir)
     assert "prewarm job: skipped (--prewarm auto): the fingerprint" in second.stdout
@@ -103,7 +103,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
         module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
@@ -120,7 +120,7 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     # The factory reads its model sizes from a JSON beside it, while it builds the step:
     # the login node cannot know that; the prewarm job records it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):
         module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = source / "mystep" / "chunkwise.py"
@@ -161,7 +161,7 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
 def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
     # The factory imports its model by a computed name: the fingerprint does not reach it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
         "from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, "

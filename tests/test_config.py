@@ -25,6 +25,7 @@ from jaxwarm.core.config import (
 )
 from jaxwarm.core.entryargv import trainer_argv
 from jaxwarm.core.records import Fingerprint, differences
+from jaxwarm.core.rundir import logs_dir
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, REPO, Cli, run_cli
@@ -129,7 +130,7 @@ def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: P
                      f"cache.dir={tmp_path / 'cache'}", "entrypoint.command=[no-such-trainer]")
     assert result.returncode == 2
     assert "entrypoint.command: 'no-such-trainer' was not found on PATH" in result.stderr
-    assert not (tmp_path / "runs" / "demo" / "logs").exists()
+    assert not logs_dir(tmp_path / "runs" / "demo").exists()
 
 
 def test_missing_config_file(cli: Cli) -> None:

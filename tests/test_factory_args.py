@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.config import ConfigError, load_config
-from jaxwarm.core.rundir import verify_config
+from jaxwarm.core.rundir import log_path, pinned_config, verify_config
 from jaxwarm.step import build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
@@ -109,9 +109,9 @@ def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
     assert line in result.stderr.splitlines()[-1], result.stderr[-3000:]
     job = "train" if command[0] == "launch" else command[0]
     run_dir = tmp_path / "runs" / "demo"
-    log = (run_dir / "logs" / f"{job}-p0.log").read_text()
+    log = log_path(run_dir, job, 0).read_text()
     # A job reads the config pinned for it (a verify's own, beside the run's), and names it.
-    pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
+    pinned = verify_config(run_dir) if job == "verify" else pinned_config(run_dir)
     assert log.splitlines()[-1] == f"jaxwarm: error: {pinned}: {line}"
     assert "Traceback" not in log + result.stderr
 

@@ -30,9 +30,13 @@ from jaxwarm.core.records import LocalJobState
 from jaxwarm.core.rundir import (
     PREWARM,
     TRAIN,
+    checkpoints_dir,
     lock_path,
+    log_path,
     metrics_path,
     pinned_config,
+    reports_dir,
+    slurm_dir,
     submitted_jobs_path,
     verify_config,
 )
@@ -181,8 +185,8 @@ def test_render_writes_nothing_over_a_run(tmp_path: Path) -> None:
                      "--job", "train")
     assert result.returncode == 0, result.stderr
     assert pinned_config(fresh / "demo").is_file()
-    assert (fresh / "demo" / "slurm" / "train").is_dir()
-    assert not (fresh / "demo" / "reports").exists()
+    assert slurm_dir(fresh / "demo", TRAIN).is_dir()
+    assert not reports_dir(fresh / "demo").exists()
 
 
 @pytest.mark.e2e
@@ -197,7 +201,7 @@ def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path:
             result = run_cli(command, str(DEMO), "--local", *overrides(tmp_path, "train.steps=99"))
             assert_refused(result, f"run dir {run_dir} is in use by pid {os.getpid()} on ")
         assert snapshot(tmp_path) == before
-    assert not (run_dir / "checkpoints").exists()
+    assert not checkpoints_dir(run_dir).exists()
 
 
 @pytest.mark.e2e
@@ -300,7 +304,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     run_dir = tmp_path / "runs" / "demo"
     with pytest.raises(ConfigError, match="no jobs recorded for this run dir"):
         commands.status(run_dir, recorded_backend(run_dir))
-    log = str(run_dir / "logs" / "prewarm-p0.log")
+    log = str(log_path(run_dir, PREWARM, 0))
     run_dir.mkdir(parents=True)
     record_states(run_dir, [
         LocalJobState("prewarm", "COMPLETED", 2, log, 100.0, 112.5, 0),

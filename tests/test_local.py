@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.rundir import metrics_path
 from testing.procs import alive, run_processes, wait_until
 from tests.conftest import DEMO, REPO
 from tests.hostile import snapshot
@@ -123,7 +124,7 @@ def test_a_killed_launcher_leaves_no_orphan_that_ignores_sigterm(tmp_path: Path)
 
 def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> None:
     """Exit 0 at step 3 of 10 (what a trainer does after its requeues ran out)."""
-    metrics = tmp_path / "runs" / "demo" / "metrics.jsonl"
+    metrics = metrics_path(tmp_path / "runs" / "demo")
     command = f"echo '{{\"step\": 3, \"loss\": 1.0}}' >> {metrics}"
     before = snapshot(REPO / "configs")
     result = subprocess.run(launch_args(tmp_path, command, "train.steps=10"), cwd=REPO,

@@ -29,6 +29,7 @@ import pytest
 
 from jaxwarm.core.config import ConfigError, load_config
 from jaxwarm.core.files import GROUP_DIR
+from jaxwarm.core.rundir import reports_dir
 from jaxwarm.store.security import check_cache_dir, dir_problem, parent_problem, recheck_cache_dir
 from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
@@ -156,7 +157,7 @@ def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path, cli:
     assert refused.returncode == 2
     line, = refused.stderr.strip().splitlines()
     assert "cache.dir" in line and "writable by every user" in line and str(DEMO) in line
-    assert not (tmp_path / "runs" / "demo" / "reports").exists()
+    assert not reports_dir(tmp_path / "runs" / "demo").exists()
     if os.geteuid() != 0:
         foreign = Path("/usr")  # owned by root, not by this user
     else:

@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 from jaxwarm.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.store.store import LocalStore
 
 
 def key(n: int) -> str:
@@ -25,7 +26,7 @@ def entry_bytes(n: int) -> bytes:
 
 def write_entry(cache: Path, n: int, mtime: float) -> Path:
     """Entry `n` written into `cache`, its file time set to `mtime`."""
-    path = cache / f"{key(n)}-cache"
+    path = LocalStore(cache).entry_path(key(n))
     path.write_bytes(entry_bytes(n))
     os.utime(path, (mtime, mtime))
     return path

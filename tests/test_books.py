@@ -37,5 +37,5 @@ def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
     store = LocalStore(str(cache))
     note_missed_entries(config, store, store, report, since=time.time())
     assert missed_since_check(cache, KEY)
-    lines = (cache / "jaxwarm-usage.jsonl").read_text().splitlines()
+    lines = store.usage_file.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one

@@ -25,6 +25,7 @@ from jaxwarm.jaxkey.versions import JaxVersions, required
 from jaxwarm.store.bundle import BUNDLE_META, BundleMeta, refusal
 from jaxwarm.store.entries import CACHE_SUFFIX
 from jaxwarm.store.manifest import ManifestEntry, manifest_path, read_manifest
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, entry_bytes, key, snapshot, zlib_bomb
 from tests.test_store_commands import (
@@ -163,11 +164,11 @@ def test_a_good_bundle_publishes_every_entry_with_its_atime_file_and_no_temp_fil
     result = import_into(tmp_path, bundle)
     assert result.returncode == 0, result.stderr
     assert "imported 3 entries" in result.stdout
-    cache = tmp_path / "cache"
-    names = sorted(p.name for p in cache.iterdir() if not p.name.endswith("lockfile"))
-    assert names == sorted([f"{key(n)}-cache" for n in (1, 2, 3)]
-                           + [f"{key(n)}-atime" for n in (1, 2, 3)])
-    assert (cache / f"{key(2)}-cache").read_bytes() == entry_bytes(2)
+    cache = LocalStore(tmp_path / "cache")
+    names = sorted(p.name for p in cache.path.iterdir() if not p.name.endswith("lockfile"))
+    assert names == sorted([cache.entry_path(key(n)).name for n in (1, 2, 3)]
+                           + [cache.atime_path(key(n)).name for n in (1, 2, 3)])
+    assert cache.entry_path(key(2)).read_bytes() == entry_bytes(2)
 
 
 @pytest.mark.e2e
@@ -219,7 +220,7 @@ def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
     member.parent.mkdir()
     with member.open("wb") as out:
         out.truncate(2 << 30)  # 2 GiB of holes, no data
-    header = holes / "jaxwarm-bundle.json"
+    header = holes / BUNDLE_META
     write_bundle(holes / "meta.tar", meta({key(1): {"sha256": "0" * 64, "size": 2 << 30,
                                                     "manifest": None}}), [])
     subprocess.run(["tar", "-xf", "meta.tar"], cwd=holes, check=True)
@@ -352,7 +353,7 @@ def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
     with tarfile.open(bundle) as tar, tarfile.open(other_version, "w") as out:
         for member in tar.getmembers():
             data = tar.extractfile(member).read()
-            if member.name == "jaxwarm-bundle.json":
+            if member.name == BUNDLE_META:
                 meta = json.loads(data)
                 meta["jax_version"] = "0.0.1"
                 data = json.dumps(meta).encode()

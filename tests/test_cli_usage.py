@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.cli.main import main
+from jaxwarm.core.rundir import pinned_config, submitted_jobs_path
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, REPO, Cli
 from tests.hostile import assert_refused, snapshot
 
@@ -55,13 +57,13 @@ def world(tmp_path: Path) -> dict[str, Path]:
     """Bad inputs of every kind, as files on disk."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    (cache / "jaxwarm-manifest.json").write_text("{not json")
-    (cache / f"jit_f-{'a' * 64}-cache").write_bytes(zlib.compress(bytes(100)))
+    LocalStore(cache).manifest_file.write_text("{not json")
+    LocalStore(cache).entry_path(f"jit_f-{'a' * 64}").write_bytes(zlib.compress(bytes(100)))
     run_dir = tmp_path / "runs" / "demo"
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_bytes(b"run: {name: \xff}\n")
-    (run_dir / "slurm").mkdir()
-    (run_dir / "slurm" / "jobs.json").write_text("[1, 2")
+    pinned_config(run_dir).write_bytes(b"run: {name: \xff}\n")
+    submitted_jobs_path(run_dir).parent.mkdir()
+    submitted_jobs_path(run_dir).write_text("[1, 2")
     fifo = tmp_path / "bundle.fifo"
     os.mkfifo(fifo)
     (tmp_path / "latin1.yaml").write_bytes(b"run:\n  name: d\xe9mo\n")
@@ -74,6 +76,7 @@ def cases(w: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
     """Subcommand -> (argv, a fragment of the one error line)."""
     out = [f"run.out_dir={w['tmp'] / 'out'}", f"cache.dir={w['tmp'] / 'c2'}"]
     on_cache = [str(DEMO), *out[:1], f"cache.dir={w['cache']}"]
+    manifest = str(LocalStore(w["cache"]).manifest_file)
     return {
         "launch non-utf8": (["launch", str(w["latin1"]), "--local"], "not UTF-8 text"),
         "launch dir as config": (["launch", str(w["tmp"]), "--local"], "cannot read config"),
@@ -88,16 +91,15 @@ def cases(w: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
                             "run.name: expected one path component"),
         "report no run dir": (["report", str(w["tmp"] / "nope")], "no such run dir"),
         "report garbage pinned config": (["report", str(w["run_dir"])], "not UTF-8 text"),
-        "status garbage jobs": (["status", str(w["run_dir"])], "jobs.json"),
-        "cache ls broken manifest": (["cache", "ls", str(w["cache"])], "jaxwarm-manifest.json"),
-        "cache stats broken manifest": (["cache", "stats", *on_cache], "jaxwarm-manifest.json"),
-        "cache verify broken manifest": (["cache", "verify", str(w["cache"])],
-                                         "jaxwarm-manifest.json"),
+        "status garbage jobs": (["status", str(w["run_dir"])],
+                                str(submitted_jobs_path(w["run_dir"]))),
+        "cache ls broken manifest": (["cache", "ls", str(w["cache"])], manifest),
+        "cache stats broken manifest": (["cache", "stats", *on_cache], manifest),
+        "cache verify broken manifest": (["cache", "verify", str(w["cache"])], manifest),
         "cache prune broken manifest": (["cache", "prune", str(w["cache"]), "--max-size", "1K"],
-                                        "jaxwarm-manifest.json"),
+                                        manifest),
         "cache export nowhere": (["cache", "export", *on_cache, "--all",
-                                  "-o", str(w["tmp"] / "no" / "dir" / "b.tar")],
-                                 "jaxwarm-manifest.json"),
+                                  "-o", str(w["tmp"] / "no" / "dir" / "b.tar")], manifest),
         "cache import fifo": (["cache", "import", str(w["fifo"]), *on_cache],
                               "not a regular file"),
         "cache import garbage": (["cache", "import", str(w["garbage"]), *on_cache],

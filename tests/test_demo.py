@@ -13,6 +13,7 @@ import pytest
 
 from bench.common import TINY_STEP
 from jaxwarm.core.rundir import checkpoints_dir, logs_dir, report_path
+from jaxwarm.store.store import LocalStore, open_store
 from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
@@ -84,9 +85,8 @@ def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
     assert "warm start (train r0 p0): " in result.stdout
     assert "init phases (seconds from process start to the first step" in result.stdout
 
-    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())
-    assert step["key"] in manifest["entries"]
-    assert (cache / f"{step['key']}-cache").is_file()
+    assert step["key"] in open_store(str(cache)).manifest()
+    assert LocalStore(cache).entry_path(step["key"]).is_file()
     assert "jit_train_step: HIT on process 0" in result.stdout
 
     table = run_cli("report", str(run_dir))

@@ -14,6 +14,7 @@ import pytest
 from jaxwarm.core.config import ConfigError
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, run_main
 from jaxwarm.core.files import LockTimeout
+from jaxwarm.store.store import LocalStore
 from tests.conftest import REPO
 from tests.hostile import key
 
@@ -76,7 +77,7 @@ def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
     cache.mkdir(mode=0o700)
     entry = zlib.compress(bytes(4) + b"x" * 64)
     for n in range(3000):  # far more output than a pipe holds
-        (cache / f"{key(n)}-cache").write_bytes(entry)
+        LocalStore(cache).entry_path(key(n)).write_bytes(entry)
     for extra in ([], ["--json"]):
         result = in_shell("cache", "ls", str(cache), *extra, stdout_to="| head -1")
         assert result.stderr == "", result.stderr[-2000:]

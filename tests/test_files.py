@@ -17,6 +17,7 @@ import pytest
 
 from jaxwarm.core import files
 from jaxwarm.core.files import LockTimeout, atomic_write, lock_waits, locked, make_dir, modes_in
+from jaxwarm.store.store import LocalStore
 from tests.conftest import run_cli
 from tests.hostile import assert_refused, key
 
@@ -68,7 +69,7 @@ def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path,
     """What the init report says a process waited for jaxwarm's locks. The holder lets go
     from inside this process's retry loop, at its first pause after a failed try (no sleep
     orders the two), so at least that one retry (50 ms) was waited."""
-    lock = tmp_path / "jaxwarm-usage.jsonl.lock"
+    lock = tmp_path / "usage-log.lock"
     holder = hold(lock, "usage log")
     before = lock_waits().get("usage log", 0.0)
     pause, released = time.sleep, threading.Event()
@@ -101,7 +102,7 @@ def test_modes_follow_the_dir(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o2770)
-    inner = make_dir(shared / "jaxwarm-locks")
+    inner = make_dir(shared / "locks")
     assert stat.S_IMODE(inner.stat().st_mode) == 0o2770 and modes_in(shared)[0] == 0o660
 
 
@@ -137,7 +138,7 @@ def fill(directory: Path) -> None:
 def test_a_full_disk_names_the_file_being_written(full_disk: Path) -> None:
     cache = full_disk / "cache"
     cache.mkdir(mode=0o700)
-    (cache / f"{key(1)}-cache").write_bytes(b"torn")
+    LocalStore(cache).entry_path(key(1)).write_bytes(b"torn")
     fill(full_disk)
     result = run_cli("cache", "verify", str(cache))
     line = assert_refused(result, "No space left on device while writing the note")

@@ -13,6 +13,7 @@ import pytest
 from jaxwarm.core.jsonio import read_record
 from jaxwarm.core.records import TRAIN, InitReport
 from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import open_store
 from tests.conftest import run_cli
 from tests.test_launch_forms import FORMS, write_config
 
@@ -28,9 +29,8 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
 
     prewarmed = run_cli("prewarm", str(config), "--local")
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
-    entry, = manifest["entries"].values()
-    assert entry["global_options"]["jax_default_prng_impl"] == "threefry2x32"
+    entry, = open_store(str(tmp_path / "cache")).manifest().values()
+    assert entry.global_options["jax_default_prng_impl"] == "threefry2x32"
 
     verified = run_cli("verify", str(config), "--local", "step.args={prng: unsafe_rbg}")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]

@@ -30,6 +30,7 @@ from jaxwarm.report.read import PrewarmedFunctions, fold_phases
 from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
 from jaxwarm.store.misses import CODE_CHANGED, explain_miss, input_differences
+from jaxwarm.store.store import LocalStore
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
@@ -178,9 +179,10 @@ def test_first_step_lines_read_back_with_their_prewarmed_outcomes(tmp_path: Path
 def test_the_manifest_keeps_each_entry_s_inputs(tmp_path: Path) -> None:
     record_entries(tmp_path, [entry()])
     assert read_manifest(tmp_path)[entry().key].inputs == PREWARMED
-    older = json.loads((tmp_path / "jaxwarm-manifest.json").read_text())
+    manifest = LocalStore(tmp_path).manifest_file
+    older = json.loads(manifest.read_text())
     del older["entries"][entry().key]["inputs"]  # an entry recorded before inputs were
-    (tmp_path / "jaxwarm-manifest.json").write_text(json.dumps(older))
+    manifest.write_text(json.dumps(older))
     assert read_manifest(tmp_path)[entry().key].inputs is None
 
 

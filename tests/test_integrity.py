@@ -31,6 +31,7 @@ from jaxwarm.store.integrity import (
     warm_check,
 )
 from jaxwarm.store.manifest import ManifestEntry, record_entries
+from jaxwarm.store.store import LocalStore
 from jaxwarm.store.usage import append_usage
 from tests.conftest import REPO, Cli
 from tests.hostile import entry_bytes, key, zlib_bomb
@@ -86,10 +87,10 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
     cache.mkdir(mode=0o700)
     recorded(cache)
     append_usage(cache, EntryMissed(KEY, "train-run"))
-    usage = (cache / "jaxwarm-usage.jsonl").read_bytes()
+    usage = LocalStore(cache).usage_file.read_bytes()
     check = warm_check(str(cache), KEY, recheck_missed=True)
     assert check.warm and check.read_in_full and check.missed
-    assert (cache / "jaxwarm-usage.jsonl").read_bytes() == usage  # the check wrote nothing
+    assert LocalStore(cache).usage_file.read_bytes() == usage  # the check wrote nothing
     record_check(cache, check)  # the prewarm records it
     assert not missed_since_check(cache, KEY)
     again = warm_check(str(cache), KEY, recheck_missed=True)
@@ -101,7 +102,7 @@ def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     """Prewarm A holds KEY's writer lock while JAX writes it (0 bytes so far)."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    (cache / "jaxwarm-locks").mkdir(mode=0o700)
+    LocalStore(cache).locks_dir.mkdir(mode=0o700)
     entry_path(cache, KEY).write_bytes(b"")
     with locked(writer_lock_path(cache, KEY), "compile"):
         assert warm_check(str(cache), KEY, recheck_missed=True).problem == BEING_WRITTEN
@@ -135,7 +136,7 @@ def test_cache_verify_quarantines_an_entry_flipped_truncated_or_zeroed(tmp_path:
 def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
     """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
     from jaxwarm.store.integrity import entry_problem
-    path = tmp_path / f"{key(1)}-cache"
+    path = LocalStore(tmp_path).entry_path(key(1))
     path.write_bytes(entry_bytes(1))
     good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()
     assert entry_problem(path, good_sum) is None
@@ -154,13 +155,14 @@ def test_verify_quarantines_a_zlib_bomb_and_reads_entries_in_blocks(tmp_path: Pa
     and than the bomb's payload), verify still checks every entry and names the bomb."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    (cache / f"{key(1)}-cache").write_bytes(entry_bytes(1))
-    (cache / f"{key(7)}-cache").write_bytes(zlib_bomb())
+    store = LocalStore(cache)
+    store.entry_path(key(1)).write_bytes(entry_bytes(1))
+    store.entry_path(key(7)).write_bytes(zlib_bomb())
     result = verify_under_ulimit(cache, 1_000_000)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and "jaxwarm bug" not in result.stderr
     assert f"QUARANTINED {key(7)}: decompresses to more than {MIN_PAYLOAD_CAP} bytes" \
         in result.stdout
     assert "2 entries checked" in result.stdout and "1 intact, 1 quarantined" in result.stdout
-    assert (cache / f"{key(1)}-cache").read_bytes() == entry_bytes(1)
-    assert not (cache / f"{key(7)}-cache").exists()
+    assert store.entry_path(key(1)).read_bytes() == entry_bytes(1)
+    assert not store.entry_path(key(7)).exists()

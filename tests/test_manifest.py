@@ -18,6 +18,7 @@ from jaxwarm.store.manifest import (
     record_entries,
     uses_entries,
 )
+from jaxwarm.store.store import LocalStore
 from tests.conftest import Cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_integrity import KEY, recorded
@@ -57,7 +58,7 @@ def test_a_broken_manifest_is_one_line_naming_it_and_changes_nothing(
         tmp_path: Path, manifest: str, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    path = cache / "jaxwarm-manifest.json"
+    path = LocalStore(cache).manifest_file
     path.write_text(manifest)
     before = snapshot(tmp_path)
     for argv in (["ls"], ["stats"], ["verify"], ["prune", "--max-size", "0"]):
@@ -70,13 +71,14 @@ def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
         tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "jaxwarm-manifest.json").write_text("[]")
+    manifest = LocalStore(cache).manifest_file
+    manifest.write_text("[]")
     key = "jit_f-" + "a" * 64
     record_entries(cache, [ManifestEntry(function="jit_f", key=key, run="r", config="c",
                                          compile_s=1.0, lower_s=0.1, written=True,
                                          jax_version="0", process_count=1)])
     assert list(read_manifest(cache)) == [key]
-    aside, = cache.glob("jaxwarm-manifest.json.broken-*[0-9]")
+    aside, = cache.glob(f"{manifest.name}.broken-*[0-9]")
     assert aside.read_text() == "[]"
     note = aside.with_name(aside.name + ".why").read_text()
     assert "not a jaxwarm manifest" in note

@@ -26,6 +26,7 @@ import pytest
 
 from jaxwarm.core.records import PREWARM, SETTING_CHANGED, TRAIN
 from jaxwarm.core.rundir import log_path, report_path, report_paths
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
 from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
@@ -114,7 +115,7 @@ def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
     for name in ("jit_train_step", "jit__lambda"):
         found = [fn for fn in p0["functions"] if fn["name"] == name]
         assert found and all(fn["hit"] for fn in found), (name, p0["functions"])
-        assert any(f"{fn['key']}-cache" in os.listdir(cache) for fn in found)
+        assert any(LocalStore(cache).entry_path(fn["key"]).is_file() for fn in found)
     assert p0["time_to_first_step_s"] is not None and p0["time_to_first_step_s"] > 0
     assert p0["cache_dir"] == str(cache)
     own = tmp / "maxtext-own-cache"

@@ -8,13 +8,11 @@ said in JAX's words, and an entry JAX evicted during the prewarm to keep within
 from __future__ import annotations
 
 import json
-import os
 import re
 import resource
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,8 +22,9 @@ from jaxwarm.core.config import load_config
 from jaxwarm.store.entries import CACHE_SUFFIX
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import manifest_path, read_manifest
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, REPO, run_cli
-from tests.hostile import key
+from tests.hostile import key, write_entry
 from tests.test_store_commands import TINY, job_args, output
 
 DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
@@ -54,7 +53,7 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
     # The same kill a moment earlier (after JAX's write, before the record): nobody recorded
     # the entry. The next prewarm checks it in full, finds it intact and pins it.
     manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    (cache / "jaxwarm-usage.jsonl").unlink(missing_ok=True)
+    LocalStore(cache).usage_file.unlink(missing_ok=True)
     again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert again.returncode == 0, again.stderr[-3000:]
     assert key.startswith("jit_train_step-")
@@ -103,13 +102,6 @@ def test_a_function_jax_chooses_not_to_store_is_said_in_its_words_not_failed(
     assert "FAILED" not in output(result) and entries(cache) == {}
 
 
-def entry(cache: Path, n: int, mtime: float) -> Path:
-    path = cache / f"{key(n)}-cache"
-    path.write_bytes(zlib.compress(bytes(4) + bytes([n]) * 100))
-    os.utime(path, (mtime, mtime))
-    return path
-
-
 @pytest.mark.hostile
 def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) -> None:
     from jaxwarm.job.prewarm import (  # imports jax: only in the test that needs it
@@ -119,7 +111,7 @@ def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) 
 
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    kept = entry(cache, 2, time.time())
+    kept = write_entry(cache, 2, time.time())
     config = load_config(DEMO, [f"cache.dir={cache}", "cache.max_size=1000"])
     compiled = [Compiled(SimpleNamespace(), SimpleNamespace(key=key(n), sha256="0" * 64,
                                                             size=600))

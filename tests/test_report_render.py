@@ -263,18 +263,19 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
                   '{"run": "demo", "job": "train", "functions": [{"name": 1}]}\n{"torn": ')
     append_usage(tmp_path, EntryPruned(STEP, 5))
     append_usage(tmp_path, EntryChecked(STEP, "f" * 64, 5))
-    (tmp_path / f"{STEP}-cache").write_bytes(b"x" * 5)
+    LocalStore(tmp_path).entry_path(STEP).write_bytes(b"x" * 5)
     with caplog.at_level(logging.WARNING, "jaxwarm"):
         records = read_usage(tmp_path)
         rows, stats = entry_rows(LocalStore(tmp_path)), cache_stats(LocalStore(tmp_path))
     assert [type(r).__name__ for r in records] == ["JobUsage", "EntryPruned", "EntryChecked"]
     history = key_histories(records)[STEP]
     assert (history.sha256, history.written_by) == ("f" * 64, "demo (train r0)")
-    skipped = [m for m in caplog.messages if "jaxwarm-usage.jsonl" in m]
+    usage_log = str(LocalStore(tmp_path).usage_file)
+    skipped = [m for m in caplog.messages if usage_log in m]
     for number, why in ((2, "expected a mapping"), (3, "missing required key 'key'"),
                         (4, "event: expected one of checked, quarantined, pruned"),
                         (5, "functions[0].name: expected a string"), (6, "not valid JSON")):
-        assert any(f"jaxwarm-usage.jsonl:{number}: " in m and why in m for m in skipped), \
+        assert any(f"{usage_log}:{number}: " in m and why in m for m in skipped), \
             (number, skipped)
     assert [r.used_by for r in rows] == [["demo (train r0)"]]
     assert (stats.jobs_recorded, stats.lookups, stats.hits) == (1, 1, 0)

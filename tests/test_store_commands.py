@@ -30,6 +30,7 @@ from jaxwarm.store.entries import (
 )
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import manifest_path, read_manifest
+from jaxwarm.store.store import LocalStore
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli, with_xla_flag
 from tests.hostile import key, snapshot, write_entry
@@ -199,7 +200,7 @@ def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: P
 
     # Unrecorded entry, torn: nobody knows its size, so it gets the full check.
     manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    (cache / "jaxwarm-usage.jsonl").unlink()
+    LocalStore(cache).usage_file.unlink()
     init = entries_by_function(cache)["jit_init_state"]
     truncate(init)
     third = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
@@ -303,24 +304,27 @@ def odd_key(c: str) -> str:
 def odd_cache(tmp_path: Path) -> Path:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    (cache / f"{odd_key('a')}-cache").mkdir()  # a directory
-    os.mkfifo(cache / f"{odd_key('b')}-cache")  # would block a plain read forever
-    (cache / f"{odd_key('c')}-cache").symlink_to("/dev/zero")  # would be read until MemoryError
+    store = LocalStore(cache)
+    store.entry_path(odd_key("a")).mkdir()  # a directory
+    os.mkfifo(store.entry_path(odd_key("b")))  # would block a plain read forever
+    store.entry_path(odd_key("c")).symlink_to("/dev/zero")  # would be read until MemoryError
     (cache / "x-cache").mkdir()  # not even named like an entry
-    (cache / f"{odd_key('d')}-cache").write_bytes(zlib.compress(bytes(4) + b"x" * 100))
+    store.entry_path(odd_key("d")).write_bytes(zlib.compress(bytes(4) + b"x" * 100))
     return cache
 
 
 @pytest.mark.hostile
 def test_odd_files_are_skipped_with_a_line_and_left_alone(tmp_path: Path) -> None:
     cache = odd_cache(tmp_path)
+    store = LocalStore(cache)
     before = snapshot(cache)
     for command in (["ls"], ["stats"], ["verify"], ["prune", "--max-size", "100G"]):
         result = run_cli("cache", command[0], str(cache), *command[1:], timeout=60)
         assert result.returncode == 0, (command, result.stderr)
         assert "Traceback" not in result.stderr
         for c, kind in (("a", "a directory"), ("b", "a FIFO"), ("c", "a symlink")):
-            assert f"skipping {cache / odd_key(c)}-cache: {kind}, not a JAX entry" in result.stderr
+            entry = store.entry_path(odd_key(c))
+            assert f"skipping {entry}: {kind}, not a JAX entry" in result.stderr
         assert "x-cache" not in result.stderr + result.stdout
     verified = run_cli("cache", "verify", str(cache))
     assert "1 entries checked" in verified.stdout and "1 intact" in verified.stdout
@@ -335,7 +339,7 @@ def test_cache_verify_touches_only_files_named_like_entries(tmp_path: Path) -> N
     cache.mkdir(mode=0o700)
     (cache / "build-cache").write_text("not an entry\n")
     (cache / "notes-cache").write_bytes(b"garbage")
-    (cache / f"{named}-cache").write_bytes(b"torn")
+    LocalStore(cache).entry_path(named).write_bytes(b"torn")
     result = run_cli("cache", "verify", str(cache))
     assert result.returncode == 1, result.stderr
     assert f"QUARANTINED {named}" in result.stdout
@@ -356,7 +360,7 @@ def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
     hour_old = write_entry(cache, 2, now - HOUR)
     fresh = write_entry(cache, 3, now)
     crafted = write_entry(cache, 4, now - HOUR)  # its atime file claims a use in 2100
-    (cache / f"{key(4)}-atime").write_bytes(encode_atime(int(4.1e18)))
+    LocalStore(cache).atime_path(key(4)).write_bytes(encode_atime(int(4.1e18)))
     result = run_cli("cache", "prune", str(cache), "--older-than", "30m")
     assert result.returncode == 0, result.stderr
     assert "pruned 3 entries" in result.stdout

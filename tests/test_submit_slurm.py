@@ -24,6 +24,7 @@ from jaxwarm.core.rundir import (
     step_reached,
 )
 from jaxwarm.store.entries import writer_lock_path
+from jaxwarm.store.store import open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import (
@@ -116,8 +117,8 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
     first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     cache = tmp_path / "cache"
-    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())["entries"]
-    step = next(key for key, e in manifest.items() if e["function"] == "jit_train_step")
+    manifest = open_store(str(cache)).manifest()
+    step = next(key for key, e in manifest.items() if e.function == "jit_train_step")
     for entry_file in cache.glob("*-cache"):  # an emptied cache; the manifest stays
         entry_file.unlink()
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
@@ -380,8 +381,8 @@ def test_several_configs_prewarm_as_one_job_array(tmp_path: Path) -> None:
     first_job = read_jobs(tmp_path / "runs" / "demo")[0].job_id
     second_job = read_jobs(tmp_path / "runs" / "second")[0].job_id
     assert first_job.split("_")[0] == second_job.split("_")[0]  # one array, two tasks
-    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
-    assert {e["run"] for e in manifest["entries"].values()} == {"demo", "second"}
+    manifest = open_store(str(tmp_path / "cache")).manifest()
+    assert {e.run for e in manifest.values()} == {"demo", "second"}
     for run in ("demo", "second"):
         assert report(tmp_path / "runs" / run, 0, "prewarm")["environment"][
             "JAXWARM_CONFIG"] == str(pinned_config(tmp_path / "runs" / run))

@@ -32,7 +32,10 @@ from jaxwarm.core.files import canonical_path, locked, make_dir
 from jaxwarm.core.records import PrewarmRecord, UsageRecord
 from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
 from jaxwarm.store.entries import (
+    QUARANTINE_DIR,
+    WRITER_LOCKS,
     Entry,
+    atime_path,
     ensure_atime_files,
     entry_path,
     mark_used,
@@ -61,7 +64,7 @@ from jaxwarm.store.manifest import (
     record_entries,
     uses_entries,
 )
-from jaxwarm.store.prewarms import forget_prewarm, read_prewarms, record_prewarm
+from jaxwarm.store.prewarms import forget_prewarm, prewarms_path, read_prewarms, record_prewarm
 from jaxwarm.store.prune import prune
 from jaxwarm.store.security import (
     DirIdentity,
@@ -70,7 +73,7 @@ from jaxwarm.store.security import (
     recheck_cache_dir,
 )
 from jaxwarm.store.staging import Staged, publish_entries, stage_entries
-from jaxwarm.store.usage import KeyHistory, append_usage, key_histories, read_usage
+from jaxwarm.store.usage import KeyHistory, append_usage, key_histories, read_usage, usage_path
 
 # A second prewarm of the same key waits while the first compiles it: as long as a big
 # compile takes, and no longer.
@@ -171,6 +174,12 @@ class LocalStore(CacheStore):
     def __init__(self, cache_dir: str | Path) -> None:
         super().__init__(str(cache_dir))
         self.path = Path(cache_dir)
+        # jaxwarm's files beside the entries, named once for every question asked of them.
+        self.manifest_file = manifest_path(self.path)
+        self.usage_file = usage_path(self.path)
+        self.prewarms_file = prewarms_path(self.path)
+        self.quarantine_dir = self.path / QUARANTINE_DIR
+        self.locks_dir = self.path / WRITER_LOCKS
         # The usage log as this store last parsed it (`usage`); None: read it at next use.
         self._usage: list[UsageRecord] | None = None
 
@@ -207,6 +216,13 @@ class LocalStore(CacheStore):
 
     def entry_path(self, key: str) -> Path:
         return entry_path(self.path, key)
+
+    def atime_path(self, key: str) -> Path:
+        """JAX's record of the last use of `key` (size-capped caches only)."""
+        return atime_path(self.path, key)
+
+    def writer_lock_path(self, key: str) -> Path:
+        return writer_lock_path(self.path, key)
 
     def has_entry(self, key: str) -> bool:
         return self.entry_path(key).exists()

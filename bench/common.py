@@ -24,6 +24,8 @@ from typing import Any
 
 from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import InitReport
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.prepare import pin_config
 
@@ -118,6 +120,22 @@ def bench_config(work: Path, name: str, overrides: Iterable[str] = ()) -> tuple[
     config = load_config(DEMO, [*LAYOUT_OVERRIDES, f"run.name={name}", f"run.out_dir={work}",
                                 f"cache.dir={work / 'cache'}", *overrides])
     return pin_config(config)
+
+
+def read_report(path: Path) -> InitReport:
+    """The init report of a job the benchmark ran, typed (`jaxwarm.core.jsonio.read_record`);
+    without one the figures would be of nothing, so it is an error."""
+    report = read_record(InitReport, path)
+    if report is None:
+        raise BenchError(f"{path}: no readable init report (the job's log says why)")
+    return report
+
+
+def first_step_s(report: InitReport) -> float:
+    """A job's time to first step: a job that ran no step measured nothing."""
+    if report.time_to_first_step_s is None:
+        raise BenchError(f"{report.label}: no first step")
+    return report.time_to_first_step_s
 
 
 def read_json(path: Path) -> Any:

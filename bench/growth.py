@@ -53,6 +53,8 @@ from bench.chart import save_figure
 from bench.common import DEMO, FAST_STEP, REPO, BenchError, machine, publish, read_json, table
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import InitReport
 from jaxwarm.core.rundir import PREWARM, TRAIN, pinned_config, report_path
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.submit.local import free_port
@@ -184,9 +186,9 @@ def first_steps(out: Path, ranks: int) -> dict[str, Any]:
 def lock_waits(run_dir: Path, job: str, ranks: int) -> float:
     total = 0.0
     for process in range(ranks):
-        path = report_path(run_dir, job, 0, process)
-        if path.exists():
-            total += sum(read_json(path).get("lock_wait_s", {}).values())
+        report = read_record(InitReport, report_path(run_dir, job, 0, process))
+        if report is not None:
+            total += sum(report.lock_wait_s.values())
     return total
 
 

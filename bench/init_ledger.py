@@ -83,8 +83,7 @@ def measure(trainer: Trainer, work: Path, env: dict[str, str]) -> dict[str, Any]
         runs = work / name.replace(" ", "-")
         cli("launch", str(trainer.config), "--local", "--no-prewarm", f"run.out_dir={runs}",
             *cache, f"cache.prefetch={switch}", *overrides, env=env, python=python, cwd=cwd)
-        launches[name] = summary(train_report(runs / trainer.run, env, python, cwd),
-                                 trainer.step)
+        launches[name] = summary(train_report(runs / trainer.run), trainer.step)
     return launches
 
 

@@ -36,7 +36,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
+from bench.common import DEMO, REPO, BenchError, machine, publish, read_report, table
+from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.entries import CACHE_SUFFIX
 
@@ -101,20 +102,20 @@ def warm_start(work: Path, nodes: int, name: str, stage: str | None) -> dict[str
         cli("launch", str(DEMO), "--slurm", "--wait", "--no-prewarm", "--no-check-cache",
             f"run.out_dir={work / name}", *overrides(work, nodes), *extra)
     wall = time.perf_counter() - started
-    reports = [read_json(report_path(work / name / "demo", "train", 0, process))
+    reports = [read_report(report_path(work / name / "demo", TRAIN, 0, process))
                for process in range(nodes)]
     sizes = {key: (cache / f"{key}{CACHE_SUFFIX}").stat().st_size for key in counter.reads}
-    stagers = [r["stage"] for r in reports if r.get("stage") and r["stage"]["stager"]]
+    stagers = [r.stage for r in reports if r.stage is not None and r.stage.stager]
     return {"reads": sum(counter.reads.values()),
             "bytes": sum(sizes[key] * count for key, count in counter.reads.items()),
             "by_entry": dict(counter.reads), "wall_s": wall,
-            "hits_p0": reports[0]["hits"],
-            "first_step_s": [r["time_to_first_step_s"] for r in reports],
-            "jax_dirs": sorted({r["cache_dir"] for r in reports}),
-            "copied": sum(len(s["copied"]) + len(s["replaced"]) for s in stagers),
-            "reused": sum(len(s["reused"]) for s in stagers),
-            "fallbacks": [r["stage"]["fallback"] for r in reports
-                          if r.get("stage") and r["stage"]["fallback"]]}
+            "hits_p0": reports[0].hits,
+            "first_step_s": [r.time_to_first_step_s for r in reports],
+            "jax_dirs": sorted({r.cache_dir for r in reports}),
+            "copied": sum(len(s.copied) + len(s.replaced) for s in stagers),
+            "reused": sum(len(s.reused) for s in stagers),
+            "fallbacks": [r.stage.fallback for r in reports
+                          if r.stage is not None and r.stage.fallback]}
 
 
 def measure(nodes: int, starts: int) -> dict[str, Any]:

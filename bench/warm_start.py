@@ -31,7 +31,6 @@ beside the JSON (`.png`, when matplotlib is installed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -43,7 +42,20 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, BenchError, Check, checks_json, checks_table, machine, publish, table
+from bench.common import (
+    REPO,
+    BenchError,
+    Check,
+    checks_json,
+    checks_table,
+    first_step_s,
+    machine,
+    publish,
+    table,
+)
+from jaxwarm.core.jsonio import to_json
+from jaxwarm.core.records import TRAIN, InitReport
+from jaxwarm.report.read import load_reports
 
 DEFAULT_JSON = REPO / "bench" / "results" / "warm-start.json"
 # The smallest size whose load takes 20 s or more on a quiet 2-core machine (issue 30): at
@@ -115,16 +127,12 @@ def cli(*args: str, env: dict[str, str], python: Path = Path(sys.executable),
     return result
 
 
-def train_report(run_dir: Path, env: dict[str, str], python: Path = Path(sys.executable),
-                 cwd: Path = REPO) -> dict[str, Any]:
-    """Process 0's init report of the run's latest training attempt (`jaxwarm report
-    --json`)."""
-    reports = json.loads(cli("report", str(run_dir), "--json", env=env, python=python,
-                             cwd=cwd).stdout)
-    listed = reports["reports"] if isinstance(reports, dict) else reports
-    train = [r for r in listed if r["job"] == "train" and r["process_index"] == 0]
-    report: dict[str, Any] = max(train, key=lambda r: r["restart_count"])
-    return report
+def train_report(run_dir: Path) -> InitReport:
+    """Process 0's init report of the run's latest training attempt."""
+    train = [r for r in load_reports(run_dir) if r.job == TRAIN and r.process_index == 0]
+    if not train:
+        raise BenchError(f"{run_dir}: no readable init report of the training job")
+    return max(train, key=lambda r: r.restart_count)
 
 
 def sized(layers: int, steps: int) -> list[str]:
@@ -140,19 +148,21 @@ def demo(steps: int) -> list[str]:
 
 
 def launch(work: Path, cache: Path, run: list[str], env: dict[str, str], *extra: str,
-           command: str = "launch") -> dict[str, Any]:
-    """One launch (or prewarm) of `run` (its overrides: `sized` or `demo`); process 0's
-    training init report."""
+           command: str = "launch") -> float:
+    """One launch (or prewarm) of `run` (its overrides: `sized` or `demo`); its wall time."""
     overrides = [f"run.out_dir={work / 'runs'}", f"cache.dir={cache}", *LAYOUT, *run]
     started = time.perf_counter()
     cli(command, str(REPO / "configs" / "demo.yaml"), "--local", *overrides, *extra, env=env)
-    wall = time.perf_counter() - started
-    if command != "launch":
-        return {"wall_s": wall}
+    return time.perf_counter() - started
+
+
+def launched(work: Path, cache: Path, run: list[str], env: dict[str, str],
+             *extra: str) -> InitReport:
+    """One launch of `run`, and process 0's init report of its training job (read before
+    the next launch of the run replaces it)."""
+    launch(work, cache, run, env, *extra)
     name = next(o for o in run if o.startswith("run.name=")).split("=", 1)[1]
-    report = train_report(work / "runs" / name, env)
-    report["wall_s"] = wall
-    return report
+    return train_report(work / "runs" / name)
 
 
 def demo_pairs(work: Path, env: dict[str, str], repeats: int) -> dict[str, list[float]]:
@@ -166,27 +176,27 @@ def demo_pairs(work: Path, env: dict[str, str], repeats: int) -> dict[str, list[
     for _ in range(repeats):
         for name, switch in (("warm", "false"), ("warm with prefetch", "auto")):
             steps += 1
-            report = launch(work, cache, demo(steps), env, "--no-prewarm",
-                            f"cache.prefetch={switch}")
-            times[name].append(report["time_to_first_step_s"])
+            report = launched(work, cache, demo(steps), env, "--no-prewarm",
+                              f"cache.prefetch={switch}")
+            times[name].append(first_step_s(report))
     return times
 
 
-def summary(report: dict[str, Any], step: str = "jit_train_step") -> dict[str, Any]:
+def summary(report: InitReport, step: str = "jit_train_step") -> dict[str, Any]:
     """What the tables show of one launch: its phases, "other" by owner (the largest) and
     what no sample named, its `step`'s lookup, the prefetch and what sampling cost."""
     phases: dict[str, float] = {}
     owners: dict[str, float] = {}
-    for phase in report["phases"]:
-        phases[phase["phase"]] = phases.get(phase["phase"], 0.0) + phase["seconds"]
-        if phase["phase"] == "other" and phase["function"]:
-            owners[phase["function"]] = phase["seconds"]
-    found = next(f for f in report["functions"] if f["name"] == step)
-    return {"time_to_first_step_s": report["time_to_first_step_s"], "phases": phases,
+    for phase in report.phases:
+        phases[phase.phase] = phases.get(phase.phase, 0.0) + phase.seconds
+        if phase.phase == "other" and phase.function:
+            owners[phase.function] = phase.seconds
+    found = next(f for f in report.functions if f.name == step)
+    return {"time_to_first_step_s": first_step_s(report), "phases": phases,
             "other_by_owner": dict(sorted(owners.items(), key=lambda kv: -kv[1])[:8]),
             "other_unnamed_s": phases.get("other", 0.0) - sum(owners.values()),
-            "step_hit": found["hit"], "step_seconds": found["seconds"],
-            "prefetch": report.get("prefetch"), "sampling": report.get("sampling")}
+            "step_hit": found.hit, "step_seconds": found.seconds,
+            "prefetch": to_json(report.prefetch), "sampling": to_json(report.sampling)}
 
 
 PHASES = ("imports", "trace", "lower", "compile", "cache load", "first step", "other")
@@ -251,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "WARM_START_RECORDS": str(args.records)}
     with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
         work = Path(tmp)
-        prewarm = launch(work, work / "a", sized(args.layers, 1), env, command="prewarm")
+        prewarm_s = launch(work, work / "a", sized(args.layers, 1), env, command="prewarm")
         launch(work, work / "a", sized(args.layers, 1), env, "cache.prefetch=false")  # seed
-        runs = {"cold": launch(work, work / "b", sized(args.layers, 2), env, "--no-prewarm"),
-                "warm": launch(work, work / "a", sized(args.layers, 3), env, "--no-prewarm",
-                               "cache.prefetch=false"),
-                "warm with prefetch": launch(work, work / "a", sized(args.layers, 4), env,
-                                             "--no-prewarm")}
+        runs = {"cold": launched(work, work / "b", sized(args.layers, 2), env, "--no-prewarm"),
+                "warm": launched(work, work / "a", sized(args.layers, 3), env, "--no-prewarm",
+                                 "cache.prefetch=false"),
+                "warm with prefetch": launched(work, work / "a", sized(args.layers, 4), env,
+                                               "--no-prewarm")}
         times = demo_pairs(work, env, args.demo_repeats)
     rows = {name: summary(report) for name, report in runs.items()}
     warm, fetched = rows["warm"], rows["warm with prefetch"]
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": machine(), "load_average": {"start": load_start,
                                                       "end": os.getloadavg()},
               "layers": args.layers, "records": args.records,
-              "prewarm_wall_s": prewarm["wall_s"], "runs": rows,
+              "prewarm_wall_s": prewarm_s, "runs": rows,
               "init_s": init, "load_s": load, "bound_s": bound, "ratio": ratio,
               "demo": times, "checks": checks_json(checks)}
     publish(result, warm_table(result), args.json)

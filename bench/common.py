@@ -16,7 +16,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -90,6 +91,59 @@ def run_process(argv: Sequence[str], env: dict[str, str],
                              f"{sink.read().decode(errors='replace')[-3000:]}")
     # ru_maxrss is in KiB on Linux
     return Finished(wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launch run to its end: each process's exit status and output (empty where it went
+    to a log), and the wall time from the first spawn to the last exit."""
+
+    returncodes: list[int]
+    outputs: list[str]
+    wall_s: float
+
+
+def run_launch(argv: Sequence[str], envs: Sequence[dict[str, str] | None] = (None,), *,
+               cwd: Path = REPO, log: Path | None = None,
+               during: Callable[[list[subprocess.Popen[str]]], None] | None = None,
+               check: bool = True, timeout: float | None = PROCESS_TIMEOUT_S) -> Launched:
+    """`argv` run in `cwd` once per environment in `envs`, all at once, to the last exit: a
+    launch (`jaxwarm launch`, one process) or a job's ranks started by hand (one each).
+    `during(processes)` acts on them while they run (samples them, signals them). Their
+    output goes to `log`, to be read while they run, or to a file each (a pipe per rank read
+    one after the other could fill and stop a rank), kept. With `check`, a process that
+    failed is a BenchError with the end of its output; past `timeout`, every one is killed."""
+    with ExitStack() as files:
+        shared = files.enter_context(log.open("w")) if log is not None else None
+        sinks = [shared or files.enter_context(tempfile.TemporaryFile("w+")) for _ in envs]
+        start = time.perf_counter()
+        procs = [subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=sink, stderr=subprocess.STDOUT, text=True)
+                 for env, sink in zip(envs, sinks, strict=True)]
+        try:
+            if during is not None:
+                during(procs)
+            end = None if timeout is None else time.monotonic() + timeout
+            codes = [proc.wait(None if end is None else max(0.0, end - time.monotonic()))
+                     for proc in procs]
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{' '.join(argv[:4])} ran past {timeout:g} s") from None
+        finally:
+            for proc in procs:  # still running only when `during` failed or time ran out
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        wall_s = time.perf_counter() - start
+        outputs = []
+        for sink in sinks:
+            sink.seek(0)
+            outputs.append("" if sink is shared else sink.read())
+    failed = [index for index, code in enumerate(codes) if code != 0]
+    if check and failed:
+        raise BenchError(f"{len(failed)} of {len(procs)} processes of {' '.join(argv[:4])} "
+                         f"failed (exit {codes[failed[0]]}):\n"
+                         f"{outputs[failed[0]][-4000:] or f'its output: {log}'}")
+    return Launched(codes, outputs, wall_s)
 
 
 def run_spec(job: JobSpec) -> Finished:

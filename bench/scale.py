@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, FAST_STEP, REPO, machine, table, write_json
+from bench.common import DEMO, FAST_STEP, REPO, machine, run_launch, table, write_json
 from jaxwarm.core.jsonio import read_record
 from jaxwarm.core.records import TRAIN, InitReport
 from jaxwarm.core.rundir import log_path, metrics_path, report_paths
@@ -142,13 +142,11 @@ class Scale:
         sampler.start()
         start = time.monotonic()
         log = self.work / f"{name}.log"
-        with log.open("w") as sink:
-            process = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                       text=True)
-            if during is not None:
-                during(process, phase)
-            phase.exit_code = process.wait()
-        phase.wall_s = time.monotonic() - start
+        # No timeout: a phase of many ranks compiles for as long as it takes; a failed
+        # launch is a figure (the kill phases fail on purpose).
+        done = run_launch(argv, log=log, check=False, timeout=None,
+                          during=None if during is None else lambda procs: during(procs[0], phase))
+        phase.exit_code, phase.wall_s = done.returncodes[0], done.wall_s
         sampler.done.set()
         sampler.join()
         phase.line = failure_line(log.read_text(errors="replace"))

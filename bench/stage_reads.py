@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, REPO, BenchError, machine, publish, read_report, table
+from bench.common import DEMO, REPO, BenchError, machine, publish, read_report, run_launch, table
 from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.entries import CACHE_SUFFIX
@@ -78,13 +78,9 @@ class ReadCounter:
         self.inotify.close()
 
 
-def cli(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    if result.returncode != 0:
-        raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
-                         f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    return result.stdout
+def cli(*args: str) -> None:
+    """`jaxwarm ARGS...`; a failure is a BenchError."""
+    run_launch([sys.executable, "-m", "jaxwarm", *args], timeout=LAUNCH_TIMEOUT_S)
 
 
 def overrides(work: Path, nodes: int) -> list[str]:

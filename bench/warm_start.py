@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,6 +50,7 @@ from bench.common import (
     first_step_s,
     machine,
     publish,
+    run_launch,
     table,
 )
 from jaxwarm.core.jsonio import to_json
@@ -117,14 +117,9 @@ def token_index(records: int) -> dict[int, int]:
 
 
 def cli(*args: str, env: dict[str, str], python: Path = Path(sys.executable),
-        cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+        cwd: Path = REPO) -> None:
     """`jaxwarm ARGS...` run by `python` in `cwd`; a failure is a BenchError."""
-    result = subprocess.run([str(python), "-m", "jaxwarm", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=3600)
-    if result.returncode != 0:
-        raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
-                         f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return result
+    run_launch([str(python), "-m", "jaxwarm", *args], (env,), cwd=cwd, timeout=3600)
 
 
 def train_report(run_dir: Path) -> InitReport:

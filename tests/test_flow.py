@@ -355,6 +355,18 @@ class MockedSbatch:
         return lambda: f"Submitted batch job {11 + len(self.scripts)}\n".encode()
 
 
+def slurm_commands(where: Path, *names: str) -> str:
+    """A PATH of `where` holding stand-ins of SLURM's commands `names`, each failing as a
+    command that reached no controller would: SLURM need not be installed for the tests
+    that mock it (a fresh machine has no srun, and submitit's executor refuses to exist
+    without one)."""
+    where.mkdir(exist_ok=True)
+    for name in names:
+        (where / name).write_text(f"#!/bin/sh\necho '{name}: no cluster here' >&2\nexit 1\n")
+        (where / name).chmod(0o755)
+    return str(where)
+
+
 def sbatch_directives(script: str) -> dict[str, str]:
     return dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
                 if line.startswith("#SBATCH --"))
@@ -370,6 +382,8 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
 
     sbatch = MockedSbatch()
     monkeypatch.setattr(submitit.core.utils, "CommandFunction", sbatch)
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "srun") + os.pathsep +
+                       os.environ["PATH"])
     golden_config = load_config(DEMO, ["run.out_dir=/runs", "cache.dir=/shared/jax cache",
                                        "slurm.partition=gpu", "slurm.max_requeues=2",
                                        "env={WANDB_PROJECT: \"it's $HOME\"}"])
@@ -402,3 +416,19 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
                                                                              "for _v in"))]
     for script in sbatch.scripts:
         assert all(line in script.splitlines() for line in exports)
+
+
+def test_slurm_without_its_commands_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without SLURM's client commands (not a login node): `--slurm` says so in
+    one line, before the run dir or the cache exists."""
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "sbatch"))
+    request = flow.Request("launch", [str(DEMO)], [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as caught:
+        flow.launch(request, SlurmBackend())
+    assert str(caught.value) == (
+        f"{DEMO}: SLURM jobs need sbatch and srun on PATH, and srun is not here (SLURM's "
+        f"client commands are not installed on this machine): submit from a login node of "
+        f"the cluster, or run with --local")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()

@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import re
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -405,7 +406,16 @@ class SlurmBackend:
 
     def refuse_platform(self, config: Config) -> None:
         """The nodes are elsewhere: a GPU-target job on a node without a GPU refuses itself,
-        in one line in its log (jaxwarm.job.start.gpu), and the chain stops there."""
+        in one line in its log (jaxwarm.job.start.gpu), and the chain stops there. Here
+        only SLURM's own commands must be: submitit submits with sbatch and runs each task
+        with srun (its executor refuses to exist without it)."""
+        missing = [name for name in ("sbatch", "srun") if shutil.which(name) is None]
+        if missing:
+            raise ConfigError(f"{config.source}: SLURM jobs need sbatch and srun on PATH, "
+                              f"and {' and '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not here (SLURM's "
+                              f"client commands are not installed on this machine): submit "
+                              f"from a login node of the cluster, or run with --local")
 
     def refuse_busy(self, config: Config) -> None:
         refuse_active_jobs(config)

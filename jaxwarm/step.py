@@ -41,9 +41,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
 from jaxwarm.core.entryargv import trainer_argv as _trainer_argv
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.words import plural
 
 T = TypeVar("T")

@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
-from jaxwarm.core.config import ConfigError, load_config
-from jaxwarm.core.errors import EXIT_OK
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import EXIT_OK, ConfigError
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import PrewarmProgress
+from jaxwarm.core.records import PREWARM, TRAIN, PrewarmProgress
 from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
     local_jobs_path,
     pinned_config,
     prewarm_progress_path,

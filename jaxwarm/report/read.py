@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import RefusedFile, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, from_json, parse_json, read_lines, read_record
 from jaxwarm.core.records import (

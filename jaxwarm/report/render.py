@@ -22,14 +22,15 @@ from jaxwarm.core.records import (
     OTHER,
     RANKS,
     SETTING_CHANGED,
+    TRAIN,
     USED,
+    VERIFY,
     FirstStep,
     FunctionRecord,
     InitReport,
     Verdict,
     VerifyResult,
 )
-from jaxwarm.core.rundir import TRAIN, VERIFY
 from jaxwarm.core.words import plural, ranges
 from jaxwarm.jaxkey.entryformat import split_key
 from jaxwarm.report.read import (

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import dropped_variables
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, ConfigError
 from jaxwarm.core.files import atomic_write
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import Fingerprint, PrewarmDecision, differences, listed
-from jaxwarm.core.rundir import PREWARM, TRAIN, prewarm_decision_path, unfinished
+from jaxwarm.core.records import PREWARM, TRAIN, Fingerprint, PrewarmDecision, differences, listed
+from jaxwarm.core.rundir import prewarm_decision_path, unfinished
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
 from jaxwarm.store.integrity import FULL_CHECK_BYTES

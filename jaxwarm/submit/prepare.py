@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from jaxwarm.core.config import CONFIG_CAP, Config, ConfigError, load_yaml
+from jaxwarm.core.config import CONFIG_CAP, Config, load_yaml
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import atomic_write, locked, read_capped
 from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural

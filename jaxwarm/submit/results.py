@@ -11,8 +11,8 @@ from pathlib import Path
 from jaxwarm.core.config import Config
 from jaxwarm.core.errors import EXIT_COLD, EXIT_OK
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import PrewarmDecision
-from jaxwarm.core.rundir import TRAIN, mlperf_logs, prewarm_decision_path, step_reached, unfinished
+from jaxwarm.core.records import TRAIN, PrewarmDecision
+from jaxwarm.core.rundir import mlperf_logs, prewarm_decision_path, step_reached, unfinished
 from jaxwarm.job.record import mlperf
 from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (

@@ -13,7 +13,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import canonical_path
 from jaxwarm.store.store import open_store
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import YAML_MAX_DEPTH, ConfigError, load_config
+from jaxwarm.core.config import YAML_MAX_DEPTH, load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.store.entries import MIN_PAYLOAD_CAP
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot

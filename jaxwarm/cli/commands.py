@@ -54,6 +54,7 @@ def status(run_dir: Path, backend: Backend[H] | None) -> int:
     train = job_state(lines, TRAIN)
     if pinned.is_file() and train is not None and train not in ACTIVE_STATES:
         # sacct says COMPLETED for a trainer that exits 0 early (its requeues ran out)
+        # UNKNOWN: the backend cannot tell whether it ended; say what it logged so far.
         problem = unfinished(run_dir, load_config(pinned).train.steps,
                              ended=train != "UNKNOWN")
         if problem:

@@ -342,6 +342,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     attempt = sorted((r for r in train if r.restart_count == latest),
                      key=lambda r: r.process_index)
     targets = PrewarmedFunctions.of(manifest)
+    # The attempt's label is process 0's (`InitReport.label`); without its report, none.
     label = attempt[0].label if attempt[0].process_index == 0 else ""
     lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []

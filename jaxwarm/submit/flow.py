@@ -82,6 +82,8 @@ def launch(request: Request, backend: Backend[H]) -> int:
     configs = checked_configs(request, backend)
     resolved = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in resolved])
+    # Under --prewarm never the prewarm job is not even built; otherwise it is, and the
+    # decision below (under the lock, once the cache is checked) may leave it out.
     runs = [Run(config, pinned, plan(request.command, config, pinned,
                                      request.prewarm != NEVER))
             for config, pinned in resolved]
@@ -93,6 +95,8 @@ def launch(request: Request, backend: Backend[H]) -> int:
         for run in runs:
             config = run.config
             store = pinned_store(run, backend)
+            # The entries it finds bad are quarantined here, so a job compiles them again;
+            # verify only says them.
             prepare_cache(config, store, request.check_cache, repair=True)
             decision = decide_prewarm(request, config, store, prints[config.run_dir])
             write_decision(config.run_dir, decision)
@@ -127,6 +131,8 @@ def verify(request: Request, backend: Backend[H]) -> int:
         with nullcontext() if request.trainer else selfcheck(run.jobs[0].env) as check:
             [handles] = backend.submit([run])
             code = finish_verify(config, backend, handles, bad)
+            # No verdicts (EXIT_ERROR) is the answer whatever the self-check says; `check`
+            # is None under --trainer.
             return code if code == EXIT_ERROR or check is None else max(code, check.finish())
 
 

@@ -270,8 +270,13 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
+    return parse_config(parse_yaml(read_config(path), source), source, overrides)
+
+
+def read_config(path: str | Path) -> str:
+    source = str(path)
     try:
-        text = read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
+        return read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
     except RefusedFile as exc:
         raise ConfigError(f"{source}: cannot read config: {exc.why}") from None
     except OSError as exc:
@@ -279,7 +284,29 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                           f"offset {exc.start})") from None
-    return parse_config(parse_yaml(text, source), source, overrides)
+
+
+# A pinned config's first line says who reads it and the file it was pinned from: the file
+# the user edits, which the jobs name in their errors (`pinned_text`, `load_pinned`).
+PINNED_BY = "# Pinned by jaxwarm ("
+PINNED_FROM = ") from: "
+
+
+def pinned_text(config: Config, readers: str) -> str:
+    """The text of `config` pinned into a run dir, for the jobs that read it (`readers`)."""
+    return f"{PINNED_BY}{readers}{PINNED_FROM}{config.source}\n" + \
+        yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def load_pinned(path: str | Path) -> Config:
+    """A run's pinned config as a job reads it, naming in its errors the user's file it was
+    pinned from and, in brackets, the copy the job read (`s2s.yaml [runs/s2s/config.yaml]`);
+    a copy that does not say (pinned by an earlier jaxwarm, or by hand) names itself."""
+    text = read_config(path)
+    first = text.partition("\n")[0]
+    origin = first.partition(PINNED_FROM)[2] if first.startswith(PINNED_BY) else ""
+    source = f"{origin} [{path}]" if origin else str(path)
+    return parse_config(parse_yaml(text, source), source)
 
 
 # Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are

@@ -15,9 +15,10 @@ from importlib import metadata
 from pathlib import Path
 
 from jaxwarm.cli import cache as cache_commands
+from jaxwarm.cli import commands
 from jaxwarm.core.config import add_overrides_argument
 from jaxwarm.core.errors import run_main
-from jaxwarm.core.rundir import PREWARM, TRAIN
+from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey import doctor
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import choose_backend, recorded_backend
@@ -105,20 +106,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                            check_cache=not args.no_check_cache,
                            wait=getattr(args, "wait", False),
                            trainer=getattr(args, "trainer", False))
-    return flow.launch(request, choose_backend(args.backend))
+    run = flow.verify if args.command == VERIFY else flow.launch
+    return run(request, choose_backend(args.backend))
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    return flow.render_script(args.config, args.overrides, args.job)
+    return commands.render_script(args.config, args.overrides, args.job)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return flow.status(args.run_dir, recorded_backend(args.run_dir))
+    return commands.status(args.run_dir, recorded_backend(args.run_dir))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all,
-                            plot=args.plot)
+    return commands.show_report(args.run_dir, as_json=args.json, show_all=args.all,
+                                plot=args.plot)
 
 
 def closed_stdout() -> int:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 from jaxwarm.cli import cache as cache_commands
@@ -35,9 +36,18 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
                        help="submit to SLURM (default when sbatch is available)")
 
 
+def installed_version() -> str:
+    """jaxwarm's version as installed: pyproject.toml's, the one copy, from its metadata."""
+    try:
+        return metadata.version("jaxwarm")
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        return "(not installed: pip install -e . gives it its version)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxwarm", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"jaxwarm {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="prewarm the cache, then run the training job")
     _add_job_arguments(launch)

@@ -24,7 +24,7 @@ import yaml
 
 from jaxwarm.core.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import RefusedFile, read_capped
+from jaxwarm.core.yamlio import load_yaml, parse_yaml, read_config
 
 PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
@@ -270,106 +270,30 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
-    try:
-        text = read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
-    except RefusedFile as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.why}") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                          f"offset {exc.start})") from None
-    return parse_config(parse_yaml(text, source), source, overrides)
+    return parse_config(parse_yaml(read_config(path), source), source, overrides)
 
 
-# Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are
-# allowed, but what they expand to counts against the budget ("billion laughs" is refused at
-# once instead of filling memory), and nesting is refused before Python's recursion limit.
-YAML_MAX_NODES = 100_000
-# A config (or a run's pinned copy) is a few KB; one of YAML_MAX_NODES values fits well within.
-CONFIG_CAP = 16 << 20
-YAML_MAX_DEPTH = 64
+# A pinned config's first line says who reads it and the file it was pinned from: the file
+# the user edits, which the jobs name in their errors (`pinned_text`, `load_pinned`).
+PINNED_BY = "# Pinned by jaxwarm ("
+PINNED_FROM = ") from: "
 
 
-class YamlRefused(yaml.YAMLError):
-    """A YAML document jaxwarm will not read: `line` and `problem` make the one line."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        super().__init__(problem)
-        self.line, self.problem = line, problem
+def pinned_text(config: Config, readers: str) -> str:
+    """The text of `config` pinned into a run dir, for the jobs that read it (`readers`)."""
+    return f"{PINNED_BY}{readers}{PINNED_FROM}{config.source}\n" + \
+        yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader with a node budget that counts alias expansions, a nesting limit, and no
-    duplicate keys (YAML would keep the last one silently: a second `cache:` section would
-    replace the first)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._weights: dict[int, int] = {}
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
-        self._depth += 1
-        if self._depth > YAML_MAX_DEPTH:
-            raise YamlRefused(self.peek_event().start_mark.line + 1,
-                              f"nested more than {YAML_MAX_DEPTH} levels deep")
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        weight = self._weights.get(id(node))
-        if weight is None:  # a new node (an alias returns one already weighed)
-            children = node.value if isinstance(node, yaml.CollectionNode) else []
-            if isinstance(node, yaml.MappingNode):
-                children = [part for pair in children for part in pair]
-            weight = 1 + sum(self._weights.get(id(child), 1) for child in children)
-            self._weights[id(node)] = weight
-        if weight > YAML_MAX_NODES:
-            raise YamlRefused(node.start_mark.line + 1,
-                              f"expands to more than {YAML_MAX_NODES} values (aliases "
-                              f"repeating anchors); refusing it")
-        return node
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-                continue
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise YamlRefused(line, f"duplicate key {key!r} (first at line {seen[key]}); "
-                                        f"YAML would silently keep only the last one")
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-_BoundedLoader.add_constructor("tag:yaml.org,2002:map", _BoundedLoader.construct_yaml_map)
-
-
-def load_yaml(text: str, source: str) -> Any:
-    """Any YAML jaxwarm reads (configs, overrides, pinned configs), through the bounded
-    loader; every problem is one ConfigError naming the file and line."""
-    try:
-        return yaml.load(text, Loader=_BoundedLoader)
-    except YamlRefused as exc:
-        raise ConfigError(f"{source}:{exc.line}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-
-
-def parse_yaml(text: str, source: str) -> dict[str, Any]:
-    raw = load_yaml(text, source)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections at the top level, "
-                          f"got {type(raw).__name__}")
-    return raw
+def load_pinned(path: str | Path) -> Config:
+    """A run's pinned config as a job reads it, naming in its errors the user's file it was
+    pinned from and, in brackets, the copy the job read (`s2s.yaml [runs/s2s/config.yaml]`);
+    a copy that does not say (pinned by an earlier jaxwarm, or by hand) names itself."""
+    text = read_config(path)
+    first = text.partition("\n")[0]
+    origin = first.partition(PINNED_FROM)[2] if first.startswith(PINNED_BY) else ""
+    source = f"{origin} [{path}]" if origin else str(path)
+    return parse_config(parse_yaml(text, source), source)
 
 
 def parse_config(raw: dict[str, Any], source: str = "<config>",

@@ -37,6 +37,33 @@ while True:
 '''
 
 
+# Starts a helper in a session of its own (it leaves the trainer's process group and
+# session, as a daemon or a data-loader service does), writes its pid, and exits; with
+# IGNORE the helper ignores SIGTERM.
+DETACHER = r'''
+import subprocess, sys
+helper = subprocess.Popen(
+    [sys.executable, "-c", "import signal, sys, time\n"
+     "if sys.argv[1] == 'IGNORE': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+     "print('helper up', flush=True)\n"
+     "while True: time.sleep(0.2)", sys.argv[2]],
+    start_new_session=True, stdout=subprocess.PIPE, text=True)
+assert helper.stdout.readline() == "helper up\n"  # its SIGTERM handling is set
+with open(sys.argv[1], "a") as out:
+    out.write(f"{helper.pid}\n")
+'''
+
+
+def detacher(tmp_path: Path, mode: str = "OBEY") -> list[str]:
+    script = tmp_path / "detacher.py"
+    script.write_text(DETACHER)
+    return [sys.executable, str(script), str(tmp_path / "pids"), mode]
+
+
+def session_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[3])
+
+
 def pids(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
@@ -79,7 +106,7 @@ def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) ->
         _, err = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
-    assert "did not stop within 1 s of SIGTERM; killing its process group" in err
+    assert "processes it started did not stop within 1 s of SIGTERM; killed them" in err
     assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert not any(alive(p) for p in pids(pid_file))
 
@@ -171,3 +198,50 @@ def test_a_supervisor_sleeps_while_its_command_runs_and_wakes_when_it_ends() -> 
         assert supervisor.wait(timeout=60) == 2
     finally:
         supervisor.kill()
+
+
+WRAPPERS = {
+    "the local supervisor": [sys.executable, "-m", "jaxwarm.launcher.submit.supervise", "1",
+                             "--"],
+    "the SLURM task wrapper": [sys.executable, "-c", "import sys\nfrom jaxwarm.launcher."
+                               "injob.task import TaskCommand\nsys.exit(TaskCommand("
+                               "sys.argv[1:], grace_s=1)())"],
+}
+
+
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_a_helper_in_a_session_of_its_own_is_ended_by_the_wrapper(tmp_path: Path,
+                                                                wrapper: str) -> None:
+    """The command exits at once, leaving a helper that left its session and ignores
+    SIGTERM: the wrapper, its subreaper, SIGKILLs it after the grace, says so in one line,
+    and reaps it before it ends itself."""
+    try:  # a helper left running would hold the output pipe open: the run's timeout
+        done = subprocess.run([*WRAPPERS[wrapper], *detacher(tmp_path, "IGNORE")], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "processes it started did not stop within 1 s of SIGTERM; killed them" \
+            in done.stderr
+        assert len(pids(tmp_path / "pids")) == 1
+        assert not any(alive(pid) for pid in pids(tmp_path / "pids"))
+    finally:
+        for pid in pids(tmp_path / "pids"):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_launch_leaves_no_helper_that_left_the_trainers_session(tmp_path: Path) -> None:
+    """`launch --local`: each process's helper in a session of its own (parent pid 1 once
+    the trainer exited, without a subreaper) is ended before the launch returns."""
+    command = " ".join(detacher(tmp_path))
+    launched = subprocess.run(launch_args(tmp_path, command, "stop_grace_s=5"), cwd=REPO,
+                              capture_output=True, text=True, timeout=300, check=False)
+    helpers = pids(tmp_path / "pids")
+    try:
+        assert len(helpers) == 2, launched.stderr[-3000:]
+        assert "Traceback" not in launched.stderr
+        assert not any(alive(pid) for pid in helpers), \
+            [(pid, session_of(pid)) for pid in helpers if alive(pid)]
+    finally:
+        for pid in helpers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

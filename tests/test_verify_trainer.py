@@ -10,12 +10,15 @@ verify --trainer writes nothing into the cache dir, and says what it cost."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from jaxwarm.launcher.rundir import pinned_config, report_path, verify_config
+from testing.procs import alive
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
@@ -100,6 +103,40 @@ def test_a_time_limit_ends_it_with_one_line(tmp_path: Path, prewarmed: Path) -> 
     assert "verify --trainer: stopped at the time limit (init_budget_s 1 s): the trainer " \
            "had not looked up jit_init, jit_train_step" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+
+
+# The test trainer, after it started a helper in a session of its own (a data-loader
+# service, a daemon) and wrote the helper's pid to PIDS.
+WITH_HELPER = """
+import runpy, subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"],
+                          start_new_session=True)
+with open({pids!r}, "a") as out:
+    out.write(f"{{helper.pid}}\\n")
+sys.argv[0] = {train!r}
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def test_a_helper_that_left_the_trainers_session_is_ended(tmp_path: Path,
+                                                          prewarmed: Path) -> None:
+    """verify --trainer ends the trainer at its answer (os._exit): the helper it started
+    in a session of its own (parent pid 1 without a subreaper) is ended too."""
+    pids = tmp_path / "pids"
+    script = tmp_path / "with_helper.py"
+    script.write_text(WITH_HELPER.format(pids=str(pids), train=str(TRAINER / "train.py")))
+    try:
+        verified = run_cli("verify", "--trainer", *cli_args(tmp_path), f"cache.dir={prewarmed}",
+                           f"entrypoint.command=[{sys.executable}, {script}]")
+        assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+        assert "WARM  jit_init  " in verified.stdout and "WARM  jit_train_step  " in \
+            verified.stdout, verified.stdout
+        helpers = [int(pid) for pid in pids.read_text().split()]
+        assert len(helpers) == 1 and not alive(helpers[0])
+    finally:
+        for pid in [int(pid) for pid in pids.read_text().split()] if pids.exists() else []:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 RUN_SH = '#!/bin/sh\nexec "{python}" "{script}" "$@"\n'

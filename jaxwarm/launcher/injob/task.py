@@ -12,6 +12,10 @@ pickled Python callable, in rank 0 only, and requeues. jaxwarm's trainer is an a
 (`jsp-train`), not a callable, and every rank's child must hear the signal to agree on a
 checkpoint step, so the forwarding has to live here; submitit still submits the job, runs
 this wrapper in each task and follows the job (its timeout requeue is turned off).
+
+What the command leaves running when it exits (a helper in a session of its own, which a
+`proctrack/pgid` SLURM does not track) is ended by the wrapper, a child subreaper as the
+local supervisor is: SIGTERM, `stop_grace_s`, SIGKILL (`jaxwarm.launcher.childwait`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.launcher.childwait import signal_pipe, sleep_until_signal
+from jaxwarm.launcher.childwait import (
+    become_subreaper,
+    end_descendants,
+    reap_orphans,
+    signal_pipe,
+    sleep_until_signal,
+)
 from jaxwarm.launcher.errors import say
 from jaxwarm.launcher.injob.place import Place
 
@@ -53,9 +63,11 @@ class TaskCommand:
     argv: list[str]
     forward_signal: str = "USR1"
     max_requeues: int = 0
+    grace_s: float = 30.0
 
     def __call__(self) -> int:
         pipe = signal_pipe()
+        become_subreaper()
         self._child = subprocess.Popen(self.argv, preexec_fn=_ignore_warning)
         self._stopping: int | None = None
         signal.signal(WARNING, self._on_signal)
@@ -64,7 +76,11 @@ class TaskCommand:
         # looks, asleep until a signal (the child's end is SIGCHLD): `childwait`.
         while self._child.poll() is None:
             sleep_until_signal(pipe, math.inf)
+            reap_orphans(keep=self._child.pid)
         code = self._child.returncode
+        if end_descendants(self.grace_s):
+            log.warning("jaxwarm: %s exited, but processes it started did not stop within "
+                        "%g s of SIGTERM; killed them", self.argv[0], self.grace_s)
         if self._stopping == WARNING and Place.here().process_id == 0:
             self._requeue()
         if code != 0 and self._stopping is None:

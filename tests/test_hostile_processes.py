@@ -200,23 +200,28 @@ def test_a_supervisor_sleeps_while_its_command_runs_and_wakes_when_it_ends() -> 
         supervisor.kill()
 
 
-WRAPPERS = {
-    "the local supervisor": [sys.executable, "-m", "jaxwarm.submit.supervise", "1",
-                             "--"],
-    "the SLURM task wrapper": [sys.executable, "-c", "import sys\nfrom jaxwarm.job.start."
-                               "task import TaskCommand\nsys.exit(TaskCommand("
-                               "sys.argv[1:], grace_s=1)())"],
-}
+WRAPPERS = ["the local supervisor", "the SLURM task wrapper"]
 
 
-@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def wrapper(kind: str, init_budget_s: float | None = None) -> list[str]:
+    """The argv prefix that runs a command under one of the two wrappers, with a grace of
+    1 s (and verify --trainer's time limit)."""
+    if kind == "the local supervisor":
+        limit = [] if init_budget_s is None else ["--init-budget", str(init_budget_s)]
+        return [sys.executable, "-m", "jaxwarm.submit.supervise", "1", *limit, "--"]
+    return [sys.executable, "-c", "import sys\nfrom jaxwarm.job.start.task import "
+            f"TaskCommand\nsys.exit(TaskCommand(sys.argv[1:], grace_s=1, "
+            f"init_budget_s={init_budget_s!r})())"]
+
+
+@pytest.mark.parametrize("kind", WRAPPERS)
 def test_a_helper_in_a_session_of_its_own_is_ended_by_the_wrapper(tmp_path: Path,
-                                                                wrapper: str) -> None:
+                                                                kind: str) -> None:
     """The command exits at once, leaving a helper that left its session and ignores
     SIGTERM: the wrapper, its subreaper, SIGKILLs it after the grace, says so in one line,
     and reaps it before it ends itself."""
     try:  # a helper left running would hold the output pipe open: the run's timeout
-        done = subprocess.run([*WRAPPERS[wrapper], *detacher(tmp_path, "IGNORE")], cwd=REPO,
+        done = subprocess.run([*wrapper(kind), *detacher(tmp_path, "IGNORE")], cwd=REPO,
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "processes it started did not stop within 1 s of SIGTERM; killed them" \
@@ -243,5 +248,28 @@ def test_a_launch_leaves_no_helper_that_left_the_trainers_session(tmp_path: Path
             [(pid, session_of(pid)) for pid in helpers if alive(pid)]
     finally:
         for pid in helpers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", WRAPPERS)
+def test_a_command_past_verifys_time_limit_is_killed_by_the_wrapper(tmp_path: Path,
+                                                                    kind: str) -> None:
+    """verify --trainer's time limit (init_budget_s) counts from the command's start: a
+    command that has not ended (nor answered) stop_grace_s after it, here a shell still
+    running a loop that ignores SIGTERM, is killed, with its group, in one line."""
+    pid_file = tmp_path / "pids"
+    try:
+        done = subprocess.run([*wrapper(kind, 1.0), "sh", "-c", wrapped(pid_file, "IGNORE")],
+                              cwd=REPO, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode != 0
+        assert "jaxwarm: error: verify --trainer: stopped at the time limit (init_budget_s 1 s " \
+               "from the trainer's start, and stop_grace_s 1 s more): sh had not reached " \
+               "Python with jaxwarm's recorder; killed it; the answer is unknown" \
+            in done.stderr, done.stderr[-3000:]
+        assert len(pids(pid_file)) == 1 and not alive(pids(pid_file)[0])
+    finally:
+        for pid in pids(pid_file):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -27,9 +27,23 @@ import signal
 import time
 
 _PR_SET_CHILD_SUBREAPER = 36
+# Set by a wrapper given verify --trainer's time limit (`init_budget_s`), for its command:
+# when the limit runs out (epoch seconds), counted from the command's start. The trainer's
+# own answer at the limit (`jaxwarm.job.start.jaximport`) counts to it too; the wrapper kills
+# a command that has not ended `stop_grace_s` after it (`limit_line`).
+DEADLINE = "JAXWARM_VERIFY_DEADLINE"
 POLL_S = 0.05
 # How long SIGKILLed processes get to leave (one stuck in the kernel dies when it leaves it).
 KILL_WAIT_S = 5.0
+
+
+def limit_line(command: str, limit_s: float, grace_s: float) -> str:
+    """The one line of a command the wrapper killed at verify --trainer's time limit: it
+    did not answer at the limit itself (it had not reached Python with jaxwarm's recorder:
+    a shell script still sleeping, a Python started with -S)."""
+    return (f"verify --trainer: stopped at the time limit (init_budget_s {limit_s:g} s from "
+            f"the trainer's start, and stop_grace_s {grace_s:g} s more): {command} had not "
+            f"reached Python with jaxwarm's recorder; killed it; the answer is unknown")
 
 
 def prctl(option: int, value: int) -> None:

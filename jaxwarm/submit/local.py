@@ -131,7 +131,10 @@ class LocalJob:
         job_id = f"local-{uuid.uuid4().hex[:12]}"
         count = self.topology.num_processes
         self.started = time.time()
-        argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", "--", *self.job.argv]
+        limit = [] if self.job.init_budget_s is None else \
+            ["--init-budget", repr(self.job.init_budget_s)]
+        argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", *limit, "--",
+                *self.job.argv]
         base = merge_environment(dict(os.environ), self.job.env)
         for index in range(count):
             env = dict(base)

@@ -146,7 +146,7 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
         requeues = config.slurm.max_requeues if job.name == TRAIN else 0
         with submitting(config, job.name, submitted):
             handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues,
-                                                 config.stop_grace_s))
+                                                 config.stop_grace_s, job.init_budget_s))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
         record_jobs(config.run_dir, submitted[-1:])
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,

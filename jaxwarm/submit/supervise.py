@@ -20,7 +20,11 @@ machine with fewer cores than ranks. It imports nothing from
 jaxwarm but the exit codes and that sleep (`jaxwarm.core.errors`,
 `jaxwarm.core.childwait`, which import nothing of jaxwarm): it starts at once.
 
-    python -m jaxwarm.submit.supervise GRACE_S -- ARGV...
+With `--init-budget S` (verify --trainer) the command's time limit runs out S s after its
+start: the command is told when (`childwait.DEADLINE`, its own answer at the limit), and
+killed with one line if it has not ended GRACE_S after it.
+
+    python -m jaxwarm.submit.supervise GRACE_S [--init-budget S] -- ARGV...
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import sys
 import time
 
 from jaxwarm.core.childwait import (
+    DEADLINE,
     become_subreaper,
     end_descendants,
+    limit_line,
     prctl,
     reap_orphans,
     signal_pipe,
@@ -63,12 +69,16 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def supervise(argv: list[str], grace_s: float) -> int:
+def supervise(argv: list[str], grace_s: float, init_budget_s: float | None = None) -> int:
     prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     become_subreaper()
     stop_at: list[float] = []
     pipe = signal_pipe()
-    child = subprocess.Popen(argv, process_group=0)
+    env, limit_at, killed_at_limit = None, math.inf, False
+    if init_budget_s is not None:
+        env = {**os.environ, DEADLINE: repr(time.time() + init_budget_s)}
+        limit_at = time.monotonic() + init_budget_s + grace_s
+    child = subprocess.Popen(argv, process_group=0, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         if signum in STOPPING and not stop_at:
@@ -86,25 +96,35 @@ def supervise(argv: list[str], grace_s: float) -> int:
                 signal_group(child.pid, signal.SIGKILL)
                 say(f"{argv[0]} did not stop within {grace_s:g} s of the signal; killing its "
                     f"process group")
-            sleep_until_signal(pipe, max(0.0, stop_at[0] - time.monotonic()) if stop_at
-                               else math.inf)
+            if time.monotonic() > limit_at:
+                limit_at, killed_at_limit = math.inf, True
+                signal_group(child.pid, signal.SIGKILL)
+                say(f"error: {limit_line(argv[0], init_budget_s or 0.0, grace_s)}")
+            wake_at = min(stop_at[0] if stop_at else math.inf, limit_at)
+            sleep_until_signal(pipe, max(0.0, wake_at - time.monotonic()))
             reap_orphans(keep=child.pid)
         if end_descendants(grace_s):
             say(f"{argv[0]} exited, but processes it started did not stop within {grace_s:g} "
                 f"s of SIGTERM; killed them")
     finally:  # whatever stopped the supervisor, nothing it started outlives it
         end_descendants(0.0)
+    if killed_at_limit:
+        return EXIT_ERROR
     code = child.returncode
     return 128 - code if code < 0 else code
 
 
 def main() -> int:
-    grace, separator, *argv = sys.argv[1:]
+    grace, *rest = sys.argv[1:]
+    budget = None
+    if rest[:1] == ["--init-budget"]:
+        budget, rest = float(rest[1]), rest[2:]
+    separator, *argv = rest
     if separator != "--" or not argv:
-        print("usage: python -m jaxwarm.submit.supervise GRACE_S -- ARGV...",
+        print("usage: python -m jaxwarm.submit.supervise GRACE_S [--init-budget S] -- ARGV...",
               file=sys.stderr)
         return EXIT_ERROR
-    return supervise(argv, float(grace))
+    return supervise(argv, float(grace), budget)
 
 
 if __name__ == "__main__":

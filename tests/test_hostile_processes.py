@@ -273,3 +273,44 @@ def test_a_command_past_verifys_time_limit_is_killed_by_the_wrapper(tmp_path: Pa
         for pid in pids(pid_file):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# Writes its pid, waits for GO to exist, then exits 0.
+WAITER = r'''
+import os, sys, time
+with open(sys.argv[1], "a") as out:
+    out.write(f"{os.getpid()}\n")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.1)
+'''
+
+
+def test_a_stopped_supervisor_is_taken_over_once_its_command_ended(tmp_path: Path) -> None:
+    """Two processes; rank 1's supervisor is SIGSTOPped, then both commands end well. The
+    stopped supervisor can neither see its command end nor end it: the launch sees the
+    command's end itself (its status, read in /proc), kills the supervisor after
+    stop_grace_s, says so in one line, and leaves nothing running."""
+    pid_file, go = tmp_path / "pids", tmp_path / "go"
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    run_dir = tmp_path / "runs" / "demo"
+    launcher = subprocess.Popen(
+        launch_args(tmp_path, f"{sys.executable} {script} {pid_file} {go}", "stop_grace_s=1",
+                    "topology.processes_per_node=2"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: len(pids(pid_file)) == 2)
+        [supervisor] = [pid for pid, (rank, line) in run_processes(run_dir).items()
+                        if rank == 1 and "jaxwarm.submit.supervise" in line]
+        os.kill(supervisor, signal.SIGSTOP)
+        go.touch()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+        for pid in run_processes(run_dir):
+            os.kill(pid, signal.SIGKILL)
+    assert f"jaxwarm: train: process 1's supervisor (pid {supervisor}) was stopped (SIGSTOP?) " \
+           f"after its command ended; killed it and what it started after 1 s " \
+           f"(stop_grace_s); process 1 exited with 0" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert run_processes(run_dir) == {}

@@ -60,20 +60,34 @@ def become_subreaper() -> None:
     prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the state on (field 3; the parent is field 4); None when
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (in parentheses) may hold anything, spaces and ')' too.
+            return stat.read().rpartition(b")")[2].decode().split()
+    except OSError:
+        return None
+
+
 def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, state letter) of every process /proc shows."""
     table = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                # The command name (in parentheses) may hold anything, spaces and ')' too.
-                state, parent = stat.read().rpartition(b")")[2].split()[:2]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        table[int(entry.name)] = (int(parent), state.decode())
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None:  # else gone meanwhile
+            table[int(entry.name)] = (int(fields[1]), fields[0])
     return table
+
+
+def zombie_status(pid: int) -> int | None:
+    """How an ended process that its parent has not reaped ended, as waitpid says it
+    (/proc/PID/stat's exit_code, field 52, Linux 3.5+); None when it is not such a one."""
+    fields = stat_fields(pid)
+    if fields is None or fields[0] != "Z" or len(fields) < 50:
+        return None
+    return int(fields[49])
 
 
 def descendants(root: int, table: dict[int, tuple[int, str]] | None = None) -> list[int]:

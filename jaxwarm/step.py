@@ -44,6 +44,7 @@ from jax.sharding import Mesh
 from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.decode import convert
 from jaxwarm.core.entryargv import trainer_argv as _trainer_argv
+from jaxwarm.core.moved import moved_import, moved_module
 from jaxwarm.core.words import plural
 
 T = TypeVar("T")
@@ -175,8 +176,12 @@ def load_factory(spec: str,
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        # A module of an earlier layout (the factory's own path, or an import in it): where
+        # it is now.
+        own = exc.name is not None and f"{module_name}.".startswith(f"{exc.name}.")
+        moved = moved_module(module_name) if own else moved_import(exc)
         raise ConfigError(f"{source}: step.factory: cannot import module {module_name!r}: "
-                          f"{exc}") from None
+                          f"{moved or exc}") from None
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ConfigError(f"{source}: step.factory: module {module_name!r} has no function "

@@ -265,3 +265,14 @@ def test_the_in_job_start_is_documented_in_its_order() -> None:
     for sequence in (INSTALL, BOUND, INIT_OVER):
         names = [f"`{step.__name__}`" for step in sequence]
         assert " -> ".join(names) in text, names
+
+
+def test_every_module_is_named_in_the_architecture_doc() -> None:
+    """docs/architecture.md names each module by its path under `jaxwarm/` (`core/config.py`),
+    so a reader finds every room, and a new one is described before it lands."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    unnamed = [str(path.relative_to(REPO / "jaxwarm")) for path in package_sources()
+               if path.name not in ("__init__.py", "__main__.py")
+               and path.parent.name != "bootstrap"
+               and f"`{path.relative_to(REPO / 'jaxwarm')}`" not in text]
+    assert unnamed == []

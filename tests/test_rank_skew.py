@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.rundir import report_path
-from jaxwarm.report.render import HEADLINE_LINES, load_reports, summarize
+from jaxwarm.report.read import load_reports
+from jaxwarm.report.render import HEADLINE_LINES, summarize
 from jaxwarm.store.store import open_store
 from testing.procs import available_gib
 from tests.conftest import DEMO, ranks_layout, run_cli

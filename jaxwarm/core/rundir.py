@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxwarm.core.files import read_tail
-from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, load_json
+from jaxwarm.core.jsonio import load_json
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 
 JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"

@@ -27,7 +27,8 @@ from pathlib import Path
 from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.errors import EXIT_ERROR
 from jaxwarm.core.files import atomic_write
-from jaxwarm.core.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import NOT_LOOKED_UP, Verdict, VerifyResult
 from jaxwarm.core.rundir import VERIFY, verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError

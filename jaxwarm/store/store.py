@@ -114,7 +114,7 @@ class CacheStore(ABC):
     @abstractmethod
     def warm_check(self, key: str, *, recheck_missed: bool = False) -> WarmCheck:
         """Would the entry of `key` load? The one check behind the warm decisions of the
-        prewarm and the verify job (`injob.warm.judge`); it reads, never writes."""
+        prewarm and the verify job (`jaxwarm.job.warm.judge`); it reads, never writes."""
 
     @abstractmethod
     def manifest(self, strict: bool = True, key: str | None = None) -> dict[str, ManifestEntry]:

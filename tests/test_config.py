@@ -272,7 +272,8 @@ def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str])
 # Every duration and size of the config, with the largest value it takes.
 LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": MAX_DURATION_S,
           "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
-          "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
+          "ranks.meet_timeout_s": MAX_DURATION_S, "ranks.join_timeout_s": MAX_DURATION_S,
+          "init_budget_s": MAX_DURATION_S,
           "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
           "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES,
           "cache.prefetch_max_size": MAX_SIZE_BYTES}

@@ -190,6 +190,11 @@ class RanksConfig:
     # line naming the late ranks. None: 3x the longest compile the manifest recorded for the
     # run's layout, at least 300 s.
     meet_timeout_s: PositiveSeconds | None = None
+    # How long a rank waits at the jax.distributed join for the others to come (they start
+    # at different times: a node's start, imports, staging) before it stops the job with one
+    # line naming the ranks that never came (jaxwarm/job/start/distributed.py). JAX's own
+    # default.
+    join_timeout_s: PositiveSeconds = 300.0
     # Rank agreement before each compile: "auto" (on for GPU jobs), true or false.
     agree: Literal[True, False, "auto"] = "auto"
 

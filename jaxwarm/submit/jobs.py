@@ -47,6 +47,9 @@ class JobSpec:
     name: str
     argv: list[str]
     env: dict[str, str]
+    # verify --trainer's time limit, which its wrapper keeps from the trainer's start
+    # (`jaxwarm.submit.supervise`, `jaxwarm.job.start.task`).
+    init_budget_s: float | None = None
 
 
 @contextmanager
@@ -343,4 +346,5 @@ def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
     the verify job: it runs up to the lookup of each prewarmed function
     (`jaxwarm.job.verify`)."""
     train = train_job(config, config_path)
-    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1"})
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: f"{config.init_budget_s!r}"},
+                   config.init_budget_s)

@@ -146,7 +146,8 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
                                  executor_parameters(config, job.name, after))
         requeues = config.slurm.max_requeues if job.name == TRAIN else 0
         with submitting(config, job.name, submitted):
-            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
+            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues,
+                                                 config.stop_grace_s, job.init_budget_s))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
         record_jobs(config.run_dir, submitted[-1:])
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,
@@ -180,7 +181,8 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
                                  array_setup_lines([job.env for _, job in members]), options)
         with submitting(first, f"{PREWARM} array", list(submitted.values())):
             handles = executor.map_array(run_command,
-                                         [TaskCommand(job.argv) for _, job in members])
+                                         [TaskCommand(job.argv, grace_s=config.stop_grace_s)
+                                          for config, job in members])
         for index, (config, _), handle in zip(indices, members, handles, strict=True):
             job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])

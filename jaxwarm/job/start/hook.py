@@ -37,6 +37,7 @@ from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.stage import node_cache_dir
 from jaxwarm.job.start.books import Books
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
+from jaxwarm.job.start.distributed import bound_trainer_joins
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.start.place import Place
@@ -129,6 +130,12 @@ def ranks_watching(start: Start) -> None:
     watch_lookups(ranks.before_lookup, ranks.after_compile)
 
 
+def joins_bounded(start: Start) -> None:
+    """The trainer's own `jax.distributed` join, bounded (`ranks.join_timeout_s`) with one
+    line naming a rank that never came (`jaxwarm.job.start.distributed`)."""
+    bound_trainer_joins(start.config)
+
+
 def ledger_sampling(start: Start) -> None:
     """A training job's init ledger (`jaxwarm.job.record.ledger`): the phase "other" by what
     its main thread was doing, sampled from here to the end of init."""
@@ -162,6 +169,7 @@ INSTALL: tuple[InstallStep, ...] = (
     cache_settings_applied,
     recorder_installed,
     ranks_watching,
+    joins_bounded,
     ledger_sampling,
     prefetch_after_join,
     report_at_exit,

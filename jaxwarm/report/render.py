@@ -52,9 +52,8 @@ from jaxwarm.core.rundir import (
 )
 from jaxwarm.core.words import plural, ranges
 from jaxwarm.jaxkey.entryformat import split_key
-from jaxwarm.store.manifest import ManifestEntry, latest_for_run
-from jaxwarm.store.misses import explain_miss
-from jaxwarm.store.store import CacheStore
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.manifest import Manifest, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -458,13 +457,12 @@ def prefetch_lines(attempt: list[InitReport]) -> list[str]:
 HEADLINE_LINES = 10
 
 
-def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
-                  key: str) -> list[str] | None:
+def since_prewarm(run_dir: str | Path | None, store: CacheStore, key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None or store is None:
+    if run_dir is None:
         return None
     path = prewarm_decision_path(run_dir)
     decision = read_record(PrewarmDecision, path) if path.is_file() else None
@@ -478,8 +476,7 @@ def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
     return [] if decision.prewarm or key in decision.keys else None
 
 
-def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str, store: CacheStore | None = None,
+def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: CacheStore,
               run_dir: str | Path | None = None) -> list[str]:
     """Headline lines, at most HEADLINE_LINES: the latest training attempt's label (warm,
     partly warm, cold), what it did with each prewarmed target (hit, on which processes,
@@ -519,11 +516,11 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 lines.append(f"  why: this process looked its entries up in "
                              f"{report.cache_dir}, the trainer's cache dir (below)")
             prewarmed = _prewarmed_entry(fn, manifest, run)
-            lines.extend(f"  why: {line}" for line in explain_miss(
+            lines.extend(f"  why: {line}" for line in store.explain_miss(
                 fn.name, fn.components, manifest, run=run,
                 process_count=report.process_count, signature=fn.signature,
                 global_options=fn.global_options, max_size=size_cap(report.environment),
-                xla_flags=report.environment.get("XLA_FLAGS"), store=store,
+                xla_flags=report.environment.get("XLA_FLAGS"),
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
                 not_loaded=fn.not_loaded,
                 input_changes=fn.input_changes,
@@ -556,10 +553,9 @@ def pgle_line(fn: FunctionRecord, restart: int) -> str:
             f"{short_key(fn.key)} for the restarts")
 
 
-def _prewarmed_entry(fn: FunctionRecord, manifest: dict[str, ManifestEntry],
-                     run: str) -> ManifestEntry | None:
+def _prewarmed_entry(fn: FunctionRecord, manifest: Manifest, run: str) -> ManifestEntry | None:
     """The run's newest prewarm of the function `fn` is a lookup of."""
-    return next((e for e in latest_for_run(manifest, run) if e.function == fn.name), None)
+    return next((e for e in manifest.for_run(run) if e.function == fn.name), None)
 
 
 def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntry | None,

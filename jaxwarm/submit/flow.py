@@ -72,8 +72,9 @@ from jaxwarm.report.render import (
     warm_start_lines,
     with_cache_check,
 )
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import FULL_CHECK_BYTES
-from jaxwarm.store.store import CacheStore, open_store
+from jaxwarm.store.store import open_store
 from jaxwarm.submit.backend import Backend
 from jaxwarm.submit.fingerprint import changed_reads, fingerprint
 from jaxwarm.submit.jobs import (
@@ -151,10 +152,9 @@ def launch(request: Request, backend: Backend) -> int:
             if request.command != VERIFY:
                 decision = decide_prewarm(request, config, store, prints[config.run_dir])
                 write_decision(config.run_dir, decision)
-                local = store.local
-                if decision.keys and local is not None:  # as if its own prewarm found them
-                    manifest = local.manifest(strict=False)
-                    local.uses_entries([manifest[key] for key in decision.keys
+                if decision.keys:  # as if its own prewarm found them
+                    manifest = store.manifest(strict=False)
+                    store.uses_entries([manifest[key] for key in decision.keys
                                         if key in manifest], config.run.name)
                 jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
             decided.append((config, jobs))
@@ -201,15 +201,12 @@ def decide_prewarm(request: Request, config: Config, store: CacheStore,
     return decision
 
 
-def auto_decision(config: Config, cache: CacheStore, found: Fingerprint,
+def auto_decision(config: Config, store: CacheStore, found: Fingerprint,
                   full_check: bool) -> PrewarmDecision:
     """`auto`: a recorded prewarm of this fingerprint, the files its step factory read
     unchanged, whose entries would all load, checked in full where that is cheap
-    (`check_relied`); anything else runs the prewarm job."""
-    store = cache.local
-    if store is None:
-        return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
-                               found)
+    (`CacheStore.check_relied`); anything else runs the prewarm job (a remote cache dir
+    records no prewarm: it always runs)."""
     records = store.prewarms()
     match = records.get(found.digest)
     if match is None:

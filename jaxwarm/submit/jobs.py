@@ -28,9 +28,8 @@ from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.core.environment import job_environment, merge_environment
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
-from jaxwarm.jaxkey.versions import version_problem
+from jaxwarm.jaxkey.versions import refuse_key_change, version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
-from jaxwarm.store.staging import refuse_key_change
 
 log = logging.getLogger(__name__)
 

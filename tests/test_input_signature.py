@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.inputdiff import input_differences
+from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
     FirstStep,
     FunctionRecord,
@@ -22,13 +23,12 @@ from jaxwarm.core.records import (
     InitReport,
     InputLeaf,
     InputSignature,
-    dumps,
-    from_json,
-    warmth,
 )
+from jaxwarm.core.warmth import warmth
 from jaxwarm.jaxkey.inputs import short_type
 from jaxwarm.jaxkey.logs import weak_types
-from jaxwarm.report.render import PrewarmedFunctions, attempt_summaries, fold_phases
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases
+from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.misses import CODE_CHANGED
 from jaxwarm.store.store import LocalStore
@@ -209,7 +209,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxwarm.jaxkey.inputs import module_inputs
 from jaxwarm.jaxkey.logs import LOWERING
 from jaxwarm.jaxkey.logs import LOWERING_LOGGER
-from jaxwarm.core.records import dumps
+from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.inputdiff import input_differences
 import logging
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.records import EntryMissed, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import EntryMissed
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.store import LocalStore
 from tests.conftest import ranks_layout, run_cli

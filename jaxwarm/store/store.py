@@ -19,9 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from jaxwarm.core.config import CacheConfig, Config, ConfigError
+from jaxwarm.core.config import CacheConfig, Config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import atomic_write, canonical_path, is_held, locked, make_dir, modes_in
-from jaxwarm.core.records import PrewarmDecision, PrewarmRecord, UsageRecord, read_record
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PrewarmDecision, PrewarmRecord, UsageRecord
 from jaxwarm.core.rundir import prewarm_decision_path
 from jaxwarm.core.words import plural
 from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, JAX_LOCK, encode_atime

@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.files import RefusedFile, append_line, locked, modes_in
+from jaxwarm.core.jsonio import dumps, read_lines, to_json, warn_once
 from jaxwarm.core.records import (
     EntryChecked,
     EntryMissed,
     JobUsage,
     UsageRecord,
-    dumps,
     parse_usage_line,
-    read_lines,
-    to_json,
-    warn_once,
 )
 
 log = logging.getLogger(__name__)
@@ -65,7 +62,7 @@ def append_usage(path: Path, record: UsageRecord) -> None:
 def read_usage(path: Path, keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
     """The usage log at `path` in order, streamed within USAGE_CAP; a line that is not a
     usage record (or a log that is not a regular file within the cap) is skipped with one
-    log line (`records.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
+    log line (`jsonio.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
     check of one key must not pay for parsing a log with one line per job ever run."""
     return read_lines(path, parse_usage_line, USAGE_CAP, "a usage log", keep)
 

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import mock_environment
-from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
+from jaxwarm.core.moved import moved_module
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import refuse_key_change, version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
 
@@ -106,6 +108,9 @@ def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleS
     """Where `module` is, found without importing it or its parent packages."""
     found = find_module(module)
     if found is None:
+        if moved := moved_module(module):
+            raise ConfigError(f"{config.source}: {key}: module {module!r} was not found: "
+                              f"{moved}")
         where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
         raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
                           f"(is it installed in {sys.executable}{where}?)")

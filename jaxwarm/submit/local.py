@@ -26,24 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from jaxwarm.core.config import Config, ConfigError, TopologyConfig
+from jaxwarm.core.config import Config, TopologyConfig
 from jaxwarm.core.environment import merge_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, error_line
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line
 from jaxwarm.core.files import atomic_write, is_held, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
-from jaxwarm.core.records import LocalJobState, LocalLaunch, dumps, read_record
-from jaxwarm.core.rundir import (
-    TRAIN,
-    VERIFY,
-    local_jobs_path,
-    lock_path,
-    log_path,
-    report_path,
-)
+from jaxwarm.core.jsonio import dumps, read_record
+from jaxwarm.core.records import TRAIN, VERIFY, LocalJobState, LocalLaunch
+from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
-from jaxwarm.submit.backend import Outcome
+from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec
 
 log = logging.getLogger(__name__)
@@ -269,8 +263,8 @@ class LocalBackend:
     def refuse_busy(self, config: Config) -> None:
         """Nothing outlives a local launch, which holds the run dir's lock all along."""
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[JobResult]]:
-        return [self.run(config, jobs) for config, jobs in runs]
+    def submit(self, runs: list[Run]) -> list[list[JobResult]]:
+        return [self.run(run.config, run.jobs) for run in runs]
 
     def run(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
         """The jobs in order, until one does not complete; each one's state is kept in the

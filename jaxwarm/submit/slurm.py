@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import re
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -23,14 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
-from jaxwarm.core.errors import UserError, error_line
+from jaxwarm.core.errors import ConfigError, UserError, error_line
 from jaxwarm.core.files import atomic_write, read_bounded, read_tail
-from jaxwarm.core.records import RECORD_CAP, load_json
-from jaxwarm.core.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
+from jaxwarm.core.jsonio import RECORD_CAP, load_json
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import slurm_dir, submitted_jobs_path
 from jaxwarm.job.start.task import TaskCommand
-from jaxwarm.submit.backend import Outcome
+from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.sbatch import (
     SRUN_OPTIONS,
@@ -405,17 +407,26 @@ class SlurmBackend:
 
     def refuse_platform(self, config: Config) -> None:
         """The nodes are elsewhere: a GPU-target job on a node without a GPU refuses itself,
-        in one line in its log (jaxwarm.job.start.gpu), and the chain stops there."""
+        in one line in its log (jaxwarm.job.start.gpu), and the chain stops there. Here
+        only SLURM's own commands must be: submitit submits with sbatch and runs each task
+        with srun (its executor refuses to exist without it)."""
+        missing = [name for name in ("sbatch", "srun") if shutil.which(name) is None]
+        if missing:
+            raise ConfigError(f"{config.source}: SLURM jobs need sbatch and srun on PATH, "
+                              f"and {' and '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not here (SLURM's "
+                              f"client commands are not installed on this machine): submit "
+                              f"from a login node of the cluster, or run with --local")
 
     def refuse_busy(self, config: Config) -> None:
         refuse_active_jobs(config)
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[SubmittedJob]]:
+    def submit(self, runs: list[Run]) -> list[list[SubmittedJob]]:
         if len(runs) == 1:
-            submitted = [submit_jobs(*runs[0])]
+            submitted = [submit_jobs(runs[0].config, runs[0].jobs)]
         else:  # one prewarm of several configs: one job each, in arrays by sbatch layout
             submitted = [[job] for job in submit_prewarm_array(
-                [(config, jobs[0]) for config, jobs in runs])]
+                [(run.config, run.jobs[0]) for run in runs])]
         for jobs in submitted:
             print_submitted(jobs)
         return submitted

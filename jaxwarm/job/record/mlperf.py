@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from jaxwarm.core.files import RefusedFile, stream_lines
-from jaxwarm.core.records import load_json
+from jaxwarm.core.jsonio import load_json
 
 log = logging.getLogger(__name__)
 

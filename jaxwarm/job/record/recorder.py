@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxwarm.core.files import atomic_write, lock_waits
 from jaxwarm.core.inputdiff import input_differences
+from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import (
     COMPILE,
     LOAD,
@@ -32,13 +33,12 @@ from jaxwarm.core.records import (
     RANKS_WAIT,
     RECOMPILED,
     TRACE,
+    TRAIN,
     FunctionRecord,
     InitReport,
     InputSignature,
     ReportWarning,
-    dumps,
 )
-from jaxwarm.core.rundir import TRAIN
 from jaxwarm.jaxkey.components import explain
 from jaxwarm.jaxkey.globalopts import differences, options_line
 from jaxwarm.jaxkey.globalopts import snapshot as global_options

@@ -16,8 +16,10 @@ import pytest
 
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import size_cap
+from jaxwarm.core.records import FunctionRecord
 from jaxwarm.jaxkey.entryformat import encode_atime
 from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
 from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
@@ -98,9 +100,10 @@ def test_a_miss_of_an_evicted_entry_is_named_as_eviction(tmp_path: Path) -> None
                           compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
                           process_count=1, components={"computation": "ab"})
     store = LocalStore(tmp_path)
-    capped = store.explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
-                                max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"}))
+    missed = FunctionRecord("jit_f1", None, False, components={"computation": "ab"})
+    capped = store.explain_miss(missed, {key(1): entry}, MissContext(
+        run="demo", max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"})))
     assert "with cache.max_size=1000 bytes JAX evicts least recently used entries" in capped[0]
-    uncapped = store.explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry},
-                                  run="demo", max_size=size_cap({}))
+    uncapped = store.explain_miss(missed, {key(1): entry},
+                                  MissContext(run="demo", max_size=size_cap({})))
     assert "(pruned or deleted)" in uncapped[0]

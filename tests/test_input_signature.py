@@ -30,7 +30,7 @@ from jaxwarm.jaxkey.logs import weak_types
 from jaxwarm.report.read import PrewarmedFunctions, fold_phases
 from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.misses import CODE_CHANGED
+from jaxwarm.store.misses import CODE_CHANGED, MissContext
 from jaxwarm.store.store import LocalStore
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
@@ -103,6 +103,17 @@ def entry(**changes: object) -> ManifestEntry:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
+# Where the misses below happen: run demo's job, on one process.
+DEMO_RUN = MissContext(run="demo", process_count=1)
+
+
+def missed(components: dict[str, str], signature: str,
+           input_changes: list[str]) -> FunctionRecord:
+    """A lookup of the prewarmed step that missed, as the training job records it."""
+    return FunctionRecord("jit_train_step", None, False, components=components,
+                          signature=signature, input_changes=input_changes)
+
+
 def test_a_miss_with_other_inputs_is_said_as_the_inputs_not_as_another_function(
         tmp_path: Path) -> None:
     manifest = {entry().key: entry()}
@@ -110,8 +121,7 @@ def test_a_miss_with_other_inputs_is_said_as_the_inputs_not_as_another_function(
         leaf("state['params']['embed']", "f32[256,96]"),
         leaf("batch", "i32[16,97]", '@mesh, [{"data"}, {}]', False)))
     why = LocalStore(tmp_path).explain_miss(
-        "jit_train_step", {"computation": "9", "XLA flags": "2"}, manifest, run="demo",
-        process_count=1, signature="s2", input_changes=changes)
+        missed({"computation": "9", "XLA flags": "2"}, "s2", changes), manifest, DEMO_RUN)
     assert why == ["its inputs differ from the prewarmed ones: state['params']['embed'] "
                    "f32[256,96] vs f32[256,64] (+1 more)"]
     assert not any("another function" in line for line in why)
@@ -123,9 +133,8 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first(tmp_path: P
     store = LocalStore(tmp_path)
 
     def why(since: list[str] | None) -> list[str]:
-        return store.explain_miss("jit_train_step", computation, manifest, run="demo",
-                                  process_count=1, signature="s1", input_changes=[],
-                                  since_prewarm=since)
+        return store.explain_miss(missed(computation, "s1", []), manifest,
+                                  dataclasses.replace(DEMO_RUN, since_prewarm=since))
 
     assert why(None)[0] == CODE_CHANGED
     assert why(["source: model/layers.py changed"])[0] == \
@@ -134,9 +143,8 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first(tmp_path: P
     assert why(None)[1].startswith(f"prewarmed as {entry().key} by run 'demo'; computation "
                                    f"differs")
     # Another component alone (an XLA flag) is not a code change.
-    flags = store.explain_miss("jit_train_step", {"computation": "1", "XLA flags": "3"},
-                               manifest, run="demo", process_count=1, signature="s1",
-                               input_changes=[])
+    flags = store.explain_miss(missed({"computation": "1", "XLA flags": "3"}, "s1", []),
+                               manifest, DEMO_RUN)
     assert not any(CODE_CHANGED in line for line in flags)
 
 

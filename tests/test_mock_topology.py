@@ -26,7 +26,9 @@ from jaxwarm.core.gputarget import (
     mock_options,
     mock_topology,
 )
+from jaxwarm.core.records import FunctionRecord
 from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit import flow
 from jaxwarm.submit.jobs import prewarm_job, train_job
@@ -151,25 +153,28 @@ def test_verify_names_the_component_a_mocked_key_differs_in(tmp_path: Path) -> N
     entry = mocked_entry()
     manifest = {entry.key: entry}
     store = LocalStore(tmp_path)
-    flags = store.explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"},
-                               manifest, run="llama3-8b", process_count=64, job="verify",
-                               xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true")
+    def missed(**components: str) -> FunctionRecord:
+        return FunctionRecord("jit_train_step", None, False,
+                              components={**entry.components, **components})
+
+    flags = store.explain_miss(missed(**{"XLA flags": "g"}), manifest, MissContext(
+        run="llama3-8b", process_count=64, job="verify",
+        xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true"))
     assert flags == [
         f"prewarmed as {entry.key} by run 'llama3-8b' on one node through JAX's mock GPU "
         f"topology 8x8x1; XLA flags differs: only the prewarm's XLA_FLAGS have {SHARD_OFF}; "
         f"every XLA flag is part of the key, so the run must carry the prewarm's flags (those "
         f"a prewarm.layout: mock compile needs go to every job of its run)"]
-    topology = store.explain_miss("jit_train_step",
-                                  {**entry.components, "accelerator_config": "b"}, manifest,
-                                  run="llama3-8b", process_count=64, xla_flags="")
+    topology = store.explain_miss(missed(accelerator_config="b"), manifest, MissContext(
+        run="llama3-8b", process_count=64, xla_flags=""))
     assert len(topology) == 1 and "accelerator_config differs" in topology[0]
     assert "the mock 8x8x1 did not give this layout's topology" in topology[0]
     # Flags recorded the same (another argv flag, say): the general causes.
-    same = store.explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"},
-                              manifest, process_count=64, xla_flags=entry.xla_flags)
+    same = store.explain_miss(missed(**{"XLA flags": "g"}), manifest,
+                              MissContext(process_count=64, xla_flags=entry.xla_flags))
     assert "XLA_FLAGS (or LIBTPU_INIT_ARGS) or an --xla_* flag in sys.argv" in same[0]
     # A run on another layout than the one mocked: the layout is named.
-    other = store.explain_miss("jit_train_step", entry.components, manifest, process_count=16)
+    other = store.explain_miss(missed(), manifest, MissContext(process_count=16))
     assert "on 64 process(es), but this job has 16" in other[0]
 
 

@@ -43,6 +43,7 @@ from jaxwarm.report.read import (
 )
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import Manifest, ManifestEntry
+from jaxwarm.store.misses import MissContext
 
 
 def short_key(key: str | None) -> str:
@@ -366,16 +367,13 @@ def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: Ca
                 lines.append(f"  why: this process looked its entries up in "
                              f"{report.cache_dir}, the trainer's cache dir (below)")
             prewarmed = _prewarmed_entry(fn, manifest, run)
-            lines.extend(f"  why: {line}" for line in store.explain_miss(
-                fn.name, fn.components, manifest, run=run,
-                process_count=report.process_count, signature=fn.signature,
-                global_options=fn.global_options, max_size=size_cap(report.environment),
+            lines.extend(f"  why: {line}" for line in store.explain_miss(fn, manifest, MissContext(
+                run=run, process_count=report.process_count,
+                max_size=size_cap(report.environment),
                 xla_flags=report.environment.get("XLA_FLAGS"),
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
-                not_loaded=fn.not_loaded,
-                input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, store, prewarmed.key)))
+                since_prewarm(run_dir, store, prewarmed.key))))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")

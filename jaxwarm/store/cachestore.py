@@ -30,7 +30,7 @@ from pathlib import Path
 
 from jaxwarm.core.config import CacheConfig, Config
 from jaxwarm.core.errors import UserError
-from jaxwarm.core.records import PrewarmRecord, UsageRecord
+from jaxwarm.core.records import FunctionRecord, PrewarmRecord, UsageRecord
 from jaxwarm.store.bundle import BundleMeta
 from jaxwarm.store.entries import Entry
 from jaxwarm.store.integrity import (
@@ -41,7 +41,7 @@ from jaxwarm.store.integrity import (
     WarmCheck,
 )
 from jaxwarm.store.manifest import Manifest, ManifestEntry
-from jaxwarm.store.misses import explain_miss
+from jaxwarm.store.misses import MissContext, explain_miss
 from jaxwarm.store.security import DirIdentity
 from jaxwarm.store.staging import Staged
 from jaxwarm.store.usage import KeyHistory
@@ -300,19 +300,9 @@ class CacheStore(ABC):
 
     # -- why a function missed ----------------------------------------------------------
 
-    def explain_miss(self, function: str, components: dict[str, str],
-                     manifest: dict[str, ManifestEntry], *, run: str | None = None,
-                     process_count: int | None = None, signature: str | None = None,
-                     global_options: dict[str, str] | None = None, job: str = "run",
-                     max_size: int = -1, xla_flags: str | None = None,
-                     looked_in: str | None = None, not_loaded: str | None = None,
-                     input_changes: list[str] | None = None,
-                     since_prewarm: list[str] | None = None) -> list[str]:
-        """Why `function`'s key (of these `components`) is not in this dir, against the
-        prewarm of the same target in `manifest` (this dir's, as the caller read it):
-        `jaxwarm.store.misses.explain_miss` says which context changes the answer how."""
-        return explain_miss(self, function, components, manifest, run=run,
-                            process_count=process_count, signature=signature,
-                            global_options=global_options, job=job, max_size=max_size,
-                            xla_flags=xla_flags, looked_in=looked_in, not_loaded=not_loaded,
-                            input_changes=input_changes, since_prewarm=since_prewarm)
+    def explain_miss(self, missed: FunctionRecord, manifest: dict[str, ManifestEntry],
+                     context: MissContext | None = None) -> list[str]:
+        """Why the function of the lookup `missed` has no entry in this dir, against the
+        prewarm of the same target in `manifest` (this dir's, as the caller read it), where
+        it missed (`context`): `jaxwarm.store.misses.explain_miss`."""
+        return explain_miss(self, missed, manifest, context or MissContext())

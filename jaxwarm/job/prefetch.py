@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
@@ -53,9 +52,8 @@ from jaxwarm.jaxkey.entryload import (
     payload,
     serve_lookups,
 )
-from jaxwarm.store.entries import open_entry
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +100,6 @@ def unyield(native_ids: list[int]) -> None:
 class _Item:
     spec: LoadSpec
     record: Prefetched
-    path: Path
     done: threading.Event = field(default_factory=threading.Event)
     loaded: Loaded | None = None
     # The bytes admitted for it (and held until it is taken or released).
@@ -130,7 +127,7 @@ def mismatch(prefetched: LoadSpec, asked: Asked, cache_dir: str) -> str | None:
 class Prefetch:
     """The loads of one process, and what became of each (`report`)."""
 
-    def __init__(self, entries: list[ManifestEntry], store: LocalStore, max_size: int,
+    def __init__(self, entries: list[ManifestEntry], store: CacheStore, max_size: int,
                  started_s: float, capped: bool = False):
         self.store = store
         # A size-capped cache (cache.max_size): a used entry's atime is renewed as JAX would.
@@ -150,8 +147,7 @@ class Prefetch:
             assert entry.compile_options is not None
             record = Prefetched(entry.function, entry.key, outcome="loading")
             self._items[entry.key] = _Item(
-                LoadSpec(entry.compile_options, tuple(entry.device_ids)), record,
-                store.entry_path(entry.key))
+                LoadSpec(entry.compile_options, tuple(entry.device_ids)), record)
             self.report.executables.append(record)
 
     def start(self) -> None:
@@ -237,11 +233,10 @@ class Prefetch:
     def _read(self, item: _Item) -> tuple[bytes, int] | None:
         """The serialized executable and its compile time; None (outcome OVER_CAP) when the
         cap does not admit its file or its serialized bytes."""
-        with open_entry(item.path) as source:
-            if not self._admit(item, os.fstat(source.fileno()).st_size):
-                item.record.outcome = OVER_CAP
-                return None
-            data = source.read()
+        data = self.store.read_entry(item.record.key, lambda size: self._admit(item, size))
+        if data is None:
+            item.record.outcome = OVER_CAP
+            return None
         serialized, compile_time = payload(data)
         del data
         if not self._admit(item, len(serialized)):
@@ -329,15 +324,14 @@ class Prefetch:
 _started: list[Prefetch] = []
 
 
-def start_prefetch(entries: list[ManifestEntry], store: LocalStore, max_size: int,
+def start_prefetch(entries: list[ManifestEntry], store: CacheStore, max_size: int,
                    started_s: float, capped: bool) -> Prefetch | None:
     """Start loading `entries` (those recorded with what loading takes, whose file is in
     `store`, the dir JAX reads) and serve JAX's lookups of them; once per process.
     None when there is nothing to load."""
     if _started:
         return None
-    loadable = [e for e in entries if e.compile_options is not None
-                and store.entry_path(e.key).is_file()]
+    loadable = [e for e in entries if e.compile_options is not None and store.has_entry(e.key)]
     if not loadable:
         return None
     prefetch = Prefetch(loadable, store, max_size, started_s, capped)

@@ -29,7 +29,9 @@ SCHED_IDLE (a per-thread policy), so on a machine with no core to spare the trai
 init never waits for them (measured on 2 cores with another job beside it: the trainer's
 init took 45.0 s with loads at its own priority against 34.4 s without prefetch). Once the
 trainer waits for a load, that load is all it waits for: the loads go back to the normal
-policy where the process may (`unyield`), else they finish at idle priority.
+policy where the process may (`unyield`), else they finish at idle priority. XLA's own
+threads, started with the backend, keep their priority: on XLA:CPU they do most of a
+deserialization (docs/cache.md, "Below the trainer").
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ from bench.common import DEMO, FAST_STEP, BenchError, machine, publish, read_jso
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import InitReport
-from jaxwarm.core.rundir import PREWARM, TRAIN, pinned_config, report_path
+from jaxwarm.core.records import PREWARM, TRAIN, InitReport
+from jaxwarm.core.rundir import pinned_config, report_path
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.submit.local import free_port
 

@@ -30,8 +30,8 @@ from typing import Any
 from bench.common import DEMO, BenchError, machine, publish, table
 from bench.growth import by_hand, cli, kind_of, overrides, run, with_jaxwarm
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import InitReport
-from jaxwarm.core.rundir import TRAIN, report_path
+from jaxwarm.core.records import TRAIN, InitReport
+from jaxwarm.core.rundir import report_path
 
 RANKS = 32
 REPEATS = 2

@@ -22,9 +22,9 @@ import pytest
 
 from jaxwarm.core.config import load_config
 from jaxwarm.jaxkey.versions import JaxVersions, required
-from jaxwarm.store.bundle import BUNDLE_META, BundleMeta, refusal
+from jaxwarm.store.bundle import BUNDLE_META, BundleMeta
 from jaxwarm.store.entries import CACHE_SUFFIX
-from jaxwarm.store.manifest import ManifestEntry, manifest_path, read_manifest
+from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, entry_bytes, key, snapshot, zlib_bomb
@@ -197,8 +197,8 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
     mine = write_bundle(tmp_path / "mine.tar", meta({key(1): item(entry_bytes(1), record(1))}),
                         [good(1)])
     assert import_into(tmp_path, mine).returncode == 0
-    cache = tmp_path / "cache"
-    recorded = read_manifest(cache)[key(1)]
+    store = LocalStore(tmp_path / "cache")
+    recorded = store.manifest()[key(1)]
     forged = {**record(2, names=key(1), run="attacker"), "compile_s": 999.0}
     hostile = write_bundle(tmp_path / "b.tar", meta({key(2): item(entry_bytes(2), forged)}),
                            [good(2)])
@@ -206,8 +206,8 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
     assert_refused(import_into(tmp_path, hostile), str(hostile),
                    f"entries.{key(2)}.manifest.key: '{key(1)}' is not the key of its entry")
     assert snapshot(tmp_path) == before
-    assert read_manifest(cache) == {key(1): recorded}
-    assert recorded.run == "exporter" and manifest_path(cache).is_file()
+    assert store.manifest() == {key(1): recorded}
+    assert recorded.run == "exporter" and store.manifest_file.is_file()
 
 
 @pytest.mark.e2e
@@ -306,15 +306,15 @@ def test_bundle_refusals_name_what_would_make_every_entry_miss(
     # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
     monkeypatch.setattr("jaxwarm.store.bundle.required", lambda: JaxVersions("0.10.2", "0.10.2"))
     config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
-    assert refusal(bundle_meta(), config) is None
-    assert "jax 0.0.1" in refusal(bundle_meta(jax_version="0.0.1"), config)
-    assert "platform gpu" in refusal(bundle_meta(platform="gpu"), config)
+    assert bundle_meta().refusal(config) is None
+    assert "jax 0.0.1" in bundle_meta(jax_version="0.0.1").refusal(config)
+    assert "platform gpu" in bundle_meta(platform="gpu").refusal(config)
     bound = bundle_meta(xla_caches="xla_gpu_per_fusion_autotune_cache_dir")
-    assert "include the cache path /a/cache" in refusal(bound, config)
-    assert refusal(bound, dataclasses.replace(
+    assert "include the cache path /a/cache" in bound.refusal(config)
+    assert bound.refusal(dataclasses.replace(
         config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
     with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
-    assert "puts the cache path in every key" in refusal(bundle_meta(), with_autotune)
+    assert "puts the cache path in every key" in bundle_meta().refusal(with_autotune)
 
 
 @pytest.mark.e2e

@@ -16,16 +16,16 @@ from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
-    YAML_MAX_DEPTH,
     Config,
-    ConfigError,
     apply_override,
     load_config,
     parse_config,
 )
 from jaxwarm.core.entryargv import trainer_argv
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import Fingerprint, differences
 from jaxwarm.core.rundir import logs_dir
+from jaxwarm.core.yamlio import YAML_MAX_DEPTH
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, REPO, Cli, run_cli
@@ -329,7 +329,8 @@ def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str])
 # Every duration and size of the config, with the largest value it takes.
 LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": MAX_DURATION_S,
           "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
-          "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
+          "ranks.meet_timeout_s": MAX_DURATION_S, "ranks.join_timeout_s": MAX_DURATION_S,
+          "init_budget_s": MAX_DURATION_S,
           "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
           "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES,
           "cache.prefetch_max_size": MAX_SIZE_BYTES}

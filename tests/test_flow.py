@@ -22,14 +22,12 @@ from typing import Any
 import pytest
 
 from jaxwarm.cli import commands
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import job_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
-from jaxwarm.core.records import LocalJobState
+from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
 from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
     checkpoints_dir,
     lock_path,
     log_path,
@@ -40,7 +38,8 @@ from jaxwarm.core.rundir import (
     submitted_jobs_path,
     verify_config,
 )
-from jaxwarm.store.manifest import ManifestEntry, record_entries
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
@@ -219,10 +218,10 @@ def test_two_configs_of_one_prewarm_cannot_share_a_run_dir(tmp_path: Path) -> No
 def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    record_entries(cache, [ManifestEntry(function=f"jit_f{n}", key=key(n), run="demo",
-                                         config=str(DEMO), compile_s=1.0, lower_s=0.1,
-                                         written=True, jax_version="0.10.2", process_count=1,
-                                         sha256="0" * 64, size=1000) for n in (1, 2)])
+    LocalStore(cache).record_entries([
+        ManifestEntry(function=f"jit_f{n}", key=key(n), run="demo", config=str(DEMO),
+                      compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
+                      process_count=1, sha256="0" * 64, size=1000) for n in (1, 2)])
     before = snapshot(tmp_path)
     result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={cache}", "cache.max_size=1500")

@@ -20,19 +20,10 @@ import pytest
 
 from jaxwarm.core.files import locked
 from jaxwarm.core.records import EntryMissed
-from jaxwarm.store.entries import MIN_PAYLOAD_CAP, QUARANTINE_DIR, entry_path, writer_lock_path
-from jaxwarm.store.integrity import (
-    BEING_WRITTEN,
-    IntegrityCheck,
-    check_and_quarantine,
-    missed_since_check,
-    quarantine,
-    record_check,
-    warm_check,
-)
-from jaxwarm.store.manifest import ManifestEntry, record_entries
+from jaxwarm.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.store.integrity import BEING_WRITTEN, IntegrityCheck
+from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
-from jaxwarm.store.usage import append_usage
 from tests.conftest import REPO, Cli
 from tests.hostile import entry_bytes, key, zlib_bomb
 from tests.test_store_commands import corrupt
@@ -47,15 +38,20 @@ def payload() -> bytes:
     return zlib.compress(bytes(4) + bytes(range(256)) * 8)
 
 
-def recorded(cache: Path, run: str = "other") -> ManifestEntry:
+def recorded(store: LocalStore, run: str = "other") -> ManifestEntry:
     data = payload()
     entry = ManifestEntry(function="jit_train_step", key=KEY, run=run, config="c.yaml",
                           compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
                           process_count=1, sha256=hashlib.sha256(data).hexdigest(),
                           size=len(data))
-    entry_path(cache, KEY).write_bytes(data)
-    record_entries(cache, [entry])
+    store.entry_path(KEY).write_bytes(data)
+    store.record_entries([entry])
     return entry
+
+
+def a_cache(tmp_path: Path) -> LocalStore:
+    (tmp_path / "cache").mkdir(mode=0o700)
+    return LocalStore(tmp_path / "cache")
 
 
 def flip_a_byte(path: Path) -> None:
@@ -65,50 +61,46 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_a_missed_same_size_flip_is_found_by_the_next_prewarm_check(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
-    flip_a_byte(entry_path(cache, KEY))
-    assert warm_check(str(cache), KEY).warm  # WARM by size
-    assert not missed_since_check(cache, KEY)
-    append_usage(cache, EntryMissed(KEY, "train-run"))  # what the training job records
-    assert missed_since_check(cache, KEY)
-    quick = warm_check(str(cache), KEY)  # verify stays quick, and says why
+    store = a_cache(tmp_path)
+    recorded(store)
+    flip_a_byte(store.entry_path(KEY))
+    assert store.warm_check(KEY).warm  # WARM by size
+    assert not store.warm_check(KEY).missed
+    store.append_usage(EntryMissed(KEY, "train-run"))  # what the training job records
+    quick = store.warm_check(KEY)  # verify stays quick, and says why
     assert quick.warm and quick.missed and not quick.read_in_full
-    check = warm_check(str(cache), KEY, recheck_missed=True)  # the prewarm's check
+    check = store.warm_check(KEY, recheck_missed=True)  # the prewarm's check
     assert check.read_in_full  # here zlib's own checksum fails; else the recorded sha256
     assert check.problem is not None
-    quarantine(cache, IntegrityCheck(KEY, 0, check.problem, checksum_known=True))
-    assert not entry_path(cache, KEY).exists() and not missed_since_check(cache, KEY)
+    store.quarantine(IntegrityCheck(KEY, 0, check.problem, checksum_known=True))
+    assert not store.entry_path(KEY).exists() and not store.warm_check(KEY).missed
 
 
 def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
-    append_usage(cache, EntryMissed(KEY, "train-run"))
-    usage = LocalStore(cache).usage_file.read_bytes()
-    check = warm_check(str(cache), KEY, recheck_missed=True)
+    store = a_cache(tmp_path)
+    recorded(store)
+    store.append_usage(EntryMissed(KEY, "train-run"))
+    usage = store.usage_file.read_bytes()
+    check = store.warm_check(KEY, recheck_missed=True)
     assert check.warm and check.read_in_full and check.missed
-    assert LocalStore(cache).usage_file.read_bytes() == usage  # the check wrote nothing
-    record_check(cache, check)  # the prewarm records it
-    assert not missed_since_check(cache, KEY)
-    again = warm_check(str(cache), KEY, recheck_missed=True)
+    assert store.usage_file.read_bytes() == usage  # the check wrote nothing
+    store.record_check(check)  # the prewarm records it
+    again = store.warm_check(KEY, recheck_missed=True)
+    assert not again.missed
     assert again.warm and not again.read_in_full  # the quick check again
-    assert entry_path(cache, KEY).exists()
+    assert store.entry_path(KEY).exists()
 
 
 def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     """Prewarm A holds KEY's writer lock while JAX writes it (0 bytes so far)."""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    LocalStore(cache).locks_dir.mkdir(mode=0o700)
-    entry_path(cache, KEY).write_bytes(b"")
-    with locked(writer_lock_path(cache, KEY), "compile"):
-        assert warm_check(str(cache), KEY, recheck_missed=True).problem == BEING_WRITTEN
-        checks, _ = check_and_quarantine(cache, [KEY], strict=False)
-        assert checks == [] and entry_path(cache, KEY).exists()
-    assert warm_check(str(cache), KEY).problem == "empty file (a torn or interrupted write)"
+    store = a_cache(tmp_path)
+    store.locks_dir.mkdir(mode=0o700)
+    store.entry_path(KEY).write_bytes(b"")
+    with locked(store.writer_lock_path(KEY), "compile"):
+        assert store.warm_check(KEY, recheck_missed=True).problem == BEING_WRITTEN
+        checks, _ = store.check_and_quarantine([KEY], strict=False)
+        assert checks == [] and store.entry_path(KEY).exists()
+    assert store.warm_check(KEY).problem == "empty file (a torn or interrupted write)"
 
 
 def test_cache_verify_quarantines_an_entry_flipped_truncated_or_zeroed(tmp_path: Path,
@@ -117,30 +109,28 @@ def test_cache_verify_quarantines_an_entry_flipped_truncated_or_zeroed(tmp_path:
     entry's record holds its checksum, which alone can tell; a truncated or zeroed entry,
     back unrecorded after a quarantine, fails the full read. (A real prewarm's entries go
     through the same in tests/test_store_commands.py's torn-entry story.)"""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
-    entry = entry_path(cache, KEY)
+    store = a_cache(tmp_path)
+    recorded(store)
+    entry = store.entry_path(KEY)
     intact = entry.read_bytes()
     for how in ("flipped", "truncated", "zeroed"):
         if not entry.exists():
             entry.write_bytes(intact)
         corrupt(entry, how)
-        found = cli("cache", "verify", str(cache))
+        found = cli("cache", "verify", str(store.path))
         assert found.returncode == 1, found.stdout + found.stderr
         assert f"QUARANTINED {KEY}" in found.stdout
         assert not entry.exists()
-    assert len(list((cache / QUARANTINE_DIR).glob(f"{KEY}-cache.*[0-9]"))) >= 1
+    assert store.quarantined() >= 1
 
 
 def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
     """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
-    from jaxwarm.store.integrity import entry_problem
-    path = LocalStore(tmp_path).entry_path(key(1))
-    path.write_bytes(entry_bytes(1))
+    store = LocalStore(tmp_path)
+    store.entry_path(key(1)).write_bytes(entry_bytes(1))
     good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()
-    assert entry_problem(path, good_sum) is None
-    assert "sha256 differs" in entry_problem(path, "0" * 64)
+    assert store.entry_problem(key(1), good_sum) is None
+    assert "sha256 differs" in store.entry_problem(key(1), "0" * 64)
 
 
 def verify_under_ulimit(cache: Path, kib: int) -> subprocess.CompletedProcess[str]:

@@ -12,41 +12,34 @@ import pytest
 
 from jaxwarm.store.manifest import (
     ManifestEntry,
-    latest_for_run,
-    manifest_path,
-    read_manifest,
-    record_entries,
-    uses_entries,
 )
 from jaxwarm.store.store import LocalStore
 from tests.conftest import Cli
 from tests.hostile import assert_refused, snapshot
-from tests.test_integrity import KEY, recorded
+from tests.test_integrity import KEY, a_cache, recorded
 
 
 @pytest.mark.hostile
 def test_the_manifest_records_every_run_that_uses_a_key(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    first = recorded(cache, run="a")
-    uses_entries(cache, [first], "b")
-    manifest = read_manifest(cache)
-    assert [e.key for e in latest_for_run(manifest, "b")] == [KEY]
+    store = a_cache(tmp_path)
+    first = recorded(store, run="a")
+    store.uses_entries([first], "b")
+    manifest = store.manifest()
+    assert [e.key for e in manifest.for_run("b")] == [KEY]
     assert manifest[KEY].run == "a" and manifest[KEY].runs == ["b"]
-    record_entries(cache, [first])  # a rewrite by run a (after a quarantine) keeps b
-    assert read_manifest(cache)[KEY].runs == ["b"]
+    store.record_entries([first])  # a rewrite by run a (after a quarantine) keeps b
+    assert store.manifest()[KEY].runs == ["b"]
 
 
 @pytest.mark.hostile
 def test_a_manifest_without_runs_still_reads(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache, run="a")
-    data = json.loads(manifest_path(cache).read_text())
+    store = a_cache(tmp_path)
+    recorded(store, run="a")
+    data = json.loads(store.manifest_file.read_text())
     del data["entries"][KEY]["runs"]  # as an older jaxwarm wrote it
-    manifest_path(cache).write_text(json.dumps(data))
-    manifest = read_manifest(cache)
-    assert manifest[KEY].runs == [] and latest_for_run(manifest, "a")[0].key == KEY
+    store.manifest_file.write_text(json.dumps(data))
+    manifest = store.manifest()
+    assert manifest[KEY].runs == [] and manifest.for_run("a")[0].key == KEY
 
 
 @pytest.mark.hostile
@@ -71,14 +64,14 @@ def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
         tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    manifest = LocalStore(cache).manifest_file
-    manifest.write_text("[]")
+    store = LocalStore(cache)
+    store.manifest_file.write_text("[]")
     key = "jit_f-" + "a" * 64
-    record_entries(cache, [ManifestEntry(function="jit_f", key=key, run="r", config="c",
-                                         compile_s=1.0, lower_s=0.1, written=True,
-                                         jax_version="0", process_count=1)])
-    assert list(read_manifest(cache)) == [key]
-    aside, = cache.glob(f"{manifest.name}.broken-*[0-9]")
+    store.record_entries([ManifestEntry(function="jit_f", key=key, run="r", config="c",
+                                        compile_s=1.0, lower_s=0.1, written=True,
+                                        jax_version="0", process_count=1)])
+    assert list(store.manifest()) == [key]
+    aside, = cache.glob(f"{store.manifest_file.name}.broken-*[0-9]")
     assert aside.read_text() == "[]"
     note = aside.with_name(aside.name + ".why").read_text()
     assert "not a jaxwarm manifest" in note

@@ -19,9 +19,6 @@ from types import SimpleNamespace
 import pytest
 
 from jaxwarm.core.config import load_config
-from jaxwarm.store.entries import CACHE_SUFFIX
-from jaxwarm.store.integrity import entry_problem
-from jaxwarm.store.manifest import manifest_path, read_manifest
 from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import key, write_entry
@@ -31,7 +28,7 @@ DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
 
 
 def entries(cache: Path) -> dict[str, Path]:
-    return {p.name[:-len(CACHE_SUFFIX)]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+    return {entry.key: entry.path for entry in LocalStore(cache).scan(histories={})}
 
 
 @pytest.mark.e2e
@@ -43,22 +40,23 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
     written = entries(cache)
     assert len(written) == 1, killed.stderr[-3000:]
     (key, path), = written.items()
-    record = read_manifest(cache)[key]
+    store = LocalStore(cache)
+    record = store.manifest()[key]
     assert (record.size, record.written) == (path.stat().st_size, True)
-    assert entry_problem(path, record.sha256) is None
+    assert store.entry_problem(key, record.sha256) is None
     pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
     assert pruned.returncode == 0, pruned.stderr
     assert path.is_file()  # pinned by the manifest from the moment it was written
 
     # The same kill a moment earlier (after JAX's write, before the record): nobody recorded
     # the entry. The next prewarm checks it in full, finds it intact and pins it.
-    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    LocalStore(cache).usage_file.unlink(missing_ok=True)
+    store.manifest_file.write_text(json.dumps({"version": 1, "entries": {}}))
+    store.usage_file.unlink(missing_ok=True)
     again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert again.returncode == 0, again.stderr[-3000:]
     assert key.startswith("jit_train_step-")
     assert f"WARM  train_step  {key}" in again.stdout + again.stderr
-    assert read_manifest(cache)[key].sha256 == record.sha256
+    assert store.manifest()[key].sha256 == record.sha256
     assert run_cli("cache", "prune", str(cache), "--max-size", "1").returncode == 0
     assert path.is_file()
 
@@ -81,7 +79,7 @@ def test_a_failed_write_is_a_failure_and_leaves_nothing_torn(tmp_path: Path) -> 
     assert "written as" not in output(result)
     assert entries(cache) == {}  # the torn writes are quarantined, not left as entries
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
-    assert all(not record.written for record in read_manifest(cache).values())
+    assert all(not record.written for record in LocalStore(cache).manifest().values())
 
 
 @pytest.mark.e2e
@@ -116,7 +114,7 @@ def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) 
     compiled = [Compiled(SimpleNamespace(), SimpleNamespace(key=key(n), sha256="0" * 64,
                                                             size=600))
                 for n in (1, 2)]  # entry 1 was written, then evicted writing entry 2
-    evicted, present = evictions(config, compiled)
+    evicted, present = evictions(config, LocalStore(cache), compiled)
     assert evicted.failure is not None and kept.exists() and present.failure is None
     assert "JAX evicted it to keep the cache within cache.max_size=1000 bytes; this " \
            "prewarm's entries need 1200 bytes" in evicted.failure

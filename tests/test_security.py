@@ -27,10 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_DIR
 from jaxwarm.core.rundir import reports_dir
-from jaxwarm.store.security import check_cache_dir, dir_problem, parent_problem, recheck_cache_dir
+from jaxwarm.store.security import Trust
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, FAST_STEP, REPO, Cli, run_cli
@@ -43,25 +45,26 @@ def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
 
 
 def test_dir_safety_rules() -> None:
-    assert dir_problem(stat_result(0o700, 1000, 1000), 1000, None) is None
-    assert "writable by every user" in dir_problem(stat_result(0o777, 1000, 1000), 1000, None)
-    assert "not by you" in dir_problem(stat_result(0o700, 1001, 1001), 1000, None)
+    me, shared = Trust(uid=1000, gid=None), Trust(uid=1000, gid=500)
+    assert me.dir_problem(stat_result(0o700, 1000, 1000)) is None
+    assert "writable by every user" in me.dir_problem(stat_result(0o777, 1000, 1000))
+    assert "not by you" in me.dir_problem(stat_result(0o700, 1001, 1001))
     # Shared on purpose: another member's dir is fine if it belongs to the trusted group...
-    assert dir_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
+    assert shared.dir_problem(stat_result(0o2770, 1001, 500)) is None
     # ...but not another group's, and never a world-writable one.
-    assert "trusted group" in dir_problem(stat_result(0o2770, 1001, 501), 1000, 500)
-    assert dir_problem(stat_result(0o2777, 1001, 500), 1000, 500) is not None
-    assert parent_problem(stat_result(0o1777, 0, 0), 1000, None) is None  # /tmp: sticky
-    assert parent_problem(stat_result(0o777, 0, 0), 1000, None) is not None
+    assert "trusted group" in shared.dir_problem(stat_result(0o2770, 1001, 501))
+    assert shared.dir_problem(stat_result(0o2777, 1001, 500)) is not None
+    assert me.parent_problem(stat_result(0o1777, 0, 0)) is None  # /tmp: sticky
+    assert me.parent_problem(stat_result(0o777, 0, 0)) is not None
     # A group-writable parent lets every member swap the dir, unless the group is trusted.
-    assert "cache.trusted_group" in parent_problem(stat_result(0o2775, 0, 500), 1000, None)
-    assert parent_problem(stat_result(0o2775, 0, 500), 1000, 500) is None
+    assert "cache.trusted_group" in me.parent_problem(stat_result(0o2775, 0, 500))
+    assert shared.parent_problem(stat_result(0o2775, 0, 500)) is None
     # Its owner may always rename in it: root, you, or a member of the trusted group only.
-    assert parent_problem(stat_result(0o755, 1000, 1000), 1000, None) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 1001), 1000, None)
-    assert "owned by uid 1001" in parent_problem(stat_result(0o1777, 1001, 0), 1000, None)
-    assert parent_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 501), 1000, 500)
+    assert me.parent_problem(stat_result(0o755, 1000, 1000)) is None
+    assert "owned by uid 1001" in me.parent_problem(stat_result(0o755, 1001, 1001))
+    assert "owned by uid 1001" in me.parent_problem(stat_result(0o1777, 1001, 0))
+    assert shared.parent_problem(stat_result(0o2770, 1001, 500)) is None
+    assert "owned by uid 1001" in shared.parent_problem(stat_result(0o755, 1001, 501))
 
 
 def launch(tmp_path: Path, cache: str | Path, *extra: str, cwd: Path | None = None):
@@ -117,7 +120,7 @@ def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
     cache.mkdir(mode=0o700)
     config = load_config(DEMO, [f"cache.dir={cache}"])
     with pytest.raises(ConfigError) as caught:
-        check_cache_dir(cache, config.cache, "c.yaml")
+        LocalStore(cache).check(config.cache, "c.yaml")
     assert f"parent {parent} is writable by group {other} without the sticky bit" \
         in str(caught.value)
     before = snapshot(tmp_path)
@@ -125,12 +128,12 @@ def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
                            f"cache.dir={cache}"), f"parent {parent}", "sticky bit")
     assert snapshot(tmp_path) == before
     parent.chmod(0o3775)  # sticky: only the owner may rename what it owns
-    assert check_cache_dir(cache, config.cache, "c.yaml") is not None
+    assert LocalStore(cache).check(config.cache, "c.yaml") is not None
     parent.chmod(0o2775)
     os.chown(parent, -1, trusted)
     named = load_config(DEMO, [f"cache.dir={cache}",
                                f"cache.trusted_group={grp.getgrgid(trusted).gr_name}"])
-    assert check_cache_dir(cache, named.cache, "c.yaml") is not None
+    assert LocalStore(cache).check(named.cache, "c.yaml") is not None
 
 
 READ_ONLY = Path("/proc/sys")  # a read-only mount, even for root
@@ -182,13 +185,14 @@ def test_a_dir_swapped_after_its_check_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     config = load_config(DEMO, [f"cache.dir={cache}"])
-    checked = check_cache_dir(cache, config.cache, "c.yaml")
-    assert recheck_cache_dir(cache, config.cache, "c.yaml", checked) == checked
+    store = LocalStore(cache)
+    checked = store.check(config.cache, "c.yaml")
+    assert store.recheck(config.cache, "c.yaml", checked) == checked
     os.rename(cache, tmp_path / "mine")  # what renameat2(RENAME_EXCHANGE) does in one step
     (tmp_path / "theirs").mkdir(mode=0o700)
     os.rename(tmp_path / "theirs", cache)
     with pytest.raises(ConfigError) as caught:
-        recheck_cache_dir(cache, config.cache, "c.yaml", checked)
+        store.recheck(config.cache, "c.yaml", checked)
     assert "is not the directory checked when the job started" in str(caught.value)
 
 
@@ -196,8 +200,8 @@ SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
 from jaxwarm import enable_cache
-from jaxwarm.core.config import ConfigError
 from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 
 config = load_config(sys.argv[1], sys.argv[2:])
 enable_cache(config)

@@ -1,6 +1,6 @@
-"""The cache store's pure parts: prune policy, usage history, size/age parsing, the environment
-rules for size caps and remote dirs, and the store objects. (Dir safety:
-tests/test_security.py; bundles: tests/test_bundle.py.)"""
+"""The cache store's pure parts and small questions: prune policy, usage history (through a
+store), size/age parsing, the environment rules for size caps and remote dirs, and what a
+remote store answers. (Dir safety: tests/test_security.py; bundles: tests/test_bundle.py.)"""
 
 from __future__ import annotations
 
@@ -13,13 +13,19 @@ import pytest
 from jaxwarm.cli.cache import parse_age, parse_size
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import jax_options, job_environment
-from jaxwarm.core.records import EntryChecked, EntryPruned, parse_usage_line
+from jaxwarm.core.records import (
+    EntryChecked,
+    EntryPruned,
+    Fingerprint,
+    PrewarmRecord,
+    parse_usage_line,
+)
 from jaxwarm.jaxkey.entryformat import function_of, split_key
 from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store.cachestore import RemoteDirError
 from jaxwarm.store.entries import Entry
-from jaxwarm.store.prune import choose_victims
+from jaxwarm.store.prune import Pruning
 from jaxwarm.store.store import open_store
-from jaxwarm.store.usage import key_histories
 from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
 from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO
@@ -33,33 +39,36 @@ def entry(key: str, size: int, last_used: float) -> Entry:
 def test_prune_removes_least_recently_used_until_it_fits_and_spares_pinned() -> None:
     entries = [entry("jit_a-1", 100, 10), entry("jit_b-2", 100, 20), entry("jit_c-3", 100, 30),
                entry("jit_d-4", 100, 40)]
-    victims = choose_victims(entries, max_bytes=200, older_than_s=None, pinned={"jit_a-1"},
-                             now=50)
+    victims = Pruning(max_bytes=200).victims(entries, pinned={"jit_a-1"}, now=50)
     assert [v.key for v in victims] == ["jit_b-2", "jit_c-3"]
-    by_age = choose_victims(entries, max_bytes=None, older_than_s=25, pinned=set(), now=50)
+    by_age = Pruning(older_than_s=25).victims(entries, pinned=set(), now=50)
     assert [v.key for v in by_age] == ["jit_a-1", "jit_b-2"]
-    assert choose_victims(entries, max_bytes=1000, older_than_s=None, pinned=set(), now=50) == []
+    assert Pruning(max_bytes=1000).victims(entries, pinned=set(), now=50) == []
 
 
 def usage(*lines: dict) -> list:
     return [parse_usage_line(json.dumps(line), f"usage:{n}") for n, line in enumerate(lines, 1)]
 
 
-def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() -> None:
-    records = usage(
+def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine(
+        tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    for record in usage(
         {"time": 1, "run": "r", "job": "prewarm", "restart": 0,
          "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "aa"}]},
         {"time": 2, "run": "r", "job": "train", "restart": 0,
          "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": True}]},
         {"time": 3, "event": "quarantined", "key": "jit_f-1"},
-    )
-    history = key_histories(records)["jit_f-1"]
+    ):
+        store.append_usage(record)
+    history = store.histories()["jit_f-1"]
     assert (history.hits, history.misses, history.last_used) == (1, 1, 2)
     assert history.used_by == ["r (prewarm r0)", "r (train r0)"]
     assert history.sha256 is None and history.removed
-    rewritten = key_histories(records + usage(
+    store.append_usage(usage(
         {"time": 4, "run": "r", "job": "train", "restart": 1,
-         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]}))
+         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]})[0])
+    rewritten = store.histories()
     assert rewritten["jit_f-1"].sha256 == "bb"
     assert rewritten["jit_f-1"].written_by == "r (train r1)"
 
@@ -108,17 +117,38 @@ def test_remote_cache_dirs_turn_the_xla_sub_caches_off(tmp_path: Path) -> None:
 
 def test_a_remote_store_keeps_no_records_and_writes_nothing_here(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every operation a local store answers, a remote one answers too: its records read as
+    empty, writing one does nothing, and what a user asks that only a local dir can do is
+    refused in one line naming the dir (tests/test_store_remote.py: its entries)."""
     monkeypatch.chdir(tmp_path)
     store = open_store("s3://bucket/jax-cache")
-    assert store.local is None and store.resolved(tmp_path) == "s3://bucket/jax-cache"
+    config = load_config(DEMO, ["cache.dir=s3://bucket/jax-cache"])
+    assert store.resolved(tmp_path) == "s3://bucket/jax-cache"
     assert store.manifest() == {} and store.prewarms() == {} and store.run_entries("demo") == []
+    assert store.usage() == [] and store.histories() == {} and store.recorded() == {}
     assert store.xla_caches("all") == "none"
+    assert store.check(config.cache, "c.yaml", writing=True) is None  # the bucket's rules
+    assert store.prepare(config.cache, "c.yaml") is None
+    key = "jit_step-" + "a" * 64
+    store.append_usage(EntryPruned(key, 5))
+    store.record_prewarm(PrewarmRecord(Fingerprint("d", {}), [key], "demo"))
+    store.repair([], [], "demo")
+    assert store.usage() == [] and store.prewarms() == {}
+    assert store.check_and_quarantine([key]) == ([], 0.0)  # nothing recorded to check against
+    assert store.written_since(key, 0.0) is None and store.ensure_atime_files() == 0
+    assert store.records_where() == "no manifest for a remote cache dir (it needs a local " \
+        "file lock)"
+    for refused in (store.scan, store.prune, store.check_and_quarantine,
+                    lambda: store.export_bundle(config, tmp_path / "b.tar")):
+        with pytest.raises(RemoteDirError, match="^s3://bucket/jax-cache: .* needs a local or "
+                                                 "mounted cache dir"):
+            refused()
     assert list(tmp_path.iterdir()) == []  # nothing under a local path that looks like the URL
 
 
 def test_a_local_store_parses_its_usage_log_once_until_it_writes_to_it(tmp_path: Path) -> None:
-    store = open_store(str(tmp_path)).local
-    assert store is not None and store.resolved() == os.path.realpath(tmp_path)
+    store = open_store(str(tmp_path))
+    assert store.resolved() == os.path.realpath(tmp_path)
     key = "jit_step-" + "a" * 64
     store.append_usage(EntryChecked(key, "f" * 64, 5))
     first = store.usage()

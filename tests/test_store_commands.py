@@ -20,16 +20,7 @@ import pytest
 from bench.common import LEGACY_CPU_FUSION
 from jaxwarm.core.files import locked
 from jaxwarm.core.rundir import report_path
-from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC, encode_atime
-from jaxwarm.store.entries import (
-    ATIME_SUFFIX,
-    CACHE_SUFFIX,
-    QUARANTINE_DIR,
-    scan,
-    writer_lock_path,
-)
-from jaxwarm.store.integrity import entry_problem
-from jaxwarm.store.manifest import manifest_path, read_manifest
+from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC, encode_atime
 from jaxwarm.store.store import LocalStore
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli, with_xla_flag
@@ -95,11 +86,12 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     # of new entries record them in the manifest at once; more writers add JAX processes.
     variants = ["step.args.d_ff=128"] * 2 + [f"step.args.d_ff={64 + 16 * i}" for i in range(2)]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
+    store = LocalStore(cache)
 
     def reader() -> None:
         while not stop.is_set():
             try:
-                read_manifest(cache)  # raises on a torn manifest
+                store.manifest()  # raises on a torn manifest
                 seen["manifest_reads"] += 1
             except ValueError as exc:
                 errors.append(str(exc))
@@ -128,16 +120,17 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     # The same-step writers took turns: one compiled and wrote, the other loaded its entry.
     shared = [step_record(r) for r in reports[:2]]
     assert sorted(f["hit"] for f in shared) == [False, True]
-    manifest = read_manifest(cache)
+    manifest = store.manifest()
     for report in reports:
         for function in report["functions"]:
-            assert (cache / f"{function['key']}{CACHE_SUFFIX}").is_file()
+            assert store.has_entry(function["key"])
             if not function["hit"]:
                 assert manifest[function["key"]].sha256
     checked = run_cli("cache", "verify", str(cache))
     assert_ok(checked)
     assert "0 quarantined" in checked.stdout
-    assert all(entry_problem(e.path, manifest[e.key].sha256) is None for e in scan(cache))
+    assert all(store.entry_problem(e.key, manifest[e.key].sha256) is None
+               for e in store.scan(histories={}))
     # The contended entry loads in a real run.
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, variants[0], "--no-prewarm",
                                       run="w0"))
@@ -160,11 +153,12 @@ def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
         hits.append(step_record(init_report(tmp_path))["hit"])
         assert_ok(run_cli("cache", "verify", str(cache)))
     assert hits == [False, True, True]
-    assert not (cache / QUARANTINE_DIR).exists()
+    assert not LocalStore(cache).quarantine_dir.exists()
 
 
-def entries_by_function(cache: Path) -> dict[str, Path]:
-    return {p.name[:-len(CACHE_SUFFIX)].split("-")[0]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+def entries_by_function(cache: Path) -> dict[str, str]:
+    """The key of each entry in `cache`, by function."""
+    return {entry.function: entry.key for entry in LocalStore(cache).scan(histories={})}
 
 
 def truncate(path: Path) -> None:
@@ -184,8 +178,9 @@ def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: P
     cache = tmp_path / "cache"
     first = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert first.returncode == 0, output(first)[-3000:]
-    step = entries_by_function(cache)["jit_train_step"]
-    key = step.name[:-len(CACHE_SUFFIX)]
+    store = LocalStore(cache)
+    key = entries_by_function(cache)["jit_train_step"]
+    step = store.entry_path(key)
 
     # Recorded entry, torn (a kill -9 mid-write): the quick size check catches it.
     truncate(step)
@@ -196,19 +191,18 @@ def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: P
     again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
     assert again.returncode == 0, output(again)[-3000:]
     assert "COLD  train_step" in output(again) and "WARM  init_state" in output(again)
-    assert entry_problem(step, read_manifest(cache)[key].sha256) is None
+    assert store.entry_problem(key, store.manifest()[key].sha256) is None
 
     # Unrecorded entry, torn: nobody knows its size, so it gets the full check.
-    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    LocalStore(cache).usage_file.unlink()
+    store.manifest_file.write_text(json.dumps({"version": 1, "entries": {}}))
+    store.usage_file.unlink()
     init = entries_by_function(cache)["jit_init_state"]
-    truncate(init)
+    truncate(store.entry_path(init))
     third = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert third.returncode == 0, output(third)[-3000:]
     assert "COLD  init_state" in output(third) and "does not decompress" in output(third)
-    assert entry_problem(init, None) is None
-    quarantined = list((cache / QUARANTINE_DIR).glob(f"*{CACHE_SUFFIX}.*[0-9]"))
-    assert len(quarantined) == 2
+    assert store.entry_problem(init) is None
+    assert store.quarantined() == 2
 
     # One bit flipped inside the executable, recompressed: only the checksum the third
     # prewarm recorded (it pinned the intact step entry) can tell. `cache verify`
@@ -218,7 +212,7 @@ def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: P
     assert found.returncode == 1, found.stdout + found.stderr
     assert f"QUARANTINED {key}" in found.stdout
     assert not step.exists()
-    assert len(list((cache / QUARANTINE_DIR).glob(f"{key}-cache.*[0-9]"))) >= 1
+    assert len(list(store.quarantine_dir.glob(f"{key}-cache.*[0-9]"))) >= 1
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
     assert_ok(run)
     assert not step_record(init_report(tmp_path, "after"))["hit"]
@@ -291,9 +285,10 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
     entries = {p.name[:-len(CACHE_SUFFIX)] for p in cache.glob(f"*{CACHE_SUFFIX}")}
     atimes = {p.name[:-len(ATIME_SUFFIX)] for p in cache.glob(f"*{ATIME_SUFFIX}")}
     assert entries == atimes  # nothing half-deleted
-    assert all(entry_problem(e.path, None) is None for e in scan(cache))  # nothing torn
+    store = LocalStore(cache)
+    assert all(store.entry_problem(e.key) is None for e in store.scan(histories={}))  # not torn
     assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
-    assert sum(e.size for e in scan(cache)) <= 64 * 1024
+    assert sum(e.size for e in store.scan(histories={})) <= 64 * 1024
 
 
 def odd_key(c: str) -> str:
@@ -377,9 +372,10 @@ def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = "jit_train_step-" + "c" * 64
-    entry = cache / f"{key}{CACHE_SUFFIX}"
+    store = LocalStore(cache)
+    entry = store.entry_path(key)
     entry.write_bytes(zlib.compress(bytes(4) + b"x" * 4000))
-    lock = writer_lock_path(cache, key)
+    lock = store.writer_lock_path(key)
     lock.parent.mkdir(mode=0o700)
     # This test process plays the prewarm that wrote the entry and has not recorded it yet.
     with locked(lock, f"compile of {key}"):

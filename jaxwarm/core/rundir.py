@@ -53,6 +53,12 @@ def log_path(run_dir: str | Path, job: str, process: int) -> Path:
     return logs_dir(run_dir) / f"{job}-p{process}.log"
 
 
+def traceback_path(run_dir: str | Path, job: str, process: int) -> Path:
+    """The traceback of what the step factory raised in that process: kept out of the
+    process's log, which the terminal shows, and named by the one line it ends with."""
+    return logs_dir(run_dir) / f"{job}-p{process}-traceback.log"
+
+
 def reports_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "reports"
 
@@ -152,6 +158,13 @@ def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
     """What one node's staging of the cache did in one attempt of the training job
     (`jaxwarm.job.start.place.Place.attempt`): the node's other processes wait for it."""
     return stage_notes_dir(run_dir) / f"{attempt}-n{node}.json"
+
+
+def join_note_path(run_dir: str | Path, attempt: str, process: int) -> Path:
+    """That one process of one attempt of a job has reached its `jax.distributed` join (and
+    waits there): a rank whose join times out names the ranks without one. Removed once
+    the join succeeds."""
+    return Path(run_dir) / "join" / f"{attempt}-p{process}"
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

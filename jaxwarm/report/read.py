@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import RefusedFile, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, from_json, parse_json, read_lines, read_record
 from jaxwarm.core.records import (
@@ -35,8 +35,8 @@ from jaxwarm.core.rundir import (
     verify_result_path,
 )
 from jaxwarm.core.words import ranges
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import CacheStore
 
 # One line (a few hundred bytes) per training attempt of the run.
 FIRST_STEPS_CAP = 16 << 20
@@ -55,7 +55,7 @@ def load_verdicts(run_dir: str | Path) -> VerifyResult:
     path = verify_result_path(run_dir)
     try:
         text = read_bounded(path, RECORD_CAP, "a verify result")
-    except RefusedFile:
+    except RefusedFile:  # an OSError too, whose own line says what the file is instead
         raise
     except OSError as exc:
         raise ConfigError(f"{path}: the verify job wrote no result ({exc.strerror})") from None
@@ -77,13 +77,12 @@ def moved_cache_dir(report: InitReport) -> bool:
     return report.cache_dir != given
 
 
-def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
-                  key: str) -> list[str] | None:
+def since_prewarm(run_dir: str | Path | None, store: CacheStore, key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None or store is None:
+    if run_dir is None:
         return None
     path = prewarm_decision_path(run_dir)
     decision = read_record(PrewarmDecision, path) if path.is_file() else None
@@ -115,6 +114,7 @@ class PrewarmedFunctions:
     def __contains__(self, fn: FunctionRecord) -> bool:
         if fn.prewarmed or fn.key in self.keys:
             return True
+        # Without a signature on either side, the name alone decides.
         return any(None in (fn.signature, known) or known == fn.signature
                    for name, known in self.functions if name == fn.name)
 

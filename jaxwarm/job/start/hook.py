@@ -23,23 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.environment import jax_options, owned
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_UMASK
-from jaxwarm.core.records import Staging
-from jaxwarm.core.rundir import TRAIN, report_path
+from jaxwarm.core.records import TRAIN, InitReport, Staging
+from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.lookup import watch_lookups
 from jaxwarm.job.ranks import RankCoordinator, agreement_on
 from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.phases import call_after_join
-from jaxwarm.job.record.recorder import InitRecorder, InitReport
+from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.stage import node_cache_dir
 from jaxwarm.job.start.books import Books
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
+from jaxwarm.job.start.distributed import bound_trainer_joins
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.start.place import Place
-from jaxwarm.store.store import LocalStore, open_store
+from jaxwarm.store.store import open_store
 
 
 @dataclass
@@ -107,10 +109,10 @@ def recorder_installed(start: Start) -> None:
         cache_dir=options["jax_compilation_cache_dir"], init_budget_s=config.init_budget_s,
         environment={k: v for k, v in sorted(os.environ.items()) if owned(k)},
         stage=start.staging)
-    store = open_store(config.cache.dir).local
+    store = open_store(config.cache.dir)
     start.books = Books(
         config, job, store=store,
-        jax_store=LocalStore(start.staging.dir) if start.staging is not None else store,
+        jax_store=open_store(start.staging.dir) if start.staging is not None else store,
         staging=start.staging,
         guard=CacheGuard.from_options(options, config.cache.enforce, actor_of(job)))
     start.recorder = InitRecorder(
@@ -128,6 +130,12 @@ def ranks_watching(start: Start) -> None:
     watch_lookups(ranks.before_lookup, ranks.after_compile)
 
 
+def joins_bounded(start: Start) -> None:
+    """The trainer's own `jax.distributed` join, bounded (`ranks.join_timeout_s`) with one
+    line naming a rank that never came (`jaxwarm.job.start.distributed`)."""
+    bound_trainer_joins(start.config)
+
+
 def ledger_sampling(start: Start) -> None:
     """A training job's init ledger (`jaxwarm.job.record.ledger`): the phase "other" by what
     its main thread was doing, sampled from here to the end of init."""
@@ -136,11 +144,11 @@ def ledger_sampling(start: Start) -> None:
 
 
 def prefetch_after_join(start: Start) -> None:
-    """`cache.prefetch` in a training job on a local cache: it begins once the process has
-    its backend, after jax.distributed's join or at the first lowering, whichever comes
-    first (`Books.prefetch_begun`)."""
+    """`cache.prefetch` in a training job: it begins once the process has its backend,
+    after jax.distributed's join or at the first lowering, whichever comes first
+    (`Books.prefetch_begun`; a remote cache's empty manifest names nothing to load)."""
     config = start.config
-    if start.job != TRAIN or config.cache.prefetch is False or start.books.store is None:
+    if start.job != TRAIN or config.cache.prefetch is False:
         return
     start.books.wants_prefetch = True
     books, recorder = start.books, start.recorder
@@ -161,6 +169,7 @@ INSTALL: tuple[InstallStep, ...] = (
     cache_settings_applied,
     recorder_installed,
     ranks_watching,
+    joins_bounded,
     ledger_sampling,
     prefetch_after_join,
     report_at_exit,

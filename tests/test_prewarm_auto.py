@@ -103,7 +103,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
         module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
@@ -120,7 +120,7 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     # The factory reads its model sizes from a JSON beside it, while it builds the step:
     # the login node cannot know that; the prewarm job records it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):
         module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = source / "mystep" / "chunkwise.py"
@@ -147,6 +147,33 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     assert step_hit(tmp_path / "runs" / "second")
 
 
+def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path) -> None:
+    """A file the factory reads natively, or looks for and may not find (a tokenizer's
+    model, an optional override), is named in step.inputs: absent at the first launch, its
+    appearance runs the prewarm; an 8 GiB one (sparse) is signed by one stat, not read, and
+    the same file again keeps the prewarm."""
+    refused = launch(tmp_path, "refused", f"step.inputs=[{tmp_path}]", trains=False)
+    assert refused.returncode == 2 and f"jaxwarm: error: {DEMO}: step.inputs: {tmp_path}: " \
+        f"not a regular file (a directory); expected a regular file the launch can read" \
+        in refused.stderr, refused.stderr[-3000:]
+    assert not (tmp_path / "runs" / "refused").exists()
+    data = tmp_path / "data" / "tokens.bin"
+    inputs = f"step.inputs=[{data}]"
+    assert launch(tmp_path, "first", inputs, trains=False).returncode == 0
+    [record] = read_prewarms(tmp_path / "cache").values()
+    assert record.fingerprint.files[str(data)] == "absent"
+    data.parent.mkdir()
+    subprocess.run(["truncate", "-s", "8G", str(data)], check=True)
+    appeared = launch(tmp_path, "appeared", inputs, trains=False)
+    assert appeared.returncode == 0, appeared.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "appeared")
+    assert chained.prewarm and f"source: {data} changed" in chained.why, chained.why
+    assert chained.fingerprint is not None and \
+        chained.fingerprint.files[str(data)].startswith("stat:8589934592:")
+    same = launch(tmp_path, "same", inputs, trains=False)
+    assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
+
+
 def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
     leg = LEGS[0]
     if leg_python(leg)[0] is None or not ready(leg):
@@ -161,7 +188,7 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
 def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
     # The factory imports its model by a computed name: the fingerprint does not reach it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
         "from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, "

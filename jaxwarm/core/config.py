@@ -135,6 +135,10 @@ class MeshConfig:
 class StepConfig:
     factory: str
     args: dict[str, Any] = field(default_factory=dict)
+    # Files the step depends on that the prewarm cannot see its factory read (read by native
+    # code, or looked for and absent): `--prewarm auto` signs them at each launch
+    # (jaxwarm/submit/fingerprint.py). Relative to the directory the launch runs in.
+    inputs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

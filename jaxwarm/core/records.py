@@ -327,7 +327,7 @@ class Fingerprint:
     parts: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     variables: dict[str, str] = field(default_factory=dict)
-    # The files the step factory read while it built the step, by path -> content hash: the
+    # The files the step factory read while it built the step, by path -> signature: the
     # prewarm job records them (`jaxwarm.job.record.reads`); the login node cannot know them.
     reads: dict[str, str] = field(default_factory=dict)
 

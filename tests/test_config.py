@@ -17,12 +17,12 @@ from jaxwarm.core.config import (
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
     Config,
-    ConfigError,
     apply_override,
     load_config,
     parse_config,
 )
 from jaxwarm.core.entryargv import trainer_argv
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import Fingerprint, differences
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path

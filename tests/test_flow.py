@@ -17,14 +17,12 @@ from typing import Any
 import pytest
 
 from jaxwarm.cli import commands
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import job_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
-from jaxwarm.core.records import LocalJobState
+from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
 from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
     lock_path,
     metrics_path,
     pinned_config,

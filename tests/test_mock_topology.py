@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import (
     MOCK_VARIABLE,
     gpus_here,
@@ -217,7 +218,8 @@ def test_a_gpu_job_started_without_a_gpu_refuses_itself_in_one_line(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     assert "compiling for the run's layout 2x1x1" in done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"jaxwarm: error: {pinned}: topology.platform: gpu, but host "), last
+    assert last.startswith(f"jaxwarm: error: {DEMO} [{pinned}]: topology.platform: gpu, but "
+                           f"host "), last
     assert "has no GPU (JAX could not start its GPU backend: " in last
     assert "JAX mocks the other nodes, not the GPU" in last
     assert "Traceback" not in done.stderr

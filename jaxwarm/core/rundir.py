@@ -48,6 +48,12 @@ def log_path(run_dir: str | Path, job: str, process: int) -> Path:
     return Path(run_dir) / "logs" / f"{job}-p{process}.log"
 
 
+def traceback_path(run_dir: str | Path, job: str, process: int) -> Path:
+    """The traceback of what the step factory raised in that process: kept out of the
+    process's log, which the terminal shows, and named by the one line it ends with."""
+    return Path(run_dir) / "logs" / f"{job}-p{process}-traceback.log"
+
+
 def reports_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "reports"
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from jaxwarm.core.childwait import DEADLINE
-from jaxwarm.core.config import MAX_DURATION_S, Config, ConfigError
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, say
+from jaxwarm.core.config import MAX_DURATION_S, Config
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, say
 from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import RANKS, KeyPost, RankState, ReportWarning
 from jaxwarm.core.words import plural, ranges

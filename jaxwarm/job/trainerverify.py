@@ -24,12 +24,12 @@ import threading
 import time
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
-from jaxwarm.core.errors import EXIT_ERROR
+from jaxwarm.core.config import Config
+from jaxwarm.core.errors import EXIT_ERROR, ConfigError
 from jaxwarm.core.files import atomic_write
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import NOT_LOOKED_UP, Verdict, VerifyResult
-from jaxwarm.core.rundir import VERIFY, verify_result_path
+from jaxwarm.core.records import NOT_LOOKED_UP, VERIFY, Verdict, VerifyResult
+from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.jaxkey.lookup import watch_keys

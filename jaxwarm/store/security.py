@@ -19,7 +19,8 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from jaxwarm.core.config import CacheConfig, ConfigError
+from jaxwarm.core.config import CacheConfig
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR
 
 PRIVATE_MODE = PRIVATE_DIR

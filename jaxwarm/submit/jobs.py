@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.moved import moved_module
-from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
 from jaxwarm.store.staging import refuse_key_change

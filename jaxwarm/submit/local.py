@@ -33,21 +33,14 @@ from jaxwarm.core.childwait import (
     stat_fields,
     zombie_status,
 )
-from jaxwarm.core.config import Config, ConfigError, TopologyConfig
+from jaxwarm.core.config import Config, TopologyConfig
 from jaxwarm.core.environment import merge_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, error_line
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line
 from jaxwarm.core.files import atomic_write, is_held, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import LocalJobState, LocalLaunch
-from jaxwarm.core.rundir import (
-    TRAIN,
-    VERIFY,
-    local_jobs_path,
-    lock_path,
-    log_path,
-    report_path,
-)
+from jaxwarm.core.records import TRAIN, VERIFY, LocalJobState, LocalLaunch
+from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by

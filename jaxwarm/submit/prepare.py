@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
-from jaxwarm.core.config import CONFIG_CAP, Config, ConfigError, load_yaml
+from jaxwarm.core.config import Config, pinned_text
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import atomic_write, locked, read_capped
 from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural
+from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.store import CacheStore, open_store
 
@@ -63,8 +63,7 @@ def write_run_dir(config: Config, pinned: Path | None = None) -> Path:
     pinned.parent.mkdir(parents=True, exist_ok=True)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
         else "the verify job reads it; the run's own is left as it was"
-    return atomic_write(pinned, f"# Pinned by jaxwarm from {config.source}; {readers}.\n"
-                        + yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return atomic_write(pinned, pinned_text(config, readers))
 
 
 def adopt_run_dir(config: Config) -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 from jaxwarm.core.config import Config
 from jaxwarm.core.errors import EXIT_COLD, EXIT_OK
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import PrewarmDecision
-from jaxwarm.core.rundir import TRAIN, mlperf_logs, prewarm_decision_path, step_reached, unfinished
+from jaxwarm.core.records import TRAIN, PrewarmDecision
+from jaxwarm.core.rundir import mlperf_logs, prewarm_decision_path, step_reached, unfinished
 from jaxwarm.job.record import mlperf
 from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
@@ -46,7 +46,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     (`jaxwarm report`, after the launch), training that has not reached its steps too."""
     reports = load_reports(run_dir)
     store = open_store(config.cache.dir)
-    manifest = store.manifest(strict=False)
+    manifest = store.manifest(strict=False)  # a broken one is logged: the report goes on
     lines = [*decision_lines(run_dir),
              *summarize(reports, manifest, config.run.name, store, run_dir),
              *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
@@ -73,7 +73,7 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
     verdicts = with_cache_check(result.functions, bad)
     for line in format_verdicts(verdicts):
         print(line)
-    if result.trainer_s is not None:
+    if result.trainer_s is not None:  # verify --trainer: the trainer's own time was spent
         print(trainer_cost(result))
         reached = step_reached(config.run_dir)
         if not result.warm and reached is not None and reached >= config.train.steps:

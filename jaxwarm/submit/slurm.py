@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
-from jaxwarm.core.errors import UserError, error_line
+from jaxwarm.core.errors import ConfigError, UserError, error_line
 from jaxwarm.core.files import atomic_write, read_bounded, read_tail
 from jaxwarm.core.jsonio import RECORD_CAP, load_json
-from jaxwarm.core.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import slurm_dir, submitted_jobs_path
 from jaxwarm.job.start.task import TaskCommand
 from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec

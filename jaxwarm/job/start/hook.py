@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.environment import jax_options, owned
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_UMASK
-from jaxwarm.core.records import Staging
-from jaxwarm.core.rundir import TRAIN, report_path
+from jaxwarm.core.records import TRAIN, InitReport, Staging
+from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.lookup import watch_lookups
 from jaxwarm.job.ranks import RankCoordinator, agreement_on
 from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.phases import call_after_join
-from jaxwarm.job.record.recorder import InitRecorder, InitReport
+from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.stage import node_cache_dir
 from jaxwarm.job.start.books import Books
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of

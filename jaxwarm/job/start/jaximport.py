@@ -84,7 +84,7 @@ def install_now() -> None:
 
     try:
         if os.environ.get(VERIFY_TRAINER):  # jaxwarm verify --trainer (jaxwarm.job.verify)
-            from jaxwarm.core.rundir import VERIFY
+            from jaxwarm.core.records import VERIFY
             from jaxwarm.job.trainerverify import watch_trainer
             watch_trainer(install_recorder(job=VERIFY))
         else:

@@ -13,7 +13,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config, load_pinned
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import canonical_path
 from jaxwarm.store.store import open_store
 
@@ -49,4 +50,4 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     if not pinned:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
-    return load_config(pinned)
+    return load_pinned(pinned)

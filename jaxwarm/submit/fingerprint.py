@@ -52,7 +52,7 @@ from importlib.metadata import Distribution, distributions, version
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.contents import (
     LINK,
     covered,
@@ -62,7 +62,7 @@ from jaxwarm.core.contents import (
     link_record,
 )
 from jaxwarm.core.environment import job_environment, key_environment, key_variable
-from jaxwarm.core.errors import one_line
+from jaxwarm.core.errors import ConfigError, one_line
 from jaxwarm.core.records import Fingerprint
 from jaxwarm.submit.jobs import find_module, job_import_path, parse_source
 

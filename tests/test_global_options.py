@@ -45,9 +45,12 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     assert NAMED.format(job="run") in shown.stdout, shown.stdout
 
 
-def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
+def test_settings_are_named_before_the_signature_and_beside_the_components(
+        tmp_path: Path) -> None:
+    from jaxwarm.core.records import FunctionRecord
     from jaxwarm.store.manifest import ManifestEntry
-    from jaxwarm.store.misses import explain_miss
+    from jaxwarm.store.misses import MissContext
+    from jaxwarm.store.store import LocalStore
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
                "LIBTPU_INIT_ARGS": ""}
@@ -56,15 +59,18 @@ def test_settings_are_named_before_the_signature_and_beside_the_components() -> 
                           process_count=1, components={"computation": "1"}, signature="s1",
                           global_options=prewarm)
     manifest = {entry.key: entry}
+    store = LocalStore(tmp_path)
     run = {**prewarm, "jax_default_prng_impl": "unsafe_rbg", "LIBTPU_INIT_ARGS": "--x=1"}
-    other_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                               signature="s2", global_options=run)
+    def missed(signature: str, global_options: dict[str, str]) -> FunctionRecord:
+        return FunctionRecord("jit_step", None, False, components={"computation": "2"},
+                              signature=signature, global_options=global_options)
+
+    other_types = store.explain_miss(missed("s2", run), manifest, MissContext(run="r"))
     assert [line.split(" (prewarmed by")[0] for line in other_types] == [
         "jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg",
         "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1"]
-    same_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                              signature="s1", global_options=run)
+    same_types = store.explain_miss(missed("s1", run), manifest, MissContext(run="r"))
     assert same_types[:2] == other_types and "computation differs" in same_types[2]
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function of the same name" in explain_miss(
-        "jit_step", {"computation": "2"}, manifest, signature="s2")[0]
+    assert "another function of the same name" in store.explain_miss(
+        missed("s2", {}), manifest)[0]

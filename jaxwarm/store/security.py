@@ -16,6 +16,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,48 +45,60 @@ def trusted_gid(cache: CacheConfig, source: str) -> int | None:
                           f"{cache.trusted_group!r} on this machine") from None
 
 
-def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
-    """Why a cache dir with this stat is unsafe for user `uid`; None when it is safe. Pure."""
-    mode = stat.S_IMODE(info.st_mode)
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
-    if mode & stat.S_IWOTH:
-        return f"is writable by every user (mode {mode:04o})"
-    if mode & stat.S_IWGRP and info.st_gid != gid:
-        return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
-                ("and cache.trusted_group does not name it; set it to share a group directory "
-                 "on purpose" if gid is None else f"not by the trusted group (gid {gid})"))
-    if info.st_uid == uid:
-        return None
-    if gid is None:
-        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
-                f"cache.trusted_group to share a group directory on purpose")
-    if info.st_gid != gid:
-        return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the trusted "
-                f"group (gid {gid})")
-    return None
+@dataclass(frozen=True)
+class Trust:
+    """Whom a cache dir may answer to: the user `uid`, and the group `gid` the config
+    trusts (`cache.trusted_group`; None: no group). Its rules are pure (a stat in, why it
+    is unsafe out), so they are tested without another user's files."""
 
+    uid: int
+    gid: int | None
 
-def parent_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
-    """A parent others may rename in lets them swap the dir: its owner, unless that is root or
-    user `uid` (the sticky bit does not stop an owner); and, without the sticky bit, anyone
-    for a world-writable one, every member of its group for a group-writable one. A parent
-    whose group is the trusted group (`gid`) is the group's to share. Pure."""
-    mode = stat.S_IMODE(info.st_mode)
-    trusted = gid is not None and info.st_gid == gid
-    if info.st_uid not in (0, uid) and not trusted:
-        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep the "
-                f"cache under dirs you or root own" + (
-                    ")" if gid is not None else
-                    ", or set cache.trusted_group to a group that owns that dir)"))
-    if mode & stat.S_ISVTX:
+    def dir_problem(self, info: os.stat_result) -> str | None:
+        """Why a cache dir with this stat is unsafe; None when it is safe."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISDIR(info.st_mode):
+            return "is not a directory"
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
+                    ("and cache.trusted_group does not name it; set it to share a group "
+                     "directory on purpose" if gid is None
+                     else f"not by the trusted group (gid {gid})"))
+        if info.st_uid == uid:
+            return None
+        if gid is None:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
+                    f"cache.trusted_group to share a group directory on purpose")
+        if info.st_gid != gid:
+            return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the "
+                    f"trusted group (gid {gid})")
         return None
-    if mode & stat.S_IWOTH:
-        return f"is writable by every user without the sticky bit (mode {mode:04o})"
-    if mode & stat.S_IWGRP and info.st_gid != gid:
-        return (f"is writable by group {info.st_gid} without the sticky bit (mode {mode:04o}) "
-                f"and cache.trusted_group does not name that group")
-    return None
+
+    def parent_problem(self, info: os.stat_result) -> str | None:
+        """A parent others may rename in lets them swap the dir: its owner, unless that is
+        root or this user (the sticky bit does not stop an owner); and, without the sticky
+        bit, anyone for a world-writable one, every member of its group for a
+        group-writable one. A parent whose group is the trusted group is the group's to
+        share."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        trusted = gid is not None and info.st_gid == gid
+        if info.st_uid not in (0, uid) and not trusted:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep the "
+                    f"cache under dirs you or root own" + (
+                        ")" if gid is not None else
+                        ", or set cache.trusted_group to a group that owns that dir)"))
+        if mode & stat.S_ISVTX:
+            return None
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user without the sticky bit (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} without the sticky bit (mode "
+                    f"{mode:04o}) and cache.trusted_group does not name that group")
+        return None
 
 
 def write_problem(path: Path) -> str | None:
@@ -106,12 +119,11 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str,
     dir this user cannot write is refused here too, before any job starts. Returns the
     identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`.
     `key` is the config key that named the dir (`cache.stage` for a node's staged copy)."""
-    gid = trusted_gid(cache, source)
+    trust = Trust(os.geteuid(), trusted_gid(cache, source))
     path = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
-        problem = parent_problem(parent.stat(), os.geteuid(), gid) if parent.exists() \
-            else None
+        problem = trust.parent_problem(parent.stat()) if parent.exists() else None
         if problem:
             raise ConfigError(f"{source}: {key}: parent {parent} {problem}: whoever can "
                               f"rename in it can swap the cache dir for theirs, and every "
@@ -119,7 +131,7 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str,
     identity = None
     if path.exists():
         info = path.stat()
-        problem = dir_problem(info, os.geteuid(), gid)
+        problem = trust.dir_problem(info)
         if problem:
             raise ConfigError(f"{source}: {key}: {path} {problem}; refusing to run code "
                               f"from it")

@@ -18,7 +18,8 @@ from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural
 from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
-from jaxwarm.store.store import CacheStore, open_store
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,7 @@ def resolve_run(config: Config, base: Path | None = None,
     refused by a later check (a missing entrypoint, a busy run dir) must leave the run dir,
     and the pinned config that requeued jobs read, as they were.
     """
-    store = open_store(config.cache.dir).local
-    if store is not None:
-        store.check(config.cache, config.source, writing=True, base=base)
+    open_store(config.cache.dir).check(config.cache, config.source, writing=True, base=base)
     config = resolve_paths(config, base)
     refuse_small_cap(config)
     return config, (verify_config if verify else pinned_config)(config.run_dir)
@@ -56,9 +55,7 @@ def write_run_dir(config: Config, pinned: Path | None = None) -> Path:
     """Create the cache and run dirs and write the pinned config (to `pinned`, where
     `resolve_run` put it: the run's own, or a verify's); only once every check passed, and
     under the run dir's lock when launching."""
-    store = open_store(config.cache.dir).local
-    if store is not None:
-        store.prepare(config.cache, config.source)
+    open_store(config.cache.dir).prepare(config.cache, config.source)
     pinned = pinned or pinned_config(config.run_dir)
     pinned.parent.mkdir(parents=True, exist_ok=True)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
@@ -102,16 +99,14 @@ def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
     return config, path
 
 
-def prepare_cache(config: Config, cache: CacheStore, check: bool,
+def prepare_cache(config: Config, store: CacheStore, check: bool,
                   repair: bool = True) -> dict[str, str]:
     """Size-capped caches get the atime files JAX's eviction needs, and the entries this
     run's prewarm recorded are checked in full (a corrupt one is quarantined, so the job
     compiles and rewrites it instead of crashing or missing forever). Without `repair`
     (verify, which writes nothing into the cache dir) nothing is added or moved: the bad
-    entries are said and returned, by key, with why."""
-    store = cache.local
-    if store is None:
-        return {}
+    entries are said and returned, by key, with why. (A remote dir records no entries of
+    a run: nothing is checked there.)"""
     if repair and config.cache.max_size != -1:
         store.ensure_atime_files()
     if not check:

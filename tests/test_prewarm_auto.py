@@ -160,7 +160,7 @@ def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path) -> No
     data = tmp_path / "data" / "tokens.bin"
     inputs = f"step.inputs=[{data}]"
     assert launch(tmp_path, "first", inputs, trains=False).returncode == 0
-    [record] = read_prewarms(tmp_path / "cache").values()
+    [record] = LocalStore(tmp_path / "cache").prewarms().values()
     assert record.fingerprint.files[str(data)] == "absent"
     data.parent.mkdir()
     subprocess.run(["truncate", "-s", "8G", str(data)], check=True)

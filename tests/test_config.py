@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json.tool
+import os
 import shutil
 import typing
 from importlib.metadata import distributions
@@ -19,13 +20,16 @@ from jaxwarm.launcher.config import (
     Config,
     ConfigError,
     apply_override,
+    config_digest,
     load_config,
     parse_config,
 )
 from jaxwarm.launcher.entryargv import trainer_argv
+from jaxwarm.launcher.environment import PINNED_DIGEST, config_from_env
 from jaxwarm.launcher.records import Fingerprint
 from jaxwarm.launcher.submit.fingerprint import differences, fingerprint, step_sources
 from jaxwarm.launcher.submit.jobs import check_modules, job_import_path
+from jaxwarm.launcher.submit.prepare import pin_config
 from tests.conftest import DEMO, REPO, Cli
 
 
@@ -171,6 +175,39 @@ def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path,
 def test_a_newline_in_the_run_dir_is_refused() -> None:
     with pytest.raises(ConfigError, match="run.out_dir: expected a single line without control"):
         load_config(DEMO, ["run.out_dir=\"runs\\n#SBATCH --wrap=x\""])
+
+
+def test_a_jobs_pinned_config_is_read_only_as_the_launch_wrote_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every job reads the pinned config (it names the code the job imports): another
+    user's copy, one others may write, a link, or a file changed since the launch (its
+    sha256 is in the job's environment) is one line, and no job runs from it."""
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'cache'}"]))
+    written = pinned.read_bytes()
+    monkeypatch.setenv("JAXWARM_CONFIG", str(pinned))
+    monkeypatch.setenv(PINNED_DIGEST, config_digest(written))
+    assert config_from_env() == config
+
+    def refused(why: str) -> None:
+        with pytest.raises(ConfigError) as caught:
+            config_from_env()
+        assert str(caught.value).startswith(f"{pinned}: {why}"), caught.value
+
+    pinned.write_bytes(written.replace(b"factory: ", b"factory: evil_"))
+    refused("the run's pinned config is not the file the launch pinned (sha256 ")
+    pinned.write_bytes(written)
+    pinned.chmod(0o666)
+    refused("the run's pinned config is writable by other users (mode 0666); refusing to "
+            "run a job from it")
+    pinned.chmod(0o644)
+    os.chown(pinned, 12345, -1)
+    refused(f"the run's pinned config is owned by uid 12345, not by you (uid {os.geteuid()})")
+    pinned.unlink()
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_bytes(written)
+    pinned.symlink_to(theirs)
+    refused("cannot read config: not a regular file (a symlink)")
 
 
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:

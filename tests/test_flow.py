@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from jaxwarm.launcher import flow
-from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import job_environment
+from jaxwarm.launcher.config import Config, ConfigError, config_digest, load_config
+from jaxwarm.launcher.environment import PINNED_DIGEST, job_environment
 from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_FAILED
 from jaxwarm.launcher.files import LockTimeout, locked
 from jaxwarm.launcher.records import LocalJobState
@@ -68,8 +68,9 @@ class FakeBackend:
             raise ConfigError(self.busy)
 
     def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[Any]]:
-        for _, jobs in runs:  # pinned before any job is handed over
-            assert all(Path(job.env["JAXWARM_CONFIG"]).is_file() for job in jobs)
+        for _, jobs in runs:  # pinned before any job is handed over, with its checksum
+            assert all(config_digest(Path(job.env["JAXWARM_CONFIG"]).read_bytes()) ==
+                       job.env[PINNED_DIGEST] for job in jobs)
         self.calls.append("submit")
         for config, _ in runs:
             if self.logs_step is not None:

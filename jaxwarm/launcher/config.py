@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import os
 import re
+import stat
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import yaml
 
 from jaxwarm.launcher.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
 from jaxwarm.launcher.errors import ConfigError
-from jaxwarm.launcher.files import RefusedFile, read_capped
+from jaxwarm.launcher.files import RefusedFile, open_regular
 
 PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
@@ -270,16 +272,61 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
+    data, _ = _read_config(path, follow=True)
+    return parse_config(parse_yaml(_config_text(data, source), source), source, overrides)
+
+
+def load_pinned(path: str | Path, digest: str | None) -> Config:
+    """A job's pinned config (`<run dir>/config.yaml`, named by JAXWARM_CONFIG). It names the
+    code every job imports, so it is read only as the launcher left it: a regular file, not
+    through a link, owned by this user and writable by nobody else, and, when the launcher
+    gave its sha256 (`digest`, `config_digest` of what it wrote), that very file. Anything
+    else is one line."""
+    source = str(path)
+    data, info = _read_config(path, follow=False)
+    mode = stat.S_IMODE(info.st_mode)
+    problem = None
+    if info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+    elif mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by other users (mode {mode:04o})"
+    elif digest is not None and config_digest(data) != digest:
+        problem = (f"is not the file the launch pinned (sha256 {config_digest(data)[:16]}..., "
+                   f"pinned {digest[:16]}...): it was changed since")
+    if problem:
+        raise ConfigError(f"{source}: the run's pinned config {problem}; refusing to run a "
+                          f"job from it (launch again to pin it anew)")
+    return parse_config(parse_yaml(_config_text(data, source), source), source)
+
+
+def config_digest(data: bytes) -> str:
+    """The sha256 a pinned config is checked against (`load_pinned`)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_config(path: str | Path, follow: bool) -> tuple[bytes, os.stat_result]:
+    """The bytes of a config within CONFIG_CAP and the stat of the file read (`open_regular`:
+    a regular file, through a final link only with `follow`), or one line."""
     try:
-        text = read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
+        with open_regular(path, CONFIG_CAP, "a config", follow) as source:
+            info = os.fstat(source.fileno())
+            data = source.read(CONFIG_CAP + 1)
     except RefusedFile as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.why}") from None
+        raise ConfigError(f"{path}: cannot read config: {exc.why}") from None
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    if len(data) > CONFIG_CAP:
+        raise ConfigError(f"{path}: cannot read config: more than a config may be "
+                          f"({CONFIG_CAP} bytes)")
+    return data, info
+
+
+def _config_text(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                           f"offset {exc.start})") from None
-    return parse_config(parse_yaml(text, source), source, overrides)
 
 
 # Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are

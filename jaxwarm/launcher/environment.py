@@ -23,6 +23,7 @@ from jaxwarm.launcher.config import (
     Config,
     ConfigError,
     load_config,
+    load_pinned,
 )
 from jaxwarm.launcher.files import canonical_path
 from jaxwarm.launcher.store.store import open_store
@@ -51,6 +52,10 @@ PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
 # Not a variable JAX or XLA read, so no cache key changes; set for CPU ranks only (a GPU
 # rank's memory is the device's), and the config's `env` can set another value.
 CPU_RANK_VARIABLES = {"MALLOC_ARENA_MAX": "2"}
+# The sha256 of the pinned config as the launch wrote it (`config.config_digest`), set by
+# the launcher beside JAXWARM_CONFIG (`jaxwarm.launcher.submit.jobs.JobSpec.pinned`): a job
+# refuses a pinned config that is not that file (`config.load_pinned`).
+PINNED_DIGEST = "JAXWARM_CONFIG_SHA256"
 # `$NAME` or `${NAME}` in a path the node expands (cache.stage).
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
@@ -197,7 +202,9 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     The pinned copy is used as pinned: its paths were resolved once, at launch, and every
     job, rank and restart must see those very strings (on a node where part of the path is
     a symlink, e.g. autofs, resolving again gives another string, hence another cache dir).
-    Only a YAML file passed by hand, which no launch resolved, is resolved here."""
+    Only a YAML file passed by hand, which no launch resolved, is resolved here. The pinned
+    copy is read as `load_pinned` reads it: owned by this user, writable by nobody else, and
+    the file the launch wrote."""
     if isinstance(config, Config):
         return config
     if config is not None:
@@ -206,4 +213,4 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     if not pinned:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
-    return load_config(pinned)
+    return load_pinned(pinned, os.environ.get(PINNED_DIGEST))

@@ -30,7 +30,7 @@ from jaxwarm.launcher.config import Config, ConfigError, load_config
 from jaxwarm.launcher.doctor import selfcheck
 from jaxwarm.launcher.environment import dropped_variables
 from jaxwarm.launcher.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from jaxwarm.launcher.files import atomic_write
+from jaxwarm.launcher.files import atomic_write, make_dirs
 from jaxwarm.launcher.records import (
     Fingerprint,
     PrewarmDecision,
@@ -142,7 +142,8 @@ def launch(request: Request, backend: Backend) -> int:
             backend.refuse_busy(config)
         decided = []
         for (config, jobs), (_, pinned) in zip(plans, runs, strict=True):
-            write_run_dir(config, pinned)
+            digest = write_run_dir(config, pinned)
+            jobs = [job.pinned(digest) for job in jobs]
             log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
                      config.cache.dir, backend.name)
             store = open_store(config.cache.dir)  # one per run: its usage log read once
@@ -364,8 +365,8 @@ def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
     job = prewarm_job(config, pinned) if job_name == PREWARM else train_job(config, pinned)
     log_dir = slurm_dir(config.run_dir, job.name)
     with holding_run_dir(config):
-        adopt_run_dir(config)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        job = job.pinned(adopt_run_dir(config))
+        make_dirs(log_dir)
     print(render(config, job.name, job.argv, job.env, log_dir), end="")
     return EXIT_OK
 

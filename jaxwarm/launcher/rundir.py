@@ -26,6 +26,11 @@ from jaxwarm.launcher.records import PREWARM, TRAIN, VERIFY, load_json
 
 JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+# The trainer's own dirs in a run dir: what is in them is the trainer's (orbax makes and
+# renames its step dirs there), and one may be a link to a bigger file system; the run-dir
+# check (`store.security.check_run_dir`) does not walk them.
+TRAINER_DIRS = (CHECKPOINTS,)
 
 
 def pinned_config(run_dir: str | Path) -> Path:
@@ -137,7 +142,7 @@ def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS
 
 
 def metrics_path(run_dir: str | Path) -> Path:

@@ -26,7 +26,7 @@ from pathlib import Path
 from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.environment import expand_variables
 from jaxwarm.launcher.errors import one_line
-from jaxwarm.launcher.files import atomic_write, read_bounded
+from jaxwarm.launcher.files import atomic_write, make_dirs, read_bounded
 from jaxwarm.launcher.injob.place import Place
 from jaxwarm.launcher.records import RECORD_CAP, Staging, dumps, from_json, parse_json
 from jaxwarm.launcher.rundir import stage_note_path
@@ -47,7 +47,7 @@ def node_cache_dir(config: Config, place: Place) -> Staging:
     note = stage_note_path(config.run_dir, place.attempt, place.node)
     if place.local_rank == 0:
         staging = stage_node(config, place.node)
-        note.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(note.parent)
         atomic_write(note, dumps(staging, indent=1) + "\n", what="the node's staging note")
     else:
         staging = wait_for_note(config, note, place.node)

@@ -26,7 +26,7 @@ from pathlib import Path
 from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_ERROR
-from jaxwarm.launcher.files import atomic_write
+from jaxwarm.launcher.files import atomic_write, make_dirs
 from jaxwarm.launcher.injob.recorder import InitRecorder
 from jaxwarm.launcher.injob.warm import LoweredTarget, WarmDecision, judge, say
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
@@ -45,7 +45,7 @@ DONE = "jaxwarm/verify-trainer-done"
 
 def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = None) -> None:
     """Process 0's verdicts, the run's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write(path, dumps(VerifyResult(0, verdicts, trainer_s), indent=1) + "\n")
 
 

@@ -49,13 +49,18 @@ from typing import Any
 
 from jaxwarm.launcher.config import Config
 from jaxwarm.launcher.contents import content_hash, covered, installed_tops, library_dirs
-from jaxwarm.launcher.environment import job_environment, key_environment, key_variable
+from jaxwarm.launcher.environment import (
+    PINNED_DIGEST,
+    job_environment,
+    key_environment,
+    key_variable,
+)
 from jaxwarm.launcher.records import Fingerprint
 from jaxwarm.launcher.submit.jobs import find_module, job_import_path, parse_source
 from jaxwarm.launcher.words import plural
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
-RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
+RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR", PINNED_DIGEST)
 # What a step factory reads the trainer's command line through (`jaxwarm.prewarm.step`).
 ARGV_READER = "trainer_argv"
 # The most source files followed from the factory: a bound on the walk, not a limit anyone

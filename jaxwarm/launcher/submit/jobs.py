@@ -8,6 +8,7 @@ imports prewarm code.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.entryargv import PYTHON, entry_args, python_command
-from jaxwarm.launcher.environment import job_environment, merge_environment
+from jaxwarm.launcher.environment import PINNED_DIGEST, job_environment, merge_environment
 from jaxwarm.launcher.gputarget import mock_environment
 from jaxwarm.launcher.injob.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
 from jaxwarm.launcher.jaxkey.versions import version_problem
@@ -45,6 +46,11 @@ class JobSpec:
     name: str
     argv: list[str]
     env: dict[str, str]
+
+    def pinned(self, digest: str) -> JobSpec:
+        """This job with the sha256 of the pinned config it reads, as the launch wrote it
+        (`PINNED_DIGEST`): its processes refuse a config that is not that file."""
+        return dataclasses.replace(self, env={**self.env, PINNED_DIGEST: digest})
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from typing import IO
 from jaxwarm.launcher.config import Config, ConfigError, TopologyConfig
 from jaxwarm.launcher.environment import merge_environment
 from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_FAILED, error_line
-from jaxwarm.launcher.files import atomic_write, is_held, read_tail
+from jaxwarm.launcher.files import atomic_write, fresh_file, is_held, make_dirs, read_tail
 from jaxwarm.launcher.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.launcher.injob.place import process_variables
 from jaxwarm.launcher.injob.task import killed_by
@@ -138,8 +138,7 @@ class LocalJob:
             if count > 1:
                 env.update(process_variables(coordinator, count, index, job_id))
             path = log_path(self.run_dir, self.job.name, index)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sink = path.open("wb")
+            sink = fresh_file(make_dirs(path.parent) / path.name, "a job's log")
             echo = self.echo and index == 0
             proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL,

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxwarm.launcher.config import Config, ConfigError, load_config
 from jaxwarm.launcher.environment import config_from_env, resolve_paths
+from jaxwarm.launcher.files import append_line
 from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir, metrics_path
 from jaxwarm.prewarm.jobstart import job_main, start_job
 from jaxwarm.prewarm.workload import checkpoint
@@ -69,8 +70,9 @@ def parse_args(argv: list[str] | None) -> Config:
 
 
 def append_metrics(path: Path, record: dict) -> None:
-    with path.open("a") as sink:
-        sink.write(json.dumps(record) + "\n")
+    """One line of the run's metrics, appended only to a regular file (`append_line`: a link
+    planted under the name is refused, never written through)."""
+    append_line(path, json.dumps(record) + "\n", 0o644, "the trainer's metrics")
 
 
 def train(config: Config, stop: StopRequest) -> int:

@@ -42,12 +42,12 @@ from bench.common import (
     run_spec,
     table,
 )
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import job_environment, merge_environment
-from jaxwarm.launcher.rundir import PREWARM, report_path
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.jobs import prewarm_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.rundir import PREWARM, report_path
+from jaxwarm.store.manifest import read_manifest
+from jaxwarm.submit.jobs import prewarm_job
+from jaxwarm.submit.prepare import pin_config
 
 LLAMA = REPO / "configs" / "llama3-8b-64gpu.yaml"
 LAYERS = 128

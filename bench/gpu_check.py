@@ -8,7 +8,7 @@ from the repository root:
 
 The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, else
 `bench/results/<gpu>.json`. Each check runs its jobs as fresh processes, as `jaxwarm launch
---local` starts them (argv and environment from `jaxwarm.launcher.submit.jobs`, the local runner):
+--local` starts them (argv and environment from `jaxwarm.submit.jobs`, the local runner):
 
 - reference: the demo's step on 1 process x 1 GPU. verify on an empty cache (COLD, and the
   key it predicts), the prewarm job, the trainer (2 steps): the step must HIT, and the entry
@@ -74,17 +74,17 @@ from bench.common import (
     with_xla_flag,
     write_json,
 )
-from jaxwarm.launcher.config import Config, load_config
-from jaxwarm.launcher.environment import job_environment
-from jaxwarm.launcher.errors import say
-from jaxwarm.launcher.gputarget import gpus_here
-from jaxwarm.launcher.jaxkey.components import differing_components
-from jaxwarm.launcher.rundir import TRAIN, report_path, verify_result_path
-from jaxwarm.launcher.store.entries import entry_path
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest
-from jaxwarm.launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
-from jaxwarm.launcher.submit.local import run_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.environment import job_environment
+from jaxwarm.core.errors import say
+from jaxwarm.core.gputarget import gpus_here
+from jaxwarm.core.rundir import TRAIN, report_path, verify_result_path
+from jaxwarm.jaxkey.components import differing_components
+from jaxwarm.store.entries import entry_path
+from jaxwarm.store.manifest import ManifestEntry, read_manifest
+from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from jaxwarm.submit.local import run_job
+from jaxwarm.submit.prepare import pin_config
 
 DEMO = REPO / "configs" / "demo.yaml"
 STEP = "jit_train_step"
@@ -104,7 +104,7 @@ LONG_COMPILE_S = 30.0
 # Every check: every compile stored, 2 training steps, no checkpoints, the reference trainer
 # by function (a console script needs jaxwarm installed, which the device image is not).
 COMMON = ("cache.min_compile_time_secs=0", "train.steps=2", "train.checkpoint_every=0",
-          "entrypoint.command=null", "entrypoint.function=jaxwarm.prewarm.workload.trainer:main")
+          "entrypoint.command=null", "entrypoint.function=jaxwarm.workload.trainer:main")
 ONE = ("topology.nodes=1", "topology.processes_per_node=1", "topology.devices_per_process=1",
        "mesh.axes={data: 1, fsdp: 1}")
 # Two processes on the one GPU: both use GPU 0 (by the layout, process 1 would use GPU 1),
@@ -292,7 +292,7 @@ def warm_requeue(ctx: Context) -> dict[str, Any]:
 def pgle(ctx: Context) -> dict[str, Any]:
     """JAX's automatic PGLE (`pgle.enabled`): a run compiles the step, profiles it, compiles
     it again with the profile and stores that; a relaunch on the same cache must load the
-    profile-guided executable (jaxwarm/launcher/jaxkey/pgle.py). A dry run's CPU profiler gives JAX
+    profile-guided executable (jaxwarm/jaxkey/pgle.py). A dry run's CPU profiler gives JAX
     no profile, so `bench.profiled_compile` compiles the second one with a profile by hand."""
     cache = ctx.work / "pgle-cache"
     layout = [f"cache.dir={cache}", "pgle.enabled=true", "pgle.profiling_runs=3",
@@ -350,7 +350,7 @@ def mock(ctx: Context) -> dict[str, Any]:
 
 
 def agreement(ctx: Context) -> dict[str, Any]:
-    """What the ranks' protocol (`jaxwarm/launcher/injob/ranks.py`) costs per function on a warm
+    """What the ranks' protocol (`jaxwarm/job/ranks.py`) costs per function on a warm
     start, `meet` (the CPU default) against `agree` (the GPU default), by `bench.agree_cost`:
     2 processes sharing the one GPU, compiling without running (two ranks of one
     communicator cannot share a GPU; the protocol is a stat and key-value store traffic).

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.entries import CACHE_SUFFIX
 
 CLUSTER = REPO / "scripts" / "slurm-dev-cluster"
 DEVICES = 8  # the demo's data=2 x fsdp=4 mesh

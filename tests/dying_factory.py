@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from jaxwarm.prewarm.workload.chunkwise import make_train_step
+from jaxwarm.workload.chunkwise import make_train_step
 
 WRITE_EVENT = "/jax/compilation_cache/cache_misses"  # fired just before JAX writes an entry
 

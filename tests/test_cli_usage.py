@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxwarm.launcher.cli import main
+from jaxwarm.cli.main import main
 
 
 @pytest.mark.parametrize(("argv", "missing"), [

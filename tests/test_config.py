@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxwarm.launcher.config import (
+from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
@@ -24,12 +24,13 @@ from jaxwarm.launcher.config import (
     load_config,
     parse_config,
 )
-from jaxwarm.launcher.entryargv import trainer_argv
-from jaxwarm.launcher.environment import PINNED_DIGEST, config_from_env
-from jaxwarm.launcher.records import Fingerprint
-from jaxwarm.launcher.submit.fingerprint import differences, fingerprint, step_sources
-from jaxwarm.launcher.submit.jobs import check_modules, job_import_path
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.entryargv import trainer_argv
+from jaxwarm.core.environment import PINNED_DIGEST
+from jaxwarm.core.records import Fingerprint, differences
+from jaxwarm.job.start.pinned import config_from_env
+from jaxwarm.submit.fingerprint import fingerprint, step_sources
+from jaxwarm.submit.jobs import check_modules, job_import_path
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, REPO, Cli
 
 
@@ -299,7 +300,7 @@ def test_another_steps_source_files_are_not_said_changed() -> None:
     ("{command: [./run.sh, a], args: [b]}", ["./run.sh", "a", "b"]),
 ])
 def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str]) -> None:
-    """The argv a step factory reads (`jaxwarm.prewarm.step.trainer_argv`), per launch form, as the
+    """The argv a step factory reads (`jaxwarm.step.trainer_argv`), per launch form, as the
     trainer's sys.argv will be; `{config}` is the pinned config the job reads."""
     config = load_config(DEMO, [f"entrypoint={entrypoint}"])
     pinned = dataclasses.replace(config, source="PINNED")

@@ -1,8 +1,8 @@
 """A step factory that hands `step.args` to its model's own config class: a key that class does not
 take (a typo, `d_modle`) or one it needs and does not get ends the job with one line naming the
 config file, `step.args.<key>` and the factory's call, exit 2, in the prewarm job, verify and the
-trainer alike (they all build the step through `jaxwarm.prewarm.step.build_step`), not a 40-line
-traceback. `jaxwarm.prewarm.step.step_args`, the config's converter, also checks types. The pure
+trainer alike (they all build the step through `jaxwarm.step.build_step`), not a 40-line
+traceback. `jaxwarm.step.step_args`, the config's converter, also checks types. The pure
 tests build the step in this process; the e2e test runs each job once."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.rundir import verify_config
-from jaxwarm.prewarm.step import build_step
+from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.rundir import verify_config
+from jaxwarm.step import build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 FACTORY = '''
 from dataclasses import dataclass
 
-from jaxwarm.prewarm.step import step_args
+from jaxwarm.step import step_args
 
 
 @dataclass(frozen=True)

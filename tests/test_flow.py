@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher import flow
-from jaxwarm.launcher.config import Config, ConfigError, config_digest, load_config
-from jaxwarm.launcher.environment import PINNED_DIGEST, job_environment
-from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_FAILED
-from jaxwarm.launcher.files import LockTimeout, locked
-from jaxwarm.launcher.records import LocalJobState
-from jaxwarm.launcher.rundir import (
+from jaxwarm.core.config import Config, ConfigError, config_digest, load_config
+from jaxwarm.core.environment import PINNED_DIGEST, job_environment
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED
+from jaxwarm.core.files import LockTimeout, locked
+from jaxwarm.core.records import LocalJobState
+from jaxwarm.core.rundir import (
     PREWARM,
     TRAIN,
     lock_path,
@@ -31,11 +30,12 @@ from jaxwarm.launcher.rundir import (
     submitted_jobs_path,
     verify_config,
 )
-from jaxwarm.launcher.submit.backend import Outcome, recorded_backend
-from jaxwarm.launcher.submit.jobs import JobSpec
-from jaxwarm.launcher.submit.local import LocalBackend, record_states
-from jaxwarm.launcher.submit.sbatch import render
-from jaxwarm.launcher.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
+from jaxwarm.submit import flow
+from jaxwarm.submit.backend import Outcome, recorded_backend
+from jaxwarm.submit.jobs import JobSpec
+from jaxwarm.submit.local import LocalBackend, record_states
+from jaxwarm.submit.sbatch import render
+from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -283,7 +283,7 @@ def test_a_refused_submission_is_one_line_naming_what_slurm_took_before(
     nothing taken: tests/test_submit_slurm.py.)"""
     from submitit.core.utils import FailedJobError
 
-    from jaxwarm.launcher.submit.slurm import SubmitRefused, SubmittedJob, submitting
+    from jaxwarm.submit.slurm import SubmitRefused, SubmittedJob, submitting
 
     words = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
              "(connect failure)")
@@ -316,7 +316,7 @@ def test_a_failed_slurm_job_names_the_task_srun_saw_end_first(tmp_path: Path) ->
     """SLURM ends the other tasks after the first bad exit; one that lost the coordination
     service on the way may say so before it goes, and a requeued job's log keeps the earlier
     attempts: the job's cause is still the first task srun named in the last attempt."""
-    from jaxwarm.launcher.submit.slurm import SubmittedJob, why_cancelled
+    from jaxwarm.submit.slurm import SubmittedJob, why_cancelled
 
     job = SubmittedJob("train", "733_1", str(tmp_path), 0.0)
     earlier = KILLED_TASK_3.replace("task 3: Exited with exit code 1", "task 1: Killed")
@@ -354,6 +354,18 @@ class MockedSbatch:
         return lambda: f"Submitted batch job {11 + len(self.scripts)}\n".encode()
 
 
+def slurm_commands(where: Path, *names: str) -> str:
+    """A PATH of `where` holding stand-ins of SLURM's commands `names`, each failing as a
+    command that reached no controller would: SLURM need not be installed for the tests
+    that mock it (a fresh machine has no srun, and submitit's executor refuses to exist
+    without one)."""
+    where.mkdir(exist_ok=True)
+    for name in names:
+        (where / name).write_text(f"#!/bin/sh\necho '{name}: no cluster here' >&2\nexit 1\n")
+        (where / name).chmod(0o755)
+    return str(where)
+
+
 def sbatch_directives(script: str) -> dict[str, str]:
     return dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
                 if line.startswith("#SBATCH --"))
@@ -369,13 +381,15 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
 
     sbatch = MockedSbatch()
     monkeypatch.setattr(submitit.core.utils, "CommandFunction", sbatch)
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "srun") + os.pathsep +
+                       os.environ["PATH"])
     golden_config = load_config(DEMO, ["run.out_dir=/runs", "cache.dir=/shared/jax cache",
                                        "slurm.partition=gpu", "slurm.max_requeues=2",
                                        "env={WANDB_PROJECT: \"it's $HOME\"}"])
     env = job_environment(golden_config, "/runs/demo/config.yaml")
     config = dataclasses.replace(golden_config, run=dataclasses.replace(golden_config.run,
                                                                         out_dir=str(tmp_path)))
-    jobs = [JobSpec(PREWARM, ["python", "-m", "jaxwarm.prewarm.job"], env),
+    jobs = [JobSpec(PREWARM, ["python", "-m", "jaxwarm.job.prewarm"], env),
             JobSpec(TRAIN, ["jaxwarm-train"], env)]
     try:
         submitted = submit_jobs(config, jobs)
@@ -401,3 +415,19 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
                                                                              "for _v in"))]
     for script in sbatch.scripts:
         assert all(line in script.splitlines() for line in exports)
+
+
+def test_slurm_without_its_commands_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without SLURM's client commands (not a login node): `--slurm` says so in
+    one line, before the run dir or the cache exists."""
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "sbatch"))
+    request = flow.Request("launch", [str(DEMO)], [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as caught:
+        flow.launch(request, SlurmBackend())
+    assert str(caught.value) == (
+        f"{DEMO}: SLURM jobs need sbatch and srun on PATH, and srun is not here (SLURM's "
+        f"client commands are not installed on this machine): submit from a login node of "
+        f"the cluster, or run with --local")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()

@@ -46,8 +46,8 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
 
 
 def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
-    from jaxwarm.launcher.store.manifest import ManifestEntry
-    from jaxwarm.launcher.store.misses import explain_miss
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.misses import explain_miss
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
                "LIBTPU_INIT_ARGS": ""}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import YAML_MAX_DEPTH, ConfigError, load_config
-from jaxwarm.launcher.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.core.config import YAML_MAX_DEPTH, ConfigError, load_config
+from jaxwarm.store.entries import MIN_PAYLOAD_CAP
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_hostile_bundle import (
@@ -195,7 +195,7 @@ def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path
 
 def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
     """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
-    from jaxwarm.launcher.store.integrity import entry_problem
+    from jaxwarm.store.integrity import entry_problem
     path = tmp_path / f"{key(1)}-cache"
     path.write_bytes(entry_bytes(1))
     good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.versions import required
-from jaxwarm.launcher.store.bundle import BUNDLE_META
-from jaxwarm.launcher.store.manifest import ManifestEntry, manifest_path, read_manifest
+from jaxwarm.jaxkey.versions import required
+from jaxwarm.store.bundle import BUNDLE_META
+from jaxwarm.store.manifest import ManifestEntry, manifest_path, read_manifest
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import size_cap
-from jaxwarm.launcher.jaxkey.entryformat import encode_atime
-from jaxwarm.launcher.store.manifest import ManifestEntry, record_entries
-from jaxwarm.launcher.store.misses import explain_miss
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import size_cap
+from jaxwarm.jaxkey.entryformat import encode_atime
+from jaxwarm.store.manifest import ManifestEntry, record_entries
+from jaxwarm.store.misses import explain_miss
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -75,7 +75,7 @@ def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> No
 
 
 def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) -> None:
-    from jaxwarm.prewarm.job import (  # imports jax: only in the test that needs it
+    from jaxwarm.job.prewarm import (  # imports jax: only in the test that needs it
         Compiled,
         evictions,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
+from jaxwarm.core.config import ConfigError, load_config
 from tests.conftest import DEMO, REPO
 from tests.hostile import assert_refused
 

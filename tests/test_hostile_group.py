@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import GROUP_DIR, make_dir, modes_in
+from jaxwarm.core.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, FAST_STEP
-from tests.users import as_user, needs_users, two_users
-
-pytestmark = needs_users
+from tests.users import as_user, two_users
 
 
 @pytest.fixture
@@ -64,6 +62,7 @@ def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     assert len(owners) == 2  # both members wrote there
 
 
+@pytest.mark.e2e
 def test_a_parent_another_user_owns_is_refused_unless_the_group_shares_it(
         team: tuple[str, str, str, Path]) -> None:
     # The first member's dir, 0755 (nobody else may write it), holds the second member's

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.environment import job_environment, merge_environment, resolve_paths
-from jaxwarm.launcher.store.security import check_cache_dir, recheck_cache_dir
+from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store.security import check_cache_dir, recheck_cache_dir
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
@@ -122,7 +123,8 @@ SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
 from jaxwarm import enable_cache
-from jaxwarm.launcher.config import ConfigError, load_config
+from jaxwarm.core.config import ConfigError
+from jaxwarm.core.config import load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])
 enable_cache(config)

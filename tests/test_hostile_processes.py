@@ -157,7 +157,7 @@ def test_a_supervisor_sleeps_while_its_command_runs_and_wakes_when_it_ends() -> 
     command's life it is switched out a few times at most (a busier machine can only lower
     the count); then the command ends and so does the supervisor, with its status."""
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "jaxwarm.launcher.submit.supervise", "5", "--", sys.executable,
+        [sys.executable, "-m", "jaxwarm.submit.supervise", "5", "--", sys.executable,
          "-c", "import sys; print('ready', flush=True); sys.exit(len(sys.stdin.read()))"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert supervisor.stdin is not None and supervisor.stdout is not None

@@ -15,11 +15,11 @@ import time
 import zlib
 from pathlib import Path
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.records import EntryMissed, FunctionRecord, InitReport
-from jaxwarm.launcher.store.entries import entry_path, writer_lock_path
-from jaxwarm.launcher.store.integrity import (
+from jaxwarm.core.config import load_config
+from jaxwarm.core.files import locked
+from jaxwarm.core.records import EntryMissed, FunctionRecord, InitReport
+from jaxwarm.store.entries import entry_path, writer_lock_path
+from jaxwarm.store.integrity import (
     BEING_WRITTEN,
     IntegrityCheck,
     check_and_quarantine,
@@ -28,7 +28,7 @@ from jaxwarm.launcher.store.integrity import (
     record_check,
     warm_check,
 )
-from jaxwarm.launcher.store.manifest import (
+from jaxwarm.store.manifest import (
     ManifestEntry,
     latest_for_run,
     manifest_path,
@@ -36,7 +36,7 @@ from jaxwarm.launcher.store.manifest import (
     record_entries,
     uses_entries,
 )
-from jaxwarm.launcher.store.usage import append_usage
+from jaxwarm.store.usage import append_usage
 from tests.conftest import DEMO
 
 KEY = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
@@ -98,8 +98,8 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
 
 
 def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
-    from jaxwarm.launcher.injob.books import note_missed_entries
-    from jaxwarm.launcher.store.store import LocalStore
+    from jaxwarm.job.start.books import note_missed_entries
+    from jaxwarm.store.store import LocalStore
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     recorded(cache)

@@ -28,15 +28,15 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.config import CONFIG_CAP
-from jaxwarm.launcher.files import HOLDER_CAP, RefusedFile, describe_holder
-from jaxwarm.launcher.mlperf import MLPERF_LOG_CAP
-from jaxwarm.launcher.records import JSON_MAX_DEPTH, RECORD_CAP
-from jaxwarm.launcher.report import FIRST_STEPS_CAP, load_verdicts
-from jaxwarm.launcher.store.entries import ATIME_CAP
-from jaxwarm.launcher.store.manifest import MANIFEST_CAP
-from jaxwarm.launcher.store.prewarms import PREWARMS_CAP, read_prewarms
-from jaxwarm.launcher.store.usage import USAGE_CAP
+from jaxwarm.core.config import CONFIG_CAP
+from jaxwarm.core.files import HOLDER_CAP, RefusedFile, describe_holder
+from jaxwarm.core.records import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
+from jaxwarm.report.render import FIRST_STEPS_CAP, load_verdicts
+from jaxwarm.store.entries import ATIME_CAP
+from jaxwarm.store.manifest import MANIFEST_CAP
+from jaxwarm.store.prewarms import PREWARMS_CAP, read_prewarms
+from jaxwarm.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e

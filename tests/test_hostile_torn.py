@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.store.entries import CACHE_SUFFIX
+from jaxwarm.store.integrity import entry_problem
+from jaxwarm.store.manifest import manifest_path, read_manifest
 from tests.conftest import REPO, run_cli
 from tests.test_store_commands import TINY, job_args
 

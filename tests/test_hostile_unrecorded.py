@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX, writer_lock_path
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.core.files import locked
+from jaxwarm.store.entries import CACHE_SUFFIX, writer_lock_path
+from jaxwarm.store.integrity import entry_problem
+from jaxwarm.store.manifest import manifest_path, read_manifest
 from tests.conftest import run_cli
 from tests.test_store_commands import TINY, job_args
 

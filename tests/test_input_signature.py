@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.inputs import short_type
-from jaxwarm.launcher.jaxkey.logs import weak_types
-from jaxwarm.launcher.records import (
+from jaxwarm.core.records import (
     FirstStep,
     FunctionRecord,
     InitPhase,
@@ -27,9 +25,11 @@ from jaxwarm.launcher.records import (
     from_json,
     warmth,
 )
-from jaxwarm.launcher.report import PrewarmedFunctions, attempt_summaries, fold_phases
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
+from jaxwarm.jaxkey.inputs import short_type
+from jaxwarm.jaxkey.logs import weak_types
+from jaxwarm.report.render import PrewarmedFunctions, attempt_summaries, fold_phases
+from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
+from jaxwarm.store.misses import CODE_CHANGED, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
@@ -199,10 +199,11 @@ PROGRAMS = r'''
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxwarm.launcher.jaxkey.inputs import module_inputs
-from jaxwarm.launcher.jaxkey.logs import LOWERING, LOWERING_LOGGER
-from jaxwarm.launcher.records import dumps
-from jaxwarm.launcher.store.misses import input_differences
+from jaxwarm.jaxkey.inputs import module_inputs
+from jaxwarm.jaxkey.logs import LOWERING
+from jaxwarm.jaxkey.logs import LOWERING_LOGGER
+from jaxwarm.core.records import dumps
+from jaxwarm.store.misses import input_differences
 import logging
 
 avals = {}

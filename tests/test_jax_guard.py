@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.jaxkey.selfcheck import SelfCheck
-from jaxwarm.launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
-from jaxwarm.launcher.store import bundle
-from jaxwarm.launcher.store.bundle import BundleMeta, refusal
+from jaxwarm.core.config import load_config
+from jaxwarm.jaxkey.selfcheck import SelfCheck
+from jaxwarm.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
+from jaxwarm.store import bundle
+from jaxwarm.store.bundle import BundleMeta, refusal
 from testing.legs import Leg, leg_python
 from tests.conftest import DEMO, REPO
 
@@ -65,10 +65,10 @@ OVERRIDES = ("run.out_dir={tmp}", "cache.dir={tmp}/cache")
     ["-m", "jaxwarm", "prewarm", str(DEMO), "--local", *OVERRIDES],
     ["-m", "jaxwarm", "launch", str(DEMO), "--local", *OVERRIDES],
     ["-m", "jaxwarm", "doctor"],
-    ["-m", "jaxwarm.prewarm.job"],
-    ["-m", "jaxwarm.prewarm.verify"],
-    ["-m", "jaxwarm.prewarm.workload.trainer"],
-], ids=["verify", "prewarm", "launch", "doctor", "jaxwarm.prewarm.job", "jaxwarm.prewarm.verify",
+    ["-m", "jaxwarm.job.prewarm"],
+    ["-m", "jaxwarm.job.verify"],
+    ["-m", "jaxwarm.workload.trainer"],
+], ids=["verify", "prewarm", "launch", "doctor", "jaxwarm.job.prewarm", "jaxwarm.job.verify",
         "trainer"])
 @pytest.mark.e2e
 def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],

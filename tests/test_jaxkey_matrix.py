@@ -2,7 +2,7 @@
 
 For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step with the
 persistent cache on and records a manifest entry with the key and components JAX itself logged; a
-fresh RUN process, with the variation applied, asks `jaxwarm.launcher.injob.warm.judge` (prediction
+fresh RUN process, with the variation applied, asks `jaxwarm.job.warm.judge` (prediction
 only) and then really calls the step under an `InitRecorder`. Asserted per variation: the predicted
 key (and each component) is the key JAX used; WARM/COLD is JAX's hit/miss; judging neither looked up
 the cache nor compiled; a miss is explained by exactly the components measured below, which are
@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.components import differing_components
-from jaxwarm.launcher.jaxkey.versions import cache_path_in_key, release
-from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.jaxkey.components import differing_components
+from jaxwarm.jaxkey.versions import cache_path_in_key, release
+from jaxwarm.store.manifest import read_manifest
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
 # The components' initials.

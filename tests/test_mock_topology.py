@@ -16,23 +16,23 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.launcher import flow
-from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import merge_environment
-from jaxwarm.launcher.gputarget import (
+from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.gputarget import (
     MOCK_VARIABLE,
     gpus_here,
     job_topology,
     mock_options,
     mock_topology,
 )
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.launcher.store.misses import explain_miss
-from jaxwarm.launcher.submit.jobs import prewarm_job, train_job
-from jaxwarm.launcher.submit.local import LocalBackend
-from jaxwarm.launcher.submit.prepare import pin_config
-from jaxwarm.launcher.submit.sbatch import directives, render
-from jaxwarm.launcher.submit.slurm import executor_parameters, read_jobs
+from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
+from jaxwarm.store.misses import explain_miss
+from jaxwarm.submit import flow
+from jaxwarm.submit.jobs import prewarm_job, train_job
+from jaxwarm.submit.local import LocalBackend
+from jaxwarm.submit.prepare import pin_config
+from jaxwarm.submit.sbatch import directives, render
+from jaxwarm.submit.slurm import executor_parameters, read_jobs
 from tests.conftest import DEMO, REPO, TINY_CACHED, run_cli, with_xla_flag
 from tests.slurm_cluster import ensure_cluster, job_field
 
@@ -103,7 +103,7 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
     it), and the same directives on the submitit path."""
     config = mocked()
     job = prewarm_job(config, PINNED)
-    script = render(config, "prewarm", ["python", "-m", "jaxwarm.prewarm.job"], job.env,
+    script = render(config, "prewarm", ["python", "-m", "jaxwarm.job.prewarm"], job.env,
                     Path("/runs/llama3-8b/slurm/prewarm"))
     golden = GOLDEN / "prewarm-mock.sbatch"
     if os.environ.get("JAXWARM_UPDATE_GOLDEN"):
@@ -118,8 +118,8 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
 
 def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from jaxwarm.launcher.jaxkey.predict import KeyPrediction
-    from jaxwarm.prewarm.job import LoweredTarget, manifest_entry
+    from jaxwarm.jaxkey.predict import KeyPrediction
+    from jaxwarm.job.prewarm import LoweredTarget, manifest_entry
 
     monkeypatch.setenv(MOCK_VARIABLE, "2x1x1")
     monkeypatch.setenv("XLA_FLAGS", SHARD_OFF)

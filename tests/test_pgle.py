@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import job_environment
-from jaxwarm.launcher.records import RECOMPILED
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import entry_path
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment
+from jaxwarm.core.records import RECOMPILED
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.entries import entry_path
+from jaxwarm.store.manifest import read_manifest
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.cli import main
-from jaxwarm.launcher.config import ConfigError
-from jaxwarm.launcher.injob.phases import ORDER
-from jaxwarm.launcher.plot import _pyplot, draw, plot_init, size_px
-from jaxwarm.launcher.report import PrewarmedFunctions, fold_phases, load_reports
-from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.cli.main import main
+from jaxwarm.core.config import ConfigError
+from jaxwarm.core.records import ORDER
+from jaxwarm.report.plot import _pyplot, draw, plot_init, size_px
+from jaxwarm.report.render import PrewarmedFunctions, fold_phases, load_reports
+from jaxwarm.store.manifest import read_manifest
 from tests.conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -90,7 +90,7 @@ def pinned_run(tmp_path: Path) -> Path:
     shutil.copytree(RUN, run)
     (run / "config.yaml").write_text(
         f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
-        f"step: {{factory: 'jaxwarm.prewarm.workload.chunkwise:make_train_step'}}\n"
+        f"step: {{factory: 'jaxwarm.workload.chunkwise:make_train_step'}}\n"
         f"entrypoint: {{command: [jaxwarm-train]}}\n")
     return run
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.records import OVER_CAP, UNUSED, USED
-from jaxwarm.launcher.store.manifest import MANIFEST_NAME
+from jaxwarm.core.records import OVER_CAP, UNUSED, USED
+from jaxwarm.store.manifest import MANIFEST_NAME
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import PrewarmDecision, read_record
-from jaxwarm.launcher.rundir import prewarm_decision_path, report_path
-from jaxwarm.launcher.store.prewarms import read_prewarms
+from jaxwarm.core.records import PrewarmDecision, read_record
+from jaxwarm.core.rundir import prewarm_decision_path, report_path
+from jaxwarm.store.prewarms import read_prewarms
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
 
@@ -104,7 +104,7 @@ def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
-        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
     assert launch(tmp_path, "first", *factory, trains=False).returncode == 0
     model = source / "mystep" / "model.py"
@@ -121,7 +121,7 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     source = tmp_path / "src"
     shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):
-        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
         "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
@@ -163,7 +163,7 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
-        "from jaxwarm.prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
+        "from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
         "param_specs",
         "import importlib\n_model = importlib.import_module('mystep.' + 'model')\n"
         "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.records import PrewarmProgress, read_record
-from jaxwarm.launcher.report import duration, progress_line
-from jaxwarm.launcher.rundir import prewarm_progress_path
-from jaxwarm.launcher.store.entries import writer_lock_path
-from jaxwarm.launcher.store.manifest import ManifestEntry
-from jaxwarm.prewarm.progress import last_compile
+from jaxwarm.core.files import locked
+from jaxwarm.core.records import PrewarmProgress, read_record
+from jaxwarm.core.rundir import prewarm_progress_path
+from jaxwarm.core.words import duration
+from jaxwarm.job.progress import last_compile, progress_line
+from jaxwarm.store.entries import writer_lock_path
+from jaxwarm.store.manifest import ManifestEntry
 from testing.procs import wait_until
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.report import HEADLINE_LINES, load_reports, summarize
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.store import open_store
+from jaxwarm.core.rundir import report_path
+from jaxwarm.report.render import HEADLINE_LINES, load_reports, summarize
+from jaxwarm.store.store import open_store
 from testing.procs import available_gib
 from tests.conftest import DEMO, ranks_layout, run_cli
 from tests.late_factory import LATE_S

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError
-from jaxwarm.launcher.jaxkey.logs import input_elements
-from jaxwarm.launcher.records import (
+from jaxwarm.cli.cache import cache_stats, entry_rows
+from jaxwarm.core.config import ConfigError
+from jaxwarm.core.records import (
     SETTING_CHANGED,
     EntryChecked,
     EntryPruned,
@@ -30,7 +30,9 @@ from jaxwarm.launcher.records import (
     dumps,
     from_json,
 )
-from jaxwarm.launcher.report import (
+from jaxwarm.core.rundir import ReportName, first_steps_path, parse_report_path, report_path
+from jaxwarm.jaxkey.logs import input_elements
+from jaxwarm.report.render import (
     PrewarmedFunctions,
     attempt_summaries,
     first_step_lines,
@@ -45,11 +47,9 @@ from jaxwarm.launcher.report import (
     trainer_cost,
     warm_start_lines,
 )
-from jaxwarm.launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
-from jaxwarm.launcher.store.commands import cache_stats, entry_rows
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.store.store import LocalStore
-from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage, usage_path
+from jaxwarm.store.manifest import read_manifest
+from jaxwarm.store.store import LocalStore
+from jaxwarm.store.usage import append_usage, key_histories, read_usage, usage_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN, CACHE = FIXTURES / "run", FIXTURES / "cache"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import log_path
+from jaxwarm.core.rundir import log_path
 from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, snapshot
-from tests.users import as_user, needs_users, two_users
+from tests.users import as_user, two_users
 
 
 def args(tmp_path: Path, *extra: str) -> list[str]:
@@ -86,7 +86,7 @@ def test_a_run_dir_others_may_write_is_refused(tmp_path: Path, cli: Cli) -> None
 def test_a_log_is_made_afresh_never_through_a_link(tmp_path: Path) -> None:
     """What a job's log is opened with (`files.fresh_file`), should a link appear after the
     launch's check: the link is removed, the file it named is untouched."""
-    from jaxwarm.launcher.files import fresh_file
+    from jaxwarm.core.files import fresh_file
 
     yours = tmp_path / "precious.txt"
     yours.write_text("precious\n")
@@ -105,7 +105,6 @@ def users() -> Iterator[tuple[str, str, str, Path]]:
         yield made
 
 
-@needs_users
 @pytest.mark.e2e
 def test_a_run_dir_another_user_prepared_is_refused_and_their_links_never_followed(
         users: tuple[str, str, str, Path]) -> None:

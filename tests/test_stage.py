@@ -24,18 +24,18 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.injob.place import Place
-from jaxwarm.launcher.injob.stage import node_cache_dir, stage_node, wait_for_note
-from jaxwarm.launcher.records import Staging, dumps
-from jaxwarm.launcher.rundir import report_path, stage_note_path
-from jaxwarm.launcher.store.entries import entry_path, writer_lock_path
-from jaxwarm.launcher.store.integrity import recorded_entries
-from jaxwarm.launcher.store.manifest import ManifestEntry, record_entries
-from jaxwarm.launcher.store.staging import publish_entries, stage_entries, staging_problem
-from jaxwarm.launcher.store.usage import read_usage
-from jaxwarm.launcher.submit.jobs import train_job
+from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.files import locked
+from jaxwarm.core.records import Staging, dumps
+from jaxwarm.core.rundir import report_path, stage_note_path
+from jaxwarm.job.stage import node_cache_dir, stage_node, wait_for_note
+from jaxwarm.job.start.place import Place
+from jaxwarm.store.entries import entry_path, writer_lock_path
+from jaxwarm.store.integrity import recorded_entries
+from jaxwarm.store.manifest import ManifestEntry, record_entries
+from jaxwarm.store.staging import publish_entries, stage_entries, staging_problem
+from jaxwarm.store.usage import read_usage
+from jaxwarm.submit.jobs import train_job
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
@@ -277,7 +277,7 @@ def test_a_node_that_cannot_stage_reads_the_shared_dir(
 
 
 def test_a_stage_record_reads_back(tmp_path: Path) -> None:
-    from jaxwarm.launcher.records import from_json, parse_json
+    from jaxwarm.core.records import from_json, parse_json
     record = Staging(node=2, dir="/local", stager=True, copied=[STEP], bytes_copied=10)
     assert from_json(Staging, parse_json(dumps(record), "x"), "x") == record
 

@@ -11,21 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import jax_options, job_environment
-from jaxwarm.launcher.jaxkey.entryformat import function_of, split_key
-from jaxwarm.launcher.jaxkey.versions import JaxVersions
-from jaxwarm.launcher.records import EntryChecked, EntryPruned, parse_usage_line
-from jaxwarm.launcher.store import bundle
-from jaxwarm.launcher.store.bundle import BundleMeta, refusal
-from jaxwarm.launcher.store.commands import parse_age, parse_size
-from jaxwarm.launcher.store.entries import Entry
-from jaxwarm.launcher.store.prune import choose_victims
-from jaxwarm.launcher.store.security import dir_problem, parent_problem
-from jaxwarm.launcher.store.store import open_store
-from jaxwarm.launcher.store.usage import key_histories
-from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.cli.cache import parse_age, parse_size
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import jax_options, job_environment
+from jaxwarm.core.records import EntryChecked, EntryPruned, parse_usage_line
+from jaxwarm.jaxkey.entryformat import function_of, split_key
+from jaxwarm.jaxkey.versions import JaxVersions
+from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store import bundle
+from jaxwarm.store.bundle import BundleMeta, refusal
+from jaxwarm.store.entries import Entry
+from jaxwarm.store.prune import choose_victims
+from jaxwarm.store.security import dir_problem, parent_problem
+from jaxwarm.store.store import open_store
+from jaxwarm.store.usage import key_histories
+from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO
 
 
@@ -148,12 +149,13 @@ def test_every_job_gets_the_same_size_cap(tmp_path: Path) -> None:
 
 
 def test_remote_cache_dirs_turn_the_xla_sub_caches_off(tmp_path: Path) -> None:
-    config = load_config(DEMO, [f"run.out_dir={tmp_path}", "cache.dir=gs://bucket/jax-cache"])
+    config = resolve_paths(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                              "cache.dir=gs://bucket/jax-cache"]))
     assert jax_options(config)["jax_persistent_cache_enable_xla_caches"] == "none"
     env = job_environment(config, tmp_path / "config.yaml")
     assert env["JAX_COMPILATION_CACHE_DIR"] == "gs://bucket/jax-cache"
     assert env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
-    local = load_config(DEMO, [f"cache.dir={tmp_path}"])
+    local = resolve_paths(load_config(DEMO, [f"cache.dir={tmp_path}"]))
     assert jax_options(local)["jax_persistent_cache_enable_xla_caches"] == \
         "xla_gpu_per_fusion_autotune_cache_dir"
 

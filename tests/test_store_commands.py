@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.jaxkey.entryformat import ZSTD_MAGIC
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.rundir import report_path
+from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC
+from jaxwarm.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from jaxwarm.store.integrity import entry_problem
+from jaxwarm.store.manifest import read_manifest
+from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from testing.jaxproc import free_port
 from tests.conftest import DEMO, run_cli
 

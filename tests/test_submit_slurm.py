@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.rundir import report_path, step_reached
-from jaxwarm.launcher.store.entries import writer_lock_path
-from jaxwarm.launcher.submit.slurm import job_states, read_jobs
+from jaxwarm.core.files import locked
+from jaxwarm.core.rundir import report_path, step_reached
+from jaxwarm.store.entries import writer_lock_path
+from jaxwarm.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import (
     ensure_cluster,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import pinned_config, report_path, verify_config
+from jaxwarm.core.rundir import pinned_config, report_path, verify_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot

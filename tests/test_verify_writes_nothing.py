@@ -1,5 +1,5 @@
 """`jaxwarm verify` writes nothing into the cache dir: the warm decision it shares with the
-prewarm (`jaxwarm.prewarm.judge`) only reads, and what its checks find is repaired by the next
+prewarm (`jaxwarm.job.judge`) only reads, and what its checks find is repaired by the next
 prewarm. Checked on a warm cache holding the two entries that call for a repair: an intact
 entry no manifest or usage line records (verify reads it in full) and an entry a job missed
 (verify says so), with two processes (process 0's decision reaches the other without a
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import EntryMissed, dumps
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
-from jaxwarm.launcher.store.integrity import entry_problem, missed_since_check
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
-from jaxwarm.launcher.store.usage import usage_path
+from jaxwarm.core.records import EntryMissed, dumps
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.entries import CACHE_SUFFIX
+from jaxwarm.store.integrity import entry_problem, missed_since_check
+from jaxwarm.store.manifest import manifest_path, read_manifest
+from jaxwarm.store.usage import usage_path
 from tests.conftest import ranks_layout, run_cli
 from tests.test_store_commands import job_args
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from testing.legs import UV
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
@@ -77,7 +77,7 @@ def user_folder(root: Path) -> Path:
     """The demo's step factory under the user's own module name, beside the shadows."""
     root.mkdir()
     (root / "mystep.py").write_text(
-        "from jaxwarm.prewarm.workload.chunkwise import make_train_step  # noqa: F401\n")
+        "from jaxwarm.workload.chunkwise import make_train_step  # noqa: F401\n")
     for name in SHADOWS:
         (root / name).mkdir()
         (root / name / "__init__.py").write_text(
@@ -91,7 +91,7 @@ def test_the_wheel_is_one_package_that_runs_installed_beside_a_users_launcher(
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"jaxwarm", "jaxwarm-0.1.0.dist-info"}
     assert {"jaxwarm/slurm_templates/train.sbatch", "jaxwarm/slurm_templates/prewarm.sbatch",
-            "jaxwarm/launcher/injob/bootstrap/sitecustomize.py", "jaxwarm/__main__.py"} \
+            "jaxwarm/job/start/bootstrap/sitecustomize.py", "jaxwarm/__main__.py"} \
         <= set(names)
 
     venv = tmp_path / "venv"

@@ -1,7 +1,7 @@
 """Two non-root users of one group, made for a test and removed after: for the rules about
 who may write the cache dir and the run dir, which root (the suite's user here) bypasses.
-`needs_users` skips where they cannot be made; `two_users` makes them; `as_user` runs
-`jaxwarm ARGS` (or any command) as one of them."""
+`two_users` makes them (and skips the test where it cannot); `as_user` runs `jaxwarm ARGS`
+(or any command) as one of them."""
 
 from __future__ import annotations
 
@@ -24,15 +24,12 @@ SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /ro
 # The members' packages: this venv's, on PYTHONPATH (as an HPC module gives them).
 SITE = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
 
-needs_users = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists(),
-    reason="needs root, useradd and /usr/bin/python3.11 to run two non-root users")
-
-
 @contextmanager
 def two_users() -> Iterator[tuple[str, str, str, Path]]:
     """(group, first user, second user, a 0755 base dir under /tmp holding each user's home
     `home-<user>`); all removed after."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root, useradd and /usr/bin/python3.11 to run two non-root users")
     tag = f"{os.getpid() % 100000}"
     group, users = f"jwg{tag}", [f"jwa{tag}", f"jwb{tag}"]
     base = Path(tempfile.mkdtemp(prefix="jaxwarm-group-", dir="/tmp"))

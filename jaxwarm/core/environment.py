@@ -50,6 +50,9 @@ CPU_RANK_VARIABLES = {"MALLOC_ARENA_MAX": "2"}
 # the launcher beside JAXWARM_CONFIG (`jaxwarm.submit.jobs.JobSpec.pinned`): a job refuses
 # a pinned config that is not that file (`config.load_pinned`).
 PINNED_DIGEST = "JAXWARM_CONFIG_SHA256"
+# A fresh id for each `jaxwarm verify`, in its job's environment (`jaxwarm.submit.jobs`): the
+# job writes it into its result, and the command answers only from a result holding it.
+VERIFY_INVOCATION = "JAXWARM_VERIFY_INVOCATION"
 # `$NAME` or `${NAME}` in a path the node expands (cache.stage).
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 

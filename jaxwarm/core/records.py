@@ -371,6 +371,12 @@ class Verdict:
 NOT_LOOKED_UP = "-"
 
 
+def not_looked_up(functions: list[str], why: str) -> list[Verdict]:
+    """verify --trainer's COLD answer for prewarmed functions the trainer never looked up."""
+    return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
+                    explanation=[why]) for name in sorted(functions)]
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """The verify job's answer for the run: `verify/p0.json` (`rundir.verify_result_path`)."""
@@ -380,6 +386,9 @@ class VerifyResult:
     # verify --trainer: what the answer cost, seconds from the trainer's start to its last
     # prewarmed function's lookup (or to the time limit).
     trainer_s: float | None = None
+    # Which verify wrote it (`environment.VERIFY_INVOCATION`, fresh for each): the command
+    # answers only from its own job's result, never from one an earlier verify left.
+    invocation: str = ""
 
     @property
     def warm(self) -> bool:

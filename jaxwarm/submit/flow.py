@@ -26,16 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.config import Config, ConfigError, load_config
-from jaxwarm.core.environment import dropped_variables
+from jaxwarm.core.environment import VERIFY_INVOCATION, dropped_variables
 from jaxwarm.core.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.records import (
     Fingerprint,
     PrewarmDecision,
     PrewarmProgress,
+    VerifyResult,
     differences,
     dumps,
     listed,
+    not_looked_up,
     read_record,
 )
 from jaxwarm.core.rundir import (
@@ -51,6 +53,7 @@ from jaxwarm.core.rundir import (
     step_reached,
     submitted_jobs_path,
     unfinished,
+    verify_result_path,
 )
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
@@ -164,7 +167,8 @@ def launch(request: Request, backend: Backend) -> int:
             # Beside the verify job: is the key prediction its verdicts rest on exact here?
             # verify --trainer predicts nothing (it hears the keys JAX computes): no check.
             with nullcontext() if request.trainer else selfcheck(plans[0][1][0].env) as check:
-                code = finish(request, plans[0][0], backend, backend.submit(plans)[0], bad)
+                code = finish(request, plans[0][0], backend, backend.submit(plans)[0], bad,
+                              plans[0][1][0].env[VERIFY_INVOCATION])
                 return code if code == EXIT_ERROR or check is None else \
                     max(code, check.finish())
         handles = backend.submit(plans)
@@ -288,9 +292,10 @@ def plan(command: str, config: Config, pinned: Path, prewarm: bool = True,
 
 
 def finish(request: Request, config: Config, backend: Backend, handles: list[Any],
-           bad: dict[str, str] | None = None) -> int:
+           bad: dict[str, str] | None = None, invocation: str = "") -> int:
     """Follow one config's submitted jobs as the command asks, then report (verify's
-    verdicts with the entries the cache check found `bad`)."""
+    verdicts, from the result its job of `invocation` wrote, with the entries the cache
+    check found `bad`)."""
     command = request.command
     if not (backend.runs_in_foreground or request.wait or command == VERIFY):
         for line in backend.hints(config, handles):
@@ -303,7 +308,7 @@ def finish(request: Request, config: Config, backend: Backend, handles: list[Any
         return EXIT_ERROR if command == VERIFY and failed.exit_code == EXIT_FAILED \
             else failed.exit_code
     if command == VERIFY:
-        return print_verdicts(config, bad or {})
+        return print_verdicts(config, bad or {}, invocation, request.trainer)
     if command == LAUNCH:  # the job ended well, but did it train? (exit 0 before its steps)
         problem = unfinished(config.run_dir, config.train.steps)
         if problem:
@@ -423,15 +428,17 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
         print(mlperf.check_line(logs[-1], config.init_budget_s))
 
 
-def print_verdicts(config: Config, bad: dict[str, str]) -> int:
-    """Process 0's verify result, with the entries the cache check read in full and found
-    `bad` COLD: WARM/COLD lines; 0 when every function is warm, else 1."""
-    result = load_verdicts(config.run_dir)
+def print_verdicts(config: Config, bad: dict[str, str], invocation: str, trainer: bool) -> int:
+    """Process 0's verify result, the one this verify's job wrote (`invocation`), with the
+    entries the cache check read in full and found `bad` COLD: WARM/COLD lines; 0 when
+    every function is warm, else 1."""
+    result = load_verdicts(config.run_dir, invocation) or no_answer(config, trainer)
     verdicts = with_cache_check(result.functions, bad)
     for line in format_verdicts(verdicts):
         print(line)
     if result.trainer_s is not None:
         print(trainer_cost(result))
+    if trainer:
         reached = step_reached(config.run_dir)
         if not result.warm and reached is not None and reached >= config.train.steps:
             # A trainer that resumes a finished run (the demo's, after `make demo`) ends
@@ -440,3 +447,18 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
                   f"steps (its metrics reach step {reached}): a trainer that resumes it "
                   f"has nothing left to run; ask for a new run.name or more train.steps")
     return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD
+
+
+def no_answer(config: Config, trainer: bool) -> VerifyResult:
+    """The answer of a verify whose job ended well without writing one. The verify job
+    always writes one, so from it that is an error; a trainer (verify --trainer) that ended
+    before its recorder heard any prewarmed function (an exit before its first jit, or
+    before it imported jax) leaves every function this run's prewarm compiled COLD."""
+    if not trainer:
+        raise ConfigError(f"{verify_result_path(config.run_dir)}: the verify job ended without "
+                          f"writing its answer")
+    prewarmed = {entry.function
+                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
+    return VerifyResult(0, not_looked_up(list(prewarmed), (
+        "the trainer ended before it looked it up, and before it wrote any answer (it exited "
+        "before its first compile of a function the prewarm compiled)")))

@@ -18,6 +18,7 @@ import pkgutil
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,12 @@ from pathlib import Path
 
 from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
-from jaxwarm.core.environment import PINNED_DIGEST, job_environment, merge_environment
+from jaxwarm.core.environment import (
+    PINNED_DIGEST,
+    VERIFY_INVOCATION,
+    job_environment,
+    merge_environment,
+)
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import version_problem
@@ -328,7 +334,7 @@ def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:
     return JobSpec(VERIFY, [sys.executable, "-m", VERIFY_MODULE],
-                   job_environment(config, config_path))
+                   {**job_environment(config, config_path), VERIFY_INVOCATION: uuid.uuid4().hex})
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
@@ -344,4 +350,5 @@ def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
     the verify job: it runs up to the lookup of each prewarmed function
     (`jaxwarm.job.verify`)."""
     train = train_job(config, config_path)
-    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1"})
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1",
+                                        VERIFY_INVOCATION: uuid.uuid4().hex})

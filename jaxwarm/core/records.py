@@ -103,6 +103,10 @@ class FunctionRecord:
     # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
     # in full after the miss: `jaxwarm.job.start.books.note_missed_entries`); None otherwise.
     not_loaded: str | None = None
+    # Why the entry of this miss had been quarantined (before the job started, by the
+    # launch's pre-run check, or right before JAX's read: `note_missed_entries`); None
+    # otherwise.
+    quarantined: str | None = None
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxwarm.core.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
+from jaxwarm.jaxkey.entryformat import TIME_BYTES, PayloadTooBig, read_payload
 from jaxwarm.jaxkey.entryload import (
     Asked,
     Loaded,
     LoadSpec,
     deserialize,
-    payload,
     serve_lookups,
 )
 from jaxwarm.store.entries import open_entry
@@ -177,18 +177,28 @@ class Prefetch:
 
     def _read(self, item: _Item) -> tuple[bytes, int] | None:
         """The serialized executable and its compile time; None (outcome OVER_CAP) when the
-        cap does not admit its file or its serialized bytes."""
+        cap does not admit its file or its serialized bytes. The cap bounds the inflation
+        itself: it stops at the first block past what the cap could still admit."""
         with open_entry(item.path) as source:
             if not self._admit(item, os.fstat(source.fileno()).st_size):
                 item.record.outcome = OVER_CAP
                 return None
-            data = source.read()
-        serialized, compile_time = payload(data)
-        del data
-        if not self._admit(item, len(serialized)):
+            room = self._room(item)
+            try:
+                serialized, compile_time = read_payload(source, room + TIME_BYTES)
+                size = len(serialized)
+            except PayloadTooBig:
+                serialized, compile_time = b"", 0
+                size = room + 1  # past the cap: `_admit` refuses it, and takes back the file's
+        if not self._admit(item, size):
             item.record.outcome = OVER_CAP
             return None
         return serialized, compile_time
+
+    def _room(self, item: _Item) -> int:
+        """The most bytes `_admit` could admit for `item` now."""
+        with self._lock:
+            return self.report.max_size - (self._admitted - item.held)
 
     def _deserialize(self, item: _Item, serialized: bytes, compile_time: int,
                      start: float) -> None:

@@ -530,7 +530,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 global_options=fn.global_options, max_size=size_cap(report.environment),
                 xla_flags=report.environment.get("XLA_FLAGS"), store=store,
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
-                not_loaded=fn.not_loaded,
+                not_loaded=fn.not_loaded, quarantined=fn.quarantined,
                 input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
                 since_prewarm(run_dir, store, prewarmed.key)))

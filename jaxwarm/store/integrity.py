@@ -262,8 +262,9 @@ def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: 
     return checks
 
 
-def quarantine(cache_dir: str | Path, check: IntegrityCheck) -> Path | None:
-    """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh."""
+def quarantine(cache_dir: str | Path, check: IntegrityCheck, say: bool = True) -> Path | None:
+    """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh;
+    said in a line unless the caller says it (`say`)."""
     folder = make_dir(Path(cache_dir) / QUARANTINE_DIR)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     destination = folder / f"{check.key}-cache.{stamp}"
@@ -274,8 +275,32 @@ def quarantine(cache_dir: str | Path, check: IntegrityCheck) -> Path | None:
                  json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
                  + "\n", modes_in(folder)[0], what="the note of why the entry was quarantined")
     append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
-    log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
+    if say:
+        log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination
+
+
+def refuse_read(cache_dir: str | Path, key: str, repair: bool) -> bool:
+    """Right before JAX reads the entry of `key` (`jaxwarm.jaxkey.entryload.guard_reads`),
+    after every check of the launch and the job's start: is what is there now still a
+    regular file within MAX_ENTRY_BYTES, opened without following a link or blocking
+    (`open_entry`)? When it is not (a link to /dev/zero, a FIFO, planted since), it is
+    quarantined (`repair`; a verify writes nothing into the cache dir and leaves it) and
+    the answer is True: JAX's lookup is a miss, and it compiles. Said in one line."""
+    path = entry_path(cache_dir, key)
+    try:
+        with open_entry(path):
+            return False
+    except FileNotFoundError:
+        return False  # JAX's own miss
+    except NotAnEntry as exc:
+        problem = str(exc)
+    moved = quarantine(cache_dir, IntegrityCheck(key, 0, problem, False), say=False) \
+        if repair else None
+    log.warning("jaxwarm: %s: %s, put there since the job's checks; %s, and JAX's lookup of "
+                "it is a miss (it compiles instead)", path, problem,
+                f"quarantined (moved to {moved})" if moved else "not read")
+    return True
 
 
 def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,

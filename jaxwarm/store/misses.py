@@ -26,7 +26,8 @@ def explain_miss(function: str, components: dict[str, str],
                  global_options: dict[str, str] | None = None, job: str = "run",
                  max_size: int = -1, xla_flags: str | None = None,
                  store: CacheStore | None = None, looked_in: str | None = None,
-                 not_loaded: str | None = None, input_changes: list[str] | None = None,
+                 not_loaded: str | None = None, quarantined: str | None = None,
+                 input_changes: list[str] | None = None,
                  since_prewarm: list[str] | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
@@ -41,7 +42,9 @@ def explain_miss(function: str, components: dict[str, str],
     names the flags. A process that looked its entries up in another dir (`looked_in`, a
     trainer's own under cache.enforce off) than the manifest's (`store`) is told where
     the entry is, when it is there. Before all that: an entry that was there and that JAX
-    could not load (`not_loaded`: what the job's full read of it found).
+    could not load (`not_loaded`: what the job's full read of it found). An entry the
+    manifest lists that is not there was quarantined (`quarantined`, or the usage log's
+    last word on it), or pruned or deleted.
 
     `input_changes` (the job's comparison of its inputs with the prewarm's, see
     `input_differences`) comes next: inputs that differ are the cause, said as them; equal
@@ -83,6 +86,11 @@ def explain_miss(function: str, components: dict[str, str],
             store.local is not None and store.local.has_entry(closest.key):
         return [f"the manifest lists {closest.key} and its entry is in {store.dir}, but this "
                 f"process looked it up in {looked_in}"]
+    quarantined = quarantined or (_quarantined(store, closest.key) if not lines else None)
+    if not lines and quarantined is not None:
+        return [f"the manifest lists {closest.key}, but its entry was quarantined ("
+                f"{quarantined}) before this job could load it: it was compiled again; if "
+                f"this job did not write it (a size cap, a threshold), run `jaxwarm prewarm`"]
     if not lines and max_size > 0:
         return [f"the manifest lists {closest.key} but its cache entry is gone: with "
                 f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
@@ -97,6 +105,15 @@ def explain_miss(function: str, components: dict[str, str],
         "computation" in differing_components(closest.components, components) else []
     return [*settings, *code, f"prewarmed as {closest.key} by run {closest.run!r}{mocked}; "
             + lines[0], *lines[1:]]
+
+
+def _quarantined(store: CacheStore | None, key: str) -> str | None:
+    """Why the entry of `key` was quarantined, when that is why it is gone (the usage log)."""
+    local = store.local if store is not None else None
+    if local is None or local.has_entry(key):
+        return None
+    history = local.histories().get(key)
+    return history.quarantined if history is not None else None
 
 
 def inputs_line(changes: list[str]) -> str:

@@ -51,6 +51,7 @@ from jaxwarm.store.integrity import (
     quarantine,
     record_check,
     recorded_entries,
+    refuse_read,
     warm_check,
 )
 from jaxwarm.store.manifest import (
@@ -241,6 +242,11 @@ class LocalStore(CacheStore):
         return locked(path, f"compile of {key}", COMPILE_LOCK_TIMEOUT_S)
 
     # -- integrity -------------------------------------------------------------------------
+
+    def refuse_read(self, key: str, repair: bool) -> bool:
+        """Whether JAX must not read the entry of `key` now (`integrity.refuse_read`)."""
+        with self._writing():
+            return refuse_read(self.path, key, repair)
 
     def warm_check(self, key: str, *, recheck_missed: bool = False) -> WarmCheck:
         return warm_check(self.path, key, recheck_missed=recheck_missed)

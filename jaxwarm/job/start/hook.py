@@ -27,7 +27,8 @@ from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.environment import jax_options, owned
 from jaxwarm.core.files import GROUP_UMASK
 from jaxwarm.core.records import Staging
-from jaxwarm.core.rundir import TRAIN, report_path
+from jaxwarm.core.rundir import TRAIN, VERIFY, report_path
+from jaxwarm.jaxkey.entryload import guard_reads
 from jaxwarm.jaxkey.lookup import watch_lookups
 from jaxwarm.job.ranks import RankCoordinator, agreement_on
 from jaxwarm.job.record.ledger import Ledger
@@ -118,6 +119,22 @@ def recorder_installed(start: Start) -> None:
         start.recompile_warn_s, start.books).install()
 
 
+def entries_guarded(start: Start) -> None:
+    """Right before JAX itself reads an entry, whatever was checked before: the file under
+    the key must still be a regular one within the cap, opened without blocking; anything
+    else (a link to /dev/zero, a FIFO, planted after the launch's and the job's checks) is
+    quarantined (left where it is by a verify, which writes nothing into the cache dir)
+    and the lookup is a miss, in one line (`jaxwarm.store.integrity.refuse_read`). Before
+    the prefetch, which reads what it loads itself, within its own bounds."""
+    repair = start.job != VERIFY
+
+    def refuse(cache_dir: str, key: str) -> bool:
+        store = open_store(cache_dir).local
+        return store is not None and store.refuse_read(key, repair)
+
+    guard_reads(refuse)
+
+
 def ranks_watching(start: Start) -> None:
     """The ranks' meeting and agreement around each multi-process lookup
     (`jaxwarm.job.ranks`), set up before the first lookup; bound at the first lowering.
@@ -160,6 +177,7 @@ INSTALL: tuple[InstallStep, ...] = (
     node_staged,
     cache_settings_applied,
     recorder_installed,
+    entries_guarded,
     ranks_watching,
     ledger_sampling,
     prefetch_after_join,

@@ -44,6 +44,8 @@ from jax.sharding import Mesh
 from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.decode import convert
 from jaxwarm.core.entryargv import trainer_argv as _trainer_argv
+from jaxwarm.core.errors import UserError
+from jaxwarm.core.moved import moved_import, moved_module
 from jaxwarm.core.words import plural
 
 T = TypeVar("T")
@@ -175,8 +177,12 @@ def load_factory(spec: str,
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        # A module of an earlier layout (the factory's own path, or an import in it): where
+        # it is now.
+        own = exc.name is not None and f"{module_name}.".startswith(f"{exc.name}.")
+        moved = moved_module(module_name) if own else moved_import(exc)
         raise ConfigError(f"{source}: step.factory: cannot import module {module_name!r}: "
-                          f"{exc}") from None
+                          f"{moved or exc}") from None
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ConfigError(f"{source}: step.factory: module {module_name!r} has no function "
@@ -195,22 +201,40 @@ def step_args(config: Config, cls: type[T]) -> T:
     return result
 
 
+class FactoryError(UserError):
+    """The step factory raised (its call, or its module's import): one line naming the
+    factory and what it raised, that exception its cause. A job writes the cause's traceback
+    to a log of its own and ends with the line (`jaxwarm.job.start.jobstart.start_job`): the
+    user's traceback once, not streamed and then shown again as the log's last lines."""
+
+
+def factory_raised(config: Config, exc: BaseException) -> str:
+    words = " ".join(str(exc).split())
+    return (f"{config.source}: step.factory: {config.step.factory} raised "
+            f"{type(exc).__name__}" + (f": {words}" if words else ""))
+
+
 def call_factory(config: Config, mesh: Mesh | None,
                  calling: AbstractContextManager[Any] | None = None) -> Any:
     """The step factory's result. A factory that passes `step.args` on to a function or
     class that does not take them (`ModelConfig(**config.step.args)` with a typo in a key)
     ends with one line naming the config file, `step.args.<key>` and where the factory
-    made the call, not a traceback; any other error of the factory's keeps its own.
-    `calling` is entered around the call alone, after the factory's module is imported."""
-    factory = load_factory(config.step.factory, config.source)
+    made the call; a factory that cannot be imported, one line too (`load_factory`);
+    anything else the factory raises is a FactoryError. `calling` is entered around the
+    call alone, after the factory's module is imported."""
     try:
+        factory = load_factory(config.step.factory, config.source)
         with calling if calling is not None else ExitStack():
             return factory(config, mesh)
+    except UserError:
+        raise
     except TypeError as exc:
         line = argument_mismatch(exc, config)
         if line is None:
-            raise
+            raise FactoryError(factory_raised(config, exc)) from exc
         raise ConfigError(line) from None
+    except Exception as exc:
+        raise FactoryError(factory_raised(config, exc)) from exc
 
 
 def argument_mismatch(exc: TypeError, config: Config) -> str | None:

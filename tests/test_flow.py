@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jaxwarm.cli import commands
 from jaxwarm.core.config import Config, ConfigError, config_digest, load_config
 from jaxwarm.core.environment import PINNED_DIGEST, job_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED
@@ -31,7 +32,7 @@ from jaxwarm.core.rundir import (
     verify_config,
 )
 from jaxwarm.submit import flow
-from jaxwarm.submit.backend import Outcome, recorded_backend
+from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.local import LocalBackend, record_states
 from jaxwarm.submit.sbatch import render
@@ -67,23 +68,25 @@ class FakeBackend:
         if self.busy:
             raise ConfigError(self.busy)
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[Any]]:
-        for _, jobs in runs:  # pinned before any job is handed over, with its checksum
-            assert all(config_digest(Path(job.env["JAXWARM_CONFIG"]).read_bytes()) ==
-                       job.env[PINNED_DIGEST] for job in jobs)
+    def submit(self, runs: list[Run]) -> list[list[str]]:
+        for run in runs:  # pinned before any job is handed over, with its checksum
+            assert run.pinned.is_file()
+            assert all(Path(job.env["JAXWARM_CONFIG"]) == run.pinned for job in run.jobs)
+            assert all(job.env[PINNED_DIGEST] == config_digest(run.pinned.read_bytes())
+                       for job in run.jobs)
         self.calls.append("submit")
-        for config, _ in runs:
+        for run in runs:
             if self.logs_step is not None:
-                metrics_path(config.run_dir).write_text(f'{{"step": {self.logs_step}}}\n')
-        self.submitted.append([(config.run.name, [job.name for job in jobs])
-                               for config, jobs in runs])
-        return [[job.name for job in jobs] for _, jobs in runs]
+                metrics_path(run.config.run_dir).write_text(f'{{"step": {self.logs_step}}}\n')
+        self.submitted.append([(run.config.run.name, [job.name for job in run.jobs])
+                               for run in runs])
+        return [[job.name for job in run.jobs] for run in runs]  # a job's handle: its name
 
-    def follow(self, handles: list[Any]) -> list[Outcome]:
+    def follow(self, handles: list[str]) -> list[Outcome]:
         self.calls.append(f"follow {handles}")
         return [self.outcome or Outcome(name, True) for name in handles]
 
-    def hints(self, config: Config, handles: list[Any]) -> list[str]:
+    def hints(self, config: Config, handles: list[str]) -> list[str]:
         return [f"follow {config.run.name} with: fake status"]
 
     def job_lines(self, run_dir: Path) -> list[str]:
@@ -147,7 +150,7 @@ def test_a_job_that_did_not_complete_sets_the_exit_code(tmp_path: Path) -> None:
 def test_a_failed_verify_job_is_an_error_not_a_cold_verdict(tmp_path: Path) -> None:
     failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
     backend = FakeBackend(outcome=failed)
-    assert flow.launch(request(tmp_path, "verify"), backend) == EXIT_ERROR
+    assert flow.verify(request(tmp_path, "verify"), backend) == EXIT_ERROR
     assert backend.submitted == [[("demo", ["verify"])]]
 
 
@@ -160,7 +163,7 @@ def test_a_verify_leaves_the_runs_pinned_config_as_it_was(tmp_path: Path) -> Non
     asked = request(tmp_path, "verify")
     asked = flow.Request("verify", asked.configs, [*asked.overrides, "train.steps=99"])
     failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
-    assert flow.launch(asked, FakeBackend(outcome=failed)) == EXIT_ERROR
+    assert flow.verify(asked, FakeBackend(outcome=failed)) == EXIT_ERROR
     assert pinned_config(run_dir).read_bytes() == before
     assert load_config(verify_config(run_dir)).train.steps == 99
     assert load_config(pinned_config(run_dir)).train.steps != 99
@@ -189,7 +192,7 @@ def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
 
 
 def test_status_asks_the_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert flow.status(tmp_path, FakeBackend()) == 0
+    assert commands.status(tmp_path, FakeBackend()) == 0
     assert f"train job 1 RUNNING in {tmp_path.name}" in capsys.readouterr().out
 
 
@@ -200,7 +203,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     gone (no one holds the run dir) is LOST; the newer of a local and a SLURM record wins."""
     run_dir = tmp_path / "runs" / "demo"
     with pytest.raises(ConfigError, match="no jobs recorded for this run dir"):
-        flow.status(run_dir, recorded_backend(run_dir))
+        commands.status(run_dir, recorded_backend(run_dir))
     log = str(run_dir / "logs" / "prewarm-p0.log")
     run_dir.mkdir(parents=True)
     record_states(run_dir, [
@@ -213,7 +216,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     assert running[0] == f"prewarm  local        COMPLETED   2 process(es), exit 0 after " \
                          f"12.5 s  log {log}"
     assert running[1].startswith("train    local        RUNNING     2 process(es), since ")
-    assert flow.status(run_dir, backend) == 0
+    assert commands.status(run_dir, backend) == 0
     assert "train    local        LOST        its launch ended without recording how" \
         in capsys.readouterr().out
     submitted_jobs_path(run_dir).parent.mkdir()
@@ -234,14 +237,14 @@ def test_training_that_ended_before_its_steps_is_unfinished_for_launch_status_an
     run_dir = tmp_path / "runs" / "demo"
     stopped = "train: training is unfinished: it stopped at step 3 of 8"
     assert stopped in caplog.text
-    assert flow.status(run_dir, completed) == 0
+    assert commands.status(run_dir, completed) == 0
     assert stopped in capsys.readouterr().out
-    assert flow.status(run_dir, FakeBackend(train_state="RUNNING")) == 0
+    assert commands.status(run_dir, FakeBackend(train_state="RUNNING")) == 0
     assert "unfinished" not in capsys.readouterr().out
     logged = "train: training is unfinished: its last logged step is 3 of 8"
-    assert flow.status(run_dir, FakeBackend(train_state="UNKNOWN")) == 0
+    assert commands.status(run_dir, FakeBackend(train_state="UNKNOWN")) == 0
     assert logged in capsys.readouterr().out
-    assert flow.show_report(run_dir) == 0
+    assert commands.show_report(run_dir) == 0
     assert logged in capsys.readouterr().out
 
 

@@ -30,9 +30,9 @@ import pytest
 
 from jaxwarm.core.config import CONFIG_CAP
 from jaxwarm.core.files import HOLDER_CAP, RefusedFile, describe_holder
-from jaxwarm.core.records import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.core.jsonio import JSON_MAX_DEPTH, RECORD_CAP
 from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
-from jaxwarm.report.render import FIRST_STEPS_CAP, load_verdicts
+from jaxwarm.report.read import FIRST_STEPS_CAP, load_verdicts
 from jaxwarm.store.entries import ATIME_CAP
 from jaxwarm.store.manifest import MANIFEST_CAP
 from jaxwarm.store.prewarms import PREWARMS_CAP, read_prewarms

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
     FirstStep,
     FunctionRecord,
@@ -21,13 +22,12 @@ from jaxwarm.core.records import (
     InitReport,
     InputLeaf,
     InputSignature,
-    dumps,
-    from_json,
-    warmth,
 )
+from jaxwarm.core.warmth import warmth
 from jaxwarm.jaxkey.inputs import short_type
 from jaxwarm.jaxkey.logs import weak_types
-from jaxwarm.report.render import PrewarmedFunctions, attempt_summaries, fold_phases
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases
+from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
 from jaxwarm.store.misses import CODE_CHANGED, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax
@@ -202,7 +202,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxwarm.jaxkey.inputs import module_inputs
 from jaxwarm.jaxkey.logs import LOWERING
 from jaxwarm.jaxkey.logs import LOWERING_LOGGER
-from jaxwarm.core.records import dumps
+from jaxwarm.core.jsonio import dumps
 from jaxwarm.store.misses import input_differences
 import logging
 

@@ -217,7 +217,8 @@ def test_a_gpu_job_started_without_a_gpu_refuses_itself_in_one_line(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     assert "compiling for the run's layout 2x1x1" in done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"jaxwarm: error: {pinned}: topology.platform: gpu, but host "), last
+    assert last.startswith(f"jaxwarm: error: {DEMO} [{pinned}]: topology.platform: gpu, but "
+                           f"host "), last
     assert "has no GPU (JAX could not start its GPU backend: " in last
     assert "JAX mocks the other nodes, not the GPU" in last
     assert "Traceback" not in done.stderr

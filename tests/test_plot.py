@@ -16,7 +16,7 @@ from jaxwarm.cli.main import main
 from jaxwarm.core.config import ConfigError
 from jaxwarm.core.records import ORDER
 from jaxwarm.report.plot import _pyplot, draw, plot_init, size_px
-from jaxwarm.report.render import PrewarmedFunctions, fold_phases, load_reports
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases, load_reports
 from jaxwarm.store.manifest import read_manifest
 from tests.conftest import run_cli
 

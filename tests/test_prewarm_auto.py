@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.records import PrewarmDecision, read_record
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PrewarmDecision
 from jaxwarm.core.rundir import prewarm_decision_path, report_path
 from jaxwarm.store.prewarms import read_prewarms
 from testing.legs import LEGS, leg_python, ready

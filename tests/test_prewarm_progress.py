@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.files import locked
-from jaxwarm.core.records import PrewarmProgress, read_record
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PrewarmProgress
 from jaxwarm.core.rundir import prewarm_progress_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.progress import last_compile, progress_line

@@ -16,6 +16,7 @@ import pytest
 
 from jaxwarm.cli.cache import cache_stats, entry_rows
 from jaxwarm.core.config import ConfigError
+from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
     SETTING_CHANGED,
     EntryChecked,
@@ -27,21 +28,16 @@ from jaxwarm.core.records import (
     UsedFunction,
     Verdict,
     VerifyResult,
-    dumps,
-    from_json,
 )
 from jaxwarm.core.rundir import ReportName, first_steps_path, parse_report_path, report_path
 from jaxwarm.jaxkey.logs import input_elements
+from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
-    PrewarmedFunctions,
     attempt_summaries,
     first_step_lines,
     format_table,
     format_verdicts,
     function_lines,
-    load_first_steps,
-    load_reports,
-    load_verdicts,
     phase_table,
     summarize,
     trainer_cost,

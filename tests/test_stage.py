@@ -26,7 +26,8 @@ import pytest
 
 from jaxwarm.core.config import ConfigError, load_config
 from jaxwarm.core.files import locked
-from jaxwarm.core.records import Staging, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import Staging
 from jaxwarm.core.rundir import report_path, stage_note_path
 from jaxwarm.job.stage import node_cache_dir, stage_node, wait_for_note
 from jaxwarm.job.start.place import Place
@@ -277,7 +278,7 @@ def test_a_node_that_cannot_stage_reads_the_shared_dir(
 
 
 def test_a_stage_record_reads_back(tmp_path: Path) -> None:
-    from jaxwarm.core.records import from_json, parse_json
+    from jaxwarm.core.jsonio import from_json, parse_json
     record = Staging(node=2, dir="/local", stager=True, copied=[STEP], bytes_copied=10)
     assert from_json(Staging, parse_json(dumps(record), "x"), "x") == record
 

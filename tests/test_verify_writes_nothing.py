@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.records import EntryMissed, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import EntryMissed
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.entries import CACHE_SUFFIX
 from jaxwarm.store.integrity import entry_problem, missed_since_check

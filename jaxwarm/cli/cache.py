@@ -21,7 +21,8 @@ from jaxwarm.core.config import (
 )
 from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK
 from jaxwarm.core.files import canonical_path
-from jaxwarm.core.records import JobUsage, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import JobUsage
 from jaxwarm.core.words import human_age, human_size, plural
 from jaxwarm.jaxkey.entryformat import split_key
 from jaxwarm.job.start.pinned import resolve_paths

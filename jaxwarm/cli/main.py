@@ -11,12 +11,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 from jaxwarm.cli import cache as cache_commands
+from jaxwarm.cli import commands
 from jaxwarm.core.config import add_overrides_argument
 from jaxwarm.core.errors import run_main
-from jaxwarm.core.rundir import PREWARM, TRAIN
+from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey import doctor
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import choose_backend, recorded_backend
@@ -34,9 +36,18 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
                        help="submit to SLURM (default when sbatch is available)")
 
 
+def installed_version() -> str:
+    """jaxwarm's version as installed: pyproject.toml's, the one copy, from its metadata."""
+    try:
+        return metadata.version("jaxwarm")
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        return "(not installed: pip install -e . gives it its version)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxwarm", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"jaxwarm {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="prewarm the cache, then run the training job")
     _add_job_arguments(launch)
@@ -95,20 +106,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                            check_cache=not args.no_check_cache,
                            wait=getattr(args, "wait", False),
                            trainer=getattr(args, "trainer", False))
-    return flow.launch(request, choose_backend(args.backend))
+    run = flow.verify if args.command == VERIFY else flow.launch
+    return run(request, choose_backend(args.backend))
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    return flow.render_script(args.config, args.overrides, args.job)
+    return commands.render_script(args.config, args.overrides, args.job)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return flow.status(args.run_dir, recorded_backend(args.run_dir))
+    return commands.status(args.run_dir, recorded_backend(args.run_dir))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return flow.show_report(args.run_dir, as_json=args.json, show_all=args.all,
-                            plot=args.plot)
+    return commands.show_report(args.run_dir, as_json=args.json, show_all=args.all,
+                                plot=args.plot)
 
 
 def closed_stdout() -> int:

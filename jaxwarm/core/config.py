@@ -272,17 +272,35 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
     source = str(path)
+    return parse_config(parse_yaml(read_config(path), source), source, overrides)
+
+
+def read_config(path: str | Path) -> str:
     data, _ = _read_config(path, follow=True)
-    return parse_config(parse_yaml(_config_text(data, source), source), source, overrides)
+    return _config_text(data, str(path))
 
 
-def load_pinned(path: str | Path, digest: str | None) -> Config:
-    """A job's pinned config (`<run dir>/config.yaml`, named by JAXWARM_CONFIG). It names the
-    code every job imports, so it is read only as the launcher left it: a regular file, not
-    through a link, owned by this user and writable by nobody else, and, when the launcher
-    gave its sha256 (`digest`, `config_digest` of what it wrote), that very file. Anything
-    else is one line."""
-    source = str(path)
+# A pinned config's first line says who reads it and the file it was pinned from: the file
+# the user edits, which the jobs name in their errors (`pinned_text`, `load_pinned`).
+PINNED_BY = "# Pinned by jaxwarm ("
+PINNED_FROM = ") from: "
+
+
+def pinned_text(config: Config, readers: str) -> str:
+    """The text of `config` pinned into a run dir, for the jobs that read it (`readers`)."""
+    return f"{PINNED_BY}{readers}{PINNED_FROM}{config.source}\n" + \
+        yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def load_pinned(path: str | Path, digest: str | None = None) -> Config:
+    """A run's pinned config as a job reads it, naming in its errors the user's file it was
+    pinned from and, in brackets, the copy the job read (`s2s.yaml [runs/s2s/config.yaml]`);
+    a copy that does not say (pinned by an earlier jaxwarm, or by hand) names itself.
+
+    It names the code every job imports, so it is read only as the launch left it: a
+    regular file, not through a link, owned by this user and writable by nobody else, and,
+    when the launch gave its sha256 (`digest`, `config_digest` of what it wrote), that very
+    file. Anything else is one line."""
     data, info = _read_config(path, follow=False)
     mode = stat.S_IMODE(info.st_mode)
     problem = None
@@ -294,9 +312,13 @@ def load_pinned(path: str | Path, digest: str | None) -> Config:
         problem = (f"is not the file the launch pinned (sha256 {config_digest(data)[:16]}..., "
                    f"pinned {digest[:16]}...): it was changed since")
     if problem:
-        raise ConfigError(f"{source}: the run's pinned config {problem}; refusing to run a "
+        raise ConfigError(f"{path}: the run's pinned config {problem}; refusing to run a "
                           f"job from it (launch again to pin it anew)")
-    return parse_config(parse_yaml(_config_text(data, source), source), source)
+    text = _config_text(data, str(path))
+    first = text.partition("\n")[0]
+    origin = first.partition(PINNED_FROM)[2] if first.startswith(PINNED_BY) else ""
+    source = f"{origin} [{path}]" if origin else str(path)
+    return parse_config(parse_yaml(text, source), source)
 
 
 def config_digest(data: bytes) -> str:

@@ -22,6 +22,7 @@ EXIT_FAILED = 1
 # key is not exact.
 EXIT_INEXACT = 1
 # Bad input, said in one line (also an untested jax): nothing was started, written or lost.
+# A job ends with it too when its input is bad, a step factory that raised included.
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 PREFIX = "jaxwarm: error: "

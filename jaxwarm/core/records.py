@@ -1,14 +1,10 @@
 """The files jaxwarm writes and reads back, one typed record each: the init report (with its
 function records and warnings), verify's verdicts, the lines of the cache's usage log.
 
-Written with `to_json`/`dumps`, read back through `jaxwarm.core.decode.convert`, the converter
-that reads the config and the manifest: types come from the annotations, so a file with a
-missing key or a wrong type is one line naming the file (and line) and the key. Readers of
-files that many jobs write are lenient per record (`read_record`, `parse_usage_line`): a bad
-report or usage line is skipped with that line logged, never fatal to the command reading
-the others. Every file is read within a cap (`jaxwarm.core.files`: a regular file, never a link
-to /dev/zero or a FIFO) and every JSON text within a nesting cap (`load_json`). Output is
-standard JSON: no NaN or Infinity, which other tools cannot read.
+The schema only: how a record becomes JSON text and back, within caps, leniently per record
+where many jobs write one file, is `jaxwarm.core.jsonio`. Types come from the annotations,
+so a file with a missing key or a wrong type is one line naming the file (and line) and the
+key (`parse_usage_line`).
 
 Pure: both the submit side and the code inside a job import it.
 """
@@ -16,22 +12,14 @@ Pure: both the submit side and the code inside a job import it.
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import RefusedFile, read_bounded, stream_lines
+from jaxwarm.core.jsonio import from_json, parse_json
+from jaxwarm.core.warmth import NO_STEP, compiled_a_step, prewarmed_outcomes, ran_no_step, warmth
 from jaxwarm.core.words import plural
-
-log = logging.getLogger(__name__)
-
-R = TypeVar("R")
 
 # The run's three jobs, by the names their records, reports and dirs use.
 PREWARM, VERIFY, TRAIN = "prewarm", "verify", "train"
@@ -291,67 +279,6 @@ class InitReport:
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self),
                 **{name: getattr(self, name) for name in self.DERIVED}}
-
-
-def prewarmed_outcomes(functions: list[FunctionRecord]) -> tuple[list[str], dict[str, float]]:
-    """The prewarmed functions a process looked up, by name, each decided by its first
-    lookup (a later compile of other shapes, after the first step, is not the start's):
-    those that hit, and those that missed with their compile seconds."""
-    hit: list[str] = []
-    missed: dict[str, float] = {}
-    for fn in functions:
-        if fn.prewarmed and fn.key is not None and fn.name not in hit and fn.name not in missed:
-            if fn.hit:
-                hit.append(fn.name)
-            else:
-                missed[fn.name] = fn.seconds
-    return hit, missed
-
-
-# The label of a training process that ran no step (`ran_no_step`): neither warm nor cold.
-NO_STEP = "no step run"
-
-
-# JAX's default persistent-cache threshold: a compile shorter than this is a helper (a
-# checkpoint restore's identity function), not a step worth caching.
-STEP_COMPILE_S = 1.0
-
-
-def compiled_a_step(functions: list[FunctionRecord]) -> bool:
-    """Whether a process compiled (missed) anything as long as a step's compile."""
-    return any(not fn.hit and fn.seconds >= STEP_COMPILE_S for fn in functions)
-
-
-def ran_no_step(run_prewarmed: int, hit: list[str], missed: dict[str, float],
-                first_step_from: str | None, compiled: bool) -> bool:
-    """A training process of a run with prewarmed functions that looked up none of them,
-    compiled nothing of a step's size (`compiled_a_step`) and was not told of a step by its
-    trainer (mark_first_step) ran no step: e.g. a relaunch of a finished run, whose trainer
-    resumes at its last step and trains nothing. Its lookups (a checkpoint restore's small
-    helpers) say nothing of the prewarm. One that compiled a step-sized program (a step
-    renamed since its prewarm, so none of the prewarmed names is looked up) ran a program
-    the prewarm did not cover, and is labelled by its lookups (`cold`)."""
-    return (run_prewarmed > 0 and not hit and not missed and not compiled
-            and first_step_from != "trainer")
-
-
-def warmth(hit: list[str], missed: dict[str, float], hits: int, lookups: int) -> str:
-    """The one label of a training attempt (report table, headline, plot, status, JSON):
-    `warm` only when every prewarmed function it looked up hit, `partly warm (1 of 2
-    prewarmed functions hit: jit_train_step compiled 52.0 s)`, or `cold`. Without a
-    prewarmed function among its lookups, `cold` when none hit, else it says that nothing
-    was prewarmed, with its lookups; with no lookup at all (the cache off), nothing."""
-    if not hit and not missed:
-        if not lookups:
-            return ""
-        return "cold" if not hits else f"no prewarm on record ({hits} of {lookups} lookups hit)"
-    if not missed:
-        return "warm"
-    if not hit:
-        return "cold"
-    compiled = ", ".join(f"{name} compiled {seconds:.1f} s" for name, seconds in missed.items())
-    return (f"partly warm ({len(hit)} of {len(hit) + len(missed)} prewarmed functions hit: "
-            f"{compiled})")
 
 
 @dataclass(frozen=True)
@@ -663,135 +590,5 @@ class FirstStep:
         return warmth(self.prewarmed_hit, self.prewarmed_missed, self.hits, self.lookups)
 
 
-# -- reading and writing --------------------------------------------------------------------
-
-def to_json(data: Any) -> Any:
-    """Records (alone, or in lists and dicts) as plain JSON data, derived fields included."""
-    if hasattr(data, "to_json"):
-        return data.to_json()
-    if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        return dataclasses.asdict(data)
-    if isinstance(data, (list, tuple)):
-        return [to_json(item) for item in data]
-    if isinstance(data, dict):
-        return {key: to_json(value) for key, value in data.items()}
-    return data
-
-
-def dumps(data: Any, **options: Any) -> str:
-    """Standard JSON text of records or plain data: a NaN or infinity is a ValueError here,
-    not a file other tools cannot parse."""
-    return json.dumps(to_json(data), allow_nan=False, **options)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not standard JSON")
-
-
-# No record jaxwarm writes nests a tenth as deep; Python's parser gives up near 1000 levels.
-JSON_MAX_DEPTH = 64
-# Every record jaxwarm keeps in a run dir (an init report, verify's result, the prewarm
-# decision and progress, a node's staging note, the submitted jobs): its biggest, a report
-# of thousands of functions, is far below this.
-RECORD_CAP = 16 << 20
-
-
-def load_json(text: str | bytes) -> Any:
-    """JSON text as data, or ValueError: not JSON, NaN or Infinity (not standard JSON), or
-    nested more than JSON_MAX_DEPTH levels deep (never a RecursionError)."""
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        level: list[Any] = [[]]
-    else:
-        level, depth = _containers([data]), 0
-        while level and depth < JSON_MAX_DEPTH:  # level by level: no recursion here either
-            depth += 1
-            level = _containers([child for node in level for child in
-                                 (node.values() if isinstance(node, dict) else node)])
-    if level:
-        raise ValueError(f"nested more than {JSON_MAX_DEPTH} levels deep")
-    return data
-
-
-def _containers(nodes: list[Any]) -> list[Any]:
-    return [node for node in nodes if isinstance(node, (dict, list))]
-
-
-def parse_json(text: str, source: str) -> Any:
-    """JSON text as data, or ConfigError naming `source` (`load_json`)."""
-    try:
-        return load_json(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source}: not valid JSON ({exc})") from None
-
-
-def from_json(cls: type[R], data: Any, source: str) -> R:
-    """A record of type `cls` from parsed JSON, through the config's converter (ConfigError
-    naming `source` and the key when it does not fit); derived fields are dropped first."""
-    if isinstance(data, dict):
-        derived = getattr(cls, "DERIVED", ())
-        data = {k: v for k, v in data.items() if k not in derived}
-    return convert(cls, data, "", source)
-
-
-_warned: set[str] = set()
-
-
-def read_lines(path: Path, parse: Callable[[str, str], R], cap: int, what: str,
-               keep: Callable[[str], bool] | None = None) -> list[R]:
-    """The records of a JSON-lines file that many jobs append to, in order: `parse(line,
-    source)` each, streamed (`files.stream_lines`: a regular file of at most `cap` bytes).
-    A line that is not a record (a torn last line of a job killed mid-write, a line from
-    another tool) is skipped with one log line naming the file and line, and a file that is
-    not a regular one within its cap is read as empty with one line, once per command.
-    With `keep`, only the lines it accepts are parsed."""
-    records = []
-    try:
-        for number, line in enumerate(stream_lines(path, cap, what), 1):
-            if keep is not None and not keep(line):
-                continue
-            try:
-                records.append(parse(line, f"{path}:{number}"))
-            except ConfigError as exc:
-                warn_once(f"skipping {exc}")
-    except FileNotFoundError:
-        return []
-    except RefusedFile as exc:
-        warn_once(f"skipping {exc}")  # the line of a refused append (`usage.append_usage`)
-        return []
-    except OSError as exc:
-        warn_once(f"skipping {path}: cannot read it ({exc.strerror})")
-        return []
-    return records
-
-
-def warn_once(line: str) -> None:
-    """Log `line` once per process: one command (or job) reads a log, or a broken manifest,
-    more than once, and says what is wrong with it once."""
-    if line not in _warned:
-        _warned.add(line)
-        log.warning("%s", line)
-
-
 def parse_first_step(line: str, source: str) -> FirstStep:
     return from_json(FirstStep, parse_json(line, source), source)
-
-
-def read_record(cls: type[R], path: Path, cap: int = RECORD_CAP,
-                what: str = "a jaxwarm record") -> R | None:
-    """The record in the file at `path`, or None: silently when there is none, with one
-    line naming the file and what is wrong when it is unreadable, not a regular file within
-    `cap` bytes (`files.read_bounded`), or not a `cls`: one bad file among many (a job killed
-    while writing, a file from another version, a planted link) never stops the reader."""
-    try:
-        return from_json(cls, parse_json(read_bounded(path, cap, what), str(path)), str(path))
-    except FileNotFoundError:
-        pass
-    except RefusedFile as exc:
-        log.warning("skipping %s", exc)
-    except OSError as exc:
-        log.warning("skipping %s: cannot read it (%s)", path, exc.strerror)
-    except ConfigError as exc:
-        log.warning("skipping %s", exc)
-    return None

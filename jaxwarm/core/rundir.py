@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxwarm.core.files import read_tail
-from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, load_json
+from jaxwarm.core.jsonio import load_json
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 
 JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"
@@ -50,6 +51,12 @@ def lock_path(run_dir: str | Path) -> Path:
 
 def log_path(run_dir: str | Path, job: str, process: int) -> Path:
     return Path(run_dir) / "logs" / f"{job}-p{process}.log"
+
+
+def traceback_path(run_dir: str | Path, job: str, process: int) -> Path:
+    """The traceback of what the step factory raised in that process: kept out of the
+    process's log, which the terminal shows, and named by the one line it ends with."""
+    return Path(run_dir) / "logs" / f"{job}-p{process}-traceback.log"
 
 
 def reports_dir(run_dir: str | Path) -> Path:

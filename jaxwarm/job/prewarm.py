@@ -29,13 +29,8 @@ from dataclasses import dataclass
 
 from jaxwarm.core.config import Config
 from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK
-from jaxwarm.core.records import (
-    InputSignature,
-    PrewarmDecision,
-    PrewarmProgress,
-    PrewarmRecord,
-    read_record,
-)
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import InputSignature, PrewarmDecision, PrewarmProgress, PrewarmRecord
 from jaxwarm.core.rundir import PREWARM, prewarm_decision_path
 from jaxwarm.core.words import plural
 from jaxwarm.jaxkey.entryformat import function_of

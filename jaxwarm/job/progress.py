@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from jaxwarm.core.files import atomic_write
-from jaxwarm.core.records import PrewarmProgress, dumps
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import PrewarmProgress
 from jaxwarm.core.rundir import prewarm_progress_path
 from jaxwarm.core.words import duration
 from jaxwarm.store.manifest import ManifestEntry

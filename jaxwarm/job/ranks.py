@@ -41,7 +41,8 @@ from typing import NoReturn
 
 from jaxwarm.core.config import MAX_DURATION_S, Config, ConfigError
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, say
-from jaxwarm.core.records import RANKS, KeyPost, RankState, ReportWarning, dumps, from_json
+from jaxwarm.core.jsonio import dumps, from_json
+from jaxwarm.core.records import RANKS, KeyPost, RankState, ReportWarning
 from jaxwarm.core.words import plural, ranges
 from jaxwarm.jaxkey.components import PER_PROCESS, differing_components, likely_causes
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError

@@ -27,7 +27,8 @@ from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.environment import expand_variables
 from jaxwarm.core.errors import one_line
 from jaxwarm.core.files import atomic_write, make_dirs, read_bounded
-from jaxwarm.core.records import RECORD_CAP, Staging, dumps, from_json, parse_json
+from jaxwarm.core.jsonio import RECORD_CAP, dumps, from_json, parse_json
+from jaxwarm.core.records import Staging
 from jaxwarm.core.rundir import stage_note_path
 from jaxwarm.core.words import plural
 from jaxwarm.job.start.place import Place

@@ -27,7 +27,8 @@ from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.environment import VERIFY_INVOCATION
 from jaxwarm.core.errors import EXIT_ERROR
 from jaxwarm.core.files import atomic_write, make_dirs
-from jaxwarm.core.records import Verdict, VerifyResult, dumps, not_looked_up
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import Verdict, VerifyResult, not_looked_up
 from jaxwarm.core.rundir import VERIFY, verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError

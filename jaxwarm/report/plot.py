@@ -16,7 +16,7 @@ from typing import Any
 
 from jaxwarm.core.config import ConfigError
 from jaxwarm.core.records import ORDER, InitReport
-from jaxwarm.report.render import PrewarmedFunctions, fold_owners, fold_phases
+from jaxwarm.report.read import PrewarmedFunctions, fold_owners, fold_phases
 
 # Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
 DPI = 100

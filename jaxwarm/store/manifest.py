@@ -19,7 +19,8 @@ from typing import Any
 from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import ConfigError, UserError
 from jaxwarm.core.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
-from jaxwarm.core.records import InputSignature, load_json, warn_once
+from jaxwarm.core.jsonio import load_json, warn_once
+from jaxwarm.core.records import InputSignature
 from jaxwarm.store.entries import is_entry_key
 
 log = logging.getLogger(__name__)

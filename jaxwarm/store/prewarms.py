@@ -15,7 +15,8 @@ from pathlib import Path
 
 from jaxwarm.core.config import ConfigError
 from jaxwarm.core.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
-from jaxwarm.core.records import PrewarmRecord, dumps, from_json, parse_json
+from jaxwarm.core.jsonio import dumps, from_json, parse_json
+from jaxwarm.core.records import PrewarmRecord
 
 log = logging.getLogger(__name__)
 

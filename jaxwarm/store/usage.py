@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxwarm.core.config import Config
 from jaxwarm.core.files import RefusedFile, append_line, locked, modes_in
+from jaxwarm.core.jsonio import dumps, read_lines, to_json, warn_once
 from jaxwarm.core.records import (
     EntryChecked,
     EntryMissed,
@@ -26,11 +27,7 @@ from jaxwarm.core.records import (
     JobUsage,
     UsageRecord,
     UsedFunction,
-    dumps,
     parse_usage_line,
-    read_lines,
-    to_json,
-    warn_once,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +83,7 @@ def read_usage(cache_dir: str | Path,
                keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
     """The usage log in order, streamed within USAGE_CAP; a line that is not a usage record
     (or a log that is not a regular file within the cap) is skipped with one log line
-    (`records.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
+    (`jsonio.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
     check of one key must not pay for parsing a log with one line per job ever run."""
     return read_lines(usage_path(cache_dir), parse_usage_line, USAGE_CAP, "a usage log", keep)
 

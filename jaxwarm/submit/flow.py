@@ -17,67 +17,28 @@ have found everything warm.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from contextlib import ExitStack, nullcontext
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from jaxwarm.core.config import Config, ConfigError, load_config
 from jaxwarm.core.environment import VERIFY_INVOCATION, dropped_variables
-from jaxwarm.core.errors import EXIT_COLD, EXIT_ERROR, EXIT_FAILED, EXIT_OK
-from jaxwarm.core.files import atomic_write, make_dirs
-from jaxwarm.core.records import (
-    Fingerprint,
-    PrewarmDecision,
-    PrewarmProgress,
-    VerifyResult,
-    differences,
-    dumps,
-    listed,
-    not_looked_up,
-    read_record,
-)
-from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
-    VERIFY,
-    local_jobs_path,
-    mlperf_logs,
-    pinned_config,
-    prewarm_decision_path,
-    prewarm_progress_path,
-    slurm_dir,
-    step_reached,
-    submitted_jobs_path,
-    unfinished,
-    verify_result_path,
-)
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from jaxwarm.core.files import atomic_write
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import Fingerprint, PrewarmDecision, differences, listed
+from jaxwarm.core.rundir import PREWARM, TRAIN, prewarm_decision_path, unfinished
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
-from jaxwarm.job.progress import progress_line
-from jaxwarm.job.record import mlperf
-from jaxwarm.report.render import (
-    PrewarmedFunctions,
-    attempt_summaries,
-    first_step_lines,
-    format_table,
-    format_verdicts,
-    load_first_steps,
-    load_reports,
-    load_verdicts,
-    missing_train_report,
-    phase_table,
-    summarize,
-    trainer_cost,
-    warm_start_lines,
-    with_cache_check,
-)
 from jaxwarm.store.integrity import FULL_CHECK_BYTES
 from jaxwarm.store.store import CacheStore, open_store
-from jaxwarm.submit.backend import Backend
+from jaxwarm.submit.backend import Backend, Outcome, Run
 from jaxwarm.submit.fingerprint import changed_reads, fingerprint
 from jaxwarm.submit.jobs import (
     JobSpec,
@@ -87,21 +48,16 @@ from jaxwarm.submit.jobs import (
     verify_job,
     verify_trainer_job,
 )
-from jaxwarm.submit.prepare import (
-    adopt_run_dir,
-    holding_run_dir,
-    prepare_cache,
-    resolve_run,
-    write_run_dir,
-)
-from jaxwarm.submit.sbatch import render
-from jaxwarm.submit.slurm import ACTIVE_STATES
+from jaxwarm.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
+from jaxwarm.submit.results import print_report, print_verdicts
 
 log = logging.getLogger(__name__)
 
 LAUNCH = "launch"
 ALWAYS, AUTO, NEVER = "always", "auto", "never"
 PREWARM_MODES = (ALWAYS, AUTO, NEVER)
+
+H = TypeVar("H")  # a backend's handle on a submitted job: the flow hands it back unread
 
 
 @dataclass(frozen=True)
@@ -120,64 +76,99 @@ class Request:
     trainer: bool = False
 
 
-def launch(request: Request, backend: Backend) -> int:
-    """The whole flow; the exit code of the command (the worst of its configs)."""
+def launch(request: Request, backend: Backend[H]) -> int:
+    """`jaxwarm launch` and `jaxwarm prewarm` (one config or several): the whole flow; the
+    exit code of the command (the worst of its configs)."""
+    configs = checked_configs(request, backend)
+    resolved = [resolve_run(config) for config in configs]
+    refuse_shared_run_dirs([config for config, _ in resolved])
+    runs = [Run(config, pinned, plan(request.command, config, pinned,
+                                     request.prewarm != NEVER))
+            for config, pinned in resolved]
+    say_dropped(runs)
+    prints = {run.config.run_dir: fingerprint(run.config, run.pinned, backend.name)
+              for run in runs}
+    with holding(runs, backend):
+        decided = []
+        for run in runs:
+            config = run.config
+            run, store = pinned_store(run, backend)
+            prepare_cache(config, store, request.check_cache, repair=True)
+            decision = decide_prewarm(request, config, store, prints[config.run_dir])
+            write_decision(config.run_dir, decision)
+            local = store.local
+            if decision.keys and local is not None:  # as if its own prewarm found them
+                manifest = local.manifest(strict=False)
+                local.uses_entries([manifest[key] for key in decision.keys
+                                    if key in manifest], config.run.name)
+            decided.append(dataclasses.replace(run, jobs=[
+                job for job in run.jobs if job.name != PREWARM or decision.prewarm]))
+        handles = backend.submit(decided)
+        return max(finish(request, run.config, backend, jobs)
+                   for run, jobs in zip(decided, handles, strict=True))
+
+
+def verify(request: Request, backend: Backend[H]) -> int:
+    """`jaxwarm verify` (one config): the verify job (`verify --trainer`: the trainer's own
+    run) asks about a would-be run and writes nothing of the run's own: its config is pinned
+    beside its verdicts, the cache is checked but not repaired, no prewarm is decided. Exit 0
+    when every function is warm, EXIT_COLD when one is not, EXIT_ERROR when the job gave no
+    answer."""
+    [config] = checked_configs(request, backend)
+    config, pinned = resolve_run(config, verify=True)
+    run = Run(config, pinned, [verify_trainer_job(config, pinned) if request.trainer
+                               else verify_job(config, pinned)])
+    say_dropped([run])
+    with holding([run], backend):
+        run, store = pinned_store(run, backend)
+        bad = prepare_cache(config, store, request.check_cache, repair=False)
+        # Beside the verify job: is the key prediction its verdicts rest on exact here?
+        # verify --trainer predicts nothing (it hears the keys JAX computes): no check.
+        with nullcontext() if request.trainer else selfcheck(run.jobs[0].env) as check:
+            [handles] = backend.submit([run])
+            code = finish_verify(config, backend, handles, bad,
+                                 run.jobs[0].env[VERIFY_INVOCATION], request.trainer)
+            return code if code == EXIT_ERROR or check is None else max(code, check.finish())
+
+
+def checked_configs(request: Request, backend: Backend[H]) -> list[Config]:
+    """Every config loaded and checked (its step and entrypoint modules, the backend's
+    machines) before anything is written or started."""
     if len(request.configs) > 1 and request.command != PREWARM:
         raise ConfigError(f"{request.configs[1]}: '{request.command}' takes one config "
                           f"(only 'prewarm' takes several); overrides look like KEY.SUB=VALUE")
-    # Every config is checked and every job built before anything is written or started.
     configs = [load_config(path, request.overrides) for path in request.configs]
     for config in configs:
         check_modules(config)
         backend.refuse_platform(config)
-    runs = [resolve_run(config, verify=request.command == VERIFY) for config in configs]
-    refuse_shared_run_dirs([config for config, _ in runs])
-    plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER,
-                           request.trainer))
-             for config, pinned in runs]
-    say_dropped(sorted({name for _, jobs in plans for job in jobs
-                        for name in dropped_variables(os.environ, job.env)}))
-    prints = {config.run_dir: fingerprint(config, pinned, backend.name)
-              for config, pinned in runs} if request.command != VERIFY else {}
+    return configs
+
+
+@contextmanager
+def holding(runs: list[Run], backend: Backend[H]) -> Iterator[None]:
+    """Every run dir locked for the launch's whole life, and none busy with the jobs of an
+    earlier launch (asked under the lock, so no other launch can start them meanwhile)."""
     with ExitStack() as held:
-        for config, _ in plans:
-            held.enter_context(holding_run_dir(config))
-            backend.refuse_busy(config)
-        decided = []
-        for (config, jobs), (_, pinned) in zip(plans, runs, strict=True):
-            digest = write_run_dir(config, pinned)
-            jobs = [job.pinned(digest) for job in jobs]
-            log.info("%s: run dir %s, cache %s, on %s", config.source, config.run_dir,
-                     config.cache.dir, backend.name)
-            store = open_store(config.cache.dir)  # one per run: its usage log read once
-            bad = prepare_cache(config, store, request.check_cache,
-                                repair=request.command != VERIFY)
-            if request.command != VERIFY:
-                decision = decide_prewarm(request, config, store, prints[config.run_dir])
-                write_decision(config.run_dir, decision)
-                local = store.local
-                if decision.keys and local is not None:  # as if its own prewarm found them
-                    manifest = local.manifest(strict=False)
-                    local.uses_entries([manifest[key] for key in decision.keys
-                                        if key in manifest], config.run.name)
-                jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
-            decided.append((config, jobs))
-        plans = decided
-        if request.command == VERIFY:
-            # Beside the verify job: is the key prediction its verdicts rest on exact here?
-            # verify --trainer predicts nothing (it hears the keys JAX computes): no check.
-            with nullcontext() if request.trainer else selfcheck(plans[0][1][0].env) as check:
-                code = finish(request, plans[0][0], backend, backend.submit(plans)[0], bad,
-                              plans[0][1][0].env[VERIFY_INVOCATION])
-                return code if code == EXIT_ERROR or check is None else \
-                    max(code, check.finish())
-        handles = backend.submit(plans)
-        return max(finish(request, config, backend, jobs)
-                   for (config, _), jobs in zip(plans, handles, strict=True))
+        for run in runs:
+            held.enter_context(holding_run_dir(run.config))
+            backend.refuse_busy(run.config)
+        yield
 
 
-def say_dropped(names: list[str]) -> None:
+def pinned_store(run: Run, backend: Backend[H]) -> tuple[Run, CacheStore]:
+    """The run dir written (the pinned config) once every check passed: the run, its jobs
+    given the sha256 of what was pinned (`JobSpec.pinned`), and the run's store."""
+    digest = write_run_dir(run.config, run.pinned)
+    log.info("%s: run dir %s, cache %s, on %s", run.config.source, run.config.run_dir,
+             run.config.cache.dir, backend.name)
+    pinned = dataclasses.replace(run, jobs=[job.pinned(digest) for job in run.jobs])
+    return pinned, open_store(run.config.cache.dir)  # one per run: its usage log read once
+
+
+def say_dropped(runs: list[Run]) -> None:
     """One line naming the variables of the launching shell the jobs do not get."""
+    names = sorted({name for run in runs for job in run.jobs
+                    for name in dropped_variables(os.environ, job.env)})
     if names:
         log.warning("the shell's %s %s not passed on to the jobs: jaxwarm gives every job its "
                     "own (set them in the config's xla_flags, jax or env section)",
@@ -258,16 +249,6 @@ def write_decision(run_dir: Path, decision: PrewarmDecision) -> None:
     atomic_write(prewarm_decision_path(run_dir), dumps(decision, indent=1) + "\n")
 
 
-def decision_lines(run_dir: Path) -> list[str]:
-    """What the latest launch decided about its prewarm job, for the report."""
-    path = prewarm_decision_path(run_dir)
-    decision = read_record(PrewarmDecision, path)
-    if decision is None:
-        return []
-    return [f"prewarm job: {'ran' if decision.prewarm else 'skipped'} "
-            f"(--prewarm {decision.mode}): {decision.why}"]
-
-
 def refuse_shared_run_dirs(configs: list[Config]) -> None:
     """Two configs of one `prewarm` in one run dir would pin over each other's config."""
     seen: dict[Path, Config] = {}
@@ -279,186 +260,50 @@ def refuse_shared_run_dirs(configs: list[Config]) -> None:
                               f"run.name")
 
 
-def plan(command: str, config: Config, pinned: Path, prewarm: bool = True,
-         trainer: bool = False) -> list[JobSpec]:
-    """The jobs of a command, in order; each starts only when the one before completed.
-    Every job is built before any starts, so a missing entrypoint stops the launch first."""
-    if command == VERIFY:
-        return [verify_trainer_job(config, pinned) if trainer else verify_job(config, pinned)]
+def plan(command: str, config: Config, pinned: Path, prewarm: bool = True) -> list[JobSpec]:
+    """The jobs of `launch` or `prewarm`, in order; each starts only when the one before
+    completed. Every job is built before any starts, so a missing entrypoint stops the
+    launch first."""
     jobs = [prewarm_job(config, pinned)] if prewarm or command == PREWARM else []
     if command == LAUNCH:
         jobs.append(train_job(config, pinned))
     return jobs
 
 
-def finish(request: Request, config: Config, backend: Backend, handles: list[Any],
-           bad: dict[str, str] | None = None, invocation: str = "") -> int:
-    """Follow one config's submitted jobs as the command asks, then report (verify's
-    verdicts, from the result its job of `invocation` wrote, with the entries the cache
-    check found `bad`)."""
-    command = request.command
-    if not (backend.runs_in_foreground or request.wait or command == VERIFY):
+def finish(request: Request, config: Config, backend: Backend[H], handles: list[H]) -> int:
+    """Follow one config's submitted jobs as the command asks, then report."""
+    if not (backend.runs_in_foreground or request.wait):
         for line in backend.hints(config, handles):
             print(line)
         return EXIT_OK
-    outcomes = backend.follow(handles)
-    failed = next((outcome for outcome in outcomes if not outcome.ok), None)
+    failed = first_failure(backend, handles)
     if failed is not None:
-        log.error("%s", failed.detail)
-        return EXIT_ERROR if command == VERIFY and failed.exit_code == EXIT_FAILED \
-            else failed.exit_code
-    if command == VERIFY:
-        return print_verdicts(config, bad or {}, invocation, request.trainer)
-    if command == LAUNCH:  # the job ended well, but did it train? (exit 0 before its steps)
+        return failed.exit_code
+    if request.command == LAUNCH:  # the jobs ended well, but did it train? (exit 0 early)
         problem = unfinished(config.run_dir, config.train.steps)
         if problem:
             log.error("%s: %s", TRAIN, problem)
             return EXIT_FAILED
-    print_report(config.run_dir, config, trained=command == LAUNCH)
+    print_report(config.run_dir, config, trained=request.command == LAUNCH)
     return EXIT_OK
 
 
-def status(run_dir: Path, backend: Backend | None) -> int:
-    """`jaxwarm status`: the state of each job of the run dir's latest launch, as its
-    backend (`backend.recorded_backend`: local or SLURM) recorded them, what a running
-    prewarm job compiles, then each training attempt's init summary."""
-    lines = backend.job_lines(run_dir) if backend is not None else []
-    if not lines:
-        raise ConfigError(f"{run_dir}: no jobs recorded for this run dir (a launch records "
-                          f"them: {local_jobs_path(run_dir).name} locally, "
-                          f"{submitted_jobs_path(run_dir).relative_to(run_dir)} on SLURM)")
-    for line in lines + prewarm_progress(run_dir, lines) + \
-            attempt_summaries(load_reports(run_dir)):
-        print(line)
-    pinned = pinned_config(run_dir)
-    train = job_state(lines, TRAIN)
-    if pinned.is_file() and train is not None and train not in ACTIVE_STATES:
-        # sacct says COMPLETED for a trainer that exits 0 early (its requeues ran out)
-        problem = unfinished(run_dir, load_config(pinned).train.steps,
-                             ended=train != "UNKNOWN")
-        if problem:
-            print(f"{TRAIN}: {problem}")
-    return EXIT_OK
+def finish_verify(config: Config, backend: Backend[H], handles: list[H],
+                  bad: dict[str, str], invocation: str, trainer: bool) -> int:
+    """Wait for the verify job (its verdicts are the command's answer, on every backend),
+    then print those it wrote (`invocation`) with the entries the cache check found `bad`."""
+    failed = first_failure(backend, handles)
+    if failed is not None:
+        # A job that failed gave no verdicts: an error, not the EXIT_COLD of a cold answer.
+        return EXIT_ERROR if failed.exit_code == EXIT_FAILED else failed.exit_code
+    return print_verdicts(config, bad, invocation, trainer)
 
 
-def job_state(job_lines: list[str], name: str) -> str | None:
-    """The state of the run's latest job `name` in the backend's job lines (SLURM's
-    `<name> job <id> <state> ...`, the local runner's `<name> local <state> ...`); None if
-    it has none."""
-    states = [words[3] if words[1] == "job" else words[2]
-              for words in map(str.split, job_lines)
-              if len(words) > 3 and words[0] == name and words[1] in ("job", "local")]
-    return states[-1] if states else None
+def first_failure(backend: Backend[H], handles: list[H]) -> Outcome | None:
+    """Wait until the jobs ended; the first that did not complete, logged, or None."""
+    failed = next((outcome for outcome in backend.follow(handles) if not outcome.ok), None)
+    if failed is not None:
+        log.error("%s", failed.detail)
+    return failed
 
 
-def prewarm_progress(run_dir: Path, job_lines: list[str]) -> list[str]:
-    """For a prewarm job that is running: what it compiles, since when, and its ETA (its
-    process 0 keeps `prewarm-progress.json` up to date)."""
-    running = job_state(job_lines, PREWARM) == "RUNNING"
-    path = prewarm_progress_path(run_dir)
-    progress = read_record(PrewarmProgress, path) if running else None
-    if progress is None or progress.done:
-        return []
-    return [f"  {progress_line(progress, now=time.time())}"]
-
-
-def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
-    """`jaxwarm render`: print a job's sbatch script. Of the run dir it writes only what the
-    script needs into a new one (pinned config, log folder), never over a run that exists
-    (`adopt_run_dir`)."""
-    config, pinned = resolve_run(load_config(config_path, overrides))
-    job = prewarm_job(config, pinned) if job_name == PREWARM else train_job(config, pinned)
-    log_dir = slurm_dir(config.run_dir, job.name)
-    with holding_run_dir(config):
-        job = job.pinned(adopt_run_dir(config))
-        make_dirs(log_dir)
-    print(render(config, job.name, job.argv, job.env, log_dir), end="")
-    return EXIT_OK
-
-
-def show_report(run_dir: Path, as_json: bool = False, show_all: bool = False,
-                plot: Path | None = None) -> int:
-    """`jaxwarm report`: a run's init reports, as the table or as one JSON list; with
-    `plot`, also its init phases drawn into a PNG."""
-    if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir}: no such run dir (expected <out_dir>/<run name>)")
-    if plot is not None:
-        from jaxwarm.report.plot import plot_init, plot_path
-
-        plot_path(plot, run_dir)
-        config = load_config(pinned_config(run_dir))
-        plot_init(load_reports(run_dir),
-                  PrewarmedFunctions.of(open_store(config.cache.dir).manifest(strict=False)),
-                  config.init_budget_s, plot, f"run {config.run.name}")
-        log.info("init phases drawn into %s", plot)
-    if as_json:
-        print(dumps(load_reports(run_dir), indent=1))
-        return EXIT_OK
-    pinned = pinned_config(run_dir)
-    if not (pinned.exists() or pinned.is_symlink()):  # anything else there: load_config says
-        raise ConfigError(f"{run_dir}: no {pinned.name}: not a run dir made by jaxwarm")
-    print_report(run_dir, load_config(pinned), show_all=show_all, looking_back=True)
-    return EXIT_OK
-
-
-def print_report(run_dir: Path, config: Config, show_all: bool = False,
-                 trained: bool = False, looking_back: bool = False) -> None:
-    """The headline first (the prewarmed targets: hit or why not), then the table. A training
-    job that ran and wrote no report is said as that, with what it means; `looking_back`
-    (`jaxwarm report`, after the launch), training that has not reached its steps too."""
-    reports = load_reports(run_dir)
-    store = open_store(config.cache.dir)
-    manifest = store.manifest(strict=False)
-    lines = [*decision_lines(run_dir),
-             *summarize(reports, manifest, config.run.name, store, run_dir),
-             *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
-    if trained:
-        lines += missing_train_report(reports)
-    if looking_back:  # `jaxwarm report`: a training job may have stopped early, or still run
-        problem = unfinished(run_dir, config.train.steps, ended=False)
-        lines += [f"{TRAIN}: {problem}"] if problem else []
-    for line in lines:
-        print(line)
-    targets = PrewarmedFunctions.of(manifest)
-    print(format_table(reports, targets, config.cache.min_compile_time_secs, show_all))
-    for line in phase_table(reports, targets):
-        print(line)
-    logs = mlperf_logs(run_dir)
-    if config.report.mlperf and logs:  # the latest attempt's: its init against MLPerf's own checker
-        print(mlperf.check_line(logs[-1], config.init_budget_s))
-
-
-def print_verdicts(config: Config, bad: dict[str, str], invocation: str, trainer: bool) -> int:
-    """Process 0's verify result, the one this verify's job wrote (`invocation`), with the
-    entries the cache check read in full and found `bad` COLD: WARM/COLD lines; 0 when
-    every function is warm, else 1."""
-    result = load_verdicts(config.run_dir, invocation) or no_answer(config, trainer)
-    verdicts = with_cache_check(result.functions, bad)
-    for line in format_verdicts(verdicts):
-        print(line)
-    if result.trainer_s is not None:
-        print(trainer_cost(result))
-    if trainer:
-        reached = step_reached(config.run_dir)
-        if not result.warm and reached is not None and reached >= config.train.steps:
-            # A trainer that resumes a finished run (the demo's, after `make demo`) ends
-            # at its checkpoint before any step: COLD here says nothing of a new run.
-            print(f"verify --trainer: run {config.run.name} has done its {config.train.steps} "
-                  f"steps (its metrics reach step {reached}): a trainer that resumes it "
-                  f"has nothing left to run; ask for a new run.name or more train.steps")
-    return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD
-
-
-def no_answer(config: Config, trainer: bool) -> VerifyResult:
-    """The answer of a verify whose job ended well without writing one. The verify job
-    always writes one, so from it that is an error; a trainer (verify --trainer) that ended
-    before its recorder heard any prewarmed function (an exit before its first jit, or
-    before it imported jax) leaves every function this run's prewarm compiled COLD."""
-    if not trainer:
-        raise ConfigError(f"{verify_result_path(config.run_dir)}: the verify job ended without "
-                          f"writing its answer")
-    prewarmed = {entry.function
-                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
-    return VerifyResult(0, not_looked_up(list(prewarmed), (
-        "the trainer ended before it looked it up, and before it wrote any answer (it exited "
-        "before its first compile of a function the prewarm compiled)")))

@@ -34,6 +34,7 @@ from jaxwarm.core.environment import (
     merge_environment,
 )
 from jaxwarm.core.gputarget import mock_environment
+from jaxwarm.core.moved import moved_module
 from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
@@ -119,6 +120,9 @@ def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleS
     """Where `module` is, found without importing it or its parent packages."""
     found = find_module(module)
     if found is None:
+        if moved := moved_module(module):
+            raise ConfigError(f"{config.source}: {key}: module {module!r} was not found: "
+                              f"{moved}")
         where = " or the config's env PYTHONPATH" if "PYTHONPATH" in config.env else ""
         raise ConfigError(f"{config.source}: {key}: module {module!r} was not found "
                           f"(is it installed in {sys.executable}{where}?)")

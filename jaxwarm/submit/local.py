@@ -31,7 +31,8 @@ from jaxwarm.core.environment import merge_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, error_line
 from jaxwarm.core.files import atomic_write, fresh_file, is_held, make_dirs, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
-from jaxwarm.core.records import LocalJobState, LocalLaunch, dumps, read_record
+from jaxwarm.core.jsonio import dumps, read_record
+from jaxwarm.core.records import LocalJobState, LocalLaunch
 from jaxwarm.core.rundir import (
     TRAIN,
     VERIFY,
@@ -43,7 +44,7 @@ from jaxwarm.core.rundir import (
 from jaxwarm.core.words import duration
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
-from jaxwarm.submit.backend import Outcome
+from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec
 
 log = logging.getLogger(__name__)
@@ -268,8 +269,8 @@ class LocalBackend:
     def refuse_busy(self, config: Config) -> None:
         """Nothing outlives a local launch, which holds the run dir's lock all along."""
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[JobResult]]:
-        return [self.run(config, jobs) for config, jobs in runs]
+    def submit(self, runs: list[Run]) -> list[list[JobResult]]:
+        return [self.run(run.config, run.jobs) for run in runs]
 
     def run(self, config: Config, jobs: list[JobSpec]) -> list[JobResult]:
         """The jobs in order, until one does not complete; each one's state is kept in the

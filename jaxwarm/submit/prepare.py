@@ -11,9 +11,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
-from jaxwarm.core.config import CONFIG_CAP, Config, ConfigError, config_digest, load_yaml
+from jaxwarm.core.config import (
+    CONFIG_CAP,
+    Config,
+    ConfigError,
+    config_digest,
+    load_yaml,
+    pinned_text,
+)
 from jaxwarm.core.files import atomic_write, locked, make_dirs, read_capped
 from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural
@@ -67,8 +72,7 @@ def write_run_dir(config: Config, pinned: Path | None = None) -> str:
     make_dirs(pinned.parent)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
         else "the verify job reads it; the run's own is left as it was"
-    text = (f"# Pinned by jaxwarm from {config.source}; {readers}.\n"
-            + yaml.safe_dump(config.to_dict(), sort_keys=False)).encode()
+    text = pinned_text(config, readers).encode()
     atomic_write(pinned, text)
     return config_digest(text)
 

@@ -28,10 +28,10 @@ from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import UserError, error_line
 from jaxwarm.core.files import atomic_write, make_dirs, read_bounded, read_tail
-from jaxwarm.core.records import RECORD_CAP, load_json
+from jaxwarm.core.jsonio import RECORD_CAP, load_json
 from jaxwarm.core.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
 from jaxwarm.job.start.task import TaskCommand
-from jaxwarm.submit.backend import Outcome
+from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.sbatch import (
     SRUN_OPTIONS,
@@ -421,12 +421,12 @@ class SlurmBackend:
     def refuse_busy(self, config: Config) -> None:
         refuse_active_jobs(config)
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[SubmittedJob]]:
+    def submit(self, runs: list[Run]) -> list[list[SubmittedJob]]:
         if len(runs) == 1:
-            submitted = [submit_jobs(*runs[0])]
+            submitted = [submit_jobs(runs[0].config, runs[0].jobs)]
         else:  # one prewarm of several configs: one job each, in arrays by sbatch layout
             submitted = [[job] for job in submit_prewarm_array(
-                [(config, jobs[0]) for config, jobs in runs])]
+                [(run.config, run.jobs[0]) for run in runs])]
         for jobs in submitted:
             print_submitted(jobs)
         return submitted

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from jaxwarm.core.files import RefusedFile, fresh_file, make_dirs, stream_lines
-from jaxwarm.core.records import load_json
+from jaxwarm.core.jsonio import load_json
 
 log = logging.getLogger(__name__)
 

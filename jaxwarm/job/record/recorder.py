@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxwarm.core.files import atomic_write, lock_waits, make_dirs
+from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import (
     COMPILE,
     LOAD,
@@ -35,7 +36,6 @@ from jaxwarm.core.records import (
     InitReport,
     InputSignature,
     ReportWarning,
-    dumps,
 )
 from jaxwarm.core.rundir import TRAIN
 from jaxwarm.jaxkey.components import explain

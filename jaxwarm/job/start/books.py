@@ -25,6 +25,7 @@ from functools import partial
 
 from jaxwarm.core.config import Config, ConfigError
 from jaxwarm.core.files import append_line
+from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import (
     SETTING_CHANGED,
     EntryMissed,
@@ -33,12 +34,9 @@ from jaxwarm.core.records import (
     PrewarmDecision,
     ReportWarning,
     Staging,
-    compiled_a_step,
-    dumps,
-    prewarmed_outcomes,
-    read_record,
 )
 from jaxwarm.core.rundir import TRAIN, first_steps_path, mlperf_log_path, prewarm_decision_path
+from jaxwarm.core.warmth import compiled_a_step, prewarmed_outcomes
 from jaxwarm.core.words import plural
 from jaxwarm.jaxkey.entryformat import function_of
 from jaxwarm.jaxkey.versions import UnsupportedJaxVersion

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint
 from typing import Any
 
-from jaxwarm.core.errors import EXIT_ERROR
+from jaxwarm.core.errors import EXIT_ERROR, say
+from jaxwarm.core.moved import moved_import, moved_module
 
 FORMS = ("--script", "--function", "--module", "--path")
 USAGE = ("usage: python -m jaxwarm.job.start.call (--script NAME module:function | --function "
@@ -76,7 +77,14 @@ def main() -> int:
         return EXIT_ERROR
     from jaxwarm.job.start.jaximport import record_when_jax_imports
     record_when_jax_imports()
-    result = run(argv[0], argv[1], argv[2:], script)
+    try:
+        result = run(argv[0], argv[1], argv[2:], script)
+    except ImportError as exc:  # of a module of an earlier layout: where it is now, one line
+        if argv[0] == "--module" and (moved := moved_module(argv[1])):
+            return say(f"entrypoint: module {argv[1]!r} was not found: {moved}")
+        if (moved := moved_import(exc)) is None:
+            raise
+        return say(f"entrypoint {argv[1]}: {moved}")
     return result if isinstance(result, int) and argv[0] not in ("--module", "--path") else 0
 
 

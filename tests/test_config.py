@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jaxwarm.core import config as config_module
 from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
@@ -32,6 +33,7 @@ from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
 from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, REPO, Cli
+from tests.hostile import assert_refused, snapshot
 
 
 def demo_raw() -> dict:
@@ -209,6 +211,59 @@ def test_a_jobs_pinned_config_is_read_only_as_the_launch_wrote_it(
     theirs.write_bytes(written)
     pinned.symlink_to(theirs)
     refused("cannot read config: not a regular file (a symlink)")
+
+
+def test_a_lone_surrogate_anywhere_is_one_line_and_render_writes_nothing(
+        tmp_path: Path, cli: Cli) -> None:
+    """A string UTF-8 cannot write (a lone surrogate, from YAML's escape or an override's
+    bytes) passed every check and failed as "a jaxwarm bug" where the config was pinned."""
+    config = tmp_path / "c.yaml"
+    config.write_text(DEMO.read_text().replace("name: demo", 'name: "demo\\ud800"'))
+    before = snapshot(tmp_path)
+    runs = f"run.out_dir={tmp_path / 'runs'}"
+    for args, key, got in [([str(config)], "run.name", "'demo\\ud800'"),
+                           ([str(DEMO), 'step.args.extra="a\\udcff"'], "step.args.extra",
+                            "'a\\udcff'"),
+                           ([str(DEMO), "run.name=b\udcff"], "run.name", "'b\\udcff'")]:
+        result = cli("render", *args, runs, "--job", "train")
+        assert_refused(result, f": {key}: expected text, got {got}: surrogates not allowed")
+    assert snapshot(tmp_path) == before
+
+
+def test_variables_in_the_run_and_cache_dirs_are_expanded_or_one_line(
+        tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$VAR` in run.out_dir and cache.dir was kept as written, and render made `./$HOME/...`:
+    expanded as cache.stage is; unset (or empty), one line and nothing made."""
+    monkeypatch.setenv("JW_TEST_SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.delenv("JW_TEST_UNSET", raising=False)
+    config = load_config(DEMO, ["run.out_dir=$JW_TEST_SCRATCH/runs",
+                                "cache.dir=${JW_TEST_SCRATCH}/cache"])
+    assert (config.run.out_dir, config.cache.dir) == (f"{tmp_path}/scratch/runs",
+                                                      f"{tmp_path}/scratch/cache")
+    monkeypatch.chdir(tmp_path)
+    for key in ("run.out_dir", "cache.dir"):
+        result = cli("render", str(DEMO), f"{key}=$JW_TEST_UNSET/x", "--job", "train")
+        assert_refused(result, f"{key}: '$JW_TEST_UNSET/x' names $JW_TEST_UNSET, which is not "
+                               f"set (or empty) here")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_node_budget_names_aliases_only_when_there_are_some(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200,000 plain arguments were refused as "aliases repeating anchors". The budget is
+    a thousand values here, so that reading to it is quick (100,000 takes PyYAML seconds)."""
+    monkeypatch.setattr(config_module, "YAML_MAX_NODES", 1000)
+    many = tmp_path / "many.yaml"
+    many.write_text(DEMO.read_text() + "extra: [" + ", ".join(["a"] * 2000) + "]\n")
+    with pytest.raises(ConfigError, match=r"holds more than 1000 values \(a config is a few "
+                                          r"hundred\); refusing it"):
+        load_config(many)
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + "".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("ab", "bc", strict=True)))
+    with pytest.raises(ConfigError, match=r"expands to more than 1000 values \(aliases "
+                                          r"repeating anchors\)"):
+        load_config(laughs)
 
 
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import load_config
+from jaxwarm.core.config import expand_variables, load_config
 from jaxwarm.core.environment import (
     VERIFY_INVOCATION,
     dropped_variables,
-    expand_variables,
     job_environment,
     key_variable,
     merge_environment,

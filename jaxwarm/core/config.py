@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -270,9 +271,10 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
+    """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, expand the variables of its
+    paths from this process's environment, and validate it."""
     source = str(path)
-    return parse_config(parse_yaml(read_config(path), source), source, overrides)
+    return parse_config(parse_yaml(read_config(path), source), source, overrides, os.environ)
 
 
 def read_config(path: str | Path) -> str:
@@ -377,6 +379,8 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
         self._weights: dict[int, int] = {}
+        self._aliased = False  # an alias was read: the budget may be run out by repetition
+        self._total = 0  # values so far, each alias counting what it repeats
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         self._depth += 1
@@ -394,10 +398,15 @@ class _BoundedLoader(yaml.SafeLoader):
                 children = [part for pair in children for part in pair]
             weight = 1 + sum(self._weights.get(id(child), 1) for child in children)
             self._weights[id(node)] = weight
-        if weight > YAML_MAX_NODES:
-            raise YamlRefused(node.start_mark.line + 1,
-                              f"expands to more than {YAML_MAX_NODES} values (aliases "
-                              f"repeating anchors); refusing it")
+            self._total += 1
+        else:
+            self._aliased = True
+            self._total += weight
+        if self._total > YAML_MAX_NODES:  # as soon as it is run out, not at the end
+            raise YamlRefused(node.start_mark.line + 1, (
+                f"expands to more than {YAML_MAX_NODES} values (aliases repeating anchors)"
+                if self._aliased else f"holds more than {YAML_MAX_NODES} values (a config "
+                                      f"is a few hundred)") + "; refusing it")
         return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -442,14 +451,78 @@ def parse_yaml(text: str, source: str) -> dict[str, Any]:
 
 
 def parse_config(raw: dict[str, Any], source: str = "<config>",
-                 overrides: typing.Sequence[str] = ()) -> Config:
+                 overrides: typing.Sequence[str] = (),
+                 environ: Mapping[str, str] | None = None) -> Config:
+    """With `environ`, `$NAME` / `${NAME}` in `run.out_dir` and `cache.dir` are expanded
+    from it (`expand_paths`; a pinned config, expanded at launch, is read without)."""
     raw = dict(raw)
     for override in overrides:
         apply_override(raw, override, source)
+    refuse_unencodable(raw, "", source)
     config = convert(Config, raw, "", source)
     config = dataclasses.replace(config, source=source)
+    if environ is not None:
+        config = expand_paths(config, environ)
     _validate(config)
     return config
+
+
+# `$NAME` or `${NAME}` in a path: expanded from the environment (`cache.stage` on each node,
+# `run.out_dir` and `cache.dir` at launch).
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
+def expand_variables(text: str,
+                     environ: Mapping[str, str] = os.environ) -> tuple[str, list[str]]:
+    """`text` with each `$NAME` / `${NAME}` replaced by its value, and the names that are
+    unset or empty, which are left as written. An empty value counts as unset: expanded,
+    `$TMPDIR/x` with TMPDIR set to '' would be `/x`, a dir in the filesystem root."""
+    missing: list[str] = []
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if environ.get(name):
+            return environ[name]
+        missing.append(name)
+        return match[0]
+
+    return _VARIABLE.sub(value, text), missing
+
+
+def expand_paths(config: Config, environ: Mapping[str, str]) -> Config:
+    """`run.out_dir` and `cache.dir` with their variables expanded, as `cache.stage` is (once,
+    where the config is loaded: the pinned config holds the result); one unset or empty is
+    one line, never a dir named `$HOME` made in the working directory."""
+    paths = {}
+    for key, text in (("run.out_dir", config.run.out_dir), ("cache.dir", config.cache.dir)):
+        paths[key], missing = expand_variables(text, environ)
+        if missing:
+            raise ConfigError(f"{config.source}: {key}: {text!r} names ${missing[0]}, which is "
+                              f"not set (or empty) here; set it, or write the path out")
+    return dataclasses.replace(
+        config, run=dataclasses.replace(config.run, out_dir=paths["run.out_dir"]),
+        cache=dataclasses.replace(config.cache, dir=paths["cache.dir"]))
+
+
+def refuse_unencodable(value: Any, key: str, source: str) -> None:
+    """Every string of the config (keys and values, however deep, overrides included) must be
+    text UTF-8 can write: a lone surrogate (`"\\ud800"` in YAML, or bytes of another encoding
+    in a command-line override) would pass every check and fail where the pinned config, a
+    job script or the environment is written."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        where = f"{key}[{name}]" if isinstance(value, list) else \
+            f"{key}.{name}" if key else str(name)
+        for text in (name, item):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ConfigError(f"{source}: {ascii(where)[1:-1]}: expected text, got "
+                                      f"{ascii(text)}: {exc.reason} (a lone surrogate is no "
+                                      f"character)") from None
+        refuse_unencodable(item, where, source)
 
 
 def add_overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:

@@ -23,8 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
-from jaxwarm.core.environment import expand_variables
+from jaxwarm.core.config import Config, ConfigError, expand_variables
 from jaxwarm.core.errors import one_line
 from jaxwarm.core.files import atomic_write, make_dirs, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, dumps, from_json, parse_json

@@ -248,6 +248,29 @@ def test_variables_in_the_run_and_cache_dirs_are_expanded_or_one_line(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_package_named_jaxwarm_on_the_jobs_pythonpath_is_one_line(
+        tmp_path: Path, cli: Cli) -> None:
+    """It would be imported in every job in place of jaxwarm (the prewarm ended with a raw
+    traceback); a namespace dir of that name shadows nothing, jaxwarm's own tree is itself."""
+    package = tmp_path / "pkgs" / "jaxwarm"
+    package.mkdir(parents=True)
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "jaxwarm.py").write_text("X = 1\n")
+    runs = f"run.out_dir={tmp_path / 'runs'}"
+    for entry, found in [(package.parent, package), (tmp_path / "module",
+                                                     tmp_path / "module" / "jaxwarm.py")]:
+        if found == package:
+            (package / "__init__.py").write_text("X = 1\n")
+        result = cli("prewarm", str(DEMO), "--local", runs, f"env={{PYTHONPATH: {entry}}}")
+        assert_refused(result, f"env.PYTHONPATH: {entry} holds a package named 'jaxwarm' ("
+                               f"{found if found.suffix else found / '__init__.py'}), which "
+                               f"every job would import in place of jaxwarm itself")
+    (package / "__init__.py").unlink()  # a namespace portion
+    for entry in (package.parent, REPO):
+        check_modules(load_config(DEMO, [f"env={{PYTHONPATH: {entry}}}"]))
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_node_budget_names_aliases_only_when_there_are_some(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """200,000 plain arguments were refused as "aliases repeating anchors". The budget is

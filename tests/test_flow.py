@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from jaxwarm.core.records import LocalJobState
 from jaxwarm.core.rundir import (
     PREWARM,
     TRAIN,
+    VERIFY,
     lock_path,
     metrics_path,
     pinned_config,
@@ -34,7 +36,7 @@ from jaxwarm.core.rundir import (
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
-from jaxwarm.submit.local import LocalBackend, record_states
+from jaxwarm.submit.local import JobResult, LocalBackend, outcome, record_states
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
@@ -434,3 +436,15 @@ def test_slurm_without_its_commands_is_refused_before_anything_is_written(
         f"client commands are not installed on this machine): submit from a login node of "
         f"the cluster, or run with --local")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_job_stopped_by_a_forwarded_signal_says_what_to_do_for_its_kind() -> None:
+    """Ctrl-C forwarded to a job: only a training job resumes from a checkpoint; an
+    interrupted verify said so too, and has none (nor an answer)."""
+    said = {job: outcome(JobResult(job, -2, signal_received=signal.SIGINT))
+            for job in (PREWARM, VERIFY, TRAIN)}
+    assert {job: o.exit_code for job, o in said.items()} == dict.fromkeys(said, 130)
+    assert said[VERIFY].detail == ("verify stopped after a forwarded signal; it gave no "
+                                   "answer; run the verify again")
+    assert "checkpoint" not in said[PREWARM].detail + said[VERIFY].detail
+    assert said[TRAIN].detail.endswith("resume from its last checkpoint")

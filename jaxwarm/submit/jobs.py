@@ -42,6 +42,8 @@ from jaxwarm.store.staging import refuse_key_change
 
 log = logging.getLogger(__name__)
 
+# jaxwarm's own import package, which nothing on a job's PYTHONPATH may shadow.
+PACKAGE = "jaxwarm"
 PREWARM_MODULE = "jaxwarm.job.prewarm"
 VERIFY_MODULE = "jaxwarm.job.verify"
 CALL_MODULE = "jaxwarm.job.start.call"
@@ -92,6 +94,7 @@ def check_modules(config: Config) -> None:
     specs = [("step.factory", config.step.factory)]
     if entry.function is not None:
         specs.append(("entrypoint.function", entry.function))
+    refuse_shadowing(config)
     with job_import_path(config):
         if config.report.mlperf and importlib.util.find_spec("mlperf_logging") is None:
             raise ConfigError(f"{config.source}: report.mlperf: the training job logs MLPerf's "
@@ -114,6 +117,23 @@ def check_modules(config: Config) -> None:
                                   f"({found.origin}) defines no {function!r}")
             if key == "entrypoint.function" and tree is not None:
                 check_callable(config, spec, found.origin, tree)
+
+
+def refuse_shadowing(config: Config) -> None:
+    """A package of the user's named `jaxwarm` in an entry of the config's PYTHONPATH would
+    be imported in every job in place of jaxwarm itself (an installed wheel comes after
+    PYTHONPATH): one line, before anything runs, not a traceback from every job. A dir of
+    that name without `__init__.py` is a namespace portion, which shadows nothing."""
+    ours = Path(sys.modules[PACKAGE].__file__ or "").parent
+    for entry in config.env.get("PYTHONPATH", "").split(os.pathsep):
+        finder = pkgutil.get_importer(str(Path(entry).absolute())) if entry else None
+        found = finder.find_spec(PACKAGE) if finder is not None else None
+        where = Path(found.origin) if found is not None and found.loader is not None and \
+            found.origin else None
+        if where is not None and ours != where.parent:
+            raise ConfigError(f"{config.source}: env.PYTHONPATH: {entry} holds a package named "
+                              f"{PACKAGE!r} ({where}), which every job would import in place "
+                              f"of jaxwarm itself; rename it")
 
 
 def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleSpec:

@@ -34,6 +34,7 @@ from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import LocalJobState, LocalLaunch
 from jaxwarm.core.rundir import (
+    PREWARM,
     TRAIN,
     VERIFY,
     local_jobs_path,
@@ -236,13 +237,22 @@ def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
                     first_step_timeout_s=config.train.first_step_timeout_s).run()
 
 
+# What to do after a job stopped by a signal the launcher forwarded (Ctrl-C), by job: only a
+# training job has checkpoints to resume from.
+AFTER_A_STOP = {
+    TRAIN: "relaunch the same command to resume from its last checkpoint",
+    PREWARM: "relaunch the same command: its prewarm compiles only what is not cached yet",
+    VERIFY: "it gave no answer; run the verify again",
+}
+
+
 def outcome(result: JobResult) -> Outcome:
     if result.problem is not None:
         return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
         return Outcome(result.name, False,
-                       f"{result.name} stopped after a forwarded signal; relaunch the same "
-                       f"command to resume from its last checkpoint",
+                       f"{result.name} stopped after a forwarded signal; "
+                       f"{AFTER_A_STOP[result.name]}",
                        128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.

@@ -61,7 +61,7 @@ def explain_miss(function: str, components: dict[str, str],
                  f"is part of the program)") if others else ""
         return [f"no prewarm of {function} is recorded in the manifest{known}: "
                 f"run `jaxwarm prewarm`"]
-    settings = settings_differences(named, run, global_options or {}, job)
+    settings = settings_differences(named, run, global_options or {}, job, components)
     if input_changes:
         return [*settings, inputs_line(input_changes)]
     same = [e for e in named if signature is None or e.signature in (None, signature)]
@@ -77,7 +77,7 @@ def explain_miss(function: str, components: dict[str, str],
         return [f"prewarmed as {other.key} by run {other.run!r} on {other.process_count} "
                 f"process(es), but this job has {process_count}: the process layout differs "
                 f"(it is part of the key); prewarm on the run's own layout"]
-    pool = [e for e in layout if e.run == run] or layout
+    pool = [e for e in layout if of_run(e, run)] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     lines = [component_line(component, closest, xla_flags) for component
@@ -210,13 +210,23 @@ def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | No
 
 
 def settings_differences(named: list[ManifestEntry], run: str | None,
-                         global_options: dict[str, str], job: str) -> list[str]:
-    """The global JAX settings that differ from those of the newest prewarm of the function
-    (this run's first), as one line each; none when either side recorded none."""
+                         global_options: dict[str, str], job: str,
+                         components: dict[str, str]) -> list[str]:
+    """The global JAX settings that differ from those of the prewarm of the function this
+    miss is explained against, as one line each; none when either side recorded none. That
+    prewarm is this run's (its own, or one it uses: `of_run`), else the closest by key
+    components, then the newest: never another run's settings (its LIBTPU_INIT_ARGS) when
+    this run's differ in something else."""
     recorded = [e for e in named if e.global_options]
     if not recorded or not global_options:
         return []
-    newest = max(recorded, key=lambda e: (e.run == run, e.created))
-    lines = differences(newest.global_options, global_options, job)
-    return [f"{line} (prewarmed by run {newest.run!r}; the step factory must apply the same "
+    closest = min(recorded, key=lambda e: (not of_run(e, run), len(differing_components(
+        e.components, components)), -e.created))
+    lines = differences(closest.global_options, global_options, job)
+    return [f"{line} (prewarmed by run {closest.run!r}; the step factory must apply the same "
             f"process-global JAX settings as the trainer)" for line in lines]
+
+
+def of_run(entry: ManifestEntry, run: str | None) -> bool:
+    """Whether `entry` is run `run`'s: its prewarm wrote it, or found it WARM and uses it."""
+    return run is not None and (entry.run == run or run in entry.runs)

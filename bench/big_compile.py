@@ -44,7 +44,8 @@ from bench.common import (
 )
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
-from jaxwarm.core.rundir import PREWARM, report_path
+from jaxwarm.core.records import PREWARM
+from jaxwarm.core.rundir import report_path
 from jaxwarm.store.manifest import read_manifest
 from jaxwarm.submit.jobs import prewarm_job
 from jaxwarm.submit.prepare import pin_config

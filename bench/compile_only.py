@@ -14,7 +14,7 @@ import sys
 
 
 def main() -> int:
-    from jaxwarm.core.rundir import TRAIN
+    from jaxwarm.core.records import TRAIN
     from jaxwarm.job.start.jobstart import start_job
     from jaxwarm.job.start.pinned import config_from_env
     from jaxwarm.step import lower_target

@@ -78,7 +78,8 @@ from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import job_environment
 from jaxwarm.core.errors import say
 from jaxwarm.core.gputarget import gpus_here
-from jaxwarm.core.rundir import TRAIN, report_path, verify_result_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import report_path, verify_result_path
 from jaxwarm.jaxkey.components import differing_components
 from jaxwarm.store.entries import entry_path
 from jaxwarm.store.manifest import ManifestEntry, read_manifest

@@ -53,7 +53,8 @@ from bench.chart import save_figure
 from bench.common import DEMO, FAST_STEP, REPO, BenchError, machine, publish, read_json, table
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
-from jaxwarm.core.rundir import PREWARM, TRAIN, pinned_config, report_path
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import pinned_config, report_path
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.submit.local import free_port
 

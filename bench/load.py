@@ -16,7 +16,7 @@ import sys
 import time
 import zlib
 
-from jaxwarm.core.rundir import TRAIN
+from jaxwarm.core.records import TRAIN
 from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC
 from jaxwarm.store.entries import entry_path
 

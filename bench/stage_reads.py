@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
 from jaxwarm.core.rundir import report_path
-from jaxwarm.store.entries import CACHE_SUFFIX
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
 
 CLUSTER = REPO / "scripts" / "slurm-dev-cluster"
 DEVICES = 8  # the demo's data=2 x fsdp=4 mesh

@@ -41,7 +41,8 @@ from bench.common import (
 )
 from jaxwarm.core.config import Config
 from jaxwarm.core.environment import job_environment, merge_environment
-from jaxwarm.core.rundir import TRAIN, report_path, verify_result_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import report_path, verify_result_path
 from jaxwarm.store.entries import entry_path
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 

@@ -65,7 +65,8 @@ def trainer() -> int:
     import jax
     import numpy as np
 
-    from jaxwarm.core.rundir import TRAIN, checkpoints_dir
+    from jaxwarm.core.records import TRAIN
+    from jaxwarm.core.rundir import checkpoints_dir
     from jaxwarm.job.start.jobstart import start_job
     from jaxwarm.job.start.pinned import config_from_env
     from jaxwarm.workload import checkpoint

@@ -41,10 +41,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
 from jaxwarm.core.entryargv import trainer_argv as _trainer_argv
-from jaxwarm.core.errors import UserError
+from jaxwarm.core.errors import ConfigError, UserError
 from jaxwarm.core.moved import moved_import, moved_module
 from jaxwarm.core.words import plural
 

@@ -214,7 +214,8 @@ def _build(side: Side):
 
 
 def _recorder(workdir: Path, role: str):
-    from jaxwarm.job.record.recorder import InitRecorder, InitReport
+    from jaxwarm.core.records import InitReport
+    from jaxwarm.job.record.recorder import InitRecorder
 
     report = InitReport(job=role, restart_count=0, process_index=0, process_count=1,
                         cache_dir=str(workdir), init_budget_s=60.0)

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxwarm.core import config as config_module
+from jaxwarm.core import yamlio
 from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
     Config,
-    ConfigError,
     apply_override,
     config_digest,
     load_config,
@@ -27,6 +26,7 @@ from jaxwarm.core.config import (
 )
 from jaxwarm.core.entryargv import trainer_argv
 from jaxwarm.core.environment import PINNED_DIGEST
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import Fingerprint, differences
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
@@ -275,7 +275,7 @@ def test_the_node_budget_names_aliases_only_when_there_are_some(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """200,000 plain arguments were refused as "aliases repeating anchors". The budget is
     a thousand values here, so that reading to it is quick (100,000 takes PyYAML seconds)."""
-    monkeypatch.setattr(config_module, "YAML_MAX_NODES", 1000)
+    monkeypatch.setattr(yamlio, "YAML_MAX_NODES", 1000)
     many = tmp_path / "many.yaml"
     many.write_text(DEMO.read_text() + "extra: [" + ", ".join(["a"] * 2000) + "]\n")
     with pytest.raises(ConfigError, match=r"holds more than 1000 values \(a config is a few "
@@ -388,7 +388,8 @@ def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str])
 # Every duration and size of the config, with the largest value it takes.
 LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": MAX_DURATION_S,
           "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
-          "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
+          "ranks.meet_timeout_s": MAX_DURATION_S, "ranks.join_timeout_s": MAX_DURATION_S,
+          "init_budget_s": MAX_DURATION_S,
           "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
           "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES,
           "cache.prefetch_max_size": MAX_SIZE_BYTES}

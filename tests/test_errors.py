@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import ConfigError
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, run_main
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ConfigError, run_main
 from jaxwarm.core.files import LockTimeout
 
 

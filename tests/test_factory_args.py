@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.rundir import verify_config
 from jaxwarm.step import FactoryError, build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli

@@ -18,15 +18,12 @@ from typing import Any
 import pytest
 
 from jaxwarm.cli import commands
-from jaxwarm.core.config import Config, ConfigError, config_digest, load_config
+from jaxwarm.core.config import Config, config_digest, load_config
 from jaxwarm.core.environment import PINNED_DIGEST, job_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
-from jaxwarm.core.records import LocalJobState
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState
 from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
-    VERIFY,
     lock_path,
     metrics_path,
     pinned_config,

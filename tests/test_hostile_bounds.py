@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import YAML_MAX_DEPTH, ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.yamlio import YAML_MAX_DEPTH
 from jaxwarm.store.entries import MIN_PAYLOAD_CAP
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.security import check_cache_dir, recheck_cache_dir
 from testing.jaxproc import jax_env
@@ -123,8 +124,8 @@ SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
 from jaxwarm import enable_cache
-from jaxwarm.core.config import ConfigError
 from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 
 config = load_config(sys.argv[1], sys.argv[2:])
 enable_cache(config)

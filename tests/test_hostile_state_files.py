@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.config import CONFIG_CAP
 from jaxwarm.core.files import HOLDER_CAP, RefusedFile, describe_holder
 from jaxwarm.core.jsonio import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.core.yamlio import CONFIG_CAP
 from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
 from jaxwarm.report.read import FIRST_STEPS_CAP, load_verdicts
 from jaxwarm.store.entries import ATIME_CAP

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.store.entries import CACHE_SUFFIX
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import manifest_path, read_manifest
 from tests.conftest import REPO, run_cli

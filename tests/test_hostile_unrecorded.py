@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.files import locked
-from jaxwarm.store.entries import CACHE_SUFFIX, writer_lock_path
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
+from jaxwarm.store.entries import writer_lock_path
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import manifest_path, read_manifest
 from tests.conftest import run_cli

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import LOCAL_DEVICE_IDS, ConfigError, TopologyConfig, load_config
+from jaxwarm.core.config import LOCAL_DEVICE_IDS, TopologyConfig, load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.job.start.distributed import local_device_ids
 from jaxwarm.job.start.place import Place
 from tests.conftest import DEMO, Cli

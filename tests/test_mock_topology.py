@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import (
     MOCK_VARIABLE,
     gpus_here,

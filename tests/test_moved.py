@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.moved import MOVED, moved_import, new_module
 from jaxwarm.step import load_factory
 from tests.conftest import DEMO, REPO, Cli

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.cli.main import main
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import ORDER
 from jaxwarm.report.plot import _pyplot, draw, plot_init, size_px
 from jaxwarm.report.read import PrewarmedFunctions, fold_phases, load_reports

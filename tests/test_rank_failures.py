@@ -2,8 +2,9 @@
 and the next launch works. Real launches of the demo step (tiny) on 3 ranks of one CPU
 device (the killed rank leaves the coordinator and another rank to stop): `kill -9` of one
 rank in the middle of the prewarm job and of the training job, ranks that do not meet in
-time, and one rank whose environment differs from the others' (planted by a shell wrapper),
-which the ranks find at their first meeting (jaxwarm/job/ranks.py)."""
+time, one rank whose environment differs from the others' (planted by a shell wrapper),
+which the ranks find at their first meeting (jaxwarm/job/ranks.py), and one stopped before
+it joins jax.distributed (jaxwarm/job/start/distributed.py)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,25 @@ def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path:
     assert ("the ranks' environments differ: XLA_FLAGS is '...tform_device_count=1 "
             "--xla_cpu_enable_fast_math=true' on rank 2, but '--xla_backend_optimization_level=0 "
             "--xla_cpu_use_fusion_emitters=false --xla_...' on ranks 0-1") in line, line
+    assert run_processes(tmp_path / "runs" / "demo") == {}
+
+
+def test_a_rank_stopped_before_its_join_is_named_in_one_line(tmp_path: Path) -> None:
+    """Rank 2 stops itself (SIGSTOP) before it starts Python: the others wait at the
+    jax.distributed join only ranks.join_timeout_s, not JAX's 300 s, and end with one
+    line naming rank 2, without JAX's C++ abort; nothing is left running."""
+    plant = ('if [ "$JAXWARM_PROCESS_ID" = 2 ]; then kill -STOP $$; fi; '
+             f'exec {sys.executable} -m jaxwarm.workload.trainer')
+    result = run_cli("launch", *job_args(tmp_path, "--no-prewarm", "ranks.join_timeout_s=5",
+                                         f"entrypoint.command=[sh, -c, {json.dumps(plant)}]"),
+                     timeout=900)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert line.endswith("exited with 1: jax.distributed: the ranks did not join within 5 s "
+                         "(ranks.join_timeout_s): rank 2 never reached it (not started, "
+                         "stopped, or still starting)"), line
+    assert "Check failure stack trace" not in result.stderr
     assert run_processes(tmp_path / "runs" / "demo") == {}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.cli.cache import cache_stats, entry_rows
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
     SETTING_CHANGED,

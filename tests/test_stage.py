@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import locked
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import Staging

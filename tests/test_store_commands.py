@@ -18,8 +18,8 @@ import pytest
 from bench.common import LEGACY_CPU_FUSION
 from jaxwarm.core.config import load_config
 from jaxwarm.core.rundir import report_path
-from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC
-from jaxwarm.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX, ZSTD_MAGIC
+from jaxwarm.store.entries import ATIME_SUFFIX, QUARANTINE_DIR, scan
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import read_manifest
 from jaxwarm.submit.prepare import pin_config

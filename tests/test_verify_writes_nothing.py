@@ -18,7 +18,7 @@ import pytest
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import EntryMissed
 from jaxwarm.core.rundir import report_path
-from jaxwarm.store.entries import CACHE_SUFFIX
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
 from jaxwarm.store.integrity import entry_problem, missed_since_check
 from jaxwarm.store.manifest import manifest_path, read_manifest
 from jaxwarm.store.usage import usage_path

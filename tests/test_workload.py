@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.core.config import Config, ConfigError, parse_config, parse_yaml
+from jaxwarm.core.config import Config, parse_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.yamlio import parse_yaml
 from jaxwarm.workload.chunkwise import param_count
 from jaxwarm.workload.data import BRANCHING, global_batch_numpy
 from jaxwarm.workload.model import ModelArgs

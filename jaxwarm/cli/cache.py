@@ -12,14 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.core.config import (
-    CacheConfig,
-    Config,
-    ConfigError,
-    add_overrides_argument,
-    load_config,
-)
-from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK
+from jaxwarm.core.config import CacheConfig, Config, add_overrides_argument, load_config
+from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from jaxwarm.core.files import canonical_path
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import JobUsage

@@ -10,14 +10,12 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
-from jaxwarm.core.config import ConfigError, load_config
-from jaxwarm.core.errors import EXIT_OK
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import EXIT_OK, ConfigError
 from jaxwarm.core.files import make_dirs
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import PrewarmProgress
+from jaxwarm.core.records import PREWARM, TRAIN, PrewarmProgress
 from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
     local_jobs_path,
     pinned_config,
     prewarm_progress_path,
@@ -57,6 +55,7 @@ def status(run_dir: Path, backend: Backend[H] | None) -> int:
     train = job_state(lines, TRAIN)
     if pinned.is_file() and train is not None and train not in ACTIVE_STATES:
         # sacct says COMPLETED for a trainer that exits 0 early (its requeues ran out)
+        # UNKNOWN: the backend cannot tell whether it ended; say what it logged so far.
         problem = unfinished(run_dir, load_config(pinned).train.steps,
                              ended=train != "UNKNOWN")
         if problem:

@@ -18,7 +18,7 @@ from jaxwarm.cli import cache as cache_commands
 from jaxwarm.cli import commands
 from jaxwarm.core.config import add_overrides_argument
 from jaxwarm.core.errors import run_main
-from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey import doctor
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import choose_backend, recorded_backend

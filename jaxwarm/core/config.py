@@ -27,7 +27,7 @@ import yaml
 
 from jaxwarm.core.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import RefusedFile, open_regular
+from jaxwarm.core.yamlio import config_text, load_yaml, parse_yaml, read_config, read_config_bytes
 
 PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
@@ -193,6 +193,11 @@ class RanksConfig:
     # line naming the late ranks. None: 3x the longest compile the manifest recorded for the
     # run's layout, at least 300 s.
     meet_timeout_s: PositiveSeconds | None = None
+    # How long a rank waits at the jax.distributed join for the others to come (they start
+    # at different times: a node's start, imports, staging) before it stops the job with one
+    # line naming the ranks that never came (jaxwarm/job/start/distributed.py). JAX's own
+    # default.
+    join_timeout_s: PositiveSeconds = 300.0
     # Rank agreement before each compile: "auto" (on for GPU jobs), true or false.
     agree: Literal[True, False, "auto"] = "auto"
 
@@ -277,11 +282,6 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     return parse_config(parse_yaml(read_config(path), source), source, overrides, os.environ)
 
 
-def read_config(path: str | Path) -> str:
-    data, _ = _read_config(path, follow=True)
-    return _config_text(data, str(path))
-
-
 # A pinned config's first line says who reads it and the file it was pinned from: the file
 # the user edits, which the jobs name in their errors (`pinned_text`, `load_pinned`).
 PINNED_BY = "# Pinned by jaxwarm ("
@@ -303,7 +303,7 @@ def load_pinned(path: str | Path, digest: str | None = None) -> Config:
     regular file, not through a link, owned by this user and writable by nobody else, and,
     when the launch gave its sha256 (`digest`, `config_digest` of what it wrote), that very
     file. Anything else is one line."""
-    data, info = _read_config(path, follow=False)
+    data, info = read_config_bytes(path, follow=False)
     mode = stat.S_IMODE(info.st_mode)
     problem = None
     if info.st_uid != os.geteuid():
@@ -316,7 +316,7 @@ def load_pinned(path: str | Path, digest: str | None = None) -> Config:
     if problem:
         raise ConfigError(f"{path}: the run's pinned config {problem}; refusing to run a "
                           f"job from it (launch again to pin it anew)")
-    text = _config_text(data, str(path))
+    text = config_text(data, str(path))
     first = text.partition("\n")[0]
     origin = first.partition(PINNED_FROM)[2] if first.startswith(PINNED_BY) else ""
     source = f"{origin} [{path}]" if origin else str(path)
@@ -326,128 +326,6 @@ def load_pinned(path: str | Path, digest: str | None = None) -> Config:
 def config_digest(data: bytes) -> str:
     """The sha256 a pinned config is checked against (`load_pinned`)."""
     return hashlib.sha256(data).hexdigest()
-
-
-def _read_config(path: str | Path, follow: bool) -> tuple[bytes, os.stat_result]:
-    """The bytes of a config within CONFIG_CAP and the stat of the file read (`open_regular`:
-    a regular file, through a final link only with `follow`), or one line."""
-    try:
-        with open_regular(path, CONFIG_CAP, "a config", follow) as source:
-            info = os.fstat(source.fileno())
-            data = source.read(CONFIG_CAP + 1)
-    except RefusedFile as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.why}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-    if len(data) > CONFIG_CAP:
-        raise ConfigError(f"{path}: cannot read config: more than a config may be "
-                          f"({CONFIG_CAP} bytes)")
-    return data, info
-
-
-def _config_text(data: bytes, source: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                          f"offset {exc.start})") from None
-
-
-# Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are
-# allowed, but what they expand to counts against the budget ("billion laughs" is refused at
-# once instead of filling memory), and nesting is refused before Python's recursion limit.
-YAML_MAX_NODES = 100_000
-# A config (or a run's pinned copy) is a few KB; one of YAML_MAX_NODES values fits well within.
-CONFIG_CAP = 16 << 20
-YAML_MAX_DEPTH = 64
-
-
-class YamlRefused(yaml.YAMLError):
-    """A YAML document jaxwarm will not read: `line` and `problem` make the one line."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        super().__init__(problem)
-        self.line, self.problem = line, problem
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader with a node budget that counts alias expansions, a nesting limit, and no
-    duplicate keys (YAML would keep the last one silently: a second `cache:` section would
-    replace the first)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._weights: dict[int, int] = {}
-        self._aliased = False  # an alias was read: the budget may be run out by repetition
-        self._total = 0  # values so far, each alias counting what it repeats
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
-        self._depth += 1
-        if self._depth > YAML_MAX_DEPTH:
-            raise YamlRefused(self.peek_event().start_mark.line + 1,
-                              f"nested more than {YAML_MAX_DEPTH} levels deep")
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        weight = self._weights.get(id(node))
-        if weight is None:  # a new node (an alias returns one already weighed)
-            children = node.value if isinstance(node, yaml.CollectionNode) else []
-            if isinstance(node, yaml.MappingNode):
-                children = [part for pair in children for part in pair]
-            weight = 1 + sum(self._weights.get(id(child), 1) for child in children)
-            self._weights[id(node)] = weight
-            self._total += 1
-        else:
-            self._aliased = True
-            self._total += weight
-        if self._total > YAML_MAX_NODES:  # as soon as it is run out, not at the end
-            raise YamlRefused(node.start_mark.line + 1, (
-                f"expands to more than {YAML_MAX_NODES} values (aliases repeating anchors)"
-                if self._aliased else f"holds more than {YAML_MAX_NODES} values (a config "
-                                      f"is a few hundred)") + "; refusing it")
-        return node
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-                continue
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise YamlRefused(line, f"duplicate key {key!r} (first at line {seen[key]}); "
-                                        f"YAML would silently keep only the last one")
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-_BoundedLoader.add_constructor("tag:yaml.org,2002:map", _BoundedLoader.construct_yaml_map)
-
-
-def load_yaml(text: str, source: str) -> Any:
-    """Any YAML jaxwarm reads (configs, overrides, pinned configs), through the bounded
-    loader; every problem is one ConfigError naming the file and line."""
-    try:
-        return yaml.load(text, Loader=_BoundedLoader)
-    except YamlRefused as exc:
-        raise ConfigError(f"{source}:{exc.line}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-
-
-def parse_yaml(text: str, source: str) -> dict[str, Any]:
-    raw = load_yaml(text, source)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections at the top level, "
-                          f"got {type(raw).__name__}")
-    return raw
 
 
 def parse_config(raw: dict[str, Any], source: str = "<config>",
@@ -556,27 +434,65 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
         node[parts[-1]] = value
 
 
+# How a check says what is wrong: raises ConfigError naming the config file and the key.
+Fail = typing.Callable[[str, str], typing.NoReturn]
+
+
 def _validate(config: Config) -> None:
-    """Checks that span fields, or that a type and a bound alone cannot express."""
+    """Checks that span fields, or that a type and a bound alone cannot express: one per
+    section, in the order a config reads; the first problem found is the one said."""
     src = config.source
 
     def fail(key: str, problem: str) -> typing.NoReturn:
         raise ConfigError(f"{src}: {key}: {problem}")
 
-    topo = config.topology
-    _validate_prewarm_layout(config, fail)
+    for check in (_validate_prewarm_layout, _validate_run, _validate_cache, _validate_mesh,
+                  _validate_step, _validate_entrypoint, _validate_flags, _validate_slurm,
+                  _validate_env):
+        check(config, fail)
+
+
+def _validate_run(config: Config, fail: Fail) -> None:
+    """`run.name` names the run dir under `run.out_dir`: one path component."""
     if config.run.name in ("", ".", "..") or "/" in config.run.name:
         fail("run.name", f"expected one path component (not '.' or '..', no '/'), "
                          f"got {config.run.name!r}")
-    if not config.cache.dir or os.path.normpath(config.cache.dir) == ".":
-        got = repr(config.cache.dir) if config.cache.dir else "an empty string"
+
+
+def _validate_cache(config: Config, fail: Fail) -> None:
+    """The cache dir (a path or a remote URL), its node-local staging and its size cap."""
+    cache = config.cache
+    if not cache.dir or os.path.normpath(cache.dir) == ".":
+        got = repr(cache.dir) if cache.dir else "an empty string"
         fail("cache.dir", f"expected a directory path, got {got} (which would mean the "
                           f"working directory)")
-    scheme, sep, _ = config.cache.dir.partition("://")
+    scheme, sep, _ = cache.dir.partition("://")
     if sep and scheme not in REMOTE_SCHEMES:
         fail("cache.dir", f"expected a path or a {' or '.join(s + '://' for s in REMOTE_SCHEMES)}"
                           f" URL, got a {scheme}:// URL")
-    axes = config.mesh.axes
+    # `bool | str`: the type admits any string; `auto` is the one meant.
+    if cache.prefetch not in (True, False, "auto"):
+        fail("cache.prefetch", f"expected auto, true or false (off), got {cache.prefetch!r}")
+    stage = cache.stage
+    # `$VARIABLE/...`: the node expands it (e.g. $TMPDIR), so it is not absolute here.
+    if stage is not None and not (os.path.isabs(stage) or stage.startswith("$")):
+        fail("cache.stage", f"expected an absolute path on each node's own disk (or one "
+                            f"starting with a $VARIABLE the node expands), got {stage!r}")
+    if stage is not None and sep:
+        fail("cache.stage", f"staging copies from a local or mounted cache dir; cache.dir is "
+                            f"a {scheme}:// URL")
+    if stage is not None and _within(stage, cache.dir):
+        fail("cache.stage", f"{stage} is inside cache.dir {cache.dir} (or contains "
+                            f"it); the node-local copy needs a dir of its own")
+    # 0 is refused too: JAX turns its cache off at 0 (its "no limit" is -1).
+    if cache.max_size < -1 or cache.max_size == 0 or cache.max_size > MAX_SIZE_BYTES:
+        fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, at "
+                               f"most {MAX_SIZE_BYTES} (1 PiB), got {cache.max_size}")
+
+
+def _validate_mesh(config: Config, fail: Fail) -> None:
+    """`mesh.axes`, when given, spans every device of the topology."""
+    axes, topo = config.mesh.axes, config.topology
     if axes is not None and not axes:
         fail("mesh.axes", "expected at least one axis (or no mesh.axes, when the step "
                           "factory builds the mesh)")
@@ -586,11 +502,15 @@ def _validate(config: Config) -> None:
                           f"{topo.num_devices} (nodes {topo.nodes} x processes_per_node "
                           f"{topo.processes_per_node} x devices_per_process "
                           f"{topo.devices_per_process})")
-    if config.cache.prefetch not in (True, False, "auto"):
-        fail("cache.prefetch", f"expected auto, true or false (off), "
-                               f"got {config.cache.prefetch!r}")
+
+
+def _validate_step(config: Config, fail: Fail) -> None:
     if not _MODULE_FUNCTION.fullmatch(config.step.factory):
         fail("step.factory", f"expected 'module:function', got {config.step.factory!r}")
+
+
+def _validate_entrypoint(config: Config, fail: Fail) -> None:
+    """Exactly one way to start the trainer, each in its own form."""
     entry = config.entrypoint
     given = [entry.command, entry.module, entry.function]
     if sum(value is not None for value in given) != 1:
@@ -604,21 +524,12 @@ def _validate(config: Config) -> None:
                                   f"got {entry.module!r}")
     if entry.function is not None and not _MODULE_FUNCTION.fullmatch(entry.function):
         fail("entrypoint.function", f"expected 'module:function', got {entry.function!r}")
-    stage = config.cache.stage
-    if stage is not None and not (os.path.isabs(stage) or stage.startswith("$")):
-        fail("cache.stage", f"expected an absolute path on each node's own disk (or one "
-                            f"starting with a $VARIABLE the node expands), got {stage!r}")
-    if stage is not None and sep:
-        fail("cache.stage", f"staging copies from a local or mounted cache dir; cache.dir is "
-                            f"a {scheme}:// URL")
-    if stage is not None and _within(stage, config.cache.dir):
-        fail("cache.stage", f"{stage} is inside cache.dir {config.cache.dir} (or contains "
-                            f"it); the node-local copy needs a dir of its own")
-    if config.cache.max_size < -1 or config.cache.max_size == 0 or \
-            config.cache.max_size > MAX_SIZE_BYTES:
-        fail("cache.max_size", f"expected -1 (unbounded) or a positive number of bytes, at "
-                               f"most {MAX_SIZE_BYTES} (1 PiB), got {config.cache.max_size}")
+
+
+def _validate_flags(config: Config, fail: Fail) -> None:
+    """`xla_flags` and the `jax` options: well formed, and none that a section owns."""
     for i, flag in enumerate(config.xla_flags):
+        # One flag per item: a space would pass two through XLA_FLAGS unchecked.
         if not flag.startswith("--xla_") or " " in flag:
             fail(f"xla_flags[{i}]", f"expected one flag like '--xla_...', got {flag!r}")
     for option in config.jax:
@@ -630,8 +541,20 @@ def _validate(config: Config) -> None:
             fail(f"jax.{option}", f"the {key.split('.')[0]} section owns this option (every "
                                   f"job gets it from there, and it is checked before any job "
                                   f"runs); set {key} instead")
+
+
+def _validate_slurm(config: Config, fail: Fail) -> None:
+    """What goes into `#SBATCH` lines as written: a time sbatch reads, option names only."""
     if not _SLURM_TIME.fullmatch(config.slurm.time):
         fail("slurm.time", f"expected [D-]HH:MM:SS, got {config.slurm.time!r}")
+    for name in config.slurm.extra:
+        if not _SBATCH_OPTION.fullmatch(name):
+            fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
+                                        "or 'gres'")
+
+
+def _validate_env(config: Config, fail: Fail) -> None:
+    """The `env` section: variable names a shell can export, none that jaxwarm sets itself."""
     for name in config.env:
         if not _ENV_NAME.fullmatch(name):
             fail(f"env.{name}", "expected a variable name of letters, digits and '_' "
@@ -643,14 +566,9 @@ def _validate(config: Config) -> None:
     if ids is not None and not _DEVICE_IDS.fullmatch(ids):
         fail(f"env.{LOCAL_DEVICE_IDS}", f"expected GPU indices separated by commas, e.g. "
                                         f"0,1, got {ids!r}")
-    for name in config.slurm.extra:
-        if not _SBATCH_OPTION.fullmatch(name):
-            fail(f"slurm.extra.{name}", "expected an sbatch option name like 'exclusive' "
-                                        "or 'gres'")
 
 
-def _validate_prewarm_layout(config: Config,
-                             fail: typing.Callable[[str, str], typing.NoReturn]) -> None:
+def _validate_prewarm_layout(config: Config, fail: Fail) -> None:
     """`prewarm.layout: mock` needs what JAX's mock topology needs: a GPU target and a run of
     several processes; and it owns the sharded-autotuning flag every job carries."""
     layout, topo = config.prewarm.layout, config.topology

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 from jaxwarm.core.config import MOCK_LAYOUT, Config, TopologyConfig
-from jaxwarm.core.rundir import PREWARM
+from jaxwarm.core.records import PREWARM
 
 # The prewarm job's environment names the topology to mock (jaxwarm.job.start.gpu applies it).
 MOCK_VARIABLE = "JAXWARM_MOCK_GPU_TOPOLOGY"

@@ -33,7 +33,7 @@ R = TypeVar("R")
 
 def to_json(data: Any) -> Any:
     """Records (alone, or in lists and dicts) as plain JSON data, derived fields included."""
-    if hasattr(data, "to_json"):
+    if hasattr(data, "to_json"):  # a record with derived fields (`InitReport`) adds them
         return data.to_json()
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         return dataclasses.asdict(data)
@@ -51,6 +51,7 @@ def dumps(data: Any, **options: Any) -> str:
 
 
 def _reject_constant(name: str) -> Any:
+    # json.loads asks this for NaN, Infinity and -Infinity, which it would otherwise accept.
     raise ValueError(f"{name} is not standard JSON")
 
 
@@ -67,7 +68,7 @@ def load_json(text: str | bytes) -> Any:
     nested more than JSON_MAX_DEPTH levels deep (never a RecursionError)."""
     try:
         data = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
+    except RecursionError:  # deeper than the parser goes: said as too deep, below
         level: list[Any] = [[]]
     else:
         level, depth = _containers([data]), 0
@@ -96,11 +97,13 @@ def from_json(cls: type[R], data: Any, source: str) -> R:
     """A record of type `cls` from parsed JSON, through the config's converter (ConfigError
     naming `source` and the key when it does not fit); derived fields are dropped first."""
     if isinstance(data, dict):
+        # Written for the reader's convenience and recomputed from the rest: not fields.
         derived = getattr(cls, "DERIVED", ())
         data = {k: v for k, v in data.items() if k not in derived}
     return convert(cls, data, "", source)
 
 
+# What `warn_once` said in this process.
 _warned: set[str] = set()
 
 
@@ -149,7 +152,7 @@ def read_record(cls: type[R], path: Path, cap: int = RECORD_CAP,
     try:
         return from_json(cls, parse_json(read_bounded(path, cap, what), str(path)), str(path))
     except FileNotFoundError:
-        pass
+        pass  # not written yet (or never): the caller's None, nothing wrong
     except RefusedFile as exc:
         log.warning("skipping %s", exc)
     except OSError as exc:

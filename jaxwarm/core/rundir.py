@@ -148,6 +148,13 @@ def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
     return Path(run_dir) / "stage" / f"{attempt}-n{node}.json"
 
 
+def join_note_path(run_dir: str | Path, attempt: str, process: int) -> Path:
+    """That one process of one attempt of a job has reached its `jax.distributed` join (and
+    waits there): a rank whose join times out names the ranks without one. Removed once
+    the join succeeds."""
+    return Path(run_dir) / "join" / f"{attempt}-p{process}"
+
+
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 

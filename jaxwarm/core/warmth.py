@@ -21,6 +21,8 @@ def prewarmed_outcomes(functions: list[FunctionRecord]) -> tuple[list[str], dict
     hit: list[str] = []
     missed: dict[str, float] = {}
     for fn in functions:
+        # key None: compiled without a lookup (the cache off for it); a name already seen
+        # was decided by its first lookup.
         if fn.prewarmed and fn.key is not None and fn.name not in hit and fn.name not in missed:
             if fn.hit:
                 hit.append(fn.name)

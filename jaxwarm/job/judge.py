@@ -25,12 +25,8 @@ from typing import Any
 from jaxwarm.core.config import Config
 from jaxwarm.jaxkey.agree import broadcast_flags
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
-from jaxwarm.jaxkey.predict import (
-    KeyNotComputed,
-    KeyPrediction,
-    UnsupportedJaxVersion,
-    predict_key,
-)
+from jaxwarm.jaxkey.predict import KeyNotComputed, KeyPrediction, predict_key
+from jaxwarm.jaxkey.versions import UnsupportedJaxVersion
 from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, say

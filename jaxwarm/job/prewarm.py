@@ -30,17 +30,25 @@ from dataclasses import dataclass
 from jaxwarm.core.config import Config
 from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import InputSignature, PrewarmDecision, PrewarmProgress, PrewarmRecord
-from jaxwarm.core.rundir import PREWARM, prewarm_decision_path
+from jaxwarm.core.records import (
+    PREWARM,
+    FunctionRecord,
+    InputSignature,
+    PrewarmDecision,
+    PrewarmProgress,
+    PrewarmRecord,
+)
+from jaxwarm.core.rundir import prewarm_decision_path
 from jaxwarm.core.words import plural
 from jaxwarm.jaxkey.entryformat import function_of
-from jaxwarm.job.judge import LoweredTarget, WarmDecision, decide, lower_targets
+from jaxwarm.job.judge import decide, lower_targets
 from jaxwarm.job.progress import compiling, finished, last_compile, progress_file
 from jaxwarm.job.record.reads import FactoryReads
-from jaxwarm.job.record.recorder import FunctionRecord, InitRecorder, module_name
+from jaxwarm.job.record.recorder import InitRecorder, module_name
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env
+from jaxwarm.job.warm import LoweredTarget, WarmDecision
 from jaxwarm.store.integrity import BEING_WRITTEN, IntegrityCheck
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import CacheStore, LocalStore, open_store

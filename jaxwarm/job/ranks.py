@@ -39,8 +39,9 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from jaxwarm.core.config import MAX_DURATION_S, Config, ConfigError
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, say
+from jaxwarm.core.childwait import DEADLINE
+from jaxwarm.core.config import MAX_DURATION_S, Config
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, say
 from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import RANKS, KeyPost, RankState, ReportWarning
 from jaxwarm.core.words import plural, ranges
@@ -62,7 +63,7 @@ PREFIX = "jaxwarm"
 TIMEOUT_FACTOR = 3.0
 TIMEOUT_FLOOR_S = 300.0
 # Variables that differ between the ranks of one job by design.
-PER_PROCESS_VARIABLES = (PROCESS_ID, RECORDER_PID)
+PER_PROCESS_VARIABLES = (PROCESS_ID, RECORDER_PID, DEADLINE)
 # A long value in the environment line: its length, and what precedes its difference.
 SHOWN_CHARS = 80
 SHOWN_CONTEXT = 20

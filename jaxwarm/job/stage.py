@@ -23,8 +23,8 @@ import os
 import time
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError, expand_variables
-from jaxwarm.core.errors import one_line
+from jaxwarm.core.config import Config, expand_variables
+from jaxwarm.core.errors import ConfigError, one_line
 from jaxwarm.core.files import atomic_write, make_dirs, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, dumps, from_json, parse_json
 from jaxwarm.core.records import Staging

@@ -6,11 +6,12 @@ every launch form), and `watch_trainer`, installed with the recorder when it imp
 hears the key of each compile its own lowering gives (`jaxwarm.jaxkey.lookup.watch_keys`).
 The first lookup of each function this run's prewarm compiled is judged as verify judges
 (`jaxwarm.job.warm.judge`); the process ends once the last one's key is known, before
-that function compiles, or at the time limit (`init_budget_s`) with one line. Until then it
-compiles nothing it can avoid and writes nothing into the cache dir: a WARM prewarmed
-function it needs on the way (an init) loads (where the cache has no size cap, whose LRU
-stamps a load); anything else it needs on the way, a COLD init included, compiles without
-the cache, its time part of the cost. Process 0 answers for the run, as verify's does.
+that function compiles, or at the time limit (`init_budget_s`, from the trainer's start)
+with one line. Until then it compiles nothing it can avoid and writes nothing into the
+cache dir: a WARM prewarmed function it needs on the way (an init) loads (where the cache
+has no size cap, whose LRU stamps a load); anything else it needs on the way, a COLD init
+included, compiles without the cache, its time part of the cost. Process 0 answers for the
+run, as verify's does.
 """
 
 from __future__ import annotations
@@ -23,18 +24,19 @@ import threading
 import time
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.environment import VERIFY_INVOCATION
-from jaxwarm.core.errors import EXIT_ERROR
+from jaxwarm.core.errors import EXIT_ERROR, ConfigError
 from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import Verdict, VerifyResult, not_looked_up
-from jaxwarm.core.rundir import VERIFY, verify_result_path
+from jaxwarm.core.records import VERIFY, Verdict, VerifyResult, not_looked_up
+from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.jaxkey.lookup import watch_keys
 from jaxwarm.jaxkey.predict import KeyPrediction
 from jaxwarm.job.record.recorder import InitRecorder
+from jaxwarm.job.start.jaximport import arm_verify_limit, on_verify_limit
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, say
 from jaxwarm.store.store import open_store
@@ -178,7 +180,7 @@ def watch_trainer(recorder: InitRecorder) -> None:
     watch = TrainerWatch(config, recorder, prewarmed)
     watch_keys(watch.on_key)
     atexit.register(watch.at_exit)
-    timer = threading.Timer(config.init_budget_s, watch.on_time_limit)
-    timer.daemon = True
-    timer.start()
+    on_verify_limit(watch.on_time_limit)
+    # Armed at the trainer's start already under a wrapper (`jaximport`); else from here.
+    arm_verify_limit(recorder.start_time + config.init_budget_s, config.init_budget_s)
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from jaxwarm.core.rundir import VERIFY, verify_result_path
+from jaxwarm.core.records import VERIFY
+from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.job.judge import decide, lower_targets
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env

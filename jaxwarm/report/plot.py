@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import ORDER, InitReport
 from jaxwarm.report.read import PrewarmedFunctions, fold_owners, fold_phases
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import RefusedFile, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, from_json, parse_json, read_lines, read_record
 from jaxwarm.core.records import (
@@ -63,7 +63,7 @@ def load_verdicts(run_dir: str | Path, invocation: str) -> VerifyResult | None:
         text = read_bounded(path, RECORD_CAP, "a verify result")
     except FileNotFoundError:
         return None
-    except RefusedFile:
+    except RefusedFile:  # an OSError too, whose own line says what the file is instead
         raise
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the verify job's result ({exc.strerror})") \
@@ -125,6 +125,7 @@ class PrewarmedFunctions:
     def __contains__(self, fn: FunctionRecord) -> bool:
         if fn.prewarmed or fn.key in self.keys:
             return True
+        # Without a signature on either side, the name alone decides.
         return any(None in (fn.signature, known) or known == fn.signature
                    for name, known in self.functions if name == fn.name)
 

@@ -22,14 +22,15 @@ from jaxwarm.core.records import (
     OTHER,
     RANKS,
     SETTING_CHANGED,
+    TRAIN,
     USED,
+    VERIFY,
     FirstStep,
     FunctionRecord,
     InitReport,
     Verdict,
     VerifyResult,
 )
-from jaxwarm.core.rundir import TRAIN, VERIFY
 from jaxwarm.core.words import plural, ranges
 from jaxwarm.jaxkey.entryformat import split_key
 from jaxwarm.report.read import (
@@ -341,6 +342,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     attempt = sorted((r for r in train if r.restart_count == latest),
                      key=lambda r: r.process_index)
     targets = PrewarmedFunctions.of(manifest)
+    # The attempt's label is process 0's (`InitReport.label`); without its report, none.
     label = attempt[0].label if attempt[0].process_index == 0 else ""
     lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []

@@ -26,10 +26,9 @@ from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import UserError
 from jaxwarm.core.files import atomic_path, modes_in, staged_files
 from jaxwarm.core.jsonio import load_json
-from jaxwarm.jaxkey.entryformat import BLOCK_BYTES, encode_atime
+from jaxwarm.jaxkey.entryformat import BLOCK_BYTES, CACHE_SUFFIX, encode_atime
 from jaxwarm.jaxkey.versions import cache_path_in_key, required
 from jaxwarm.store.entries import (
-    CACHE_SUFFIX,
     MAX_ENTRY_BYTES,
     atime_path,
     entry_path,

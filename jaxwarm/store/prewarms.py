@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from jaxwarm.core.config import ConfigError
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import RefusedFile, atomic_write, locked, modes_in, read_bounded
 from jaxwarm.core.jsonio import dumps, from_json, parse_json
 from jaxwarm.core.records import PrewarmRecord

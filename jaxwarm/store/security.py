@@ -24,7 +24,8 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from jaxwarm.core.config import CacheConfig, Config, ConfigError
+from jaxwarm.core.config import CacheConfig, Config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR, file_kind, make_dirs
 from jaxwarm.core.rundir import TRAINER_DIRS
 

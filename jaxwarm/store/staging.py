@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxwarm.core.config import CacheConfig, ConfigError
+from jaxwarm.core.config import CacheConfig
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import LockTimeout, atomic_path, locked, make_dir, modes_in
 from jaxwarm.jaxkey.versions import cache_path_in_key, installed
 from jaxwarm.store.entries import (

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import VERIFY_INVOCATION, dropped_variables
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, ConfigError
 from jaxwarm.core.files import atomic_write
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import Fingerprint, PrewarmDecision, differences, listed
-from jaxwarm.core.rundir import PREWARM, TRAIN, prewarm_decision_path, unfinished
+from jaxwarm.core.records import PREWARM, TRAIN, Fingerprint, PrewarmDecision, differences, listed
+from jaxwarm.core.rundir import prewarm_decision_path, unfinished
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
 from jaxwarm.store.integrity import FULL_CHECK_BYTES
@@ -82,6 +82,8 @@ def launch(request: Request, backend: Backend[H]) -> int:
     configs = checked_configs(request, backend)
     resolved = [resolve_run(config) for config in configs]
     refuse_shared_run_dirs([config for config, _ in resolved])
+    # Under --prewarm never the prewarm job is not even built; otherwise it is, and the
+    # decision below (under the lock, once the cache is checked) may leave it out.
     runs = [Run(config, pinned, plan(request.command, config, pinned,
                                      request.prewarm != NEVER))
             for config, pinned in resolved]
@@ -93,6 +95,8 @@ def launch(request: Request, backend: Backend[H]) -> int:
         for run in runs:
             config = run.config
             run, store = pinned_store(run, backend)
+            # The entries it finds bad are quarantined here, so a job compiles them again;
+            # verify only says them.
             prepare_cache(config, store, request.check_cache, repair=True)
             decision = decide_prewarm(request, config, store, prints[config.run_dir])
             write_decision(config.run_dir, decision)
@@ -128,6 +132,8 @@ def verify(request: Request, backend: Backend[H]) -> int:
             [handles] = backend.submit([run])
             code = finish_verify(config, backend, handles, bad,
                                  run.jobs[0].env[VERIFY_INVOCATION], request.trainer)
+            # No verdicts (EXIT_ERROR) is the answer whatever the self-check says; `check`
+            # is None under --trainer.
             return code if code == EXIT_ERROR or check is None else max(code, check.finish())
 
 

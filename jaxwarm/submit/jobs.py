@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.core.environment import (
     PINNED_DIGEST,
@@ -33,9 +33,10 @@ from jaxwarm.core.environment import (
     job_environment,
     merge_environment,
 )
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.moved import moved_module
-from jaxwarm.core.rundir import PREWARM, TRAIN, VERIFY
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
 from jaxwarm.store.staging import refuse_key_change
@@ -55,6 +56,9 @@ class JobSpec:
     name: str
     argv: list[str]
     env: dict[str, str]
+    # verify --trainer's time limit, which its wrapper keeps from the trainer's start
+    # (`jaxwarm.submit.supervise`, `jaxwarm.job.start.task`).
+    init_budget_s: float | None = None
 
     def pinned(self, digest: str) -> JobSpec:
         """This job with the sha256 of the pinned config it reads, as the launch wrote it
@@ -374,5 +378,6 @@ def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
     the verify job: it runs up to the lookup of each prewarmed function
     (`jaxwarm.job.verify`)."""
     train = train_job(config, config_path)
-    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1",
-                                        VERIFY_INVOCATION: uuid.uuid4().hex})
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: f"{config.init_budget_s!r}",
+                                        VERIFY_INVOCATION: uuid.uuid4().hex},
+                   config.init_budget_s)

@@ -26,22 +26,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from jaxwarm.core.config import Config, ConfigError, TopologyConfig
+from jaxwarm.core.childwait import (
+    descendants,
+    process_table,
+    signal_each,
+    stat_fields,
+    zombie_status,
+)
+from jaxwarm.core.config import Config, TopologyConfig
 from jaxwarm.core.environment import merge_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, error_line
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line
 from jaxwarm.core.files import atomic_write, fresh_file, is_held, make_dirs, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import LocalJobState, LocalLaunch
-from jaxwarm.core.rundir import (
-    PREWARM,
-    TRAIN,
-    VERIFY,
-    local_jobs_path,
-    lock_path,
-    log_path,
-    report_path,
-)
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState, LocalLaunch
+from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
@@ -127,13 +126,20 @@ class LocalJob:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.echoes: list[threading.Thread] = []
         self.signal_received: int | None = None
+        # Processes whose stopped supervisor the launcher ended (`_status`): their status,
+        # and since when each still running one has been seen stopped.
+        self.taken_over: dict[int, int] = {}
+        self.stopped_since: dict[int, float] = {}
 
     def start(self) -> None:
         coordinator = f"127.0.0.1:{free_port()}"
         job_id = f"local-{uuid.uuid4().hex[:12]}"
         count = self.topology.num_processes
         self.started = time.time()
-        argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", "--", *self.job.argv]
+        limit = [] if self.job.init_budget_s is None else \
+            ["--init-budget", repr(self.job.init_budget_s)]
+        argv = [sys.executable, "-m", SUPERVISOR, f"{self.grace_s:g}", *limit, "--",
+                *self.job.argv]
         base = merge_environment(dict(os.environ), self.job.env)
         for index in range(count):
             env = dict(base)
@@ -192,6 +198,39 @@ class LocalJob:
         log.error("%s", self.problem)
         self._stop_rest()
 
+    def _status(self, index: int, stopping: bool) -> int | None:
+        """Process `index`'s exit status, None while it runs. Its supervisor ends it, but a
+        supervisor stopped (SIGSTOP) can neither see its command end nor stop it: once its
+        command has ended (or the job is stopping) and it is still stopped `grace_s` later,
+        the launcher kills it and everything below it, and takes the command's own status
+        (a zombie's, read in /proc) as the process's."""
+        proc = self.procs[index]
+        if index in self.taken_over or proc.poll() is not None:
+            return self.taken_over.get(index, proc.returncode)
+        fields = stat_fields(proc.pid)
+        if fields is None or fields[0] not in ("T", "t"):
+            self.stopped_since.pop(index, None)
+            return None
+        table = process_table()
+        below = descendants(proc.pid, table)
+        if not stopping and any(table[pid][0] == proc.pid for pid in below):
+            return None  # its command still runs: the stop costs nothing yet
+        since = self.stopped_since.setdefault(index, time.monotonic())
+        if time.monotonic() - since < self.grace_s:
+            return None
+        status = next((zombie_status(pid) for pid, (parent, state) in table.items()
+                       if parent == proc.pid and state == "Z"), None)
+        signal_each([proc.pid, *below], signal.SIGKILL)
+        proc.wait()
+        code = 1 if status is None else os.waitstatus_to_exitcode(status)
+        self.taken_over[index] = 128 - code if code < 0 else code
+        log.warning("%s: process %d's supervisor (pid %d) was stopped (SIGSTOP?) %s; killed it "
+                    "and what it started after %g s (stop_grace_s); process %d %s",
+                    self.job.name, index, proc.pid, "while the job was stopping" if stopping
+                    else "after its command ended", self.grace_s, index,
+                    ended(self.taken_over[index]))
+        return self.taken_over[index]
+
     def wait(self) -> JobResult:
         result = self._wait_processes()
         for thread in self.echoes:  # the last lines of process 0 reach the terminal too
@@ -201,15 +240,17 @@ class LocalJob:
     def _wait_processes(self) -> JobResult:
         while True:
             self._check_first_step()
-            codes = [p.poll() for p in self.procs]
+            stopping = self.signal_received is not None or self.problem is not None
+            codes = [self._status(index, stopping) for index in range(len(self.procs))]
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 if self.signal_received is None:
                     self._stop_rest()
                 first = first_failure(failed, [log_path(self.run_dir, self.job.name, i)
                                                for i in failed])
-                for proc in self.procs:
-                    proc.wait()
+                while any(self._status(index, True) is None
+                          for index in range(len(self.procs))):
+                    time.sleep(0.1)
                 path = log_path(self.run_dir, self.job.name, first)
                 return JobResult(self.job.name, codes[first] or 1, first,
                                  f"{path}:\n{tail(path)}", self.signal_received, self.problem,

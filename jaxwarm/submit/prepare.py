@@ -11,17 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from jaxwarm.core.config import (
-    CONFIG_CAP,
-    Config,
-    ConfigError,
-    config_digest,
-    load_yaml,
-    pinned_text,
-)
+from jaxwarm.core.config import Config, config_digest, pinned_text
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import atomic_write, locked, make_dirs, read_capped
 from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural
+from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.security import check_run_dir, prepare_run_dir
 from jaxwarm.store.store import CacheStore, open_store

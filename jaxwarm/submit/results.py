@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError
-from jaxwarm.core.errors import EXIT_COLD, EXIT_OK
+from jaxwarm.core.config import Config
+from jaxwarm.core.errors import EXIT_COLD, EXIT_OK, ConfigError
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import PrewarmDecision, VerifyResult, not_looked_up
+from jaxwarm.core.records import TRAIN, PrewarmDecision, VerifyResult, not_looked_up
 from jaxwarm.core.rundir import (
-    TRAIN,
     mlperf_logs,
     prewarm_decision_path,
     step_reached,
@@ -53,7 +52,7 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
     (`jaxwarm report`, after the launch), training that has not reached its steps too."""
     reports = load_reports(run_dir)
     store = open_store(config.cache.dir)
-    manifest = store.manifest(strict=False)
+    manifest = store.manifest(strict=False)  # a broken one is logged: the report goes on
     lines = [*decision_lines(run_dir),
              *summarize(reports, manifest, config.run.name, store, run_dir),
              *warm_start_lines(reports), *first_step_lines(load_first_steps(run_dir))]
@@ -81,7 +80,7 @@ def print_verdicts(config: Config, bad: dict[str, str], invocation: str, trainer
     verdicts = with_cache_check(result.functions, bad)
     for line in format_verdicts(verdicts):
         print(line)
-    if result.trainer_s is not None:
+    if result.trainer_s is not None:  # verify --trainer: the trainer's own time was spent
         print(trainer_cost(result))
     if trainer:
         reached = step_reached(config.run_dir)

@@ -16,7 +16,7 @@ from pathlib import Path
 from jaxwarm.core.config import Config, SlurmConfig, TopologyConfig
 from jaxwarm.core.environment import OWNED_NAMES, OWNED_PREFIXES
 from jaxwarm.core.gputarget import job_topology
-from jaxwarm.core.rundir import PREWARM, TRAIN
+from jaxwarm.core.records import PREWARM, TRAIN
 
 # Timeout/preemption warning that SLURM sends the job (submitit's choice too).
 WARNING_SIGNAL = "USR2"

@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
-from jaxwarm.core.errors import UserError, error_line
+from jaxwarm.core.errors import ConfigError, UserError, error_line
 from jaxwarm.core.files import atomic_write, make_dirs, read_bounded, read_tail
 from jaxwarm.core.jsonio import RECORD_CAP, load_json
-from jaxwarm.core.rundir import PREWARM, TRAIN, slurm_dir, submitted_jobs_path
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import slurm_dir, submitted_jobs_path
 from jaxwarm.job.start.task import TaskCommand
 from jaxwarm.submit.backend import Outcome, Run
 from jaxwarm.submit.jobs import JobSpec
@@ -146,7 +147,8 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
                                  executor_parameters(config, job.name, after))
         requeues = config.slurm.max_requeues if job.name == TRAIN else 0
         with submitting(config, job.name, submitted):
-            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues))
+            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues,
+                                                 config.stop_grace_s, job.init_budget_s))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
         record_jobs(config.run_dir, submitted[-1:])
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,
@@ -180,7 +182,8 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
                                  array_setup_lines([job.env for _, job in members]), options)
         with submitting(first, f"{PREWARM} array", list(submitted.values())):
             handles = executor.map_array(run_command,
-                                         [TaskCommand(job.argv) for _, job in members])
+                                         [TaskCommand(job.argv, grace_s=config.stop_grace_s)
+                                          for config, job in members])
         for index, (config, _), handle in zip(indices, members, handles, strict=True):
             job = SubmittedJob(PREWARM, str(handle.job_id), str(folder), time.time())
             record_jobs(config.run_dir, [job])

@@ -8,22 +8,27 @@ kernel's parent-death signal covers only the direct child, so a killed launcher 
 the trainer running with parent 1. The supervisor is the launcher's direct child (it gets
 SIGTERM when the launcher dies, PR_SET_PDEATHSIG), and it signals the command's whole group:
 forwarded signals, then SIGKILL after the grace period for a group that ignores SIGTERM or
-SIGINT, and whatever of the group outlives the command itself. As the group's subreaper it
-also reaps what the shell left behind. Its output goes to the launcher's pipe (process 0's
-echo), which breaks when the launcher dies: a failed write is dropped, and however the
-supervisor stops, it SIGKILLs and reaps the group on the way out. While the command runs
+SIGINT, and whatever the command started that outlives it, in its group or not: as a child
+subreaper it adopts what left the group or the session (`start_new_session=True`, a
+daemon), and ends and reaps everything below itself (`childwait.end_descendants`). Its
+output goes to the launcher's pipe (process 0's echo), which breaks when the launcher dies:
+a failed write is dropped, and however the supervisor stops, it SIGKILLs and reaps
+everything below it on the way out. While the command runs
 it sleeps until a signal comes (the command's end is one, SIGCHLD), never on a timer: one
 wake-up 20 times a second per rank was a context switch the ranks' compiles paid for, on a
 machine with fewer cores than ranks. It imports nothing from
 jaxwarm but the exit codes and that sleep (`jaxwarm.core.errors`,
 `jaxwarm.core.childwait`, which import nothing of jaxwarm): it starts at once.
 
-    python -m jaxwarm.submit.supervise GRACE_S -- ARGV...
+With `--init-budget S` (verify --trainer) the command's time limit runs out S s after its
+start: the command is told when (`childwait.DEADLINE`, its own answer at the limit), and
+killed with one line if it has not ended GRACE_S after it.
+
+    python -m jaxwarm.submit.supervise GRACE_S [--init-budget S] -- ARGV...
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import signal
@@ -31,21 +36,21 @@ import subprocess
 import sys
 import time
 
-from jaxwarm.core.childwait import signal_pipe, sleep_until_signal
+from jaxwarm.core.childwait import (
+    DEADLINE,
+    become_subreaper,
+    end_descendants,
+    limit_line,
+    prctl,
+    reap_orphans,
+    signal_pipe,
+    sleep_until_signal,
+)
 from jaxwarm.core.errors import EXIT_ERROR
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-POLL_S = 0.05
-
-
-def _prctl(option: int, value: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value)
-    except (OSError, AttributeError):
-        pass
 
 
 def say(line: str) -> None:
@@ -57,16 +62,6 @@ def say(line: str) -> None:
         pass
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def signal_group(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
@@ -74,48 +69,16 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def reap(pgid: int) -> None:
-    """Collect the exit status of every finished member of the group that is our child
-    (as subreaper, orphans of the group become ours)."""
-    while True:
-        try:
-            if os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG) is None:
-                return
-        except ChildProcessError:
-            return
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL whatever is left of the group and reap it (bounded: a process stuck in the
-    kernel dies when it leaves it)."""
-    signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while group_alive(pgid) and time.monotonic() < deadline:
-        reap(pgid)
-        time.sleep(POLL_S)
-
-
-def end_group(pgid: int, grace_s: float, name: str) -> None:
-    """SIGTERM what is left of the group, SIGKILL it after `grace_s`; reap it."""
-    if not group_alive(pgid):
-        return
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while group_alive(pgid) and time.monotonic() < deadline:
-        reap(pgid)
-        time.sleep(POLL_S)
-    if group_alive(pgid):
-        say(f"{name} exited, but processes it started did not stop within {grace_s:g} s of "
-            f"SIGTERM; killing its process group")
-    kill_group(pgid)
-
-
-def supervise(argv: list[str], grace_s: float) -> int:
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+def supervise(argv: list[str], grace_s: float, init_budget_s: float | None = None) -> int:
+    prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    become_subreaper()
     stop_at: list[float] = []
     pipe = signal_pipe()
-    child = subprocess.Popen(argv, process_group=0)
+    env, limit_at, killed_at_limit = None, math.inf, False
+    if init_budget_s is not None:
+        env = {**os.environ, DEADLINE: repr(time.time() + init_budget_s)}
+        limit_at = time.monotonic() + init_budget_s + grace_s
+    child = subprocess.Popen(argv, process_group=0, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         if signum in STOPPING and not stop_at:
@@ -133,22 +96,35 @@ def supervise(argv: list[str], grace_s: float) -> int:
                 signal_group(child.pid, signal.SIGKILL)
                 say(f"{argv[0]} did not stop within {grace_s:g} s of the signal; killing its "
                     f"process group")
-            sleep_until_signal(pipe, max(0.0, stop_at[0] - time.monotonic()) if stop_at
-                               else math.inf)
-        end_group(child.pid, grace_s, argv[0])
-    finally:  # whatever stopped the supervisor, nothing of the group outlives it
-        kill_group(child.pid)
+            if time.monotonic() > limit_at:
+                limit_at, killed_at_limit = math.inf, True
+                signal_group(child.pid, signal.SIGKILL)
+                say(f"error: {limit_line(argv[0], init_budget_s or 0.0, grace_s)}")
+            wake_at = min(stop_at[0] if stop_at else math.inf, limit_at)
+            sleep_until_signal(pipe, max(0.0, wake_at - time.monotonic()))
+            reap_orphans(keep=child.pid)
+        if end_descendants(grace_s):
+            say(f"{argv[0]} exited, but processes it started did not stop within {grace_s:g} "
+                f"s of SIGTERM; killed them")
+    finally:  # whatever stopped the supervisor, nothing it started outlives it
+        end_descendants(0.0)
+    if killed_at_limit:
+        return EXIT_ERROR
     code = child.returncode
     return 128 - code if code < 0 else code
 
 
 def main() -> int:
-    grace, separator, *argv = sys.argv[1:]
+    grace, *rest = sys.argv[1:]
+    budget = None
+    if rest[:1] == ["--init-budget"]:
+        budget, rest = float(rest[1]), rest[2:]
+    separator, *argv = rest
     if separator != "--" or not argv:
-        print("usage: python -m jaxwarm.submit.supervise GRACE_S -- ARGV...",
+        print("usage: python -m jaxwarm.submit.supervise GRACE_S [--init-budget S] -- ARGV...",
               file=sys.stderr)
         return EXIT_ERROR
-    return supervise(argv, float(grace))
+    return supervise(argv, float(grace), budget)
 
 
 if __name__ == "__main__":

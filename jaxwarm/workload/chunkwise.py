@@ -21,7 +21,8 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.specs import sharded_specs
 from jaxwarm.step import StepBundle, seed_spec
 from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, param_specs

@@ -26,13 +26,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxwarm.core.config import (
-    Config,
-    ConfigError,
-    NonNegativeFloat,
-    PositiveFloat,
-    PositiveInt,
-)
+from jaxwarm.core.config import Config, NonNegativeFloat, PositiveFloat, PositiveInt
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.step import step_args
 
 Params = dict[str, Any]

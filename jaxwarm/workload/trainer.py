@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxwarm.core.config import Config, ConfigError, load_config
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import append_line
-from jaxwarm.core.rundir import TRAIN, checkpoints_dir, metrics_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import checkpoints_dir, metrics_path
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env, resolve_paths
 from jaxwarm.workload import checkpoint

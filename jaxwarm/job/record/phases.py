@@ -20,8 +20,9 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from jaxwarm.core.records import (
     COMPILE,
@@ -62,6 +63,21 @@ _joins: list[Span] = []
 _after_join: Callable[[], None] | None = None
 
 
+# Where `jax.distributed.initialize` takes initialization_timeout among its positional
+# arguments (coordinator_address, num_processes, process_id, local_device_ids,
+# cluster_detection_method, initialization_timeout).
+TIMEOUT_ARG = 5
+# Bounds a trainer's own join as jaxwarm's own is, yielding JAX's initialization_timeout
+# (`jaxwarm.job.start.distributed.bounded_join`); set by the in-job start.
+_join_bound: Callable[[], AbstractContextManager[int]] | None = None
+
+
+def bound_joins(bound: Callable[[], AbstractContextManager[int]]) -> None:
+    """Each later `jax.distributed.initialize()` of this process runs inside `bound()`."""
+    global _join_bound
+    _join_bound = bound
+
+
 def call_after_join(joined: Callable[[], None]) -> None:
     """`joined` runs after each successful `jax.distributed` join of this process."""
     global _after_join
@@ -90,9 +106,16 @@ def wrap_distributed_initialize() -> None:
     if getattr(original, "_jaxwarm_timed", False):
         return
 
-    def initialize(*args: object, **kwargs: object) -> None:
+    def initialize(*args: Any, **kwargs: Any) -> None:
         with timed_join():
-            original(*args, **kwargs)
+            if _join_bound is None:
+                original(*args, **kwargs)
+                return
+            with _join_bound() as timeout_s:
+                if len(args) <= TIMEOUT_ARG:  # JAX's own deadline after jaxwarm's bound
+                    kwargs["initialization_timeout"] = max(
+                        int(kwargs.get("initialization_timeout") or 0), timeout_s)
+                original(*args, **kwargs)
 
     initialize.__doc__ = original.__doc__
     initialize.__wrapped__ = original  # type: ignore[attr-defined]

@@ -32,12 +32,12 @@ from jaxwarm.core.records import (
     RANKS_WAIT,
     RECOMPILED,
     TRACE,
+    TRAIN,
     FunctionRecord,
     InitReport,
     InputSignature,
     ReportWarning,
 )
-from jaxwarm.core.rundir import TRAIN
 from jaxwarm.jaxkey.components import explain
 from jaxwarm.jaxkey.globalopts import differences, options_line
 from jaxwarm.jaxkey.globalopts import snapshot as global_options

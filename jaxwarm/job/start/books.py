@@ -23,11 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import append_line
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import (
     SETTING_CHANGED,
+    TRAIN,
     EntryMissed,
     FirstStep,
     InitReport,
@@ -35,7 +37,7 @@ from jaxwarm.core.records import (
     ReportWarning,
     Staging,
 )
-from jaxwarm.core.rundir import TRAIN, first_steps_path, mlperf_log_path, prewarm_decision_path
+from jaxwarm.core.rundir import first_steps_path, mlperf_log_path, prewarm_decision_path
 from jaxwarm.core.warmth import compiled_a_step, prewarmed_outcomes
 from jaxwarm.core.words import plural
 from jaxwarm.jaxkey.entryformat import function_of

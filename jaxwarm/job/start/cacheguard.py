@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxwarm.core.rundir import TRAIN
+from jaxwarm.core.records import TRAIN
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import MOCK_VARIABLE, gpus_here, mock_options, no_gpu
 
 log = logging.getLogger(__name__)

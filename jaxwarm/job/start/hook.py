@@ -23,20 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config, ConfigError
+from jaxwarm.core.config import Config
 from jaxwarm.core.environment import jax_options, owned
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_UMASK
-from jaxwarm.core.records import Staging
-from jaxwarm.core.rundir import TRAIN, VERIFY, report_path
+from jaxwarm.core.records import TRAIN, VERIFY, InitReport, Staging
+from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryload import guard_reads
 from jaxwarm.jaxkey.lookup import watch_lookups
 from jaxwarm.job.ranks import RankCoordinator, agreement_on
 from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.phases import call_after_join
-from jaxwarm.job.record.recorder import InitRecorder, InitReport
+from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.stage import node_cache_dir
 from jaxwarm.job.start.books import Books
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
+from jaxwarm.job.start.distributed import bound_trainer_joins
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.start.place import Place
@@ -145,6 +147,12 @@ def ranks_watching(start: Start) -> None:
     watch_lookups(ranks.before_lookup, ranks.after_compile)
 
 
+def joins_bounded(start: Start) -> None:
+    """The trainer's own `jax.distributed` join, bounded (`ranks.join_timeout_s`) with one
+    line naming a rank that never came (`jaxwarm.job.start.distributed`)."""
+    bound_trainer_joins(start.config)
+
+
 def ledger_sampling(start: Start) -> None:
     """A training job's init ledger (`jaxwarm.job.record.ledger`): the phase "other" by what
     its main thread was doing, sampled from here to the end of init."""
@@ -179,6 +187,7 @@ INSTALL: tuple[InstallStep, ...] = (
     recorder_installed,
     entries_guarded,
     ranks_watching,
+    joins_bounded,
     ledger_sampling,
     prefetch_after_join,
     report_at_exit,

@@ -13,6 +13,11 @@ compile, and a launch form costs no jax import of its own (a process that never 
 jax, like a shell script's helper `python -c ...`, pays nothing). The recorder's start time
 is the process's own start (`recorder.process_start_time`), not the install time.
 
+`jaxwarm verify --trainer` arms its time limit here too, before the trainer's code runs, not
+at jax's import: a trainer that blocks before it imports jax is ended at the limit with one
+line (`arm_verify_limit`); the watch that jax's import installs answers at it instead
+(`jaxwarm.job.trainerverify`).
+
 Only one process of a job's process tree installs it: the first to import jax marks the
 environment (`RECORDER_PID`), and Python processes it starts (data-loader workers, an eval
 subprocess) inherit the mark and stay out, so none of them overwrites its init report.
@@ -25,15 +30,50 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+
+from jaxwarm.core.childwait import DEADLINE
 
 # The directory whose sitecustomize.py a training job's Python processes load at start; it
 # imports the one it shadows itself (so that runs even where jaxwarm cannot be imported).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RECORDER_PID = "JAXWARM_RECORDER_PID"
-# Set by `jaxwarm verify --trainer`: the trainer runs only up to its prewarmed lookups.
+# Set by `jaxwarm verify --trainer` to its time limit (init_budget_s, s): the trainer runs
+# only up to its prewarmed lookups, or to the limit.
 VERIFY_TRAINER = "JAXWARM_VERIFY_TRAINER"
+# What verify --trainer's time limit runs, once the trainer's watch is installed: its answer.
+_at_verify_limit: list[Callable[[], None]] = []
+_verify_timer: list[threading.Timer] = []
+
+
+def arm_verify_limit(deadline: float, budget_s: float) -> None:
+    """verify --trainer's time limit in this process (once): at `deadline`, init_budget_s
+    `budget_s` from the trainer's start."""
+    if _verify_timer:
+        return
+    timer = threading.Timer(max(0.0, deadline - time.time()), _verify_limit, args=(budget_s,))
+    timer.daemon = True
+    timer.start()
+    _verify_timer.append(timer)
+
+
+def on_verify_limit(answer: Callable[[], None]) -> None:
+    """`answer` runs at verify --trainer's time limit instead of the plain end below."""
+    _at_verify_limit[:] = [answer]
+
+
+def _verify_limit(budget_s: float) -> None:
+    if _at_verify_limit:
+        _at_verify_limit[0]()
+        return
+    from jaxwarm.core.errors import EXIT_ERROR, say
+    say(f"verify --trainer: stopped at the time limit (init_budget_s {budget_s:g} s from the "
+        f"trainer's start): the trainer had not imported jax; the answer is unknown")
+    os._exit(EXIT_ERROR)  # at once: nothing of the trainer runs on (its exit handlers)
 
 
 def install_now() -> None:
@@ -44,7 +84,7 @@ def install_now() -> None:
 
     try:
         if os.environ.get(VERIFY_TRAINER):  # jaxwarm verify --trainer (jaxwarm.job.verify)
-            from jaxwarm.core.rundir import VERIFY
+            from jaxwarm.core.records import VERIFY
             from jaxwarm.job.trainerverify import watch_trainer
             watch_trainer(install_recorder(job=VERIFY))
         else:
@@ -85,6 +125,10 @@ def record_when_jax_imports() -> None:
     a process this one descends from already has it (see the module docstring)."""
     if os.environ.get(RECORDER_PID):
         return
+    if os.environ.get(VERIFY_TRAINER) and os.environ.get(DEADLINE):
+        # Only the wrapper's command has the deadline: not the wrapper itself (the local
+        # supervisor, whose Python loads the bootstrap too, runs in the job environment).
+        arm_verify_limit(float(os.environ[DEADLINE]), float(os.environ[VERIFY_TRAINER]))
     if "jax" in sys.modules:
         install_now()
     elif not any(isinstance(finder, _AfterJaxImport) for finder in sys.meta_path):

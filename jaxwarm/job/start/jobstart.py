@@ -43,7 +43,7 @@ def start_job(config: Config, job: str, calling: AbstractContextManager[Any] | N
     mesh and step (`calling` around the factory's call). Prewarm, verify and the trainer all
     start here, so they lower the same program."""
     apply_mock(config)
-    initialize(config.topology)
+    initialize(config)
     require_devices(config)
     recorder = enable_cache(config, job=job)
     try:

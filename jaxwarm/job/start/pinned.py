@@ -13,8 +13,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from jaxwarm.core.config import Config, ConfigError, load_config, load_pinned
+from jaxwarm.core.config import Config, load_config, load_pinned
 from jaxwarm.core.environment import PINNED_DIGEST
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import canonical_path
 from jaxwarm.store.store import open_store
 

@@ -12,18 +12,34 @@ pickled Python callable, in rank 0 only, and requeues. jaxwarm's trainer is an a
 (`jsp-train`), not a callable, and every rank's child must hear the signal to agree on a
 checkpoint step, so the forwarding has to live here; submitit still submits the job, runs
 this wrapper in each task and follows the job (its timeout requeue is turned off).
+
+What the command leaves running when it exits (a helper in a session of its own, which a
+`proctrack/pgid` SLURM does not track) is ended by the wrapper, a child subreaper as the
+local supervisor is: SIGTERM, `stop_grace_s`, SIGKILL (`jaxwarm.core.childwait`). With
+`init_budget_s` (verify --trainer), a command that has not ended `stop_grace_s` after its
+time limit is killed with one line, as the local supervisor does.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxwarm.core.childwait import signal_pipe, sleep_until_signal
+from jaxwarm.core.childwait import (
+    DEADLINE,
+    become_subreaper,
+    end_descendants,
+    limit_line,
+    reap_orphans,
+    signal_pipe,
+    sleep_until_signal,
+)
 from jaxwarm.core.errors import say
 from jaxwarm.job.start.place import Place
 
@@ -53,18 +69,37 @@ class TaskCommand:
     argv: list[str]
     forward_signal: str = "USR1"
     max_requeues: int = 0
+    grace_s: float = 30.0
+    init_budget_s: float | None = None
 
     def __call__(self) -> int:
         pipe = signal_pipe()
-        self._child = subprocess.Popen(self.argv, preexec_fn=_ignore_warning)
+        become_subreaper()
+        env, limit_at, killed_at_limit = None, math.inf, ""
+        if self.init_budget_s is not None:
+            env = {**os.environ, DEADLINE: repr(time.time() + self.init_budget_s)}
+            limit_at = time.monotonic() + self.init_budget_s + self.grace_s
+        self._child = subprocess.Popen(self.argv, preexec_fn=_ignore_warning, env=env)
         self._stopping: int | None = None
         signal.signal(WARNING, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         # poll(), not wait(): wait() holds a lock a signal handler could need. Between two
-        # looks, asleep until a signal (the child's end is SIGCHLD): `childwait`.
+        # looks, asleep until a signal (the child's end is SIGCHLD) or the time limit.
         while self._child.poll() is None:
-            sleep_until_signal(pipe, math.inf)
+            if time.monotonic() > limit_at:
+                limit_at = math.inf
+                self._child.kill()
+                killed_at_limit = limit_line(self.argv[0], self.init_budget_s or 0.0,
+                                             self.grace_s)
+                say(killed_at_limit)
+            sleep_until_signal(pipe, max(0.0, limit_at - time.monotonic()))
+            reap_orphans(keep=self._child.pid)
         code = self._child.returncode
+        if end_descendants(self.grace_s):
+            log.warning("jaxwarm: %s exited, but processes it started did not stop within "
+                        "%g s of SIGTERM; killed them", self.argv[0], self.grace_s)
+        if killed_at_limit:
+            raise TaskFailed(killed_at_limit)
         if self._stopping == WARNING and Place.here().process_id == 0:
             self._requeue()
         if code != 0 and self._stopping is None:

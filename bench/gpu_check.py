@@ -81,8 +81,8 @@ from jaxwarm.core.gputarget import gpus_here
 from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import report_path, verify_result_path
 from jaxwarm.jaxkey.components import differing_components
-from jaxwarm.store.entries import entry_path
-from jaxwarm.store.manifest import ManifestEntry, read_manifest
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 from jaxwarm.submit.local import run_job
 from jaxwarm.submit.prepare import pin_config
@@ -173,7 +173,7 @@ def verdict(config: Config) -> dict[str, Any]:
 
 def prewarmed(cache: Path) -> ManifestEntry:
     """The newest manifest entry of the step."""
-    entries = [e for e in read_manifest(cache).values() if e.function == STEP]
+    entries = [e for e in LocalStore(cache).manifest().values() if e.function == STEP]
     if not entries:
         raise BenchError(f"{cache}: the prewarm recorded no {STEP}")
     return max(entries, key=lambda entry: entry.created)
@@ -194,7 +194,7 @@ def reference(ctx: Context) -> dict[str, Any]:
     after_config, after_pinned = ctx.pin("reference-verify-again", layout)
     run(verify_job(after_config, after_pinned), after_config)
     after = verdict(after_config)
-    equal = before["key"] == written.key and entry_path(cache, before["key"]).is_file()
+    equal = before["key"] == written.key and LocalStore(cache).has_entry(before["key"])
     return {"verify_before": "WARM" if before["warm"] else "COLD",
             "predicted_key": before["key"], "written_key": written.key,
             "key_equals_file": equal, "prewarm_compile_s": written.compile_s,
@@ -213,7 +213,7 @@ def cold_vs_warm(ctx: Context) -> dict[str, Any]:
         return train_once(ctx, name, [*size, f"cache.dir={cache_dir}"], hit)
 
     cold_report, cold = trainer("cold", cache, hit=False)
-    entry_bytes = entry_path(cache, cold["key"]).stat().st_size
+    entry_bytes = LocalStore(cache).entry_size(cold["key"])
     warm_report, warm = trainer("warm", cache, hit=True)
     # A new cache with XLA's autotune results of the cold run and no JAX entry: the compile
     # runs again, without autotuning what the sub-cache holds.
@@ -263,7 +263,7 @@ def load_profile(ctx: Context) -> dict[str, Any]:
         sizes.append({"layers": layers, "compile_s": cold["seconds"],
                       "retrieval_s": warm["seconds"],
                       "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
-                      "entry_bytes": entry_path(cache, cold["key"]).stat().st_size,
+                      "entry_bytes": LocalStore(cache).entry_size(cold["key"]),
                       "warm_first_step_s": warm_report["time_to_first_step_s"]})
     return {"sizes": sizes, "breakdown": None}
 

@@ -18,7 +18,7 @@ import zlib
 
 from jaxwarm.core.records import TRAIN
 from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC
-from jaxwarm.store.entries import entry_path
+from jaxwarm.store.store import LocalStore
 
 
 def decompress(data: bytes) -> bytes:
@@ -47,7 +47,7 @@ def main() -> int:
     # Nothing runs the step here: say so, or the recorder waits for its first execution.
     recorder.mark_first_step()
     step = next(fn for fn in recorder.report.functions if fn.name == "jit_train_step")
-    data = entry_path(config.cache.dir, str(step.key)).read_bytes()
+    data = LocalStore(config.cache.dir).entry_path(str(step.key)).read_bytes()
     start = time.perf_counter()
     payload = decompress(data)
     decompress_s = time.perf_counter() - start

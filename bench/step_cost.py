@@ -43,7 +43,7 @@ from jaxwarm.core.config import Config
 from jaxwarm.core.environment import job_environment, merge_environment
 from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import report_path, verify_result_path
-from jaxwarm.store.entries import entry_path
+from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
 STEP = "jit_train_step"
@@ -139,7 +139,8 @@ def measure(layers: int) -> dict[str, float]:
             "warm_load_s": warm_step["seconds"],
             "cold_first_step_s": cold_report["time_to_first_step_s"],
             "warm_first_step_s": warm_report["time_to_first_step_s"],
-            "entry_kb": entry_path(cold_config.cache.dir, cold_step["key"]).stat().st_size / 1024,
+            "entry_kb": (open_store(cold_config.cache.dir).entry_size(cold_step["key"])
+                         or 0) / 1024,
             "cold_init_compile_s": cold_report["backend_compile_s"],
             "warm_init_retrieval_s": warm_report["retrieval_s"],
             "cold_train_wall_s": cold.wall_s,

@@ -236,7 +236,8 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     import numpy as np
 
     from jaxwarm.jaxkey.predict import predict_key
-    from jaxwarm.store.manifest import ManifestEntry, record_entries
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.store import open_store
 
     since = len(recorder.report.functions)
     step, shardings = _build(side)
@@ -254,7 +255,7 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     lowered.compile()
     compile_s = time.perf_counter() - start
     observed = _observed(recorder, since, prediction.module_name)
-    record_entries(cache_dir, [ManifestEntry(
+    open_store(cache_dir).record_entries([ManifestEntry(
         function=prediction.module_name, key=observed["key"], run="keycase-prewarm",
         config=variation, compile_s=compile_s, lower_s=lower_s, written=True,
         jax_version=jax.__version__, process_count=jax.process_count(),

@@ -45,9 +45,12 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     assert NAMED.format(job="run") in shown.stdout, shown.stdout
 
 
-def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
+def test_settings_are_named_before_the_signature_and_beside_the_components(
+        tmp_path: Path) -> None:
+    from jaxwarm.core.records import FunctionRecord
     from jaxwarm.store.manifest import ManifestEntry
-    from jaxwarm.store.misses import explain_miss
+    from jaxwarm.store.misses import MissContext
+    from jaxwarm.store.store import LocalStore
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
                "LIBTPU_INIT_ARGS": ""}
@@ -56,26 +59,32 @@ def test_settings_are_named_before_the_signature_and_beside_the_components() -> 
                           process_count=1, components={"computation": "1"}, signature="s1",
                           global_options=prewarm)
     manifest = {entry.key: entry}
+    store = LocalStore(tmp_path)
     run = {**prewarm, "jax_default_prng_impl": "unsafe_rbg", "LIBTPU_INIT_ARGS": "--x=1"}
-    other_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                               signature="s2", global_options=run)
+    def missed(signature: str, global_options: dict[str, str]) -> FunctionRecord:
+        return FunctionRecord("jit_step", None, False, components={"computation": "2"},
+                              signature=signature, global_options=global_options)
+
+    other_types = store.explain_miss(missed("s2", run), manifest, MissContext(run="r"))
     assert [line.split(" (prewarmed by")[0] for line in other_types] == [
         "jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg",
         "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1"]
-    same_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                              signature="s1", global_options=run)
+    same_types = store.explain_miss(missed("s1", run), manifest, MissContext(run="r"))
     assert same_types[:2] == other_types and "computation differs" in same_types[2]
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function of the same name" in explain_miss(
-        "jit_step", {"computation": "2"}, manifest, signature="s2")[0]
+    assert "another function of the same name" in store.explain_miss(
+        missed("s2", {}), manifest)[0]
 
 
-def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings() -> None:
+def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings(
+        tmp_path: Path) -> None:
     """Another run prewarmed the step later, under its own LIBTPU_INIT_ARGS; this run's
     prewarm (an entry it found WARM and uses: `runs`) differs from this job in the
     computation alone. The why names the computation, not the other run's settings."""
+    from jaxwarm.core.records import FunctionRecord
     from jaxwarm.store.manifest import ManifestEntry
-    from jaxwarm.store.misses import explain_miss
+    from jaxwarm.store.misses import MissContext
+    from jaxwarm.store.store import LocalStore
 
     settings = {"jax_default_prng_impl": "threefry2x32", "LIBTPU_INIT_ARGS": ""}
 
@@ -90,9 +99,10 @@ def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings()
     theirs = entry("b", "other", 2.0, global_options={**settings, "LIBTPU_INIT_ARGS": "--x=1"},
                    components={"computation": "1", "flags": "g"})
     manifest = {e.key: e for e in (ours, theirs)}
-    job = {"computation": "2", "flags": "f"}
+    missed = FunctionRecord("jit_step", None, False, components={"computation": "2",
+                                                                  "flags": "f"},
+                            signature="s1", global_options=settings)
     for run in ("mine", "a run that never prewarmed"):  # its own; else the closest
-        why = explain_miss("jit_step", job, manifest, run=run, signature="s1",
-                           global_options=settings)
+        why = LocalStore(tmp_path).explain_miss(missed, manifest, MissContext(run=run))
         assert "LIBTPU_INIT_ARGS" not in " ".join(why), why
         assert why[-1].startswith(f"prewarmed as {ours.key} by run 'first'; computation "), why

@@ -105,16 +105,18 @@ def test_a_broken_manifest_is_one_line_naming_it_and_changes_nothing(
 
 def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
         tmp_path: Path) -> None:
-    from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.store import LocalStore
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "jaxwarm-manifest.json").write_text("[]")
+    store = LocalStore(cache)
+    store.manifest_file.write_text("[]")
     key = "jit_f-" + "a" * 64
-    record_entries(cache, [ManifestEntry(function="jit_f", key=key, run="r", config="c",
-                                         compile_s=1.0, lower_s=0.1, written=True,
-                                         jax_version="0", process_count=1)])
-    assert list(read_manifest(cache)) == [key]
+    store.record_entries([ManifestEntry(function="jit_f", key=key, run="r", config="c",
+                                        compile_s=1.0, lower_s=0.1, written=True,
+                                        jax_version="0", process_count=1)])
+    assert list(store.manifest()) == [key]
     aside, = cache.glob("jaxwarm-manifest.json.broken-*[0-9]")
     assert aside.read_text() == "[]"
     note = aside.with_name(aside.name + ".why").read_text()

@@ -35,7 +35,8 @@ from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
 from jaxwarm.report.read import FIRST_STEPS_CAP, load_verdicts
 from jaxwarm.store.entries import ATIME_CAP
 from jaxwarm.store.manifest import MANIFEST_CAP
-from jaxwarm.store.prewarms import PREWARMS_CAP, read_prewarms
+from jaxwarm.store.prewarms import PREWARMS_CAP
+from jaxwarm.store.store import LocalStore
 from jaxwarm.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
@@ -237,10 +238,11 @@ def guarded(call: Callable[[], Any]) -> Any:
 def test_hostile_prewarm_records_make_the_launch_prewarm_with_one_line(
         tree: Path, attack: str, caplog: pytest.LogCaptureFixture) -> None:
     """`--prewarm auto` reads the records of completed prewarms: refused, it prewarms."""
-    path = tree / "cache" / "jaxwarm-prewarms.json"
+    store = LocalStore(tree / "cache")
+    path = store.prewarms_file
     why = plant(path, attack, PREWARMS_CAP, DEEP)
     with caplog.at_level(logging.WARNING, "jaxwarm"):
-        assert guarded(lambda: read_prewarms(tree / "cache")) == {}
+        assert guarded(store.prewarms) == {}
     named = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
     assert len(named) == 1 and why in named[0], caplog.text
 

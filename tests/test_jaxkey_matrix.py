@@ -27,7 +27,7 @@ import pytest
 
 from jaxwarm.jaxkey.components import differing_components
 from jaxwarm.jaxkey.versions import cache_path_in_key, release
-from jaxwarm.store.manifest import read_manifest
+from jaxwarm.store.store import LocalStore
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
 # The components' initials.
@@ -145,7 +145,7 @@ def check_case(variation: str, pre: dict[str, Any], run: dict[str, Any], cache: 
     assert pre["prediction"]["key"] == pre["observed"]["key"]
     assert pre["prediction"]["components"] == pre["observed"]["components"]
     assert not pre["observed"]["hit"], "the prewarm's cache was not empty"
-    entry = read_manifest(cache)[pre["observed"]["key"]]
+    entry = LocalStore(cache).manifest()[pre["observed"]["key"]]
     assert (cache / f"{entry.key}-cache").is_file()
 
     verdict, observed = run["verdict"], run["observed"]

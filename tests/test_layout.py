@@ -286,7 +286,6 @@ MODULE_LINES, FUNCTION_LINES, PARAMETERS = 600, 80, 8
 STILL_BEING_SPLIT = {
     "jaxwarm/job/record/recorder.py",  # the first-step finder out of InitRecorder
     "jaxwarm/job/warm.py",  # judge's 9 parameters
-    "jaxwarm/store/misses.py",  # explain_miss's 15 parameters
 }
 
 

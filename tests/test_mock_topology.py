@@ -26,8 +26,10 @@ from jaxwarm.core.gputarget import (
     mock_options,
     mock_topology,
 )
-from jaxwarm.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.store.misses import explain_miss
+from jaxwarm.core.records import FunctionRecord
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit import flow
 from jaxwarm.submit.jobs import prewarm_job, train_job
 from jaxwarm.submit.local import LocalBackend
@@ -127,12 +129,13 @@ def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
     config = mocked()
     key = "jit_train_step-" + "a" * 64
     target = LoweredTarget("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
-    entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0, ("ab", 10))
+    entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0)
     assert (entry.mock_topology, entry.xla_flags) == ("2x1x1", SHARD_OFF)
-    record_entries(tmp_path, [entry])
-    assert read_manifest(tmp_path)[target.key] == entry
+    store = LocalStore(tmp_path)
+    store.record_entries([entry])
+    assert store.manifest()[target.key] == entry
     monkeypatch.delenv(MOCK_VARIABLE)
-    assert manifest_entry(config, target, "f", target.key, 1.0, None).mock_topology is None
+    assert manifest_entry(config, target, "f", target.key, 1.0).mock_topology is None
 
 
 def mocked_entry(**fields: object) -> ManifestEntry:
@@ -144,29 +147,34 @@ def mocked_entry(**fields: object) -> ManifestEntry:
     return ManifestEntry(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def test_verify_names_the_component_a_mocked_key_differs_in() -> None:
+def test_verify_names_the_component_a_mocked_key_differs_in(tmp_path: Path) -> None:
     """verify on the real layout against a mocked prewarm: the same components are WARM (no
     explanation asked); otherwise each differing component is named, the flags by name."""
     entry = mocked_entry()
     manifest = {entry.key: entry}
-    flags = explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"}, manifest,
-                         run="llama3-8b", process_count=64, job="verify",
-                         xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true")
+    store = LocalStore(tmp_path)
+    def missed(**components: str) -> FunctionRecord:
+        return FunctionRecord("jit_train_step", None, False,
+                              components={**entry.components, **components})
+
+    flags = store.explain_miss(missed(**{"XLA flags": "g"}), manifest, MissContext(
+        run="llama3-8b", process_count=64, job="verify",
+        xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true"))
     assert flags == [
         f"prewarmed as {entry.key} by run 'llama3-8b' on one node through JAX's mock GPU "
         f"topology 8x8x1; XLA flags differs: only the prewarm's XLA_FLAGS have {SHARD_OFF}; "
         f"every XLA flag is part of the key, so the run must carry the prewarm's flags (those "
         f"a prewarm.layout: mock compile needs go to every job of its run)"]
-    topology = explain_miss("jit_train_step", {**entry.components, "accelerator_config": "b"},
-                            manifest, run="llama3-8b", process_count=64, xla_flags="")
+    topology = store.explain_miss(missed(accelerator_config="b"), manifest, MissContext(
+        run="llama3-8b", process_count=64, xla_flags=""))
     assert len(topology) == 1 and "accelerator_config differs" in topology[0]
     assert "the mock 8x8x1 did not give this layout's topology" in topology[0]
     # Flags recorded the same (another argv flag, say): the general causes.
-    same = explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"}, manifest,
-                        process_count=64, xla_flags=entry.xla_flags)
+    same = store.explain_miss(missed(**{"XLA flags": "g"}), manifest,
+                              MissContext(process_count=64, xla_flags=entry.xla_flags))
     assert "XLA_FLAGS (or LIBTPU_INIT_ARGS) or an --xla_* flag in sys.argv" in same[0]
     # A run on another layout than the one mocked: the layout is named.
-    other = explain_miss("jit_train_step", entry.components, manifest, process_count=16)
+    other = store.explain_miss(missed(), manifest, MissContext(process_count=16))
     assert "on 64 process(es), but this job has 16" in other[0]
 
 
@@ -258,7 +266,7 @@ def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
     flag = "--xla_cpu_enable_fast_math=false"
     prewarmed = run_cli("prewarm", *common, with_xla_flag(flag, LEGACY_CPU_FUSION))
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    entries = read_manifest(tmp_path / "cache").values()
+    entries = LocalStore(tmp_path / "cache").manifest().values()
     assert entries and all(flag in entry.xla_flags.split() for entry in entries)
     verified = run_cli("verify", *common, with_xla_flag(LEGACY_CPU_FUSION), "run.name=without")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]

@@ -18,6 +18,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,9 @@ from typing import Any
 import pytest
 
 from jaxwarm.core.records import OVER_CAP, UNUSED, USED
-from jaxwarm.store.manifest import MANIFEST_NAME
+from jaxwarm.job.prefetch import Prefetch
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
 from tests.hostile import snapshot
@@ -92,7 +96,7 @@ def prewarmed(request: pytest.FixtureRequest,
 
 
 def manifest(cache: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((cache / MANIFEST_NAME).read_text())
+    data: dict[str, Any] = json.loads(LocalStore(cache).manifest_file.read_text())
     return data
 
 
@@ -129,7 +133,7 @@ def test_a_planted_mismatch_takes_jaxs_path_and_is_reported(prewarmed: Prewarmed
     for entry in data["entries"].values():
         if entry["function"] == "jit_train_step":
             entry["device_ids"] = entry["device_ids"][::-1]
-    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    LocalStore(cache).manifest_file.write_text(json.dumps(data))
     report = prewarmed.launch(tmp_path, cache=cache)
     found = outcomes(report)
     assert found["jit_train_step"].startswith("not used: the trainer's call runs on devices"), \
@@ -187,13 +191,37 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     for entry in data["entries"].values():
         entry.pop("compile_options")
         entry.pop("device_ids")
-    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    LocalStore(cache).manifest_file.write_text(json.dumps(data))
     assert prewarmed.launch(tmp_path / "before", cache=cache)["prefetch"] is None
     again = cli(prewarmed.python, "prewarm", *demo(tmp_path / "runs", cache))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert all(e["compile_options"] for e in manifest(cache)["entries"].values())
     report = prewarmed.launch(tmp_path / "after", cache=cache)
     assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_prefetch_thread_runs_at_idle_priority_and_the_trainer_does_not(
+        tmp_path: Path) -> None:
+    """The prefetch's reader thread lowers itself to SCHED_IDLE (per thread, as Linux sets
+    it), and the thread that started it (the trainer's) keeps its policy. The test holds the
+    prefetch's lock, so the reader, once lowered, waits there and its id stays its own."""
+    store = LocalStore(tmp_path / "cache")
+    entry = ManifestEntry("jit_train_step", "k1", "run", "config", 1.0, 0.1, True, "0", 1,
+                          compile_options="", device_ids=[0])
+    prefetch = Prefetch([entry], store, 1 << 30, 0.0)
+    with prefetch._lock:
+        prefetch.start()
+        reader = next(t for t in threading.enumerate() if t.name == "jaxwarm-prefetch-read")
+        assert reader.native_id is not None
+        deadline = time.monotonic() + 60
+        while (os.sched_getscheduler(reader.native_id) != os.SCHED_IDLE
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert os.sched_getscheduler(reader.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    prefetch.join()  # the entry has no file: its load fails, JAX's path stays the trainer's
+    assert prefetch.report.executables[0].outcome.startswith("not loaded: ")
 
 
 @pytest.mark.parametrize("plant", ["link", "fifo"])
@@ -234,10 +262,6 @@ def test_the_cap_bounds_the_inflation_itself(tmp_path: Path) -> None:
     cap (what it allocates stays near the cap, not the 1 GiB), loads nothing and holds
     nothing; the trainer's lookup takes JAX's path."""
     import tracemalloc
-
-    from jaxwarm.job.prefetch import Prefetch
-    from jaxwarm.store.manifest import ManifestEntry
-    from jaxwarm.store.store import LocalStore
 
     key = f"jit_train_step-{'ab' * 32}"
     squeeze = zlib.compressobj(1)

@@ -1,7 +1,8 @@
 """`jaxwarm cache ls|stats|prune|verify|export|import`: the cache store from the command line.
 
 Each command takes the cache of a config (CONFIG [KEY.SUB=VALUE ...]) or a cache dir path;
-export and import need a config, which says what the run needs and where it runs.
+export and import need a config, which says what the run needs and where it runs. Each asks
+the store; a remote cache dir refuses, in one line, what only a local or mounted one can do.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from jaxwarm.core.records import JobUsage
 from jaxwarm.core.words import human_age, human_size, plural
 from jaxwarm.jaxkey.entryformat import split_key
 from jaxwarm.job.start.pinned import resolve_paths
-from jaxwarm.store.bundle import DEFAULT_IMPORT_LIMIT, export_bundle, import_bundle
-from jaxwarm.store.entries import QUARANTINE_DIR, Entry
-from jaxwarm.store.store import CacheStore, LocalStore, open_store
-from jaxwarm.store.usage import KeyHistory, key_histories
+from jaxwarm.store.bundle import DEFAULT_IMPORT_LIMIT
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.entries import Entry
+from jaxwarm.store.store import open_store
+from jaxwarm.store.usage import KeyHistory
 
 _SIZE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[KMGT]?i?B?)?$", re.IGNORECASE)
 _AGE = re.compile(r"^(?P<number>\d+(\.\d+)?)\s*(?P<unit>[smhdw]?)$")
@@ -89,16 +91,15 @@ def resolve_target(target: str, overrides: list[str]) -> tuple[CacheStore, Confi
     if path.is_file():
         config = resolve_paths(load_config(path, overrides))
         store = open_store(config.cache.dir)
-        if store.local is not None:
-            store.local.check(config.cache, config.source)
+        store.check(config.cache, config.source)
         return store, config
     if overrides:
         raise ConfigError(f"{target}: overrides need a config file, got a directory")
     if not path.is_dir():
         raise ConfigError(f"{target}: expected a config file or an existing cache dir")
-    local = LocalStore(canonical_path(path))
-    local.check(CacheConfig(), target)
-    return local, None
+    store = open_store(canonical_path(path))
+    store.check(CacheConfig(), target)
+    return store, None
 
 
 def require_config(config: Config | None, target: str, action: str) -> Config:
@@ -124,8 +125,8 @@ class EntryRow:
     misses: int
 
 
-def entry_rows(store: LocalStore) -> list[EntryRow]:
-    histories = key_histories(store.usage())
+def entry_rows(store: CacheStore) -> list[EntryRow]:
+    histories = store.histories()
     manifest = store.manifest()
     now = time.time()
     rows = []
@@ -143,7 +144,7 @@ def entry_rows(store: LocalStore) -> list[EntryRow]:
     return sorted(rows, key=lambda r: (r.function, r.last_used_s))
 
 
-def cmd_ls(store: LocalStore) -> list[str]:
+def cmd_ls(store: CacheStore) -> list[str]:
     rows = entry_rows(store)
     lines = []
     for function in sorted({r.function for r in rows}):
@@ -189,12 +190,11 @@ class CacheStats:
     history: list[JobStart]
 
 
-def cache_stats(store: LocalStore) -> CacheStats:
-    """The usage log is read once: for the entries' last use and for the job history."""
-    usage = store.usage()
-    entries: list[Entry] = store.scan(key_histories(usage))
-    jobs = [r for r in usage if isinstance(r, JobUsage)]
-    quarantine = store.path / QUARANTINE_DIR
+def cache_stats(store: CacheStore) -> CacheStats:
+    """The usage log is read once (the store keeps what it parsed): for the entries' last
+    use and for the job history."""
+    entries: list[Entry] = store.scan()
+    jobs = [r for r in store.usage() if isinstance(r, JobUsage)]
     history = [JobStart(time=r.time, run=r.run, job=r.job, restart=r.restart,
                         hits=sum(f.hit for f in r.functions), lookups=len(r.functions))
                for r in jobs]
@@ -202,7 +202,7 @@ def cache_stats(store: LocalStore) -> CacheStats:
         cache_dir=store.dir, entries=len(entries), total_bytes=sum(e.size for e in entries),
         functions=len({e.function for e in entries}),
         pinned=len(set(store.manifest()) & {e.key for e in entries}),
-        quarantined=len(list(quarantine.glob("*-cache.*[0-9]"))) if quarantine.is_dir() else 0,
+        quarantined=store.quarantined(),
         jobs_recorded=len(jobs), lookups=sum(item.lookups for item in history),
         hits=sum(item.hits for item in history), history=history[-10:])
 
@@ -222,11 +222,7 @@ def format_stats(stats: CacheStats) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch one `jaxwarm cache` command; returns the exit code."""
-    found, config = resolve_target(args.target, args.overrides)
-    store = found.local
-    if store is None:
-        raise ConfigError(f"{args.target}: cache.dir: 'jaxwarm cache' works on local or "
-                          f"mounted dirs; {found.dir} is remote")
+    store, config = resolve_target(args.target, args.overrides)
     action = args.cache_command
     if action == "ls":
         if args.json:
@@ -252,13 +248,13 @@ def run(args: argparse.Namespace) -> int:
     elif action == "import":
         config = require_config(config, args.target, action)
         store.prepare(config.cache, config.source)
-        added, present = import_bundle(args.bundle, store, config, args.max_bytes)
+        added, present = store.import_bundle(args.bundle, config, args.max_bytes)
         print(f"imported {len(added)} {plural(len(added), 'entry', 'entries')} "
               f"({len(present)} already there) into {store.dir}")
     return 0
 
 
-def cmd_prune(args: argparse.Namespace, store: LocalStore) -> int:
+def cmd_prune(args: argparse.Namespace, store: CacheStore) -> int:
     if args.max_size is None and args.older_than is None:
         raise ConfigError(f"{args.target}: 'cache prune' needs --max-size and/or --older-than")
     removed = store.prune(max_bytes=args.max_size, older_than_s=args.older_than,
@@ -273,18 +269,11 @@ def cmd_prune(args: argparse.Namespace, store: LocalStore) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace, store: LocalStore, config: Config) -> int:
-    if args.all:
-        keys = [entry.key for entry in store.scan(histories={})]
-    else:
-        keys = [e.key for e in store.run_entries(config.run.name, strict=True)
-                if store.entry_path(e.key).is_file()]
-    if not keys:
-        raise ConfigError(f"{config.source}: run.name: no prewarmed entries of run "
-                          f"{config.run.name!r} in {store.dir}; prewarm first or pass --all")
-    meta = export_bundle(store, config, args.output, keys)
+def cmd_export(args: argparse.Namespace, store: CacheStore, config: Config) -> int:
+    meta = store.export_bundle(config, args.output, every=args.all)
     size = args.output.stat().st_size
-    print(f"exported {len(keys)} {plural(len(keys), 'entry', 'entries')} to {args.output} "
+    count = len(meta.entries)
+    print(f"exported {count} {plural(count, 'entry', 'entries')} to {args.output} "
           f"({human_size(size)}; jax {meta.jax_version}, {meta.platform}, "
           f"{'portable' if meta.portable else 'only for cache dir ' + store.dir})")
     return 0

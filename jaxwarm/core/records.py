@@ -62,7 +62,7 @@ class InputSignature:
     """Every input of a compiled program, in order (the arguments JAX kept: unused ones are
     pruned), and the meshes its shardings name (`mesh` -> `["data"=2, "fsdp"=4]`): what
     a prewarm records of each target, so that a run that misses it can say which inputs
-    differ (`jaxwarm.store.misses.input_differences`). Static arguments are baked into
+    differ (`jaxwarm.core.inputdiff.input_differences`). Static arguments are baked into
     the program, not inputs: a change in one shows as equal inputs and another program."""
 
     leaves: list[InputLeaf] = field(default_factory=list)
@@ -102,7 +102,7 @@ class FunctionRecord:
     # its inputs now): what the attempt's label counts, and what the report headlines.
     prewarmed: bool = False
     # Of a prewarmed function that missed: how its inputs differ from the prewarm's, one
-    # line each (`jaxwarm.store.misses.input_differences`); empty: they are equal, so the
+    # line each (`jaxwarm.core.inputdiff.input_differences`); empty: they are equal, so the
     # program itself differs; None: not compared (the prewarm recorded no inputs).
     input_changes: list[str] | None = None
 

@@ -22,7 +22,8 @@ as for any hit, since the wrapper sits inside `_cache_read`.
 
 Deserialization releases the GIL on every tested version (measured: docs/cache.md,
 "Prefetch"): the trainer's Python runs on while the loads do, competing with them only
-for the CPU.
+for the CPU, and the prefetch's threads run at idle priority (`jaxwarm.job.prefetch.yield_cpu`)
+so that the trainer wins that.
 
 The same seam is where JAX itself reads an entry, after every check jaxwarm made at the
 launch and at the job's start: `guard_reads` asks, right before that read, whether the file

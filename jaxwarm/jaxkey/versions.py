@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 
-from jaxwarm.core.errors import UserError
+from jaxwarm.core.config import CacheConfig
+from jaxwarm.core.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,24 @@ def cache_path_in_key(jax_version: str, xla_caches: str) -> bool:
     options unless the XLA caches are off (`cache.xla_caches: none`).
     """
     return xla_caches != "none" and release(jax_version)[:2] < AUTOTUNE_PATH_LEAVES_KEY
+
+
+def staging_problem(cache: CacheConfig, jax_version: str, source: str) -> str | None:
+    """Why staging would change the key on this jax with these settings; None when it
+    would not. The one rule, checked by the launcher and again by every staged job."""
+    if cache.stage is None or not cache_path_in_key(jax_version, cache.xla_caches):
+        return None
+    return (f"{source}: cache.stage: on jax {jax_version} the cache dir's path string is part "
+            f"of every key (XLA's autotune dir, before jax 0.11), so JAX reading the staged "
+            f"copy at {cache.stage} would miss every entry prewarmed in {cache.dir}; set "
+            f"cache.xla_caches: none (the prewarm then writes keys without the path) or use "
+            f"jax >= 0.11")
+
+
+def refuse_key_change(cache: CacheConfig, source: str) -> None:
+    """`staging_problem` for the jax installed here, as the one-line ConfigError: the
+    launcher's check before it builds a training job, and each staged job's own. A rule
+    of JAX's key (beside `cache_path_in_key`), not of any dir: no store is asked."""
+    versions = installed()
+    if versions is not None and (problem := staging_problem(cache, versions.jax, source)):
+        raise ConfigError(problem)

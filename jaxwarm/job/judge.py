@@ -2,8 +2,8 @@
 
 Both jobs lower the run's targets the same way (`lower_targets`: the risky-input warnings,
 `lower()` inside the target's context, JAX's own key for it) and decide the same way
-(`decide`): process 0 checks each target's entry (`integrity.warm_check`), explains a COLD
-one against the manifest (`store.misses.explain_miss`: the same target only), and
+(`decide`): process 0 checks each target's entry (`CacheStore.warm_check`), explains a COLD
+one against the manifest (`CacheStore.explain_miss`: the same target only), and
 broadcasts WARM or COLD to every process (`jaxwarm.jaxkey.agree`: through jax.distributed's
 key-value store, since a collective would itself be compiled into the cache). Process 0
 decides because its verdict is the run's: on GPU every rank shares its key, and ranks that
@@ -32,7 +32,8 @@ from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, say
 from jaxwarm.specs import warn_risky_inputs
 from jaxwarm.step import CompileTarget, lower_target
-from jaxwarm.store.store import LocalStore, open_store
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def lower_targets(targets: list[CompileTarget], source: str, *,
     return lowered
 
 
-Repair = Callable[[LocalStore, list[WarmDecision]], None]
+Repair = Callable[[CacheStore, list[WarmDecision]], None]
 
 # How long the other processes wait for process 0's decision: its checks read entries in
 # full where they must (big ones take minutes) and its repairs wait on the manifest's lock.
@@ -97,8 +98,8 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
                                                           target.lowered)
                            if target.prediction else None)
                      for target in targets]
-        if repair is not None and store.local is not None:
-            repair(store.local, decisions)
+        if repair is not None:
+            repair(store, decisions)
     else:
         decisions = [WarmDecision(target, False) for target in targets]
     # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.

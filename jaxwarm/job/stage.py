@@ -11,7 +11,7 @@ staging touches no device, so a trainer that joins the job later still can.
 Whatever goes wrong on a node (a `$VARIABLE` the node does not set, a stage dir that cannot
 be made or is unsafe, a full disk, a note that does not come in time) makes that node read
 the shared dir, said in one line. The key is the same there: staging is refused where the
-path string enters the key (`jaxwarm.store.staging.staging_problem`), so a fallback costs
+path string enters the key (`jaxwarm.jaxkey.versions.staging_problem`), so a fallback costs
 shared reads, never a hit.
 """
 
@@ -30,9 +30,9 @@ from jaxwarm.core.jsonio import RECORD_CAP, dumps, from_json, parse_json
 from jaxwarm.core.records import Staging
 from jaxwarm.core.rundir import stage_note_path
 from jaxwarm.core.words import plural
+from jaxwarm.jaxkey.versions import refuse_key_change
 from jaxwarm.job.start.place import Place
-from jaxwarm.store.staging import refuse_key_change
-from jaxwarm.store.store import LocalStore
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ def stage_node(config: Config, node: int) -> Staging:
                        fallback=f"cache.stage {wanted!r} is {stage!r} on this node, not an "
                                 f"absolute path")
     try:
-        LocalStore(stage).prepare(config.cache, config.source, key="cache.stage")
+        open_store(stage).prepare(config.cache, config.source, key="cache.stage")
         # A stage with a remote cache.dir is refused when the config loads: this one is local.
-        staged = LocalStore(shared).stage_into(stage, config.run.name, config.cache.max_size)
+        staged = open_store(shared).stage_into(stage, config.run.name, config.cache.max_size)
     except (ConfigError, OSError) as exc:
         return Staging(node, shared, stager=True,
                        fallback=f"staging into {stage} failed: {one_line(exc)}")

@@ -13,12 +13,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxwarm.core.records import InputSignature, Verdict
+from jaxwarm.core.inputdiff import input_differences
+from jaxwarm.core.records import FunctionRecord, InputSignature, Verdict
 from jaxwarm.jaxkey.predict import KeyPrediction
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import MISSED_NOTE, WarmCheck
-from jaxwarm.store.manifest import latest_for_run
-from jaxwarm.store.misses import explain_miss, input_differences
-from jaxwarm.store.store import CacheStore
+from jaxwarm.store.misses import MissContext
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,17 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             if check.missed else []
     elif check.problem == "missing":
         manifest = store.manifest(strict=False)
-        prewarmed = next((e.inputs for e in latest_for_run(manifest, run or "")
+        prewarmed = next((e.inputs for e in manifest.for_run(run or "")
                           if e.function == prediction.module_name), None)
-        why = explain_miss(prediction.module_name, prediction.components, manifest, run=run,
-                           process_count=process_count, signature=signature,
-                           global_options=target.global_options, job=job, max_size=max_size,
-                           xla_flags=os.environ.get("XLA_FLAGS", ""),
-                           input_changes=None if prewarmed is None or inputs is None
-                           else input_differences(prewarmed, inputs))
+        missed = FunctionRecord(
+            prediction.module_name, prediction.key, hit=False,
+            components=prediction.components, signature=signature,
+            global_options=target.global_options,
+            input_changes=None if prewarmed is None or inputs is None
+            else input_differences(prewarmed, inputs))
+        why = store.explain_miss(missed, manifest, MissContext(
+            run=run, job=job, process_count=process_count, max_size=max_size,
+            xla_flags=os.environ.get("XLA_FLAGS", "")))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)

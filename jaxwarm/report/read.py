@@ -36,8 +36,8 @@ from jaxwarm.core.rundir import (
     verify_result_path,
 )
 from jaxwarm.core.words import ranges
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import CacheStore
 
 # One line (a few hundred bytes) per training attempt of the run.
 FIRST_STEPS_CAP = 16 << 20
@@ -87,13 +87,12 @@ def moved_cache_dir(report: InitReport) -> bool:
     return report.cache_dir != given
 
 
-def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
-                  key: str) -> list[str] | None:
+def since_prewarm(run_dir: str | Path | None, store: CacheStore, key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None or store is None:
+    if run_dir is None:
         return None
     path = prewarm_decision_path(run_dir)
     decision = read_record(PrewarmDecision, path) if path.is_file() else None

@@ -41,9 +41,9 @@ from jaxwarm.report.read import (
     phase_totals,
     since_prewarm,
 )
-from jaxwarm.store.manifest import ManifestEntry, latest_for_run
-from jaxwarm.store.misses import explain_miss
-from jaxwarm.store.store import CacheStore
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.manifest import Manifest, ManifestEntry
+from jaxwarm.store.misses import MissContext
 
 
 def short_key(key: str | None) -> str:
@@ -326,8 +326,7 @@ def prefetch_lines(attempt: list[InitReport]) -> list[str]:
 HEADLINE_LINES = 10
 
 
-def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
-              run: str, store: CacheStore | None = None,
+def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: CacheStore,
               run_dir: str | Path | None = None) -> list[str]:
     """Headline lines, at most HEADLINE_LINES: the latest training attempt's label (warm,
     partly warm, cold), what it did with each prewarmed target (hit, on which processes,
@@ -368,16 +367,13 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 lines.append(f"  why: this process looked its entries up in "
                              f"{report.cache_dir}, the trainer's cache dir (below)")
             prewarmed = _prewarmed_entry(fn, manifest, run)
-            lines.extend(f"  why: {line}" for line in explain_miss(
-                fn.name, fn.components, manifest, run=run,
-                process_count=report.process_count, signature=fn.signature,
-                global_options=fn.global_options, max_size=size_cap(report.environment),
-                xla_flags=report.environment.get("XLA_FLAGS"), store=store,
+            lines.extend(f"  why: {line}" for line in store.explain_miss(fn, manifest, MissContext(
+                run=run, process_count=report.process_count,
+                max_size=size_cap(report.environment),
+                xla_flags=report.environment.get("XLA_FLAGS"),
                 looked_in=report.cache_dir if moved_cache_dir(report) else None,
-                not_loaded=fn.not_loaded, quarantined=fn.quarantined,
-                input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, store, prewarmed.key)))
+                since_prewarm(run_dir, store, prewarmed.key))))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")
@@ -405,10 +401,9 @@ def pgle_line(fn: FunctionRecord, restart: int) -> str:
             f"{short_key(fn.key)} for the restarts")
 
 
-def _prewarmed_entry(fn: FunctionRecord, manifest: dict[str, ManifestEntry],
-                     run: str) -> ManifestEntry | None:
+def _prewarmed_entry(fn: FunctionRecord, manifest: Manifest, run: str) -> ManifestEntry | None:
     """The run's newest prewarm of the function `fn` is a lookup of."""
-    return next((e for e in latest_for_run(manifest, run) if e.function == fn.name), None)
+    return next((e for e in manifest.for_run(run) if e.function == fn.name), None)
 
 
 def _hit_line(fn: FunctionRecord, attempt: list[InitReport], entry: ManifestEntry | None,

@@ -19,7 +19,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxwarm.core.config import Config, NonNegativeInt
 from jaxwarm.core.decode import convert
@@ -28,17 +28,12 @@ from jaxwarm.core.files import atomic_path, modes_in, staged_files
 from jaxwarm.core.jsonio import load_json
 from jaxwarm.jaxkey.entryformat import BLOCK_BYTES, CACHE_SUFFIX, encode_atime
 from jaxwarm.jaxkey.versions import cache_path_in_key, required
-from jaxwarm.store.entries import (
-    MAX_ENTRY_BYTES,
-    atime_path,
-    entry_path,
-    is_entry_key,
-    jax_lock,
-    sha256_file,
-)
+from jaxwarm.store.entries import MAX_ENTRY_BYTES, is_entry_key, scan, sha256_file
 from jaxwarm.store.integrity import entry_problem
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import LocalStore
+
+if TYPE_CHECKING:
+    from jaxwarm.store.store import LocalStore
 
 BUNDLE_META = "jaxwarm-bundle.json"
 BUNDLE_VERSION = 1
@@ -79,6 +74,29 @@ class BundleMeta:
         """Whether its keys hold no cache path, so they hit at any cache dir: the XLA caches
         off, or jax >= 0.11 (`cache_path_in_key`)."""
         return not cache_path_in_key(self.jax_version, self.xla_caches)
+
+    def refusal(self, config: Config) -> str | None:
+        """Why the bundle's entries could never hit for this config; None when they can.
+        Pure apart from reading the installed versions."""
+        here = required()
+        if (self.jax_version, self.jaxlib_version) != (here.jax, here.jaxlib):
+            return (f"made with jax {self.jax_version} / jaxlib {self.jaxlib_version}, this "
+                    f"environment has jax {here.jax} / jaxlib {here.jaxlib}")
+        if self.platform != config.topology.platform:
+            return (f"made for platform {self.platform}, the config runs on "
+                    f"{config.topology.platform}")
+        if self.cache_dir == config.cache.dir:
+            return None
+        if not self.portable:
+            return (f"its keys include the cache path {self.cache_dir} (cache.xla_caches is "
+                    f"{self.xla_caches!r} and jax {self.jax_version} < 0.11 hashes XLA's "
+                    f"autotune dir), so they cannot hit in {config.cache.dir}; export from a "
+                    f"config with cache.xla_caches: none to make a portable bundle")
+        if cache_path_in_key(here.jax, config.cache.xla_caches):
+            return (f"the config's cache.xla_caches is {config.cache.xla_caches!r}, which on "
+                    f"jax {here.jax} (< 0.11) puts the cache path in every key; set it to "
+                    f"none, as the exporting config did")
+        return None
 
 
 def export_bundle(store: LocalStore, config: Config, output: Path,
@@ -157,29 +175,6 @@ def manifest_record(source: Path, key: str, item: BundleItem) -> ManifestEntry |
     return record
 
 
-def refusal(meta: BundleMeta, config: Config) -> str | None:
-    """Why the bundle's entries could never hit for this config; None when they can. Pure
-    apart from reading the installed versions."""
-    here = required()
-    if (meta.jax_version, meta.jaxlib_version) != (here.jax, here.jaxlib):
-        return (f"made with jax {meta.jax_version} / jaxlib {meta.jaxlib_version}, this "
-                f"environment has jax {here.jax} / jaxlib {here.jaxlib}")
-    if meta.platform != config.topology.platform:
-        return f"made for platform {meta.platform}, the config runs on {config.topology.platform}"
-    if meta.cache_dir == config.cache.dir:
-        return None
-    if not meta.portable:
-        return (f"its keys include the cache path {meta.cache_dir} (cache.xla_caches is "
-                f"{meta.xla_caches!r} and jax {meta.jax_version} < 0.11 hashes XLA's autotune "
-                f"dir), so they cannot hit in {config.cache.dir}; export from a config with "
-                f"cache.xla_caches: none to make a portable bundle")
-    if cache_path_in_key(here.jax, config.cache.xla_caches):
-        return (f"the config's cache.xla_caches is {config.cache.xla_caches!r}, which on jax "
-                f"{here.jax} (< 0.11) puts the cache path in every key; set it to none, as "
-                f"the exporting config did")
-    return None
-
-
 def import_bundle(source: Path, store: LocalStore, config: Config,
                   max_bytes: int = DEFAULT_IMPORT_LIMIT) -> tuple[list[str], list[str]]:
     """Copy the bundle's entries into the config's cache (`store`); returns (added, already
@@ -194,7 +189,6 @@ def import_bundle(source: Path, store: LocalStore, config: Config,
     JAX's lock with their atime files, so a running job never sees a partial entry and a
     size-capped writer finds the atime file it expects.
     """
-    cache_dir = store.path
     if not source.is_file():  # a FIFO or a device would be read forever
         raise BundleError(f"{source}: not a regular file; expected a bundle from "
                           f"`jaxwarm cache export`")
@@ -206,17 +200,17 @@ def import_bundle(source: Path, store: LocalStore, config: Config,
         raise BundleError(f"{source}: cannot read bundle ({exc})") from None
     with tar:
         meta = read_meta(tar, source)
-        reason = refusal(meta, config)
+        reason = meta.refusal(config)
         if reason:
             raise BundleError(f"{source}: refusing to import: {reason}")
-        present = {entry.key for entry in store.scan(histories={})}
+        present = {entry.key for entry in scan(store, histories={})}
         todo = {key: item for key, item in meta.entries.items() if key not in present}
         members = {key: checked_member(tar, source, key, item) for key, item in todo.items()}
-        check_total(source, cache_dir, sum(item.size for item in todo.values()), max_bytes)
+        check_total(source, store.path, sum(item.size for item in todo.values()), max_bytes)
         targets = [path for key in todo
-                   for path in (entry_path(cache_dir, key), atime_path(cache_dir, key))]
-        with staged_files(targets, modes_in(cache_dir)[0] | 0o044,
-                          publish_under=jax_lock(cache_dir),
+                   for path in (store.entry_path(key), store.atime_path(key))]
+        with staged_files(targets, modes_in(store.path)[0] | 0o044,
+                          publish_under=store.jax_lock(),
                           what=f"the entries of {source}") as temps:
             for (key, item), entry_tmp, atime_tmp in zip(todo.items(), temps[::2], temps[1::2],
                                                          strict=True):

@@ -7,7 +7,9 @@ removal here follows that protocol: under the same lock, the `-cache` file and i
 file go together, so a concurrent JAX process never finds one without the other.
 
 jaxwarm adds, next to the entries: the prewarm manifest (`jaxwarm.store.manifest`), the
-usage log (`jaxwarm.store.usage`), and `jaxwarm-quarantine/` for bad entries.
+usage log (`jaxwarm.store.usage`), and `jaxwarm-quarantine/` for bad entries. Where each file
+is, a `LocalStore` says (its paths are built once, when it is opened); the operations here
+take the store.
 """
 
 from __future__ import annotations
@@ -17,32 +19,24 @@ import logging
 import re
 import stat as stat_module
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from jaxwarm.core.files import (
     RefusedFile,
     atomic_write,
     file_kind,
-    is_held,
-    locked,
     modes_in,
     open_regular,
     read_capped,
 )
 from jaxwarm.core.words import plural
-from jaxwarm.jaxkey.entryformat import (
-    ATIME_SUFFIX,
-    CACHE_SUFFIX,
-    JAX_LOCK,
-    decode_atime,
-    encode_atime,
-    function_of,
-)
-from jaxwarm.store.usage import KeyHistory, key_histories, read_usage
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX, decode_atime, encode_atime, function_of
+from jaxwarm.store.usage import KeyHistory
+
+if TYPE_CHECKING:
+    from jaxwarm.store.store import LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +83,6 @@ class Entry:
         return function_of(self.key)
 
 
-def entry_path(cache_dir: str | Path, key: str) -> Path:
-    """Where JAX's file cache keeps the executable of a key."""
-    return Path(cache_dir) / f"{key}{CACHE_SUFFIX}"
-
-
-def writer_lock_path(cache_dir: str | Path, key: str) -> Path:
-    return Path(cache_dir) / WRITER_LOCKS / f"{key}.lock"
-
-
-def atime_path(cache_dir: str | Path, key: str) -> Path:
-    return Path(cache_dir) / f"{key}{ATIME_SUFFIX}"
-
-
 def open_entry(path: Path) -> BinaryIO:
     """A regular entry file opened for reading, without following a symlink or blocking on a
     FIFO, and bounded (a link to /dev/zero or a huge file is refused, not opened). Raises
@@ -130,41 +111,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def written_since(cache_dir: str | Path, key: str, since: float) -> tuple[str, int] | None:
-    """(sha256, size) of the entry when it was written at or after `since`, else None: an
-    older file under the key is one this process failed to load, not one it wrote."""
-    path = entry_path(cache_dir, key)
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    if stat.st_mtime < since:
-        return None
-    return sha256_file(path), stat.st_size
-
-
-@contextmanager
-def jax_lock(cache_dir: str | Path) -> Iterator[None]:
-    """JAX's own cache lock: held, no JAX process with a size cap reads, writes or evicts."""
-    with locked(Path(cache_dir) / JAX_LOCK, "JAX cache"):
-        yield
-
-
-
-def mark_used(cache_dir: str | Path, key: str) -> None:
-    """What JAX's own read of an entry does in a size-capped cache: its atime file says it
-    was used now, under JAX's lock, so that an entry loaded another way (`cache.prefetch`)
-    keeps its place in the eviction order."""
-    with jax_lock(cache_dir):
-        if entry_path(cache_dir, key).exists():
-            atomic_write(atime_path(cache_dir, key), encode_atime(time.time_ns()),
-                         modes_in(cache_dir)[0])
-
-
-def read_atime(cache_dir: str | Path, key: str) -> float | None:
-    """The last use JAX recorded for `key`; None without an atime file, or (with a line)
-    for one that is not JAX's 8 bytes in a regular file."""
-    path = atime_path(cache_dir, key)
+def read_atime(path: Path) -> float | None:
+    """The last use JAX recorded in the atime file at `path`; None without one, or (with a
+    line) for one that is not JAX's 8 bytes in a regular file."""
     try:
         return decode_atime(read_capped(path, ATIME_CAP, "an atime file"))
     except FileNotFoundError:
@@ -184,15 +133,15 @@ def plausible(moment: float, now: float) -> float | None:
     return now if moment <= now + CLOCK_SKEW_S else None
 
 
-def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) -> list[Entry]:
+def scan(store: LocalStore, histories: dict[str, KeyHistory]) -> list[Entry]:
     """Every entry in the dir, oldest use first (an entry with no plausible time of use
-    first of all). Tolerates entries vanishing mid-scan. Only
-    regular files named like a JAX entry count; anything else under `*-cache` (a directory,
-    a FIFO, a symlink) is skipped with a line, never read or removed."""
-    histories = histories if histories is not None else key_histories(read_usage(cache_dir))
+    first of all); `histories`: what the usage log says of each key (`{}`: no log read).
+    Tolerates entries vanishing mid-scan. Only regular files named like a JAX entry count;
+    anything else under `*-cache` (a directory, a FIFO, a symlink) is skipped with a line,
+    never read or removed."""
     now = time.time()
     entries = []
-    for path in Path(cache_dir).glob(f"*{CACHE_SUFFIX}"):
+    for path in store.path.glob(f"*{CACHE_SUFFIX}"):
         key = path.name[:-len(CACHE_SUFFIX)]
         if not is_entry_key(key):
             continue
@@ -204,7 +153,8 @@ def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) 
             log.warning("skipping %s: %s, not a JAX entry", path, file_kind(stat.st_mode))
             continue
         history = histories.get(key)
-        times = (stat.st_mtime, read_atime(cache_dir, key), history and history.last_used)
+        times = (stat.st_mtime, read_atime(store.atime_path(key)),
+                 history and history.last_used)
         uses = [use for use in (plausible(moment, now) for moment in times if moment)
                 if use is not None]
         entries.append(Entry(key=key, path=path, size=stat.st_size,
@@ -212,41 +162,36 @@ def scan(cache_dir: str | Path, histories: dict[str, KeyHistory] | None = None) 
     return sorted(entries, key=lambda e: (e.last_used, e.key))
 
 
-def in_flight(cache_dir: str | Path, key: str) -> bool:
-    """Written (or being written) by a running prewarm that has not recorded it yet."""
-    return is_held(writer_lock_path(cache_dir, key))
-
-
-def remove_entry(cache_dir: str | Path, key: str, destination: Path | None = None) -> bool:
-    """Remove (or move to `destination`) one entry and its atime file. Caller holds jax_lock.
+def remove_entry(store: LocalStore, key: str, destination: Path | None = None) -> bool:
+    """Remove (or move to `destination`) one entry and its atime file. Caller holds JAX's
+    lock (`LocalStore.jax_lock`).
 
     Returns False when the entry was already gone (another pruner, or JAX's own eviction).
     """
-    path = entry_path(cache_dir, key)
     try:
         if destination is None:
-            path.unlink()
+            store.entry_path(key).unlink()
         else:
-            path.rename(destination)
+            store.entry_path(key).rename(destination)
     except FileNotFoundError:
         return False
-    atime_path(cache_dir, key).unlink(missing_ok=True)
+    store.atime_path(key).unlink(missing_ok=True)
     return True
 
 
-def ensure_atime_files(cache_dir: str | Path) -> int:
+def ensure_atime_files(store: LocalStore) -> int:
     """Give every entry an atime file. JAX with a size cap crashes its write (FileNotFoundError
     while evicting) on an entry without one, e.g. one written by an uncapped writer or
     imported from a bundle. Returns how many were added."""
     added = 0
-    with jax_lock(cache_dir):
-        for entry in scan(cache_dir, histories={}):
-            atime = atime_path(cache_dir, entry.key)
+    with store.jax_lock():
+        for entry in scan(store, histories={}):
+            atime = store.atime_path(entry.key)
             if not atime.exists():
                 atomic_write(atime, encode_atime(int(entry.last_used * 1e9)),
-                             modes_in(cache_dir)[0])
+                             modes_in(store.path)[0])
                 added += 1
     if added:
         log.info("%s: added JAX atime files for %d %s written without a size cap",
-                 cache_dir, added, plural(added, "entry", "entries"))
+                 store.dir, added, plural(added, "entry", "entries"))
     return added

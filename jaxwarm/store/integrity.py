@@ -6,6 +6,8 @@ is checked twice: its compressed stream must decode to more than JAX's 4-byte he
 truncation, zeroing and most bit rot), and where jaxwarm saw it written (prewarm manifest or a
 job's usage record) its sha256 must match (catches what still decodes). Bad entries move to
 `jaxwarm-quarantine/` under JAX's lock; the next compile of that key writes a fresh one.
+The checks read and write through the `LocalStore` they are given (its files, its usage log
+as it parsed it), which binds them to its dir.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from jaxwarm.core.files import atomic_write, file_kind, make_dir, modes_in
 from jaxwarm.core.records import EntryChecked, EntryQuarantined
@@ -31,26 +33,11 @@ from jaxwarm.jaxkey.entryformat import (
     looks_like_entry,
     payload_size,
 )
-from jaxwarm.store.entries import (
-    QUARANTINE_DIR,
-    NotAnEntry,
-    entry_path,
-    in_flight,
-    jax_lock,
-    open_entry,
-    payload_limit,
-    remove_entry,
-    scan,
-    written_since,
-)
-from jaxwarm.store.manifest import read_manifest
-from jaxwarm.store.usage import (
-    KeyHistory,
-    append_usage,
-    key_histories,
-    read_usage,
-    records_entry,
-)
+from jaxwarm.store.entries import NotAnEntry, open_entry, payload_limit, remove_entry, scan
+from jaxwarm.store.usage import KeyHistory, key_histories, read_usage, records_entry
+
+if TYPE_CHECKING:
+    from jaxwarm.store.store import LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -108,20 +95,25 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     except NotAnEntry as exc:
         return str(exc)
     with source:
-        size = os.fstat(source.fileno()).st_size
-        if not size:
-            return "empty file (a torn or interrupted write)"
-        tap = _Tap(source)
-        payload, problem = 0, None
-        try:
-            payload = payload_size(tap, payload_limit(size))
-        except PayloadTooBig as exc:
-            return str(exc)
-        except (zlib.error, ValueError) as exc:
-            problem = f"does not decompress ({exc})"
-        except Exception as exc:  # zstandard raises its own error type
-            problem = f"does not decompress ({type(exc).__name__}: {exc})"
-        tap.drain()
+        return stream_problem(source, os.fstat(source.fileno()).st_size, expected_sha256)
+
+
+def stream_problem(source: BinaryIO, size: int, expected_sha256: str | None) -> str | None:
+    """`entry_problem` of an entry opened for reading, `size` bytes long: a local file, or
+    one read through etils.epath (`RemoteStore.entry_problem`)."""
+    if not size:
+        return "empty file (a torn or interrupted write)"
+    tap = _Tap(source)
+    payload, problem = 0, None
+    try:
+        payload = payload_size(tap, payload_limit(size))
+    except PayloadTooBig as exc:
+        return str(exc)
+    except (zlib.error, ValueError) as exc:
+        problem = f"does not decompress ({exc})"
+    except Exception as exc:  # zstandard raises its own error type
+        problem = f"does not decompress ({type(exc).__name__}: {exc})"
+    tap.drain()
     if not tap.nonzero:
         return f"all {size} bytes are zero"
     if problem:
@@ -133,18 +125,17 @@ def entry_problem(path: Path, expected_sha256: str | None) -> str | None:
     return None
 
 
-def recorded_entries(cache_dir: str | Path, strict: bool = True, key: str | None = None,
+def recorded_entries(store: LocalStore, strict: bool = True, key: str | None = None,
                      histories: dict[str, KeyHistory] | None = None) -> dict[str, Recorded]:
     """Checksum and size per key (only `key`'s when given), as recorded when jaxwarm saw the
     entry written. The usage log is the later word: a quarantine or prune there voids the
     manifest's record. With `strict=False` a broken manifest counts as empty (see
     `read_manifest`). `histories`: the usage log as the caller already parsed it (with
-    `key`, at least that key's lines); else it is read here."""
+    `key`, at least that key's lines); else the store's whole log, or `key`'s lines."""
     recorded = {name: Recorded(entry.sha256, entry.size)
-                for name, entry in read_manifest(cache_dir, strict, key).items() if entry.sha256}
+                for name, entry in store.manifest(strict, key).items() if entry.sha256}
     if histories is None:
-        histories = key_histories(read_usage(cache_dir, None if key is None
-                                             else records_entry(key)))
+        histories = store.histories() if key is None else key_lines(store, key)
     for name, history in histories.items():
         if key is not None and name != key:
             continue
@@ -179,18 +170,10 @@ MISSED_NOTE = ("WARM by size, but a previous run missed it; the next prewarm che
                "full (and compiles it again if it is corrupt)")
 
 
-def key_lines(cache_dir: str | Path, key: str) -> dict[str, KeyHistory]:
+def key_lines(store: LocalStore, key: str) -> dict[str, KeyHistory]:
     """What the usage log records of `key`'s entry, from its lines alone (`records_entry`):
     a warm check of one key must not pay for parsing a log with one line per job ever run."""
-    return key_histories(read_usage(cache_dir, records_entry(key)))
-
-
-def missed_since_check(cache_dir: str | Path, key: str,
-                       histories: dict[str, KeyHistory] | None = None) -> bool:
-    """Whether a job missed `key` although its entry was there, and no full check, rewrite
-    or quarantine of it came after (`histories`: `key_lines`, when the caller has them)."""
-    history = (key_lines(cache_dir, key) if histories is None else histories).get(key)
-    return history is not None and history.missed
+    return key_histories(read_usage(store.usage_file, records_entry(key)))
 
 
 @dataclass(frozen=True)
@@ -210,49 +193,50 @@ class WarmCheck:
         return self.problem is None
 
 
-def warm_check(cache_dir: str | Path, key: str, *, recheck_missed: bool = False) -> WarmCheck:
+def warm_check(store: LocalStore, key: str, *, recheck_missed: bool = False) -> WarmCheck:
     """Would the entry of `key` in a local dir load? (`CacheStore.warm_check`: a remote
     dir's store only looks the entry up.) An entry recorded with its size gets the quick
     check (within verify's 10 ms: only this key's lines of the usage log are parsed, once);
     any other is read in full. With `recheck_missed` (the prewarm), an entry a job missed
-    although it was there (`missed_since_check`) is read in full too, so a corrupt entry
-    of the right size is found. An entry whose writer lock is held is being written:
-    `BEING_WRITTEN`, never quarantined."""
-    if in_flight(cache_dir, key):
+    although it was there (and that nothing checked in full since) is read in full too, so
+    a corrupt entry of the right size is found. An entry whose writer lock is held is being
+    written: `BEING_WRITTEN`, never quarantined."""
+    if store.in_flight(key):
         return WarmCheck(key, BEING_WRITTEN)
-    path = entry_path(cache_dir, key)
-    histories = key_lines(cache_dir, key)
-    known = recorded_entries(cache_dir, strict=False, key=key, histories=histories).get(key)
-    missed = missed_since_check(cache_dir, key, histories)
+    path = store.entry_path(key)
+    histories = key_lines(store, key)
+    known = recorded_entries(store, strict=False, key=key, histories=histories).get(key)
+    history = histories.get(key)
+    missed = history is not None and history.missed
     if known is not None and known.size is not None and not (missed and recheck_missed):
         return WarmCheck(key, quick_problem(path, known.size), missed=missed)
     return WarmCheck(key, entry_problem(path, known.sha256 if known else None),
                      read_in_full=True, missed=missed)
 
 
-def record_check(cache_dir: str | Path, check: WarmCheck) -> None:
+def record_check(store: LocalStore, check: WarmCheck) -> None:
     """The prewarm's record of an entry it read in full and found intact: its checksum and
     size, so the next warm check of it is the quick one, and a job's earlier miss of it is
     settled."""
     if check.read_in_full and check.warm:
-        written = written_since(cache_dir, check.key, 0.0)
+        written = store.written_since(check.key, 0.0)
         if written is not None:
-            append_usage(cache_dir, EntryChecked(check.key, *written))
+            store.append_usage(EntryChecked(check.key, *written))
 
 
-def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: bool = True,
-                  histories: dict[str, KeyHistory] | None = None) -> list[IntegrityCheck]:
-    """Check the given keys (default: every entry in the dir); `strict` and `histories` as
-    in `recorded_entries`. An entry being written (its writer lock held) is left alone."""
-    recorded = recorded_entries(cache_dir, strict, histories=histories)
+def check_entries(store: LocalStore, keys: list[str] | None = None,
+                  strict: bool = True) -> list[IntegrityCheck]:
+    """Check the given keys (default: every entry in the dir); `strict` as in
+    `recorded_entries`. An entry being written (its writer lock held) is left alone."""
+    recorded = recorded_entries(store, strict)
     if keys is None:
-        keys = [entry.key for entry in scan(cache_dir, histories={})]
+        keys = [entry.key for entry in scan(store, histories={})]
     checks = []
     for key in keys:
-        if in_flight(cache_dir, key):
+        if store.in_flight(key):
             log.info("%s: %s; not checking it now", key, BEING_WRITTEN)
             continue
-        path = entry_path(cache_dir, key)
+        path = store.entry_path(key)
         known = recorded.get(key)
         problem = entry_problem(path, known.sha256 if known else None)
         if problem == "missing":
@@ -262,32 +246,32 @@ def check_entries(cache_dir: str | Path, keys: list[str] | None = None, strict: 
     return checks
 
 
-def quarantine(cache_dir: str | Path, check: IntegrityCheck, say: bool = True) -> Path | None:
+def quarantine(store: LocalStore, check: IntegrityCheck, say: bool = True) -> Path | None:
     """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh;
     said in a line unless the caller says it (`say`)."""
-    folder = make_dir(Path(cache_dir) / QUARANTINE_DIR)
+    folder = make_dir(store.quarantine_dir)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     destination = folder / f"{check.key}-cache.{stamp}"
-    with jax_lock(cache_dir):
-        if not remove_entry(cache_dir, check.key, destination):
+    with store.jax_lock():
+        if not remove_entry(store, check.key, destination):
             return None
     atomic_write(destination.with_suffix(destination.suffix + ".json"),
                  json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
                  + "\n", modes_in(folder)[0], what="the note of why the entry was quarantined")
-    append_usage(cache_dir, EntryQuarantined(check.key, check.problem))
+    store.append_usage(EntryQuarantined(check.key, check.problem))
     if say:
         log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination
 
 
-def refuse_read(cache_dir: str | Path, key: str, repair: bool) -> bool:
+def refuse_read(store: LocalStore, key: str, repair: bool) -> bool:
     """Right before JAX reads the entry of `key` (`jaxwarm.jaxkey.entryload.guard_reads`),
     after every check of the launch and the job's start: is what is there now still a
     regular file within MAX_ENTRY_BYTES, opened without following a link or blocking
     (`open_entry`)? When it is not (a link to /dev/zero, a FIFO, planted since), it is
     quarantined (`repair`; a verify writes nothing into the cache dir and leaves it) and
     the answer is True: JAX's lookup is a miss, and it compiles. Said in one line."""
-    path = entry_path(cache_dir, key)
+    path = store.entry_path(key)
     try:
         with open_entry(path):
             return False
@@ -295,7 +279,7 @@ def refuse_read(cache_dir: str | Path, key: str, repair: bool) -> bool:
         return False  # JAX's own miss
     except NotAnEntry as exc:
         problem = str(exc)
-    moved = quarantine(cache_dir, IntegrityCheck(key, 0, problem, False), say=False) \
+    moved = quarantine(store, IntegrityCheck(key, 0, problem, False), say=False) \
         if repair else None
     log.warning("jaxwarm: %s: %s, put there since the job's checks; %s, and JAX's lookup of "
                 "it is a miss (it compiles instead)", path, problem,
@@ -303,17 +287,16 @@ def refuse_read(cache_dir: str | Path, key: str, repair: bool) -> bool:
     return True
 
 
-def check_and_quarantine(cache_dir: str | Path, keys: list[str] | None = None,
-                         strict: bool = True, repair: bool = True,
-                         histories: dict[str, KeyHistory] | None = None
+def check_and_quarantine(store: LocalStore, keys: list[str] | None = None,
+                         strict: bool = True, repair: bool = True
                          ) -> tuple[list[IntegrityCheck], float]:
     """Check entries and (with `repair`) quarantine the bad ones; returns the checks and the
     seconds it took."""
     start = time.perf_counter()
-    checks = check_entries(cache_dir, keys, strict, histories)
+    checks = check_entries(store, keys, strict)
     for check in checks:
         if repair and not check.ok:
-            quarantine(cache_dir, check)
+            quarantine(store, check)
     return checks, time.perf_counter() - start
 
 
@@ -333,34 +316,3 @@ class Relied:
     full: bool
     size: int
     seconds: float
-
-
-def check_relied(cache_dir: str | Path, keys: list[str], full_check: bool,
-                 histories: dict[str, KeyHistory] | None = None) -> Relied:
-    """The check of the entries a recorded prewarm left, before a launch relies on them: the
-    quick one for each (missing, being written, torn, missed by a job since), then, with
-    `full_check` and at most `FULL_CHECK_BYTES` in all, each read in full against the
-    checksum recorded when it was written, a bad one quarantined: an entry corrupted
-    without changing its size would otherwise pass, and every job would miss it.
-    `histories` as in `recorded_entries`."""
-    start = time.perf_counter()
-    size = 0
-    for key in keys:
-        check = warm_check(cache_dir, key)
-        problem = "a job missed it; the prewarm checks it in full" if check.warm and \
-            check.missed else check.problem
-        if problem is None:
-            try:
-                size += entry_path(cache_dir, key).lstat().st_size
-            except FileNotFoundError:
-                problem = "missing"
-        if problem is not None:
-            return Relied(f"entry {key}: {problem}", False, size,
-                          time.perf_counter() - start)
-    if not full_check or size > FULL_CHECK_BYTES:
-        return Relied(None, False, size, time.perf_counter() - start)
-    checks, _ = check_and_quarantine(cache_dir, keys, strict=False, histories=histories)
-    bad = next((check for check in checks if not check.ok), None)
-    return Relied(None if bad is None else
-                  f"entry {bad.key}: {bad.problem} (read in full; quarantined, so the prewarm "
-                  f"compiles it again)", True, size, time.perf_counter() - start)

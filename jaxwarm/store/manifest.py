@@ -74,15 +74,28 @@ class ManifestEntry:
         return run == self.run or run in self.runs
 
 
-def manifest_path(cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / MANIFEST_NAME
+class Manifest(dict[str, ManifestEntry]):
+    """The prewarm manifest as read: its entries by cache key. A snapshot, asked many
+    questions by one reader (the entries of a run, the record of a key), so a command or
+    a job reads the file once (`CacheStore.manifest`), not once per question."""
+
+    def for_run(self, run: str) -> list[ManifestEntry]:
+        """The newest entry per function that run `run`'s prewarms recorded (or found WARM
+        and use): what its next job expects to load (older keys of the same function are
+        from an earlier step or setup)."""
+        latest: dict[str, ManifestEntry] = {}
+        for entry in self.values():
+            if entry.used_by(run) and (entry.function not in latest
+                                       or entry.created > latest[entry.function].created):
+                latest[entry.function] = entry
+        return sorted(latest.values(), key=lambda e: e.function)
 
 
 class ManifestError(UserError, ValueError):
     """A manifest that cannot be read, phrased as one line naming the file."""
 
 
-def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, ManifestEntry]:
+def parse_manifest(text: str, source: str, key: str | None = None) -> Manifest:
     """Entries by cache key from the manifest's text (only `key`'s when given: a warm check
     of one key checks only its record), or ManifestError. Pure."""
     try:
@@ -95,7 +108,7 @@ def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, 
     if data.get("version") != MANIFEST_VERSION:
         raise ManifestError(f"{source}: manifest version {data.get('version')!r}, this jaxwarm "
                             f"reads {MANIFEST_VERSION}")
-    entries = {}
+    entries = Manifest()
     for name, raw in data["entries"].items():
         if key is not None and name != key:
             continue
@@ -108,13 +121,12 @@ def parse_manifest(text: str, source: str, key: str | None = None) -> dict[str, 
     return entries
 
 
-def read_manifest(cache_dir: str | Path, strict: bool = True,
-                  key: str | None = None) -> dict[str, ManifestEntry]:
-    """Entries by cache key (only `key`'s when given); empty when there is no manifest yet.
+def read_manifest(path: Path, strict: bool = True, key: str | None = None) -> Manifest:
+    """The manifest at `path`: entries by cache key (only `key`'s when given); empty when
+    there is no manifest yet.
     A broken one (not a regular file within MANIFEST_CAP, or not a manifest) raises
     ManifestError, or with `strict=False` (a job that only reads it) is logged and read as
     empty: every entry then gets the full check, slower but never wrong."""
-    path = manifest_path(cache_dir)
     try:
         try:
             text = read_bounded(path, MANIFEST_CAP, "a jaxwarm manifest")
@@ -122,12 +134,12 @@ def read_manifest(cache_dir: str | Path, strict: bool = True,
             raise ManifestError(str(exc)) from None
         return parse_manifest(text, str(path), key)
     except FileNotFoundError:
-        return {}
+        return Manifest()
     except ManifestError as exc:
         if strict:
             raise
         warn_once(f"{exc}; reading it as empty")
-        return {}
+        return Manifest()
 
 
 def set_aside(path: Path, problem: str) -> Path:
@@ -139,22 +151,20 @@ def set_aside(path: Path, problem: str) -> Path:
     return aside
 
 
-def record_entries(cache_dir: str | Path, entries: list[ManifestEntry]) -> Path:
-    """Add entries under the manifest's lock. A broken manifest never blocks a prewarm: it
-    is set aside (`set_aside`) and a new one started."""
-    path = manifest_path(cache_dir)
+def record_entries(path: Path, entries: list[ManifestEntry]) -> None:
+    """Add entries to the manifest at `path`, under its lock. A broken manifest never
+    blocks a prewarm: it is set aside (`set_aside`) and a new one started."""
     with locked(str(path) + ".lock", "manifest"):
         try:
-            current = read_manifest(cache_dir)
+            current = read_manifest(path)
         except ManifestError as exc:
             set_aside(path, str(exc))
-            current = {}
+            current = Manifest()
         current.update({entry.key: merged(current.get(entry.key), entry) for entry in entries})
         data: dict[str, Any] = {"version": MANIFEST_VERSION,
                                 "entries": {k: asdict(v) for k, v in current.items()}}
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n",
                      mode=modes_in(path.parent)[0], what="the prewarm manifest")
-    return path
 
 
 def merged(old: ManifestEntry | None, new: ManifestEntry) -> ManifestEntry:
@@ -166,21 +176,10 @@ def merged(old: ManifestEntry | None, new: ManifestEntry) -> ManifestEntry:
     return dataclasses.replace(new, runs=runs)
 
 
-def uses_entries(cache_dir: str | Path, entries: list[ManifestEntry], run: str) -> None:
+def uses_entries(path: Path, entries: list[ManifestEntry], run: str) -> None:
     """Record that `run` uses these entries (its prewarm found them WARM), so that its
     pre-run check and `cache export` include them; a no-op for entries it already uses."""
     new = [dataclasses.replace(entry, runs=[*entry.runs, run])
            for entry in entries if not entry.used_by(run)]
     if new:
-        record_entries(cache_dir, new)
-
-
-def latest_for_run(manifest: dict[str, ManifestEntry], run: str) -> list[ManifestEntry]:
-    """The newest entry per function that run `run`'s prewarms recorded: what its next job
-    expects to load (older keys of the same function are from an earlier step or setup)."""
-    latest: dict[str, ManifestEntry] = {}
-    for entry in manifest.values():
-        if entry.used_by(run) and (entry.function not in latest
-                                 or entry.created > latest[entry.function].created):
-            latest[entry.function] = entry
-    return sorted(latest.values(), key=lambda e: e.function)
+        record_entries(path, new)

@@ -3,57 +3,73 @@ components that differ from it.
 
 This is store policy (which manifest entry counts as "the same target"), built on the
 adapter's JAX knowledge (`jaxwarm.jaxkey.components`: the components and their causes).
+It is asked of the store that holds the manifest (`CacheStore.explain_miss`): whether the
+entry is in that dir is part of the answer.
 """
 
 from __future__ import annotations
 
-from itertools import zip_longest
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from jaxwarm.core.records import InputLeaf, InputSignature
+from jaxwarm.core.records import FunctionRecord
 from jaxwarm.jaxkey.components import differing_components, likely_causes
 from jaxwarm.jaxkey.globalopts import differences
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import CacheStore
+
+if TYPE_CHECKING:
+    from jaxwarm.store.cachestore import CacheStore
 
 # What a miss whose inputs equal the prewarm's says first: the commonest cause by far.
 CODE_CHANGED = ("its inputs equal the prewarmed ones, so the program differs: the step's code "
                 "(or a shape or dtype inside it, or a static argument) changed")
 
 
-def explain_miss(function: str, components: dict[str, str],
-                 manifest: dict[str, ManifestEntry], *, run: str | None = None,
-                 process_count: int | None = None, signature: str | None = None,
-                 global_options: dict[str, str] | None = None, job: str = "run",
-                 max_size: int = -1, xla_flags: str | None = None,
-                 store: CacheStore | None = None, looked_in: str | None = None,
-                 not_loaded: str | None = None, quarantined: str | None = None,
-                 input_changes: list[str] | None = None,
-                 since_prewarm: list[str] | None = None) -> list[str]:
-    """Why a function's key is not in the cache, against a manifest entry of the *same* target
-    only: same function name and abstract signature (another function of the same name is
-    no explanation), on the same process layout (a different layout is said as that, not
-    as the component it shows up in); this run's entries first, then the closest others
-    (fewest differences, then newest). First of all, the process-global JAX settings that
-    differ from those the function was prewarmed under (`global_options`, this `job`'s),
-    since they can change its input types too (the PRNG implementation). With a size cap
-    (`max_size`), an entry the manifest lists that is gone is most likely JAX's own LRU
-    eviction, and is named as that. An entry prewarmed through a mock of the layout on one
-    node says so, and with this job's `xla_flags` (XLA_FLAGS) a difference in the XLA flags
-    names the flags. A process that looked its entries up in another dir (`looked_in`, a
-    trainer's own under cache.enforce off) than the manifest's (`store`) is told where
-    the entry is, when it is there. Before all that: an entry that was there and that JAX
-    could not load (`not_loaded`: what the job's full read of it found). An entry the
-    manifest lists that is not there was quarantined (`quarantined`, or the usage log's
-    last word on it), or pruned or deleted.
+@dataclass(frozen=True)
+class MissContext:
+    """Where a function missed, beside what its record says: the `run` and the `job` (as
+    its settings lines name it), the job's process count, its cache's size cap (`max_size`)
+    and XLA_FLAGS, the dir the process looked its entries up in when it is not the
+    manifest's (`looked_in`: a trainer's own, under cache.enforce off), and what the
+    launch's fingerprint saw change since the prewarm (`since_prewarm`; None: unknown)."""
 
-    `input_changes` (the job's comparison of its inputs with the prewarm's, see
-    `input_differences`) comes next: inputs that differ are the cause, said as them; equal
-    inputs with another computation mean the step's code changed, said with what changed
-    since the prewarm (`since_prewarm`: the launch's fingerprint against the prewarm's)."""
-    if not_loaded is not None:
-        return [f"its entry was in the cache, but JAX could not load it: {not_loaded}; the "
-                f"job recorded the miss, so the next launch runs its prewarm, which reads the "
-                f"entry in full, quarantines it and compiles it again"]
+    run: str | None = None
+    job: str = "run"
+    process_count: int | None = None
+    max_size: int = -1
+    xla_flags: str | None = None
+    looked_in: str | None = None
+    since_prewarm: list[str] | None = None
+
+
+def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, ManifestEntry],
+                 context: MissContext) -> list[str]:
+    """Why a function's key is not in the cache (`missed`: its lookup's record, the name,
+    key components, signature, global settings, input changes and full read of an entry JAX
+    could not load), against a manifest entry of the *same* target only: same function name
+    and abstract signature (another function of the same name is no explanation), on the
+    same process layout (a different layout is said as that, not as the component it shows
+    up in); this run's entries first, then the closest others (fewest differences, then
+    newest). First of all, the process-global JAX settings that differ from those the
+    function was prewarmed under, since they can change its input types too (the PRNG
+    implementation). With a size cap, an entry the manifest lists that is gone is most
+    likely JAX's own LRU eviction, and is named as that. An entry prewarmed through a mock
+    of the layout on one node says so, and with the job's XLA_FLAGS a difference in the XLA
+    flags names the flags. A process that looked its entries up in another dir than the
+    manifest's (`store`'s) is told where the entry is, when it is there. Before all that:
+    an entry that was there and that JAX could not load (`not_loaded`). An entry the
+    manifest lists that is not there was quarantined (the record's `quarantined`, or the
+    usage log's last word on it), or pruned or deleted.
+
+    Its `input_changes` (see `jaxwarm.core.inputdiff.input_differences`) come next: inputs
+    that differ are the cause, said as them; equal inputs with another computation mean the
+    step's code changed, said with what changed since the prewarm."""
+    function, components, run = missed.name, missed.components, context.run
+    process_count, input_changes = context.process_count, missed.input_changes
+    if missed.not_loaded is not None:
+        return [f"its entry was in the cache, but JAX could not load it: {missed.not_loaded}; "
+                f"the job recorded the miss, so the next launch runs its prewarm, which reads "
+                f"the entry in full, quarantines it and compiles it again"]
     named = [e for e in manifest.values() if e.function == function and e.components]
     if not named:
         others = sorted({e.function for e in manifest.values()})
@@ -61,10 +77,12 @@ def explain_miss(function: str, components: dict[str, str],
                  f"is part of the program)") if others else ""
         return [f"no prewarm of {function} is recorded in the manifest{known}: "
                 f"run `jaxwarm prewarm`"]
-    settings = settings_differences(named, run, global_options or {}, job, components)
+    settings = settings_differences(named, run, missed.global_options, context.job,
+                                    components)
     if input_changes:
         return [*settings, inputs_line(input_changes)]
-    same = [e for e in named if signature is None or e.signature in (None, signature)]
+    same = [e for e in named
+            if missed.signature is None or e.signature in (None, missed.signature)]
     if settings and not same:
         return settings
     if not same:
@@ -80,40 +98,20 @@ def explain_miss(function: str, components: dict[str, str],
     pool = [e for e in layout if of_run(e, run)] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
-    lines = [component_line(component, closest, xla_flags) for component
+    lines = [component_line(component, closest, context.xla_flags) for component
              in differing_components(closest.components, components)]
-    if not lines and store is not None and looked_in not in (None, store.dir) and \
-            store.local is not None and store.local.has_entry(closest.key):
+    if not lines and context.looked_in not in (None, store.dir) and \
+            store.has_entry(closest.key):
         return [f"the manifest lists {closest.key} and its entry is in {store.dir}, but this "
-                f"process looked it up in {looked_in}"]
-    quarantined = quarantined or (_quarantined(store, closest.key) if not lines else None)
-    if not lines and quarantined is not None:
-        return [f"the manifest lists {closest.key}, but its entry was quarantined ("
-                f"{quarantined}) before this job could load it: it was compiled again; if "
-                f"this job did not write it (a size cap, a threshold), run `jaxwarm prewarm`"]
-    if not lines and max_size > 0:
-        return [f"the manifest lists {closest.key} but its cache entry is gone: with "
-                f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
-                f"stay within it (or it was pruned or deleted); raise cache.max_size and run "
-                f"`jaxwarm prewarm` again"]
+                f"process looked it up in {context.looked_in}"]
     if not lines:
-        return [f"the manifest lists {closest.key} but its cache entry is gone "
-                f"(pruned or deleted): run `jaxwarm prewarm` again"]
+        return [gone_line(store, missed, closest.key, context.max_size)]
     mocked = f" on one node through JAX's mock GPU topology {closest.mock_topology}" \
         if closest.mock_topology else ""
-    code = [code_line(since_prewarm)] if input_changes == [] and \
+    code = [code_line(context.since_prewarm)] if input_changes == [] and \
         "computation" in differing_components(closest.components, components) else []
     return [*settings, *code, f"prewarmed as {closest.key} by run {closest.run!r}{mocked}; "
             + lines[0], *lines[1:]]
-
-
-def _quarantined(store: CacheStore | None, key: str) -> str | None:
-    """Why the entry of `key` was quarantined, when that is why it is gone (the usage log)."""
-    local = store.local if store is not None else None
-    if local is None or local.has_entry(key):
-        return None
-    history = local.histories().get(key)
-    return history.quarantined if history is not None else None
 
 
 def inputs_line(changes: list[str]) -> str:
@@ -133,59 +131,6 @@ def code_line(since_prewarm: list[str] | None) -> str:
                 f"prewarm, so the trainer's step is not the program the step factory builds "
                 f"(a setting of its own, or code only the trainer runs)")
     return f"{CODE_CHANGED}; since the prewarm: {'; '.join(since_prewarm)}"
-
-
-def input_differences(prewarmed: InputSignature, now: InputSignature) -> list[str]:
-    """How a function's inputs now differ from those its prewarm lowered, one line per
-    input (`state['params']['embed'] f32[256,96] vs f32[256,64]`: now, then prewarmed):
-    its type (shape, dtype, weak type), sharding or donation; an input only one side has;
-    a mesh the shardings name that differs. Inputs are paired by pytree path when every
-    path is known and unique on both sides, else by position. Empty: equal."""
-    lines = [f"mesh @{name} {now.meshes.get(name, 'absent')} vs "
-             f"{prewarmed.meshes.get(name, 'absent')}"
-             for name in sorted(set(prewarmed.meshes) | set(now.meshes))
-             if now.meshes.get(name) != prewarmed.meshes.get(name)]
-    pairs: list[tuple[InputLeaf | None, InputLeaf | None]]
-    if _by_path(prewarmed) and _by_path(now):
-        before = {leaf.path: leaf for leaf in prewarmed.leaves}
-        paths = [leaf.path for leaf in now.leaves]
-        pairs = [(leaf, before.get(leaf.path)) for leaf in now.leaves]
-        pairs += [(None, leaf) for leaf in prewarmed.leaves if leaf.path not in paths]
-    else:
-        pairs = list(zip_longest(now.leaves, prewarmed.leaves))
-    for index, (ours, theirs) in enumerate(pairs):
-        line = _leaf_difference(ours, theirs, index)
-        if line:
-            lines.append(line)
-    return lines
-
-
-def _by_path(signature: InputSignature) -> bool:
-    paths = [leaf.path for leaf in signature.leaves]
-    return all(paths) and len(set(paths)) == len(paths)
-
-
-def _donated(leaf: InputLeaf) -> str:
-    return "donated" if leaf.donated else "not donated"
-
-
-def _leaf_difference(ours: InputLeaf | None, theirs: InputLeaf | None, index: int) -> str:
-    known = ours or theirs
-    assert known is not None
-    name = known.path or f"input {index}"
-    if theirs is None:
-        return f"{name} {known.type} is new (the prewarmed function had no such input)"
-    if ours is None:
-        return f"{name} {known.type} is gone (an input of the prewarmed function)"
-    parts = []
-    if ours.type != theirs.type:
-        parts.append(f"{ours.type} vs {theirs.type}")
-    if ours.sharding != theirs.sharding:
-        parts.append(f"sharded {ours.sharding or 'unspecified'} vs "
-                     f"{theirs.sharding or 'unspecified'}")
-    if ours.donated != theirs.donated:
-        parts.append(f"{_donated(ours)} vs {_donated(theirs)}")
-    return f"{name} {', '.join(parts)}" if parts else ""
 
 
 def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | None) -> str:
@@ -227,6 +172,32 @@ def settings_differences(named: list[ManifestEntry], run: str | None,
             f"process-global JAX settings as the trainer)" for line in lines]
 
 
+def gone_line(store: CacheStore, missed: FunctionRecord, key: str, max_size: int) -> str:
+    """Why the entry the manifest lists under the very key that missed was not there: it
+    was quarantined (the miss's record says, or the usage log's last word on it), JAX's
+    LRU evicted it (under a size cap), or it was pruned or deleted."""
+    quarantined = missed.quarantined or _quarantined(store, key)
+    if quarantined is not None:
+        return (f"the manifest lists {key}, but its entry was quarantined ({quarantined}) "
+                f"before this job could load it: it was compiled again; if this job did not "
+                f"write it (a size cap, a threshold), run `jaxwarm prewarm`")
+    if max_size > 0:
+        return (f"the manifest lists {key} but its cache entry is gone: with "
+                f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
+                f"stay within it (or it was pruned or deleted); raise cache.max_size and run "
+                f"`jaxwarm prewarm` again")
+    return (f"the manifest lists {key} but its cache entry is gone (pruned or deleted): run "
+            f"`jaxwarm prewarm` again")
+
+
 def of_run(entry: ManifestEntry, run: str | None) -> bool:
     """Whether `entry` is run `run`'s: its prewarm wrote it, or found it WARM and uses it."""
     return run is not None and (entry.run == run or run in entry.runs)
+
+
+def _quarantined(store: CacheStore, key: str) -> str | None:
+    """Why the entry of `key` was quarantined, when that is why it is gone (the usage log)."""
+    if store.has_entry(key):
+        return None
+    history = store.histories().get(key)
+    return history.quarantined if history is not None else None

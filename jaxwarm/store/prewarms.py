@@ -27,15 +27,10 @@ KEEP = 200
 PREWARMS_CAP = 64 << 20
 
 
-def prewarms_path(cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / PREWARMS_NAME
-
-
-def read_prewarms(cache_dir: str | Path) -> dict[str, PrewarmRecord]:
-    """The recorded prewarms by fingerprint digest, oldest first; empty when there are none.
-    A broken file reads as empty, with one line: the launch then runs its prewarm, which is
-    never wrong, and records it afresh."""
-    path = prewarms_path(cache_dir)
+def read_prewarms(path: Path) -> dict[str, PrewarmRecord]:
+    """The prewarms recorded at `path` by fingerprint digest, oldest first; empty when there
+    are none. A broken file reads as empty, with one line: the launch then runs its prewarm,
+    which is never wrong, and records it afresh."""
     try:
         text = read_bounded(path, PREWARMS_CAP, "a prewarm record file")
     except FileNotFoundError:
@@ -55,29 +50,28 @@ def read_prewarms(cache_dir: str | Path) -> dict[str, PrewarmRecord]:
     return {record.fingerprint.digest: record for record in records}
 
 
-def _write(cache_dir: str | Path, records: dict[str, PrewarmRecord]) -> None:
-    path = prewarms_path(cache_dir)
+def _write(path: Path, records: dict[str, PrewarmRecord]) -> None:
     kept = sorted(records.values(), key=lambda record: record.time)[-KEEP:]
     atomic_write(path, dumps(kept, indent=1) + "\n", mode=modes_in(path.parent)[0],
                  what="the record of completed prewarms")
 
 
-def record_prewarm(cache_dir: str | Path, record: PrewarmRecord) -> None:
+def record_prewarm(path: Path, record: PrewarmRecord) -> None:
     """Add (or renew) the record of a prewarm that completed under its fingerprint."""
-    with locked(str(prewarms_path(cache_dir)) + ".lock", "prewarm records"):
-        records = read_prewarms(cache_dir)
+    with locked(str(path) + ".lock", "prewarm records"):
+        records = read_prewarms(path)
         records[record.fingerprint.digest] = record
-        _write(cache_dir, records)
+        _write(path, records)
 
 
-def forget_prewarm(cache_dir: str | Path, digest: str, key: str, why: str) -> None:
+def forget_prewarm(path: Path, digest: str, key: str, why: str) -> None:
     """Drop the record of fingerprint `digest` when it promised the entry `key`: a job
     launched with that very fingerprint missed it anyway."""
-    with locked(str(prewarms_path(cache_dir)) + ".lock", "prewarm records"):
-        records = read_prewarms(cache_dir)
+    with locked(str(path) + ".lock", "prewarm records"):
+        records = read_prewarms(path)
         record = records.get(digest)
         if record is None or key not in record.keys:
             return
         del records[digest]
-        _write(cache_dir, records)
+        _write(path, records)
     log.warning("%s; the next launch with its fingerprint runs its prewarm again", why)

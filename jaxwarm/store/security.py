@@ -21,6 +21,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -50,60 +51,69 @@ def trusted_gid(cache: CacheConfig, source: str) -> int | None:
                           f"{cache.trusted_group!r} on this machine") from None
 
 
-def dir_problem(info: os.stat_result, uid: int, gid: int | None) -> str | None:
-    """Why a cache dir with this stat is unsafe for user `uid`; None when it is safe. Pure."""
-    mode = stat.S_IMODE(info.st_mode)
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
-    if mode & stat.S_IWOTH:
-        return f"is writable by every user (mode {mode:04o})"
-    if mode & stat.S_IWGRP and info.st_gid != gid:
-        return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
-                ("and cache.trusted_group does not name it; set it to share a group directory "
-                 "on purpose" if gid is None else f"not by the trusted group (gid {gid})"))
-    if info.st_uid == uid:
+@dataclass(frozen=True)
+class Trust:
+    """Whom a cache dir may answer to: the user `uid`, and the group `gid` the config
+    trusts (`cache.trusted_group`; None: no group). Its rules are pure (a stat in, why it
+    is unsafe out), so they are tested without another user's files."""
+
+    uid: int
+    gid: int | None
+
+    def dir_problem(self, info: os.stat_result) -> str | None:
+        """Why a cache dir with this stat is unsafe; None when it is safe."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISDIR(info.st_mode):
+            return "is not a directory"
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
+                    ("and cache.trusted_group does not name it; set it to share a group "
+                     "directory on purpose" if gid is None
+                     else f"not by the trusted group (gid {gid})"))
+        if info.st_uid == uid:
+            return None
+        if gid is None:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
+                    f"cache.trusted_group to share a group directory on purpose")
+        if info.st_gid != gid:
+            return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the "
+                    f"trusted group (gid {gid})")
         return None
-    if gid is None:
-        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
-                f"cache.trusted_group to share a group directory on purpose")
-    if info.st_gid != gid:
-        return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the trusted "
-                f"group (gid {gid})")
-    return None
 
-
-def parent_problem(info: os.stat_result, uid: int, gid: int | None,
-                   what: str = "the cache") -> str | None:
-    """A parent others may rename in lets them swap the dir: its owner, unless that is root or
-    user `uid` (the sticky bit does not stop an owner); and, without the sticky bit, anyone
-    for a world-writable one, every member of its group for a group-writable one. A parent
-    whose group is the trusted group (`gid`) is the group's to share. `what` the parent
-    holds, for the line. Pure."""
-    mode = stat.S_IMODE(info.st_mode)
-    trusted = gid is not None and info.st_gid == gid
-    if info.st_uid not in (0, uid) and not trusted:
-        return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep "
-                f"{what} under dirs you or root own" + (
-                    ")" if gid is not None else
-                    ", or set cache.trusted_group to a group that owns that dir)"))
-    if mode & stat.S_ISVTX:
+    def parent_problem(self, info: os.stat_result, what: str = "the cache") -> str | None:
+        """A parent others may rename in lets them swap the dir: its owner, unless that is
+        root or this user (the sticky bit does not stop an owner); and, without the sticky
+        bit, anyone for a world-writable one, every member of its group for a
+        group-writable one. A parent whose group is the trusted group is the group's to
+        share. `what` the parent holds, for the line."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        trusted = gid is not None and info.st_gid == gid
+        if info.st_uid not in (0, uid) and not trusted:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep "
+                    f"{what} under dirs you or root own" + (
+                        ")" if gid is not None else
+                        ", or set cache.trusted_group to a group that owns that dir)"))
+        if mode & stat.S_ISVTX:
+            return None
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user without the sticky bit (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} without the sticky bit (mode "
+                    f"{mode:04o}) and cache.trusted_group does not name that group")
         return None
-    if mode & stat.S_IWOTH:
-        return f"is writable by every user without the sticky bit (mode {mode:04o})"
-    if mode & stat.S_IWGRP and info.st_gid != gid:
-        return (f"is writable by group {info.st_gid} without the sticky bit (mode {mode:04o}) "
-                f"and cache.trusted_group does not name that group")
-    return None
 
 
-def check_parents(path: Path, gid: int | None, where: str, what: str, why: str) -> None:
-    """`parent_problem` for every existing parent of `path`, along the path as written and
-    along the path it resolves to (a symlink cannot lead into a dir anyone may replace);
-    `where` starts the one line ("FILE: KEY"), `why` ends it."""
+def check_parents(path: Path, trust: Trust, where: str, what: str, why: str) -> None:
+    """`Trust.parent_problem` for every existing parent of `path`, along the path as written
+    and along the path it resolves to (a symlink cannot lead into a dir anyone may
+    replace); `where` starts the one line ("FILE: KEY"), `why` ends it."""
     real = Path(os.path.realpath(path))
     for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
-        problem = parent_problem(parent.stat(), os.geteuid(), gid, what) \
-            if parent.exists() else None
+        problem = trust.parent_problem(parent.stat(), what) if parent.exists() else None
         if problem:
             raise ConfigError(f"{where}: parent {parent} {problem}: {why}")
 
@@ -126,15 +136,15 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str,
     dir this user cannot write is refused here too, before any job starts. Returns the
     identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`.
     `key` is the config key that named the dir (`cache.stage` for a node's staged copy)."""
-    gid = trusted_gid(cache, source)
+    trust = Trust(os.geteuid(), trusted_gid(cache, source))
     path = Path(os.path.abspath(path))
-    check_parents(path, gid, f"{source}: {key}", "the cache",
+    check_parents(path, trust, f"{source}: {key}", "the cache",
                   "whoever can rename in it can swap the cache dir for theirs, and every rank "
                   "executes what is there")
     identity = None
     if path.exists():
         info = path.stat()
-        problem = dir_problem(info, os.geteuid(), gid)
+        problem = trust.dir_problem(info)
         if problem:
             raise ConfigError(f"{source}: {key}: {path} {problem}; refusing to run code "
                               f"from it")
@@ -180,23 +190,23 @@ def prepare_cache_dir(path: Path, cache: CacheConfig, source: str,
 
 def check_run_dir(config: Config) -> None:
     """Refuse, in one line, a run dir (`<out_dir>/<run name>`, path-resolved) others could
-    write or swap: a parent under `parent_problem` (key `run.out_dir`), the run dir or any
-    dir in it under `dir_problem` (its owner and who may write it; `cache.trusted_group` is
-    the trusted group here too), and a symlink anywhere in it (key `run.name`): jaxwarm
-    never writes through a link, and one planted there is refused, not replaced. Dirs the
-    trainer keeps (`rundir.TRAINER_DIRS`: its checkpoints, maybe a link to a bigger file
-    system) are the trainer's and not walked. A run dir that does not exist yet passes
-    (`prepare_run_dir` creates it)."""
-    gid = trusted_gid(config.cache, config.source)
+    write or swap: a parent under `Trust.parent_problem` (key `run.out_dir`), the run dir or
+    any dir in it under `Trust.dir_problem` (its owner and who may write it;
+    `cache.trusted_group` is the trusted group here too), and a symlink anywhere in it (key
+    `run.name`): jaxwarm never writes through a link, and one planted there is refused, not
+    replaced. Dirs the trainer keeps (`rundir.TRAINER_DIRS`: its checkpoints, maybe a link
+    to a bigger file system) are the trainer's and not walked. A run dir that does not
+    exist yet passes (`prepare_run_dir` creates it)."""
+    trust = Trust(os.geteuid(), trusted_gid(config.cache, config.source))
     run_dir = Path(os.path.abspath(config.run_dir))
-    check_parents(run_dir, gid, f"{config.source}: run.out_dir", "the run dir",
+    check_parents(run_dir, trust, f"{config.source}: run.out_dir", "the run dir",
                   "whoever can rename in it can swap the run dir for theirs, and every job "
                   "runs the code its pinned config names")
     try:
         top = run_dir.stat()
     except FileNotFoundError:
         return
-    problem = dir_problem(top, os.geteuid(), gid)
+    problem = trust.dir_problem(top)
     directories = [run_dir]
     while directories and problem is None:
         directory = directories.pop()
@@ -210,7 +220,7 @@ def check_run_dir(config: Config) -> None:
                                f"{os.readlink(entry.path)}): jaxwarm never writes through a "
                                f"link; remove it")
                 elif stat.S_ISDIR(info.st_mode):
-                    problem = dir_problem(info, os.geteuid(), gid)
+                    problem = trust.dir_problem(info)
                     directories.append(Path(entry.path))
                 if problem is not None:
                     run_dir = Path(entry.path)

@@ -14,8 +14,9 @@ when its checksum is right; a partial or corrupt one is replaced.
 
 The key must not change: before jax 0.11 the cache dir's path string is part of every key
 (XLA's autotune dir), so staging is refused there unless XLA's sub-caches are off
-(`staging_problem`); from 0.11, or with them off, the stage dir and the shared dir give the
-same key, so a node that reads the shared dir instead (its staging failed) still hits.
+(`jaxwarm.jaxkey.versions.staging_problem`); from 0.11, or with them off, the stage dir and
+the shared dir give the same key, so a node that reads the shared dir instead (its staging
+failed) still hits.
 """
 
 from __future__ import annotations
@@ -26,46 +27,18 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jaxwarm.core.config import CacheConfig
-from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import LockTimeout, atomic_path, locked, make_dir, modes_in
-from jaxwarm.jaxkey.versions import cache_path_in_key, installed
-from jaxwarm.store.entries import (
-    NotAnEntry,
-    ensure_atime_files,
-    entry_path,
-    open_entry,
-    scan,
-    sha256_file,
-    writer_lock_path,
-)
+from jaxwarm.store.entries import NotAnEntry, ensure_atime_files, open_entry, scan, sha256_file
 from jaxwarm.store.integrity import Recorded, entry_problem, recorded_entries
-from jaxwarm.store.manifest import latest_for_run, read_manifest
+
+if TYPE_CHECKING:
+    from jaxwarm.store.store import LocalStore
 
 log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 1 << 20
-
-
-def staging_problem(cache: CacheConfig, jax_version: str, source: str) -> str | None:
-    """Why staging would change the key on this jax with these settings; None when it
-    would not. The one rule, checked by the launcher and again by every staged job."""
-    if cache.stage is None or not cache_path_in_key(jax_version, cache.xla_caches):
-        return None
-    return (f"{source}: cache.stage: on jax {jax_version} the cache dir's path string is part "
-            f"of every key (XLA's autotune dir, before jax 0.11), so JAX reading the staged "
-            f"copy at {cache.stage} would miss every entry prewarmed in {cache.dir}; set "
-            f"cache.xla_caches: none (the prewarm then writes keys without the path) or use "
-            f"jax >= 0.11")
-
-
-def refuse_key_change(cache: CacheConfig, source: str) -> None:
-    """`staging_problem` for the jax installed here, as the one-line ConfigError: the
-    launcher's check before it builds a training job, and each staged job's own."""
-    versions = installed()
-    if versions is not None and (problem := staging_problem(cache, versions.jax, source)):
-        raise ConfigError(problem)
 
 
 @dataclass
@@ -88,12 +61,11 @@ class _Differs(Exception):
     """A copy whose bytes are not the entry recorded under its key."""
 
 
-def needed_entries(shared: str, run: str) -> dict[str, Recorded | None]:
+def needed_entries(shared: LocalStore, run: str) -> dict[str, Recorded | None]:
     """The entries the run's next job expects to load (the newest per function its
     prewarms recorded), each with its recorded checksum and size where known."""
     recorded = recorded_entries(shared, strict=False)
-    return {entry.key: recorded.get(entry.key)
-            for entry in latest_for_run(read_manifest(shared, strict=False), run)}
+    return {entry.key: recorded.get(entry.key) for entry in shared.run_entries(run)}
 
 
 def copy_entry(source: Path, destination: Path, expected: Recorded | None,
@@ -132,7 +104,8 @@ def local_copy_ok(path: Path, expected: Recorded) -> bool | None:
     return size == (expected.size or size) and sha256_file(path) == expected.sha256
 
 
-def stage_entries(shared: str, local: str, run: str, max_size: int = -1) -> Staged:
+def stage_entries(shared: LocalStore, local: LocalStore, run: str,
+                  max_size: int = -1) -> Staged:
     """Copy the run's entries from `shared` into the node's `local` dir (which exists, checked
     like a cache dir: every rank runs what is in it). A write that fails (full disk,
     read-only) raises OSError: the node then reads the shared dir. With a size cap, JAX's
@@ -140,13 +113,13 @@ def stage_entries(shared: str, local: str, run: str, max_size: int = -1) -> Stag
     start = time.perf_counter()
     staged = Staged()
     for key, expected in needed_entries(shared, run).items():
-        target = entry_path(local, key)
+        target = local.entry_path(key)
         present = local_copy_ok(target, expected) if expected is not None else None
         if present:
             staged.reused.append(key)
             continue
         try:
-            staged.bytes_copied += copy_entry(entry_path(shared, key), target, expected,
+            staged.bytes_copied += copy_entry(shared.entry_path(key), target, expected,
                                               keep_mtime=True)[1]
         except FileNotFoundError:
             staged.skipped[key] = "not in the shared cache dir"
@@ -161,7 +134,7 @@ def stage_entries(shared: str, local: str, run: str, max_size: int = -1) -> Stag
     return staged
 
 
-def publish_entries(local: str, shared: str, since: float,
+def publish_entries(local: LocalStore, shared: LocalStore, since: float,
                     max_size: int = -1) -> dict[str, tuple[str, int]]:
     """Copy the entries this job wrote in its stage dir (those modified at or after `since`)
     into the shared dir, each under its writer lock and never over an entry already there;
@@ -169,22 +142,22 @@ def publish_entries(local: str, shared: str, since: float,
     lock a prewarm holds is left to that prewarm."""
     published: dict[str, tuple[str, int]] = {}
     for entry in scan(local, histories={}):
-        if entry.created < since or entry_path(shared, entry.key).exists():
+        target = shared.entry_path(entry.key)
+        if entry.created < since or target.exists():
             continue
-        lock = writer_lock_path(shared, entry.key)
+        lock = shared.writer_lock_path(entry.key)
         make_dir(lock.parent)
         try:
             with locked(lock, f"publish of {entry.key}", timeout_s=0):
-                if entry_path(shared, entry.key).exists():
+                if target.exists():
                     continue
-                published[entry.key] = copy_entry(entry.path, entry_path(shared, entry.key),
-                                                  None, keep_mtime=False)
+                published[entry.key] = copy_entry(entry.path, target, None, keep_mtime=False)
         except LockTimeout:
             log.info("%s: a prewarm is writing it into %s; not publishing this job's copy",
-                     entry.key, shared)
+                     entry.key, shared.dir)
         except _Differs as exc:
             log.warning("%s: not published, the job's own copy in %s is not loadable: %s",
-                        entry.key, local, exc)
+                        entry.key, local.dir, exc)
     if published and max_size != -1:
         ensure_atime_files(shared)
     return published

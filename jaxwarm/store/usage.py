@@ -16,17 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.core.config import Config
 from jaxwarm.core.files import RefusedFile, append_line, locked, modes_in
 from jaxwarm.core.jsonio import dumps, read_lines, to_json, warn_once
 from jaxwarm.core.records import (
     EntryChecked,
     EntryMissed,
     EntryQuarantined,
-    InitReport,
     JobUsage,
     UsageRecord,
-    UsedFunction,
     parse_usage_line,
 )
 
@@ -36,10 +33,6 @@ USAGE_LOG = "jaxwarm-usage.jsonl"
 # One line per job (a few hundred bytes per function it looked up) and per checked, missed,
 # quarantined or pruned entry: a million jobs' worth.
 USAGE_CAP = 512 << 20
-
-
-def usage_path(cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / USAGE_LOG
 
 
 def _compact(data: Any) -> Any:
@@ -52,12 +45,12 @@ def _compact(data: Any) -> Any:
     return data
 
 
-def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
-    """One JSON line, appended under a lock so concurrent jobs never interleave lines. After
-    a torn last line (a writer killed mid-line) it starts a new line, so that one bad line
-    does not take this record with it. Where something other than a regular file was
-    planted under its name, the record is not written (one line says so)."""
-    path = usage_path(cache_dir)
+def append_usage(path: Path, record: UsageRecord) -> None:
+    """One JSON line, appended to the log at `path` under a lock so concurrent jobs never
+    interleave lines. After a torn last line (a writer killed mid-line) it starts a new
+    line, so that one bad line does not take this record with it. Where something other than
+    a regular file was planted under its name, the record is not written (one line says
+    so)."""
     line = dumps(_compact(to_json(record)), sort_keys=True) + "\n"
     with locked(str(path) + ".lock", "usage log"):
         try:
@@ -67,25 +60,12 @@ def append_usage(cache_dir: str | Path, record: UsageRecord) -> None:
             warn_once(f"skipping {exc}")
 
 
-def job_usage(config: Config, report: InitReport) -> JobUsage:
-    """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
-    or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
-    return JobUsage(
-        run=config.run.name, run_dir=str(config.run_dir), config=config.source, job=report.job,
-        restart=report.restart_count,
-        functions=[UsedFunction(name=record.name, key=record.key, hit=record.hit,
-                                seconds=round(record.seconds, 3), sha256=record.sha256 or None,
-                                size=record.size if record.sha256 else None)
-                   for record in report.functions if record.key is not None])
-
-
-def read_usage(cache_dir: str | Path,
-               keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
-    """The usage log in order, streamed within USAGE_CAP; a line that is not a usage record
-    (or a log that is not a regular file within the cap) is skipped with one log line
-    (`jsonio.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
+def read_usage(path: Path, keep: Callable[[str], bool] | None = None) -> list[UsageRecord]:
+    """The usage log at `path` in order, streamed within USAGE_CAP; a line that is not a
+    usage record (or a log that is not a regular file within the cap) is skipped with one
+    log line (`jsonio.read_lines`). With `keep`, only the lines it accepts are parsed: a warm
     check of one key must not pay for parsing a log with one line per job ever run."""
-    return read_lines(usage_path(cache_dir), parse_usage_line, USAGE_CAP, "a usage log", keep)
+    return read_lines(path, parse_usage_line, USAGE_CAP, "a usage log", keep)
 
 
 def records_entry(key: str) -> Callable[[str], bool]:

@@ -36,8 +36,9 @@ from jaxwarm.core.records import PREWARM, TRAIN, Fingerprint, PrewarmDecision, d
 from jaxwarm.core.rundir import prewarm_decision_path, unfinished
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import FULL_CHECK_BYTES
-from jaxwarm.store.store import CacheStore, open_store
+from jaxwarm.store.store import open_store
 from jaxwarm.submit.backend import Backend, Outcome, Run
 from jaxwarm.submit.fingerprint import changed_reads, fingerprint
 from jaxwarm.submit.jobs import (
@@ -100,10 +101,9 @@ def launch(request: Request, backend: Backend[H]) -> int:
             prepare_cache(config, store, request.check_cache, repair=True)
             decision = decide_prewarm(request, config, store, prints[config.run_dir])
             write_decision(config.run_dir, decision)
-            local = store.local
-            if decision.keys and local is not None:  # as if its own prewarm found them
-                manifest = local.manifest(strict=False)
-                local.uses_entries([manifest[key] for key in decision.keys
+            if decision.keys:  # as if its own prewarm found them
+                manifest = store.manifest(strict=False)
+                store.uses_entries([manifest[key] for key in decision.keys
                                     if key in manifest], config.run.name)
             decided.append(dataclasses.replace(run, jobs=[
                 job for job in run.jobs if job.name != PREWARM or decision.prewarm]))
@@ -203,15 +203,12 @@ def decide_prewarm(request: Request, config: Config, store: CacheStore,
     return decision
 
 
-def auto_decision(config: Config, cache: CacheStore, found: Fingerprint,
+def auto_decision(config: Config, store: CacheStore, found: Fingerprint,
                   full_check: bool) -> PrewarmDecision:
     """`auto`: a recorded prewarm of this fingerprint, the files its step factory read
     unchanged, whose entries would all load, checked in full where that is cheap
-    (`check_relied`); anything else runs the prewarm job."""
-    store = cache.local
-    if store is None:
-        return PrewarmDecision(AUTO, True, "a remote cache dir keeps no record of prewarms",
-                               found)
+    (`CacheStore.check_relied`); anything else runs the prewarm job (a remote cache dir
+    records no prewarm: it always runs)."""
     records = store.prewarms()
     match = records.get(found.digest)
     if match is None:

@@ -37,9 +37,8 @@ from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.moved import moved_module
 from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
-from jaxwarm.jaxkey.versions import version_problem
+from jaxwarm.jaxkey.versions import refuse_key_change, version_problem
 from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
-from jaxwarm.store.staging import refuse_key_change
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
 from jaxwarm.core.words import plural
 from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.security import check_run_dir, prepare_run_dir
-from jaxwarm.store.store import CacheStore, open_store
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,7 @@ def resolve_run(config: Config, base: Path | None = None,
     entrypoint, a busy run dir) must leave the run dir, and the pinned config that requeued
     jobs read, as they were.
     """
-    store = open_store(config.cache.dir).local
-    if store is not None:
-        store.check(config.cache, config.source, writing=True, base=base)
+    open_store(config.cache.dir).check(config.cache, config.source, writing=True, base=base)
     config = resolve_paths(config, base)
     check_run_dir(config)
     refuse_small_cap(config)
@@ -60,9 +59,7 @@ def write_run_dir(config: Config, pinned: Path | None = None) -> str:
     `resolve_run` put it: the run's own, or a verify's); only once every check passed, and
     under the run dir's lock when launching. Returns the sha256 of what it wrote, which the
     jobs check the file against (`config.load_pinned`)."""
-    store = open_store(config.cache.dir).local
-    if store is not None:
-        store.prepare(config.cache, config.source)
+    open_store(config.cache.dir).prepare(config.cache, config.source)
     pinned = pinned or pinned_config(config.run_dir)
     make_dirs(pinned.parent)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
@@ -110,16 +107,14 @@ def pin_config(config: Config, base: Path | None = None) -> tuple[Config, Path]:
     return config, path
 
 
-def prepare_cache(config: Config, cache: CacheStore, check: bool,
+def prepare_cache(config: Config, store: CacheStore, check: bool,
                   repair: bool = True) -> dict[str, str]:
     """Size-capped caches get the atime files JAX's eviction needs, and the entries this
     run's prewarm recorded are checked in full (a corrupt one is quarantined, so the job
     compiles and rewrites it instead of crashing or missing forever). Without `repair`
     (verify, which writes nothing into the cache dir) nothing is added or moved: the bad
-    entries are said and returned, by key, with why."""
-    store = cache.local
-    if store is None:
-        return {}
+    entries are said and returned, by key, with why. (A remote dir records no entries of
+    a run: nothing is checked there.)"""
     if repair and config.cache.max_size != -1:
         store.ensure_atime_files()
     if not check:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxwarm.core.files import atomic_write, lock_waits, make_dirs
+from jaxwarm.core.inputdiff import input_differences
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import (
     COMPILE,
@@ -64,7 +65,6 @@ from jaxwarm.jaxkey.pgle import pgle_components, watch_pgle_keys
 from jaxwarm.jaxkey.predict import in_probe
 from jaxwarm.job.record.ledger import spacing
 from jaxwarm.job.record.phases import PhaseClock, Span, wrap_distributed_initialize
-from jaxwarm.store.misses import input_differences
 
 if TYPE_CHECKING:
     from jaxwarm.job.start.books import Books

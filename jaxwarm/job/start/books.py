@@ -33,9 +33,11 @@ from jaxwarm.core.records import (
     EntryMissed,
     FirstStep,
     InitReport,
+    JobUsage,
     PrewarmDecision,
     ReportWarning,
     Staging,
+    UsedFunction,
 )
 from jaxwarm.core.rundir import first_steps_path, mlperf_log_path, prewarm_decision_path
 from jaxwarm.core.warmth import compiled_a_step, prewarmed_outcomes
@@ -48,10 +50,10 @@ from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.mlperf import MlperfLog, MlperfUnavailable
 from jaxwarm.job.record.recorder import InitRecorder, Prewarmed
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
-from jaxwarm.store.manifest import ManifestEntry, latest_for_run
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.manifest import Manifest, ManifestEntry
 from jaxwarm.store.security import DirIdentity
-from jaxwarm.store.store import LocalStore, open_store
-from jaxwarm.store.usage import job_usage
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,11 @@ class Books:
 
     config: Config
     job: str
-    # The config's shared cache dir; None for a remote one (gs://...): JAX's alone, with no
-    # dir to check and no records jaxwarm keeps.
-    store: LocalStore | None
+    # The config's shared cache dir (a remote one, gs://..., keeps no records and has no
+    # dir on this node to check: it answers as much, and the books go on the same).
+    store: CacheStore
     # The dir JAX reads: that store, or the node's staged copy of it.
-    jax_store: LocalStore | None
+    jax_store: CacheStore
     staging: Staging | None
     guard: CacheGuard
     ranks: RankCoordinator | None = None
@@ -85,8 +87,7 @@ class Books:
     @property
     def staged(self) -> bool:
         """Whether JAX reads the node's staged copy rather than the shared dir."""
-        return self.store is not None and self.jax_store is not None and \
-            self.jax_store.dir != self.store.dir
+        return self.jax_store.dir != self.store.dir
 
     # -- the moments the recorder calls, in the order a process meets them -----------------
 
@@ -107,13 +108,12 @@ class Books:
         use passes the cache-dir checks again. jaxwarm's (the config's, or the node's staged
         copy) must still be the very dir checked at `bound`, and one the trainer (or a step
         factory) set instead, with cache.enforce off, gets the same checks before JAX reads
-        code from it. An exception stops that compile."""
-        if self.jax_store is None:
-            return
+        code from it (a remote one has nothing on this node to check). An exception stops
+        that compile."""
         used = _jax_cache_dir()
-        current = open_store(used).local if used else None
-        if current is None:  # no cache, or a remote one: nothing on this node to check
+        if not used:  # no persistent cache: nothing is read
             return
+        current = open_store(used)
         config = self.config
         if current.dir == self.jax_store.dir:
             current.recheck(config.cache, config.source, self.checked,
@@ -145,8 +145,6 @@ class Books:
         creates it (or checks it), every other rank checks it, and a staged node's copy is
         checked as well. What was checked is what `before_lookup` holds JAX to."""
         store, jax_store, config = self.store, self.jax_store, self.config
-        if store is None or jax_store is None:
-            return
         if recorder.report.process_index == 0:
             self.checked = store.prepare(config.cache, config.source)
         else:
@@ -158,16 +156,13 @@ class Books:
         """The prewarm manifest, read once the dir is known safe: a training job learns its
         run's prewarmed functions and the steps to time (`watch_prewarmed`), and a
         multi-process job the compile times the ranks' meeting is bounded by. A training
-        job on a remote cache has no manifest: the function with the largest inputs is
-        taken for the step."""
+        job on a remote cache has an empty manifest: the function with the largest inputs
+        is taken for the step."""
         report = recorder.report
-        if self.store is None:
-            recorder.guess_first_step = self.job == TRAIN
-            return
         if self.job != TRAIN and report.process_count <= 1:
             return
         manifest = manifest_of(self.store)
-        self.entries = tuple(latest_for_run(manifest, self.config.run.name))
+        self.entries = tuple(manifest.for_run(self.config.run.name))
         if self.job == TRAIN:
             watch_prewarmed(self.config, recorder, manifest)
 
@@ -194,8 +189,7 @@ class Books:
     def published_at_exit(self, recorder: InitRecorder) -> None:
         """Process 0 on a staged node publishes what it compiles after the first step too,
         as the process ends (what it wrote before is published when init is over)."""
-        if recorder.report.process_index == 0 and self.store is not None and \
-                self.staging is not None and self.staged:
+        if recorder.report.process_index == 0 and self.staging is not None and self.staged:
             atexit.register(publish_at_exit, self.config, self.store, self.staging,
                             recorder.start_time)
 
@@ -216,8 +210,7 @@ class Books:
         that fails the checks every job makes before JAX loads code from it (the job's own
         check, at its first lowering, says why in one line)."""
         store, jax_store, config = self.store, self.jax_store, self.config
-        if not self.wants_prefetch or self._prefetch_tried or store is None or \
-                jax_store is None:
+        if not self.wants_prefetch or self._prefetch_tried:
             return
         self._prefetch_tried = True
         import jax
@@ -231,7 +224,7 @@ class Books:
         except ConfigError as exc:
             log.warning("jaxwarm: no prefetch: %s", exc)
             return
-        entries = [e for e in latest_for_run(manifest_of(store), config.run.name)
+        entries = [e for e in manifest_of(store).for_run(config.run.name)
                    if e.process_count == jax.process_count()]
         try:
             self.prefetch = start_prefetch(entries, jax_store,
@@ -261,7 +254,7 @@ class Books:
     def missed_prewarms_forgotten(self, recorder: InitRecorder) -> None:
         """Process 0 of a training job: a prewarmed function it missed under another key
         voids the prewarm record its launch trusted (`forget_missed_prewarms`)."""
-        if recorder.report.process_index == 0 and self.job == TRAIN and self.store is not None:
+        if recorder.report.process_index == 0 and self.job == TRAIN:
             forget_missed_prewarms(self.config, self.store, recorder.report)
 
     def mlperf_stopped(self, recorder: InitRecorder) -> None:
@@ -275,7 +268,7 @@ class Books:
         """Process 0: the checksum of each entry it wrote onto its record, before the usage
         log takes them from there; a staged node's entries are published to the shared dir
         first (`publish_written`)."""
-        if recorder.report.process_index != 0 or self.store is None:
+        if recorder.report.process_index != 0:
             return
         if self.staging is not None and self.staged:
             publish_written(self.config, self.store, self.staging, recorder.report,
@@ -286,15 +279,14 @@ class Books:
     def missed_entries_noted(self, recorder: InitRecorder) -> None:
         """Process 0: a miss on an entry that was in the cache is read in full to say why
         (`note_missed_entries`), before the usage log."""
-        if recorder.report.process_index == 0 and self.store is not None and \
-                self.jax_store is not None:
+        if recorder.report.process_index == 0:
             note_missed_entries(self.config, self.store, self.jax_store, recorder.report,
                                 recorder.start_time)
 
     def usage_logged(self, recorder: InitRecorder) -> None:
         """Last: process 0's line in the cache's usage log, with what the steps above put
         on the report's records."""
-        if recorder.report.process_index == 0 and self.store is not None:
+        if recorder.report.process_index == 0:
             self.store.append_usage(job_usage(self.config, recorder.report))
 
 
@@ -336,18 +328,17 @@ def _jax_cache_dir() -> str:
     return str(jax.config.jax_compilation_cache_dir or "")
 
 
-def manifest_of(store: LocalStore) -> dict[str, ManifestEntry]:
+def manifest_of(store: CacheStore) -> Manifest:
     """The prewarm manifest, read once per job; one that cannot be read counts as empty (and
     says so): bookkeeping never stops training."""
     try:
         return store.manifest(strict=False)
     except OSError as exc:
         log.warning("the prewarm manifest cannot be read: %s", exc)
-        return {}
+        return Manifest()
 
 
-def watch_prewarmed(config: Config, recorder: InitRecorder,
-                    manifest: dict[str, ManifestEntry]) -> None:
+def watch_prewarmed(config: Config, recorder: InitRecorder, manifest: Manifest) -> None:
     """What a training job takes from the prewarm manifest. For a trainer that does not call
     mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
     signature: a run warm from another run's entries, or a cold run of a step prewarmed
@@ -360,13 +351,25 @@ def watch_prewarmed(config: Config, recorder: InitRecorder,
     recorder.step_functions = {
         (e.function, e.signature): e.run for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count}
-    own = latest_for_run(manifest, config.run.name)
+    own = manifest.for_run(config.run.name)
     recorder.prewarmed_options = {e.function: e.global_options for e in own
                                   if e.global_options}
     recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run)
                           for e in own}
     recorder.inputs_of = {e.function for e in own if e.inputs is not None}
     recorder.report.run_prewarmed = len(recorder.prewarmed)
+
+
+def job_usage(config: Config, report: InitReport) -> JobUsage:
+    """What process 0 of a job tells the cache's usage log: which keys it looked up, hit
+    or missed, and the checksum of each entry it wrote (for `jaxwarm cache verify`)."""
+    return JobUsage(
+        run=config.run.name, run_dir=str(config.run_dir), config=config.source, job=report.job,
+        restart=report.restart_count,
+        functions=[UsedFunction(name=record.name, key=record.key, hit=record.hit,
+                                seconds=round(record.seconds, 3), sha256=record.sha256 or None,
+                                size=record.size if record.sha256 else None)
+                   for record in report.functions if record.key is not None])
 
 
 def record_first_step(config: Config, report: InitReport, started: float) -> None:
@@ -382,17 +385,18 @@ def record_first_step(config: Config, report: InitReport, started: float) -> Non
         "the time to first step")
 
 
-def note_missed_entries(config: Config, store: LocalStore, jax_dir: LocalStore,
+def note_missed_entries(config: Config, store: CacheStore, jax_dir: CacheStore,
                         report: InitReport, since: float) -> None:
     """A miss on a key whose entry was in the cache JAX read (`jax_dir`: the shared `store`,
     or the node's staged copy of it) before this process started means JAX could not load that
-    entry (JAX never replaces it): read it in full to say why (the report shows it), and
-    record it in the usage log, so the next prewarm checks the entry in full and replaces it
-    if it is corrupt. A process that read another dir (a trainer's own, under cache.enforce
-    off) was never offered the entries of `jax_dir`: its misses say where it looked instead.
-    An entry that was not there because it had been quarantined (by the launch's pre-run
-    check, or right before JAX's read) is noted as that (the usage log's last word on it,
-    before this job's own line), so that the report does not call it pruned or deleted."""
+    entry (JAX never replaces it): `jax_dir` says why (`CacheStore.load_problem`, the report
+    shows it), and the usage log records it, so the next prewarm checks the entry in full and
+    replaces it if it is corrupt. A process that read another dir (a trainer's own, under
+    cache.enforce off) was never offered the entries of `jax_dir`: its misses say where it
+    looked instead. An entry that was not there because it had been quarantined (by the
+    launch's pre-run check, or right before JAX's read) is noted as that (the usage log's
+    last word on it, before this job's own line), so that the report does not call it
+    pruned or deleted."""
     if report.cache_dir != jax_dir.dir:
         return
     histories = {**store.histories(), **jax_dir.histories()}
@@ -403,19 +407,15 @@ def note_missed_entries(config: Config, store: LocalStore, jax_dir: LocalStore,
         record.quarantined = history.quarantined if history is not None else None
         if record.sha256 is not None:
             continue
-        path = jax_dir.entry_path(record.key)
-        if path.exists() and jax_dir.written_since(record.key, since) is None:
-            known = store.recorded(strict=False, key=record.key)
-            expected = known[record.key].sha256 if record.key in known else None
-            record.not_loaded = jax_dir.entry_problem(record.key, expected) or \
-                "it reads intact now (was it replaced while this job ran?)"
-            log.warning("%s: missed although its entry %s was in the cache (JAX could not load "
-                        "it: %s); the next prewarm checks it in full", record.name, path,
-                        record.not_loaded)
+        record.not_loaded = jax_dir.load_problem(record.key, since, store)
+        if record.not_loaded is not None:
+            log.warning("%s: missed although its entry %s was in the cache %s (JAX could not "
+                        "load it: %s); the next prewarm checks it in full", record.name,
+                        record.key, jax_dir.dir, record.not_loaded)
             store.append_usage(EntryMissed(record.key, config.run.name))
 
 
-def note_written_entries(store: LocalStore, report: InitReport, since: float) -> None:
+def note_written_entries(store: CacheStore, report: InitReport, since: float) -> None:
     """Checksum each entry this process wrote, once, onto its record (the usage log and
     the prewarm manifest both take it from there)."""
     for record in report.functions:
@@ -425,10 +425,10 @@ def note_written_entries(store: LocalStore, report: InitReport, since: float) ->
                 record.sha256, record.size = written
 
 
-def publish_written(config: Config, store: LocalStore, staging: Staging,
+def publish_written(config: Config, store: CacheStore, staging: Staging,
                     report: InitReport | None, since: float) -> None:
     """Publish the entries this process wrote into its node's stage dir to the shared dir
-    (`LocalStore.publish_from`), and put each published entry's checksum onto its record for the
+    (`CacheStore.publish_from`), and put each published entry's checksum onto its record for the
     usage log. Only what was published is recorded: an entry another writer put in the
     shared dir first stays that writer's, and the job's own copy stays node-local."""
     published = store.publish_from(staging.dir, since, config.cache.max_size)
@@ -440,7 +440,7 @@ def publish_written(config: Config, store: LocalStore, staging: Staging,
                  plural(len(published), "entry", "entries"), staging.dir, config.cache.dir)
 
 
-def publish_at_exit(config: Config, store: LocalStore, staging: Staging,
+def publish_at_exit(config: Config, store: CacheStore, staging: Staging,
                     since: float) -> None:
     try:
         publish_written(config, store, staging, None, since)
@@ -448,7 +448,7 @@ def publish_at_exit(config: Config, store: LocalStore, staging: Staging,
         log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
 
 
-def forget_missed_prewarms(config: Config, store: LocalStore, report: InitReport) -> None:
+def forget_missed_prewarms(config: Config, store: CacheStore, report: InitReport) -> None:
     """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
     that prewarm's functions up under another key: what the login node's fingerprint
     promised does not hold (a GPU driver, a module imported by a computed name). Forget

@@ -42,7 +42,7 @@ from jaxwarm.job.start.distributed import bound_trainer_joins
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.start.place import Place
-from jaxwarm.store.store import LocalStore, open_store
+from jaxwarm.store.store import open_store
 
 
 @dataclass
@@ -110,10 +110,10 @@ def recorder_installed(start: Start) -> None:
         cache_dir=options["jax_compilation_cache_dir"], init_budget_s=config.init_budget_s,
         environment={k: v for k, v in sorted(os.environ.items()) if owned(k)},
         stage=start.staging)
-    store = open_store(config.cache.dir).local
+    store = open_store(config.cache.dir)
     start.books = Books(
         config, job, store=store,
-        jax_store=LocalStore(start.staging.dir) if start.staging is not None else store,
+        jax_store=open_store(start.staging.dir) if start.staging is not None else store,
         staging=start.staging,
         guard=CacheGuard.from_options(options, config.cache.enforce, actor_of(job)))
     start.recorder = InitRecorder(
@@ -131,8 +131,7 @@ def entries_guarded(start: Start) -> None:
     repair = start.job != VERIFY
 
     def refuse(cache_dir: str, key: str) -> bool:
-        store = open_store(cache_dir).local
-        return store is not None and store.refuse_read(key, repair)
+        return open_store(cache_dir).refuse_read(key, repair)
 
     guard_reads(refuse)
 
@@ -161,11 +160,11 @@ def ledger_sampling(start: Start) -> None:
 
 
 def prefetch_after_join(start: Start) -> None:
-    """`cache.prefetch` in a training job on a local cache: it begins once the process has
-    its backend, after jax.distributed's join or at the first lowering, whichever comes
-    first (`Books.prefetch_begun`)."""
+    """`cache.prefetch` in a training job: it begins once the process has its backend,
+    after jax.distributed's join or at the first lowering, whichever comes first
+    (`Books.prefetch_begun`; a remote cache's empty manifest names nothing to load)."""
     config = start.config
-    if start.job != TRAIN or config.cache.prefetch is False or start.books.store is None:
+    if start.job != TRAIN or config.cache.prefetch is False:
         return
     start.books.wants_prefetch = True
     books, recorder = start.books, start.recorder

@@ -61,13 +61,18 @@ from jaxwarm.core.contents import (
     library_dirs,
     link_record,
 )
-from jaxwarm.core.environment import job_environment, key_environment, key_variable
+from jaxwarm.core.environment import (
+    PINNED_DIGEST,
+    job_environment,
+    key_environment,
+    key_variable,
+)
 from jaxwarm.core.errors import ConfigError, one_line
 from jaxwarm.core.records import Fingerprint
 from jaxwarm.submit.jobs import find_module, job_import_path, parse_source
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
-RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
+RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR", PINNED_DIGEST)
 # What a step factory reads the trainer's command line through (`jaxwarm.step`).
 ARGV_READER = "trainer_argv"
 # The most source files followed from the factory: a bound on the walk, not a limit anyone

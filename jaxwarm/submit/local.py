@@ -37,10 +37,10 @@ from jaxwarm.core.childwait import (
 from jaxwarm.core.config import Config, TopologyConfig
 from jaxwarm.core.environment import merge_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line, one_line
-from jaxwarm.core.files import atomic_write, is_held, read_tail
+from jaxwarm.core.files import atomic_write, fresh_file, is_held, make_dirs, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import TRAIN, VERIFY, LocalJobState, LocalLaunch
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState, LocalLaunch
 from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration, human_size
 from jaxwarm.job.start.place import process_variables
@@ -192,8 +192,7 @@ class LocalJob:
             if count > 1:
                 env.update(process_variables(coordinator, count, index, job_id))
             path = log_path(self.run_dir, self.job.name, index)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sink = path.open("wb")
+            sink = fresh_file(make_dirs(path.parent) / path.name, "a job's log")
             echo = self.echo and index == 0
             proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL,
@@ -330,13 +329,22 @@ def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
                     first_step_timeout_s=config.train.first_step_timeout_s).run()
 
 
+# What to do after a job stopped by a signal the launcher forwarded (Ctrl-C), by job: only a
+# training job has checkpoints to resume from.
+AFTER_A_STOP = {
+    TRAIN: "relaunch the same command to resume from its last checkpoint",
+    PREWARM: "relaunch the same command: its prewarm compiles only what is not cached yet",
+    VERIFY: "it gave no answer; run the verify again",
+}
+
+
 def outcome(result: JobResult) -> Outcome:
     if result.problem is not None:
         return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
         return Outcome(result.name, False,
-                       f"{result.name} stopped after a forwarded signal; relaunch the same "
-                       f"command to resume from its last checkpoint",
+                       f"{result.name} stopped after a forwarded signal; "
+                       f"{AFTER_A_STOP[result.name]}",
                        128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.records import OVER_CAP, UNUSED, USED
+from jaxwarm.core.records import OVER_CAP, TRAIN, UNUSED, USED
+from jaxwarm.core.rundir import report_path
 from jaxwarm.job.prefetch import Prefetch
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
@@ -57,8 +58,7 @@ class Prewarmed:
         runs = tmp / "runs"
         result = cli(self.python, "launch", *demo(runs, cache), "--no-prewarm", *overrides)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        report: dict[str, Any] = json.loads(
-            (runs / "demo" / "reports" / "train-r0-p0.json").read_text())
+        report: dict[str, Any] = json.loads(report_path(runs / "demo", TRAIN, 0, 0).read_text())
         report["headline"], report["log"] = result.stdout, result.stderr
         return report
 

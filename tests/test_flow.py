@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,11 +23,11 @@ from typing import Any
 import pytest
 
 from jaxwarm.cli import commands
-from jaxwarm.core.config import Config, load_config
-from jaxwarm.core.environment import job_environment
+from jaxwarm.core.config import Config, config_digest, load_config
+from jaxwarm.core.environment import PINNED_DIGEST, job_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
-from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState
 from jaxwarm.core.rundir import (
     checkpoints_dir,
     lock_path,
@@ -43,7 +44,7 @@ from jaxwarm.store.store import LocalStore
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
-from jaxwarm.submit.local import LocalBackend, record_states
+from jaxwarm.submit.local import JobResult, LocalBackend, outcome, record_states
 from jaxwarm.submit.prepare import pin_config
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
@@ -80,9 +81,11 @@ class FakeBackend:
             raise ConfigError(self.busy)
 
     def submit(self, runs: list[Run]) -> list[list[str]]:
-        for run in runs:  # pinned before any job is handed over
+        for run in runs:  # pinned before any job is handed over, with its checksum
             assert run.pinned.is_file()
             assert all(Path(job.env["JAXWARM_CONFIG"]) == run.pinned for job in run.jobs)
+            assert all(job.env[PINNED_DIGEST] == config_digest(run.pinned.read_bytes())
+                       for job in run.jobs)
         self.calls.append("submit")
         for run in runs:
             if self.logs_step is not None:
@@ -554,3 +557,15 @@ def test_slurm_without_its_commands_is_refused_before_anything_is_written(
         f"client commands are not installed on this machine): submit from a login node of "
         f"the cluster, or run with --local")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_job_stopped_by_a_forwarded_signal_says_what_to_do_for_its_kind() -> None:
+    """Ctrl-C forwarded to a job: only a training job resumes from a checkpoint; an
+    interrupted verify said so too, and has none (nor an answer)."""
+    said = {job: outcome(JobResult(job, -2, signal_received=signal.SIGINT))
+            for job in (PREWARM, VERIFY, TRAIN)}
+    assert {job: o.exit_code for job, o in said.items()} == dict.fromkeys(said, 130)
+    assert said[VERIFY].detail == ("verify stopped after a forwarded signal; it gave no "
+                                   "answer; run the verify again")
+    assert "checkpoint" not in said[PREWARM].detail + said[VERIFY].detail
+    assert said[TRAIN].detail.endswith("resume from its last checkpoint")

@@ -20,8 +20,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +33,10 @@ from jaxwarm.store.security import Trust
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
-from tests.conftest import DEMO, FAST_STEP, REPO, Cli, run_cli
+from tests.conftest import DEMO, FAST_STEP, Cli, run_cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_store_commands import TINY, assert_ok, config_args, job_args
+from tests.users import as_user, two_users
 
 
 def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
@@ -233,46 +232,10 @@ def test_a_job_refuses_a_dir_swapped_between_two_compiles(tmp_path: Path) -> Non
     assert "REFUSED" in proc.stdout and "is not the directory checked" in proc.stdout
 
 
-SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
-
-
-# The members' packages: this venv's, on PYTHONPATH (as an HPC module gives them).
-SITE = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
-
-
 @pytest.fixture
 def team() -> Iterator[tuple[str, str, str, Path]]:
-    """(group, first user, second user, a 0755 base dir under /tmp); all removed after."""
-    if os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists():
-        pytest.skip("needs root, useradd and /usr/bin/python3.11 to run two non-root users")
-    tag = f"{os.getpid() % 100000}"
-    group, users = f"jwg{tag}", [f"jwa{tag}", f"jwb{tag}"]
-    base = Path(tempfile.mkdtemp(prefix="jaxwarm-group-", dir="/tmp"))
-    base.chmod(0o755)
-    subprocess.run(["groupadd", group], check=True)
-    try:
-        for user in users:
-            subprocess.run(["useradd", "-M", "-N", "-g", group, "-s", "/bin/sh", user],
-                           check=True)
-            home = base / f"home-{user}"
-            home.mkdir()
-            shutil.chown(home, user, group)
-        yield group, users[0], users[1], base
-    finally:
-        for user in users:
-            subprocess.run(["userdel", user], check=False)
-        subprocess.run(["groupdel", group], check=False)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def as_user(user: str, base: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`jaxwarm ARGS` as `user`, with the user's own group only (as a login gives it)."""
-    group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(base / f"home-{user}"),
-           "PYTHONPATH": SITE, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([str(SYSTEM_PYTHON), "-m", "jaxwarm", *args],
-                          cwd=base, user=user, group=group, extra_groups=[group], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    with two_users() as made:
+        yield made
 
 
 @pytest.mark.e2e

@@ -17,6 +17,7 @@ from jaxwarm.core.records import (
     EntryChecked,
     EntryPruned,
     Fingerprint,
+    FunctionRecord,
     PrewarmRecord,
     parse_usage_line,
 )
@@ -24,6 +25,9 @@ from jaxwarm.jaxkey.entryformat import function_of, split_key
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.cachestore import RemoteDirError
 from jaxwarm.store.entries import Entry
+from jaxwarm.store.integrity import IntegrityCheck
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
 from jaxwarm.store.prune import Pruning
 from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
@@ -156,3 +160,24 @@ def test_a_local_store_parses_its_usage_log_once_until_it_writes_to_it(tmp_path:
     store.append_usage(EntryPruned(key, 5))  # this store wrote: it reads the log afresh
     assert [type(record) for record in store.usage()] == [EntryChecked, EntryPruned]
     assert store.histories()[key].removed
+
+
+def test_a_miss_on_a_quarantined_entry_says_why_it_went(tmp_path: Path) -> None:
+    """A present but corrupt entry, quarantined (by the pre-run check, or right before JAX's
+    read): the miss that follows says so, not that the entry was pruned or deleted."""
+    store = open_store(str(tmp_path))
+    key = f"jit_f-{'a' * 64}"
+    manifest = {key: ManifestEntry(function="jit_f", key=key, run="r", config="c",
+                                   compile_s=1.0, lower_s=0.1, written=True, jax_version="0",
+                                   process_count=1, components={"computation": "x"})}
+    missed = FunctionRecord("jit_f", None, False, components={"computation": "x"})
+    store.entry_path(key).write_bytes(b"not an entry")
+    store.quarantine(IntegrityCheck(key, 12, "does not decompress (invalid header)", False))
+    [line] = store.explain_miss(missed, manifest, MissContext(run="r"))
+    assert line.startswith(f"the manifest lists {key}, but its entry was quarantined (does "
+                           f"not decompress (invalid header)) before this job could load it")
+    store.entry_path(key).write_bytes(b"written again")  # and pruned: gone is gone
+    store.append_usage(EntryPruned(key))
+    store.entry_path(key).unlink()
+    [line] = store.explain_miss(missed, manifest, MissContext(run="r"))
+    assert "gone (pruned or deleted)" in line

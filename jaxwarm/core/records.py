@@ -91,6 +91,10 @@ class FunctionRecord:
     # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
     # in full after the miss: `jaxwarm.job.start.books.note_missed_entries`); None otherwise.
     not_loaded: str | None = None
+    # Why the entry of this miss had been quarantined (before the job started, by the
+    # launch's pre-run check, or right before JAX's read: `note_missed_entries`); None
+    # otherwise.
+    quarantined: str | None = None
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False
@@ -298,6 +302,12 @@ class Verdict:
 NOT_LOOKED_UP = "-"
 
 
+def not_looked_up(functions: list[str], why: str) -> list[Verdict]:
+    """verify --trainer's COLD answer for prewarmed functions the trainer never looked up."""
+    return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
+                    explanation=[why]) for name in sorted(functions)]
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """The verify job's answer for the run: `verify/p0.json` (`rundir.verify_result_path`)."""
@@ -307,6 +317,9 @@ class VerifyResult:
     # verify --trainer: what the answer cost, seconds from the trainer's start to its last
     # prewarmed function's lookup (or to the time limit).
     trainer_s: float | None = None
+    # Which verify wrote it (`environment.VERIFY_INVOCATION`, fresh for each): the command
+    # answers only from its own job's result, never from one an earlier verify left.
+    invocation: str = ""
 
     @property
     def warm(self) -> bool:
@@ -327,7 +340,7 @@ class Fingerprint:
     parts: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     variables: dict[str, str] = field(default_factory=dict)
-    # The files the step factory read while it built the step, by path -> content hash: the
+    # The files the step factory read while it built the step, by path -> signature: the
     # prewarm job records them (`jaxwarm.job.record.reads`); the login node cannot know them.
     reads: dict[str, str] = field(default_factory=dict)
 

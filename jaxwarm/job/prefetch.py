@@ -37,6 +37,7 @@ deserialization (docs/cache.md, "Below the trainer").
 from __future__ import annotations
 
 import atexit
+import io
 import logging
 import os
 import threading
@@ -46,12 +47,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxwarm.core.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
+from jaxwarm.jaxkey.entryformat import TIME_BYTES, PayloadTooBig, read_payload
 from jaxwarm.jaxkey.entryload import (
     Asked,
     Loaded,
     LoadSpec,
     deserialize,
-    payload,
     serve_lookups,
 )
 from jaxwarm.store.cachestore import CacheStore
@@ -234,17 +235,29 @@ class Prefetch:
 
     def _read(self, item: _Item) -> tuple[bytes, int] | None:
         """The serialized executable and its compile time; None (outcome OVER_CAP) when the
-        cap does not admit its file or its serialized bytes."""
+        cap does not admit its file or its serialized bytes. The cap bounds the inflation
+        itself: it stops at the first block past what the cap could still admit."""
         data = self.store.read_entry(item.record.key, lambda size: self._admit(item, size))
         if data is None:
             item.record.outcome = OVER_CAP
             return None
-        serialized, compile_time = payload(data)
+        room = self._room(item)
+        try:
+            serialized, compile_time = read_payload(io.BytesIO(data), room + TIME_BYTES)
+            size = len(serialized)
+        except PayloadTooBig:
+            serialized, compile_time = b"", 0
+            size = room + 1  # past the cap: `_admit` refuses it, and takes back the file's
         del data
-        if not self._admit(item, len(serialized)):
+        if not self._admit(item, size):
             item.record.outcome = OVER_CAP
             return None
         return serialized, compile_time
+
+    def _room(self, item: _Item) -> int:
+        """The most bytes `_admit` could admit for `item` now."""
+        with self._lock:
+            return self.report.max_size - (self._admitted - item.held)
 
     def _deserialize(self, item: _Item, serialized: bytes, compile_time: int,
                      start: float) -> None:

@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 
 from jaxwarm.core.config import Config
+from jaxwarm.core.environment import VERIFY_INVOCATION
 from jaxwarm.core.errors import EXIT_ERROR, ConfigError
-from jaxwarm.core.files import atomic_write
+from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import NOT_LOOKED_UP, VERIFY, Verdict, VerifyResult
+from jaxwarm.core.records import VERIFY, Verdict, VerifyResult, not_looked_up
 from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError
@@ -47,9 +48,11 @@ DONE = "jaxwarm/verify-trainer-done"
 
 
 def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = None) -> None:
-    """Process 0's verdicts, the run's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dumps(VerifyResult(0, verdicts, trainer_s), indent=1) + "\n")
+    """Process 0's verdicts, the run's, marked with this verify's invocation id."""
+    make_dirs(path.parent)
+    atomic_write(path, dumps(VerifyResult(0, verdicts, trainer_s,
+                                          os.environ.get(VERIFY_INVOCATION, "")),
+                             indent=1) + "\n")
 
 
 class TrainerWatch:
@@ -100,10 +103,6 @@ class TrainerWatch:
                        explanation=decision.why, components=prediction.components,
                        reached_s=self.elapsed())
 
-    def unheard(self, why: str) -> list[Verdict]:
-        return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
-                        explanation=[why]) for name in sorted(self.pending)]
-
     def let_the_others_end(self) -> None:
         """Process 0 runs jax.distributed's coordination service, and another process whose
         client loses it aborts (SIGABRT), even on its way out after its answer: so process 0
@@ -135,8 +134,8 @@ class TrainerWatch:
                 f"{self.config.init_budget_s:g} s): the trainer had not looked up {names}; "
                 f"their answer is unknown")
         with self.lock:
-            self.verdicts += self.unheard("unknown: the trainer had not looked it up at the "
-                                          "time limit")
+            self.verdicts += not_looked_up(list(self.pending), "unknown: the trainer had not "
+                                                               "looked it up at the time limit")
         self.end(EXIT_ERROR, line)
 
     def at_exit(self) -> None:
@@ -144,7 +143,8 @@ class TrainerWatch:
         if not self.pending:
             return
         with self.lock:
-            self.verdicts += self.unheard("the trainer never looked it up: it ended first")
+            self.verdicts += not_looked_up(list(self.pending),
+                                           "the trainer never looked it up: it ended first")
         self.write()
 
     def write(self) -> None:

@@ -57,7 +57,9 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
     of the layout on one node says so, and with the job's XLA_FLAGS a difference in the XLA
     flags names the flags. A process that looked its entries up in another dir than the
     manifest's (`store`'s) is told where the entry is, when it is there. Before all that:
-    an entry that was there and that JAX could not load (`not_loaded`).
+    an entry that was there and that JAX could not load (`not_loaded`). An entry the
+    manifest lists that is not there was quarantined (the record's `quarantined`, or the
+    usage log's last word on it), or pruned or deleted.
 
     Its `input_changes` (see `jaxwarm.core.inputdiff.input_differences`) come next: inputs
     that differ are the cause, said as them; equal inputs with another computation mean the
@@ -75,7 +77,8 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
                  f"is part of the program)") if others else ""
         return [f"no prewarm of {function} is recorded in the manifest{known}: "
                 f"run `jaxwarm prewarm`"]
-    settings = settings_differences(named, run, missed.global_options, context.job)
+    settings = settings_differences(named, run, missed.global_options, context.job,
+                                    components)
     if input_changes:
         return [*settings, inputs_line(input_changes)]
     same = [e for e in named
@@ -92,7 +95,7 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
         return [f"prewarmed as {other.key} by run {other.run!r} on {other.process_count} "
                 f"process(es), but this job has {process_count}: the process layout differs "
                 f"(it is part of the key); prewarm on the run's own layout"]
-    pool = [e for e in layout if e.run == run] or layout
+    pool = [e for e in layout if of_run(e, run)] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     lines = [component_line(component, closest, context.xla_flags) for component
@@ -101,14 +104,8 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
             store.has_entry(closest.key):
         return [f"the manifest lists {closest.key} and its entry is in {store.dir}, but this "
                 f"process looked it up in {context.looked_in}"]
-    if not lines and context.max_size > 0:
-        return [f"the manifest lists {closest.key} but its cache entry is gone: with "
-                f"cache.max_size={context.max_size} bytes JAX evicts least recently used "
-                f"entries to stay within it (or it was pruned or deleted); raise "
-                f"cache.max_size and run `jaxwarm prewarm` again"]
     if not lines:
-        return [f"the manifest lists {closest.key} but its cache entry is gone "
-                f"(pruned or deleted): run `jaxwarm prewarm` again"]
+        return [gone_line(store, missed, closest.key, context.max_size)]
     mocked = f" on one node through JAX's mock GPU topology {closest.mock_topology}" \
         if closest.mock_topology else ""
     code = [code_line(context.since_prewarm)] if input_changes == [] and \
@@ -158,13 +155,49 @@ def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | No
 
 
 def settings_differences(named: list[ManifestEntry], run: str | None,
-                         global_options: dict[str, str], job: str) -> list[str]:
-    """The global JAX settings that differ from those of the newest prewarm of the function
-    (this run's first), as one line each; none when either side recorded none."""
+                         global_options: dict[str, str], job: str,
+                         components: dict[str, str]) -> list[str]:
+    """The global JAX settings that differ from those of the prewarm of the function this
+    miss is explained against, as one line each; none when either side recorded none. That
+    prewarm is this run's (its own, or one it uses: `of_run`), else the closest by key
+    components, then the newest: never another run's settings (its LIBTPU_INIT_ARGS) when
+    this run's differ in something else."""
     recorded = [e for e in named if e.global_options]
     if not recorded or not global_options:
         return []
-    newest = max(recorded, key=lambda e: (e.run == run, e.created))
-    lines = differences(newest.global_options, global_options, job)
-    return [f"{line} (prewarmed by run {newest.run!r}; the step factory must apply the same "
+    closest = min(recorded, key=lambda e: (not of_run(e, run), len(differing_components(
+        e.components, components)), -e.created))
+    lines = differences(closest.global_options, global_options, job)
+    return [f"{line} (prewarmed by run {closest.run!r}; the step factory must apply the same "
             f"process-global JAX settings as the trainer)" for line in lines]
+
+
+def gone_line(store: CacheStore, missed: FunctionRecord, key: str, max_size: int) -> str:
+    """Why the entry the manifest lists under the very key that missed was not there: it
+    was quarantined (the miss's record says, or the usage log's last word on it), JAX's
+    LRU evicted it (under a size cap), or it was pruned or deleted."""
+    quarantined = missed.quarantined or _quarantined(store, key)
+    if quarantined is not None:
+        return (f"the manifest lists {key}, but its entry was quarantined ({quarantined}) "
+                f"before this job could load it: it was compiled again; if this job did not "
+                f"write it (a size cap, a threshold), run `jaxwarm prewarm`")
+    if max_size > 0:
+        return (f"the manifest lists {key} but its cache entry is gone: with "
+                f"cache.max_size={max_size} bytes JAX evicts least recently used entries to "
+                f"stay within it (or it was pruned or deleted); raise cache.max_size and run "
+                f"`jaxwarm prewarm` again")
+    return (f"the manifest lists {key} but its cache entry is gone (pruned or deleted): run "
+            f"`jaxwarm prewarm` again")
+
+
+def of_run(entry: ManifestEntry, run: str | None) -> bool:
+    """Whether `entry` is run `run`'s: its prewarm wrote it, or found it WARM and uses it."""
+    return run is not None and (entry.run == run or run in entry.runs)
+
+
+def _quarantined(store: CacheStore, key: str) -> str | None:
+    """Why the entry of `key` was quarantined, when that is why it is gone (the usage log)."""
+    if store.has_entry(key):
+        return None
+    history = store.histories().get(key)
+    return history.quarantined if history is not None else None

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.rundir import metrics_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import local_jobs_path, log_path, metrics_path
 from testing.procs import alive, run_processes, wait_until
 from tests.conftest import DEMO, ONE_PROCESS, REPO
 from tests.hostile import snapshot
@@ -361,11 +362,12 @@ def test_a_full_disk_under_the_run_dir_is_one_line_and_the_output_still_drains(
     assert "Traceback" not in launched.stderr
     [dropped] = [line for line in launched.stderr.splitlines() if "could not be written" in line]
     assert dropped.startswith("jaxwarm: train: ") and dropped.endswith(
-        f"of process 0's output could not be written to its log {small_disk}/demo/logs/"
-        f"train-p0.log: No space left on device; they were echoed here only"), dropped
-    assert f"jaxwarm: {small_disk}/demo/local-jobs.json: No space left on device while " \
+        f"of process 0's output could not be written to its log "
+        f"{log_path(small_disk / 'demo', TRAIN, 0)}: No space left on device; they were echoed "
+        f"here only"), dropped
+    assert f"jaxwarm: {local_jobs_path(small_disk / 'demo')}: No space left on device while " \
            f"writing the local launch's job states (how train ended); rewrote it in place" \
         in launched.stderr, launched.stderr[-3000:]
-    record = json.loads((small_disk / "demo" / "local-jobs.json").read_text())
+    record = json.loads(local_jobs_path(small_disk / "demo").read_text())
     assert [job["state"] for job in record["jobs"]] == ["COMPLETED"], record
     assert snapshot(REPO / "configs") == before

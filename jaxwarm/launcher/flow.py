@@ -69,6 +69,7 @@ from jaxwarm.launcher.rundir import (
     step_reached,
     submitted_jobs_path,
     unfinished,
+    verify_fingerprint_path,
 )
 from jaxwarm.launcher.store.commands import human_size
 from jaxwarm.launcher.store.integrity import FULL_CHECK_BYTES
@@ -135,7 +136,7 @@ def launch(request: Request, backend: Backend) -> int:
     say_dropped(sorted({name for _, jobs in plans for job in jobs
                         for name in dropped_variables(os.environ, job.env)}))
     prints = {config.run_dir: fingerprint(config, pinned, backend.name)
-              for config, pinned in runs} if request.command != VERIFY else {}
+              for config, pinned in runs}
     with ExitStack() as held:
         for config, _ in plans:
             held.enter_context(holding_run_dir(config))
@@ -157,6 +158,9 @@ def launch(request: Request, backend: Backend) -> int:
                     local.uses_entries([manifest[key] for key in decision.keys
                                         if key in manifest], config.run.name)
                 jobs = [job for job in jobs if job.name != PREWARM or decision.prewarm]
+            else:  # its misses are said against a prewarm of this fingerprint first
+                atomic_write(verify_fingerprint_path(config.run_dir),
+                             dumps(prints[config.run_dir], indent=1) + "\n")
             decided.append((config, jobs))
         plans = decided
         if request.command == VERIFY:

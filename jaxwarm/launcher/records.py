@@ -105,13 +105,16 @@ class FunctionRecord:
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.launcher.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False
-    # A training job's lookup of a function its run's prewarm recorded (by name, whatever
-    # its inputs now): what the attempt's label counts, and what the report headlines.
+    # A training job's lookup of a function a prewarm recorded (by name, whatever its inputs
+    # now): its run's, else another run's (`jaxwarm.launcher.store.misses.compared_prewarms`):
+    # what the attempt's label counts, and what the report headlines.
     prewarmed: bool = False
     # Of a prewarmed function that missed: how its inputs differ from the prewarm's, one
     # line each (`jaxwarm.launcher.store.misses.input_differences`); empty: they are equal, so the
     # program itself differs; None: not compared (the prewarm recorded no inputs).
     input_changes: list[str] | None = None
+    # Of a prewarmed function: the key of the prewarm's entry it was compared with.
+    compared_with: str | None = None
 
 
 @dataclass(frozen=True)

@@ -553,7 +553,7 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 not_loaded=fn.not_loaded,
                 input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, store, prewarmed.key)))
+                since_prewarm(run_dir, store, prewarmed.key), prewarm=prewarmed))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")
@@ -583,7 +583,10 @@ def pgle_line(fn: FunctionRecord, restart: int) -> str:
 
 def _prewarmed_entry(fn: FunctionRecord, manifest: dict[str, ManifestEntry],
                      run: str) -> ManifestEntry | None:
-    """The run's newest prewarm of the function `fn` is a lookup of."""
+    """The prewarm the job compared the lookup `fn` with (perhaps another run's), else the
+    run's newest prewarm of the function."""
+    if fn.compared_with is not None and fn.compared_with in manifest:
+        return manifest[fn.compared_with]
     return next((e for e in latest_for_run(manifest, run) if e.function == fn.name), None)
 
 

@@ -95,6 +95,12 @@ def verify_result_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / VERIFY / "p0.json"
 
 
+def verify_fingerprint_path(run_dir: str | Path) -> Path:
+    """The fingerprint a verify computed (as a launch's decision records its own): a miss
+    is explained against a prewarm of the same fingerprint before other runs'."""
+    return Path(run_dir) / VERIFY / "fingerprint.json"
+
+
 def prewarm_decision_path(run_dir: str | Path) -> Path:
     """Whether the latest launch ran the prewarm job, why, and under which fingerprint."""
     return Path(run_dir) / "prewarm-decision.json"

@@ -25,7 +25,13 @@ from typing import Any
 from jaxwarm.launcher.config import Config
 from jaxwarm.launcher.injob.gpu import mocked_topology
 from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.injob.warm import LoweredTarget, WarmDecision, judge, say
+from jaxwarm.launcher.injob.warm import (
+    LoweredTarget,
+    WarmDecision,
+    fingerprint_keys,
+    judge,
+    say,
+)
 from jaxwarm.launcher.jaxkey.agree import broadcast_flags
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.launcher.jaxkey.predict import (
@@ -91,6 +97,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
 
     if jax.process_index() == 0:
         store = open_store(config.cache.dir)
+        same_fingerprint = fingerprint_keys(store, config.run_dir, job)
         decisions = [judge(target, store, run=config.run.name,
                            max_size=config.cache.max_size,
                            signature=recorder.signature(target.prediction.module_name)
@@ -99,7 +106,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
                            recheck_missed=repair is not None,
                            inputs=recorder.lowered_inputs(target.prediction.module_name,
                                                           target.lowered)
-                           if target.prediction else None)
+                           if target.prediction else None, same_fingerprint=same_fingerprint)
                      for target in targets]
         if repair is not None and store.local is not None:
             repair(store.local, decisions)

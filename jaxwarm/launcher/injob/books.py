@@ -30,6 +30,7 @@ from jaxwarm.launcher.injob.ledger import Ledger
 from jaxwarm.launcher.injob.prefetch import Prefetch, start_prefetch
 from jaxwarm.launcher.injob.ranks import RankCoordinator, meet_timeout
 from jaxwarm.launcher.injob.recorder import InitRecorder, Prewarmed
+from jaxwarm.launcher.injob.warm import fingerprint_keys
 from jaxwarm.launcher.jaxkey.entryformat import function_of
 from jaxwarm.launcher.jaxkey.versions import UnsupportedJaxVersion
 from jaxwarm.launcher.mlperf import MlperfLog, MlperfUnavailable
@@ -48,6 +49,7 @@ from jaxwarm.launcher.records import (
 )
 from jaxwarm.launcher.rundir import TRAIN, first_steps_path, mlperf_log_path, prewarm_decision_path
 from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run
+from jaxwarm.launcher.store.misses import compared_prewarms
 from jaxwarm.launcher.store.security import DirIdentity
 from jaxwarm.launcher.store.store import LocalStore, open_store
 from jaxwarm.launcher.store.usage import job_usage
@@ -169,7 +171,8 @@ class Books:
         manifest = manifest_of(self.store)
         self.entries = tuple(latest_for_run(manifest, self.config.run.name))
         if self.job == TRAIN:
-            watch_prewarmed(self.config, recorder, manifest)
+            watch_prewarmed(self.config, recorder, manifest,
+                            fingerprint_keys(self.store, self.config.run_dir, TRAIN))
 
     def ranks_bound(self, recorder: InitRecorder) -> None:
         """After the manifest: the ranks' meeting is bounded by the compile times it
@@ -347,26 +350,30 @@ def manifest_of(store: LocalStore) -> dict[str, ManifestEntry]:
 
 
 def watch_prewarmed(config: Config, recorder: InitRecorder,
-                    manifest: dict[str, ManifestEntry]) -> None:
+                    manifest: dict[str, ManifestEntry],
+                    same_fingerprint: frozenset[str] = frozenset()) -> None:
     """What a training job takes from the prewarm manifest. For a trainer that does not call
     mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
     signature: a run warm from another run's entries, or a cold run of a step prewarmed
     before, is timed by the same function as this run's own prewarm), and, with none, a
-    guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions: a lookup of one is
+    guess (`Found.LARGEST_INPUTS`). And every prewarmed function, each with the one prewarm
+    a lookup of it is compared with (`compared_prewarms`: this run's, else the prewarm of
+    this launch's fingerprint, `same_fingerprint`, else the newest): a lookup of one is
     marked prewarmed (a step's, with other inputs, still ends the first step), and a miss
     of one is compared with the inputs and the global JAX settings the prewarm lowered it
-    with (`InitRecorder._compare_with_prewarm`)."""
+    with (`InitRecorder._compare_with_prewarm`), so a relaunch under a new run name names
+    its misses too. `run_prewarmed` counts this run's own."""
     recorder.guess_first_step = True
     recorder.step_functions = {
         (e.function, e.signature): e.run for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count}
-    own = latest_for_run(manifest, config.run.name)
-    recorder.prewarmed_options = {e.function: e.global_options for e in own
+    compared = list(compared_prewarms(manifest, config.run.name, same_fingerprint).values())
+    recorder.prewarmed_options = {e.function: e.global_options for e in compared
                                   if e.global_options}
-    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run)
-                          for e in own}
-    recorder.inputs_of = {e.function for e in own if e.inputs is not None}
-    recorder.report.run_prewarmed = len(recorder.prewarmed)
+    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run, e.key)
+                          for e in compared}
+    recorder.inputs_of = {e.function for e in compared if e.inputs is not None}
+    recorder.report.run_prewarmed = len(latest_for_run(manifest, config.run.name))
 
 
 def record_first_step(config: Config, report: InitReport, started: float) -> None:

@@ -28,13 +28,20 @@ from jaxwarm.launcher.environment import config_from_env
 from jaxwarm.launcher.errors import EXIT_ERROR
 from jaxwarm.launcher.files import atomic_write
 from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.injob.warm import LoweredTarget, WarmDecision, judge, say
+from jaxwarm.launcher.injob.warm import (
+    LoweredTarget,
+    WarmDecision,
+    fingerprint_keys,
+    judge,
+    say,
+)
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.launcher.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.launcher.jaxkey.lookup import watch_keys
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
 from jaxwarm.launcher.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
+from jaxwarm.launcher.store.misses import prewarmed_functions
 from jaxwarm.launcher.store.store import open_store
 
 log = logging.getLogger("jaxwarm.verify")
@@ -73,13 +80,15 @@ class TrainerWatch:
             self.pending.discard(found.module_name)
         # The dir JAX looks it up in: jaxwarm's, or (cache.enforce off) one the trainer set.
         looked_in = jax.config.jax_compilation_cache_dir or self.config.cache.dir
+        store = open_store(str(looked_in))
         decision = judge(
             LoweredTarget(found.module_name, None, 0.0, found, global_options=global_options()),
-            open_store(str(looked_in)), run=self.config.run.name,
+            store, run=self.config.run.name,
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
             process_count=jax.process_count(), job=VERIFY,
-            inputs=self.recorder.inputs(found.module_name))
+            inputs=self.recorder.inputs(found.module_name),
+            same_fingerprint=fingerprint_keys(store, self.config.run_dir, VERIFY))
         if jax.process_index() == 0:
             say(decision)
         with self.lock:
@@ -166,14 +175,16 @@ class TrainerWatch:
 
 def watch_trainer(recorder: InitRecorder) -> None:
     """Start verify --trainer in this process (the trainer's, under its recorder): what
-    this run's prewarm compiled is read from the cache's manifest; none is one line."""
+    this run's prewarm compiled (else another run's: `prewarmed_functions`) is read from the
+    cache's manifest; none is one line."""
     config = config_from_env()
-    prewarmed = {entry.function
-                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
+    store = open_store(config.cache.dir)
+    prewarmed = prewarmed_functions(store.manifest(strict=False), config.run.name,
+                                    fingerprint_keys(store, config.run_dir, VERIFY))
     if not prewarmed:
         raise ConfigError(f"{config.source}: verify --trainer: the cache {config.cache.dir} "
-                          f"records no prewarm of run {config.run.name!r}: it answers for the "
-                          f"functions a prewarm compiled (run `jaxwarm prewarm` first)")
+                          f"records no prewarm: it answers for the functions a prewarm "
+                          f"compiled (run `jaxwarm prewarm` first)")
     watch = TrainerWatch(config, recorder, prewarmed)
     watch_keys(watch.on_key)
     atexit.register(watch.at_exit)

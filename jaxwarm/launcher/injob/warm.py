@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
-from jaxwarm.launcher.records import InputSignature, Verdict
+from jaxwarm.launcher.records import (
+    Fingerprint,
+    InputSignature,
+    PrewarmDecision,
+    Verdict,
+    read_record,
+)
+from jaxwarm.launcher.rundir import VERIFY, prewarm_decision_path, verify_fingerprint_path
 from jaxwarm.launcher.store.integrity import MISSED_NOTE, WarmCheck
-from jaxwarm.launcher.store.manifest import latest_for_run
-from jaxwarm.launcher.store.misses import explain_miss, input_differences
+from jaxwarm.launcher.store.misses import compared_prewarms, explain_miss, input_differences
 from jaxwarm.launcher.store.store import CacheStore
 
 log = logging.getLogger("jaxwarm.judge")
@@ -65,15 +73,30 @@ class WarmDecision:
                        explanation=self.why, components=prediction.components)
 
 
+def fingerprint_keys(store: CacheStore, run_dir: str | Path, job: str) -> frozenset[str]:
+    """The keys the recorded prewarm of this job's fingerprint left: a verify's own
+    fingerprint, else its launch's (the prewarm decision). A miss is compared with that
+    prewarm before other runs' (`compared_prewarms`); none where either is unknown."""
+    if job == VERIFY:
+        found = read_record(Fingerprint, verify_fingerprint_path(run_dir))
+    else:
+        decision = read_record(PrewarmDecision, prewarm_decision_path(run_dir))
+        found = decision.fingerprint if decision is not None else None
+    record = store.prewarms().get(found.digest) if found is not None else None
+    return frozenset(record.keys) if record is not None else frozenset()
+
+
 def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, max_size: int = -1,
           signature: str | None = None, process_count: int | None = None,
           job: str = "verify", recheck_missed: bool = False,
-          inputs: InputSignature | None = None) -> WarmDecision:
+          inputs: InputSignature | None = None,
+          same_fingerprint: Collection[str] = ()) -> WarmDecision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
-    whole manifest, to explain the miss against the same target (`run` first, then the same
-    layout; `signature` tells functions of one name apart) and, with its `inputs`, says
-    which differ from those of the run's prewarm of it, as a training job does: a WARM
-    decision costs a check of its entry."""
+    whole manifest, to explain the miss against the same target and, with its `inputs`,
+    says which differ from those of the prewarm of it a training job would compare with
+    (`compared_prewarms`: the run's, else one of `same_fingerprint`'s keys, else the newest;
+    `signature` tells functions of one name apart): a WARM decision costs a check of its
+    entry."""
     if target.prediction is None:
         return WarmDecision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
@@ -83,14 +106,14 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             if check.missed else []
     elif check.problem == "missing":
         manifest = store.manifest(strict=False)
-        prewarmed = next((e.inputs for e in latest_for_run(manifest, run or "")
-                          if e.function == prediction.module_name), None)
+        prewarm = compared_prewarms(manifest, run, same_fingerprint).get(prediction.module_name)
         why = explain_miss(prediction.module_name, prediction.components, manifest, run=run,
                            process_count=process_count, signature=signature,
                            global_options=target.global_options, job=job, max_size=max_size,
                            xla_flags=os.environ.get("XLA_FLAGS", ""),
-                           input_changes=None if prewarmed is None or inputs is None
-                           else input_differences(prewarmed, inputs))
+                           input_changes=None if prewarm is None or prewarm.inputs is None
+                           or inputs is None else input_differences(prewarm.inputs, inputs),
+                           prewarm=prewarm)
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)

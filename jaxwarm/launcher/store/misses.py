@@ -7,6 +7,7 @@ adapter's JAX knowledge (`jaxwarm.launcher.jaxkey.components`: the components an
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from itertools import zip_longest
 
 from jaxwarm.launcher.jaxkey.components import differing_components, likely_causes
@@ -27,7 +28,8 @@ def explain_miss(function: str, components: dict[str, str],
                  max_size: int = -1, xla_flags: str | None = None,
                  store: CacheStore | None = None, looked_in: str | None = None,
                  not_loaded: str | None = None, input_changes: list[str] | None = None,
-                 since_prewarm: list[str] | None = None) -> list[str]:
+                 since_prewarm: list[str] | None = None,
+                 prewarm: ManifestEntry | None = None) -> list[str]:
     """Why a function's key is not in the cache, against a manifest entry of the *same* target
     only: same function name and abstract signature (another function of the same name is
     no explanation), on the same process layout (a different layout is said as that, not
@@ -46,7 +48,9 @@ def explain_miss(function: str, components: dict[str, str],
     `input_changes` (the job's comparison of its inputs with the prewarm's, see
     `input_differences`) comes next: inputs that differ are the cause, said as them; equal
     inputs with another computation mean the step's code changed, said with what changed
-    since the prewarm (`since_prewarm`: the launch's fingerprint against the prewarm's)."""
+    since the prewarm (`since_prewarm`: the launch's fingerprint against the prewarm's).
+    `prewarm` is the one the job compared the lookup with (`compared_prewarms`, perhaps
+    another run's): the miss is said against it where it is of the same target."""
     if not_loaded is not None:
         return [f"its entry was in the cache, but JAX could not load it: {not_loaded}; the "
                 f"job recorded the miss, so the next launch runs its prewarm, which reads the "
@@ -58,9 +62,9 @@ def explain_miss(function: str, components: dict[str, str],
                  f"is part of the program)") if others else ""
         return [f"no prewarm of {function} is recorded in the manifest{known}: "
                 f"run `jaxwarm prewarm`"]
-    settings = settings_differences(named, run, global_options or {}, job)
+    settings = settings_differences(named, run, global_options or {}, job, prewarm)
     if input_changes:
-        return [*settings, inputs_line(input_changes)]
+        return [*settings, inputs_line(input_changes, prewarm, run)]
     same = [e for e in named if signature is None or e.signature in (None, signature)]
     if settings and not same:
         return settings
@@ -74,7 +78,8 @@ def explain_miss(function: str, components: dict[str, str],
         return [f"prewarmed as {other.key} by run {other.run!r} on {other.process_count} "
                 f"process(es), but this job has {process_count}: the process layout differs "
                 f"(it is part of the key); prewarm on the run's own layout"]
-    pool = [e for e in layout if e.run == run] or layout
+    pool = [e for e in layout if prewarm is not None and e.key == prewarm.key] or \
+        [e for e in layout if e.run == run] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     lines = [component_line(component, closest, xla_flags) for component
@@ -99,10 +104,52 @@ def explain_miss(function: str, components: dict[str, str],
             + lines[0], *lines[1:]]
 
 
-def inputs_line(changes: list[str]) -> str:
-    """The first difference of a prewarmed function's inputs, and how many more."""
+def compared_prewarms(manifest: dict[str, ManifestEntry], run: str | None,
+                      same_fingerprint: Collection[str] = ()) -> dict[str, ManifestEntry]:
+    """For each function name a prewarm recorded, the one prewarm a lookup of that name is
+    compared with: this run's newest; else the newest of another run whose prewarm ran
+    under this launch's fingerprint (`same_fingerprint`: the keys its record left); else
+    the newest of any run. A relaunch under a new run name on a warm cache is the common
+    case of the last two: its misses are said against the prewarm it would have used."""
+    chosen: dict[str, ManifestEntry] = {}
+    for entry in manifest.values():
+        best = chosen.get(entry.function)
+        if best is None or _preference(entry, run, same_fingerprint) > \
+                _preference(best, run, same_fingerprint):
+            chosen[entry.function] = entry
+    return chosen
+
+
+def prewarmed_functions(manifest: dict[str, ManifestEntry], run: str,
+                        same_fingerprint: Collection[str] = ()) -> set[str]:
+    """The functions of the prewarm a run is compared with as a whole (`verify --trainer`
+    waits for their lookups): its own, else the run's whose prewarm had this fingerprint,
+    else the newest prewarm's run (`compared_prewarms`' order); none: no prewarm at all."""
+    if not manifest:
+        return set()
+    best = max(manifest.values(), key=lambda e: _preference(e, run, same_fingerprint))
+    owner = run if best.used_by(run) else best.run
+    return {entry.function for entry in manifest.values() if entry.used_by(owner)}
+
+
+def _preference(entry: ManifestEntry, run: str | None,
+                same_fingerprint: Collection[str]) -> tuple[bool, bool, float]:
+    return (run is not None and entry.used_by(run), entry.key in same_fingerprint,
+            entry.created)
+
+
+def whose(entry: ManifestEntry | None, run: str | None) -> str:
+    """How a line names the prewarm it compares with: another run's by its name."""
+    return "" if entry is None or run is None or entry.used_by(run) else \
+        f" (run {entry.run!r})"
+
+
+def inputs_line(changes: list[str], prewarm: ManifestEntry | None = None,
+                run: str | None = None) -> str:
+    """The first difference of a prewarmed function's inputs, and how many more; the
+    prewarm's run when it is another run's."""
     more = f" (+{len(changes) - 1} more)" if len(changes) > 1 else ""
-    return f"its inputs differ from the prewarmed ones: {changes[0]}{more}"
+    return f"its inputs differ from the prewarmed ones{whose(prewarm, run)}: {changes[0]}{more}"
 
 
 def code_line(since_prewarm: list[str] | None) -> str:
@@ -193,13 +240,16 @@ def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | No
 
 
 def settings_differences(named: list[ManifestEntry], run: str | None,
-                         global_options: dict[str, str], job: str) -> list[str]:
-    """The global JAX settings that differ from those of the newest prewarm of the function
-    (this run's first), as one line each; none when either side recorded none."""
+                         global_options: dict[str, str], job: str,
+                         prewarm: ManifestEntry | None = None) -> list[str]:
+    """The global JAX settings that differ from those of the prewarm the lookup was compared
+    with, else the newest prewarm of the function (this run's first), as one line each;
+    none when either side recorded none."""
     recorded = [e for e in named if e.global_options]
     if not recorded or not global_options:
         return []
-    newest = max(recorded, key=lambda e: (e.run == run, e.created))
+    newest = prewarm if prewarm is not None and prewarm.global_options else \
+        max(recorded, key=lambda e: (e.run == run, e.created))
     lines = differences(newest.global_options, global_options, job)
     return [f"{line} (prewarmed by run {newest.run!r}; the step factory must apply the same "
             f"process-global JAX settings as the trainer)" for line in lines]

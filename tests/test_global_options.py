@@ -47,7 +47,7 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
 
 def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
     from jaxwarm.launcher.store.manifest import ManifestEntry
-    from jaxwarm.launcher.store.misses import explain_miss
+    from jaxwarm.launcher.store.misses import CAUSE_WIDTH, explain_miss
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
                "LIBTPU_INIT_ARGS": ""}
@@ -57,14 +57,53 @@ def test_settings_are_named_before_the_signature_and_beside_the_components() -> 
                           global_options=prewarm)
     manifest = {entry.key: entry}
     run = {**prewarm, "jax_default_prng_impl": "unsafe_rbg", "LIBTPU_INIT_ARGS": "--x=1"}
+    settings = ("jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
+                "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1")
     other_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
                                signature="s2", global_options=run)
-    assert [line.split(" (prewarmed by")[0] for line in other_types] == [
-        "jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg",
-        "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1"]
-    same_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                              signature="s1", global_options=run)
-    assert same_types[:2] == other_types and "computation differs" in same_types[2]
+    assert other_types == [f"{settings} (against the prewarm of run 'r')"]
+    # One cause: the settings, not the component they show up in as well.
+    assert explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
+                        signature="s1", global_options=run) == other_types
+    # Said by where the difference comes from: the config since the prewarm (its variable
+    # differs between the fingerprints), or the two processes under one config.
+    changed = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
+                           signature="s1", global_options=run,
+                           changed={"JAX_DEFAULT_PRNG_IMPL", "LIBTPU_INIT_ARGS"})
+    assert changed == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
+                       "changed since the prewarm of run 'r' (config `jax:`) (+1 more)"]
+    adapter = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
+                           signature="s1", global_options=run, changed={"XLA_FLAGS"})
+    assert adapter == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg "
+                       "(+1 more); under one config: the step factory must apply the "
+                       "trainer's JAX settings"]
+    assert all(len(line) <= CAUSE_WIDTH for line in [*other_types, *changed, *adapter])
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function of the same name" in explain_miss(
+    assert "another function of that name" in explain_miss(
         "jit_step", {"computation": "2"}, manifest, signature="s2")[0]
+
+
+@pytest.mark.e2e
+def test_a_jax_setting_changed_in_the_config_is_said_as_a_change(tmp_path: Path) -> None:
+    """The config's `jax:` section changed after the prewarm (the factory applies it, as the
+    trainer gets it): verify, verify --trainer and the launch's report say the setting
+    changed since the prewarm, not that the step factory must apply the trainer's settings
+    (the adapter is right; the config moved)."""
+    from tests.test_cli_trainer import cli_args
+
+    prewarmed = run_cli("prewarm", *cli_args(tmp_path))
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    highest = (*cli_args(tmp_path), "jax={jax_default_matmul_precision: highest}",
+               "cache.min_compile_time_secs=1000")  # the launch leaves the cache as it was
+    said = ("why: jax_default_matmul_precision differs: prewarm None, {job} highest; changed "
+            "since the prewarm of run 'cli-trainer' (config `jax:`)")
+    for how in ((), ("--trainer",)):
+        verified = run_cli("verify", *how, *highest)
+        assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+        assert said.format(job="verify") in verified.stdout, verified.stdout
+        assert "must apply" not in verified.stdout
+    launched = run_cli("launch", "--no-prewarm", *highest)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    headline = launched.stdout.split("\njob ")[0]
+    assert "jit_train_step: MISS on process 0" in headline, launched.stdout
+    assert said.format(job="run") in headline and "must apply" not in launched.stdout

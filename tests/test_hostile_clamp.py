@@ -99,7 +99,7 @@ def test_a_miss_of_an_evicted_entry_is_named_as_eviction() -> None:
                           process_count=1, components={"computation": "ab"})
     capped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
                           max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"}))
-    assert "with cache.max_size=1000 bytes JAX evicts least recently used entries" in capped[0]
+    assert "JAX's LRU evicts to stay within cache.max_size=1000 bytes" in capped[0]
     uncapped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
                             max_size=size_cap({}))
     assert "(pruned or deleted)" in uncapped[0]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.launcher.jaxkey.components import likely_causes
 from jaxwarm.launcher.jaxkey.inputs import short_type
 from jaxwarm.launcher.jaxkey.logs import weak_types
 from jaxwarm.launcher.records import (
@@ -29,7 +30,7 @@ from jaxwarm.launcher.records import (
 )
 from jaxwarm.launcher.report import PrewarmedFunctions, attempt_summaries, fold_phases
 from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.launcher.store.misses import CODE_CHANGED, explain_miss, input_differences
+from jaxwarm.launcher.store.misses import CAUSE_WIDTH, explain_miss, input_differences
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
@@ -122,16 +123,20 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first() -> None:
                             process_count=1, signature="s1", input_changes=[],
                             since_prewarm=since)
 
-    assert why(None)[0] == CODE_CHANGED
-    assert why(["source: model/layers.py changed"])[0] == \
-        f"{CODE_CHANGED}; since the prewarm: source: model/layers.py changed"
-    assert "the trainer's step is not the program the step factory builds" in why([])[0]
-    assert why(None)[1].startswith(f"prewarmed as {entry().key} by run 'demo'; computation "
-                                   f"differs")
+    head = "same inputs as the prewarm: the step's code changed"
+    assert why(None) == [f"{head} (or a static argument)"]
+    assert why(["source: model/layers.py changed"]) == \
+        [f"{head}; since the prewarm: source: model/layers.py changed"]
+    assert why([]) == [f"{head}, and nothing the launch's fingerprint covers did: the "
+                       f"trainer's step is not the program its step factory builds"]
+    # One cause, short, whatever changed: the fingerprint's differences as fit.
+    many = why([f"source: model/layer{i}.py changed" for i in range(9)])
+    assert len(many) == 1 and len(many[0]) <= CAUSE_WIDTH and many[0].endswith(" more)"), many
     # Another component alone (an XLA flag) is not a code change.
     flags = explain_miss("jit_train_step", {"computation": "1", "XLA flags": "3"}, manifest,
                          run="demo", process_count=1, signature="s1", input_changes=[])
-    assert not any(CODE_CHANGED in line for line in flags)
+    assert flags == ["XLA flags differs from the prewarm of run 'demo': "
+                     f"{likely_causes('XLA flags')}"]
 
 
 def test_the_attempt_label_is_warm_only_when_every_prewarmed_function_hit() -> None:

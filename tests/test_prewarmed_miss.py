@@ -89,9 +89,9 @@ def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed) -> Non
     assert not any("another function" in line for line in lines)
     # The init takes the same seed and builds a wider state: equal inputs, another program.
     init = lines.index(next(line for line in lines if line.startswith("jit_init_state: MISS")))
-    assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones, so the "
-                                      "program differs: the step's code")
-    assert "since the prewarm: step differs" in lines[init + 1]
+    assert lines[init + 1] == ("  why: same inputs as the prewarm: the step's code changed; "
+                               "since the prewarm: step differs")
+    assert not lines[init + 2].startswith("  why: ")  # one cause, said once
     assert "train restart 0, process 0: cold" in lines
     label, row = labels(run_dir)
     assert label == "cold" and row.endswith(" cold")
@@ -166,9 +166,9 @@ def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
     assert lines[miss + 1] == f"  why: its inputs differ from the prewarmed ones: {why}"
     init = next((i for i, line in enumerate(lines) if line.startswith("jit_init: MISS")), None)
     if init is not None:
-        assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones")
-        assert "since the prewarm: entrypoint differs (the trainer's command line" in \
-            lines[init + 1]
+        assert lines[init + 1] == (
+            "  why: same inputs as the prewarm: the step's code changed; since the prewarm: "
+            "entrypoint differs (the trainer's command line, which the step factory reads)")
     data = json.loads(report_path(tmp_path / "runs" / CLI_RUN, "train", 0, 0).read_text())
     assert data["label"].startswith(label) and data["label"] != "warm"
 

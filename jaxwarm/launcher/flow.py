@@ -114,8 +114,10 @@ class Request:
     prewarm: str = AUTO
     check_cache: bool = True
     wait: bool = False
-    # verify --trainer: ask the trainer's own code, not the step factory.
+    # verify --trainer: ask the trainer's own code, not the step factory; `until_all`: past
+    # the trainer's first step, until every prewarmed function is looked up.
     trainer: bool = False
+    until_all: bool = False
 
 
 def launch(request: Request, backend: Backend) -> int:
@@ -130,8 +132,11 @@ def launch(request: Request, backend: Backend) -> int:
         backend.refuse_platform(config)
     runs = [resolve_run(config, verify=request.command == VERIFY) for config in configs]
     refuse_shared_run_dirs([config for config, _ in runs])
+    if request.until_all and not request.trainer:
+        raise ConfigError("verify: --until-all-looked-up goes with --trainer (it lets the "
+                          "trainer run past its first step)")
     plans = [(config, plan(request.command, config, pinned, request.prewarm != NEVER,
-                           request.trainer))
+                           request.trainer, request.until_all))
              for config, pinned in runs]
     say_dropped(sorted({name for _, jobs in plans for job in jobs
                         for name in dropped_variables(os.environ, job.env)}))
@@ -279,11 +284,12 @@ def refuse_shared_run_dirs(configs: list[Config]) -> None:
 
 
 def plan(command: str, config: Config, pinned: Path, prewarm: bool = True,
-         trainer: bool = False) -> list[JobSpec]:
+         trainer: bool = False, until_all: bool = False) -> list[JobSpec]:
     """The jobs of a command, in order; each starts only when the one before completed.
     Every job is built before any starts, so a missing entrypoint stops the launch first."""
     if command == VERIFY:
-        return [verify_trainer_job(config, pinned) if trainer else verify_job(config, pinned)]
+        return [verify_trainer_job(config, pinned, until_all) if trainer
+                else verify_job(config, pinned)]
     jobs = [prewarm_job(config, pinned)] if prewarm or command == PREWARM else []
     if command == LAUNCH:
         jobs.append(train_job(config, pinned))

@@ -349,11 +349,15 @@ class Verdict:
     # verify --trainer: seconds from the trainer's start to its lookup of this function
     # (None: lowered by the verify job through the step factory).
     reached_s: float | None = None
+    # verify --trainer: not answered (first called after the trainer's first step, which it
+    # stops before, or after the time limit): neither WARM nor COLD.
+    unknown: bool = False
 
 
 # verify --trainer: the key of a prewarmed function the trainer never looked up (it ended
-# first, or the time limit came).
+# first, or the time limit came), and why one it would look up later is unknown.
 NOT_LOOKED_UP = "-"
+AFTER_FIRST_STEP = "first called after the first step"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from jaxwarm.launcher.injob.phases import COMPILE, FIRST_STEP, LOAD, ORDER, OTHE
 from jaxwarm.launcher.injob.place import ranges
 from jaxwarm.launcher.jaxkey.entryformat import split_key
 from jaxwarm.launcher.records import (
+    AFTER_FIRST_STEP,
     NOT_LOOKED_UP,
-    OPTIONS_DIFFER,
     RANKS,
     RECORD_CAP,
     SETTING_CHANGED,
@@ -50,7 +50,7 @@ from jaxwarm.launcher.rundir import (
     verify_result_path,
 )
 from jaxwarm.launcher.store.manifest import ManifestEntry, latest_for_run
-from jaxwarm.launcher.store.misses import explain_miss
+from jaxwarm.launcher.store.misses import changed_variables, explain_miss, prewarm_record
 from jaxwarm.launcher.store.store import CacheStore
 from jaxwarm.launcher.submit.fingerprint import differences
 from jaxwarm.launcher.words import plural
@@ -483,20 +483,25 @@ def prefetch_lines(attempt: list[InitReport]) -> list[str]:
 HEADLINE_LINES = 10
 
 
+def fingerprinted_decision(run_dir: str | Path | None) -> PrewarmDecision | None:
+    """The latest launch's prewarm decision, with its fingerprint (None: not on record)."""
+    if run_dir is None:
+        return None
+    path = prewarm_decision_path(run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    return decision if decision is not None and decision.fingerprint is not None else None
+
+
 def since_prewarm(run_dir: str | Path | None, store: CacheStore | None,
                   key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None or store is None:
+    decision = fingerprinted_decision(run_dir)
+    if decision is None or decision.fingerprint is None or store is None:
         return None
-    path = prewarm_decision_path(run_dir)
-    decision = read_record(PrewarmDecision, path) if path.is_file() else None
-    if decision is None or decision.fingerprint is None:
-        return None
-    record = next((r for r in reversed(store.prewarms().values()) if key in r.keys),
-                  None)
+    record = prewarm_record(store.prewarms(), key)
     if record is not None:
         return differences(record.fingerprint, decision.fingerprint)
     # A record a miss made the training job forget had the launch's fingerprint.
@@ -522,9 +527,11 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
     label = attempt[0].label if attempt[0].process_index == 0 else ""
     lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []
+    decision = fingerprinted_decision(run_dir)
     for report in attempt:
+        # A setting that differs from the prewarm's is said by the miss's own why line.
         said += [w.text for w in report.warnings if w.kind == RANKS or (
-            report.process_index == 0 and w.kind in (SETTING_CHANGED, OPTIONS_DIFFER))]
+            report.process_index == 0 and w.kind == SETTING_CHANGED)]
         if report.process_index != 0:
             continue
         for fn in report.functions:
@@ -553,7 +560,9 @@ def summarize(reports: list[InitReport], manifest: dict[str, ManifestEntry],
                 not_loaded=fn.not_loaded,
                 input_changes=fn.input_changes,
                 since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, store, prewarmed.key), prewarm=prewarmed))
+                since_prewarm(run_dir, store, prewarmed.key), prewarm=prewarmed,
+                changed=None if prewarmed is None or store is None or decision is None else
+                changed_variables(store.prewarms(), prewarmed.key, decision.fingerprint)))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")
@@ -681,13 +690,15 @@ def missing_train_report(reports: list[InitReport]) -> list[str]:
 
 
 def format_verdicts(verdicts: list[Verdict]) -> list[str]:
-    """verify's answer per function: WARM or COLD, the key, the cost, and why when cold."""
+    """verify's answer per function: WARM, COLD or UNKNOWN (verify --trainer: not looked up
+    before it stopped), the key, the cost, and why when not warm."""
     lines = []
     for v in verdicts:
         cost = f"lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms" \
             if v.reached_s is None else f"the trainer looked it up at {v.reached_s:.2f} s"
         cost = "" if v.key == NOT_LOOKED_UP else f"  ({cost})"  # no key, no cost: why says
-        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}{cost}")
+        state = "UNKNOWN" if v.unknown else "WARM" if v.warm else "COLD"
+        lines.append(f"{state}  {v.function}  {v.key}{cost}")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
 
@@ -696,6 +707,11 @@ def trainer_cost(result: VerifyResult) -> str:
     """What verify --trainer's answer cost: the trainer's time from its start to its last
     prewarmed function's lookup, or, when it ended before it looked some up, to its end."""
     unheard = [v.function for v in result.functions if v.key == NOT_LOOKED_UP]
+    if unheard and all(v.explanation[0].startswith(AFTER_FIRST_STEP)
+                       for v in result.functions if v.key == NOT_LOOKED_UP):
+        return (f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, stopped "
+                f"before its first step ran (no step, none of its outputs); "
+                f"{', '.join(unheard)} unknown")
     if unheard:
         return (f"verify --trainer: the trainer ended {result.trainer_s:.2f} s after its "
                 f"start, before it looked up {', '.join(unheard)}")

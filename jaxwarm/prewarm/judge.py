@@ -28,8 +28,8 @@ from jaxwarm.launcher.injob.recorder import InitRecorder
 from jaxwarm.launcher.injob.warm import (
     LoweredTarget,
     WarmDecision,
-    fingerprint_keys,
     judge,
+    launch_fingerprint,
     say,
 )
 from jaxwarm.launcher.jaxkey.agree import broadcast_flags
@@ -97,7 +97,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
 
     if jax.process_index() == 0:
         store = open_store(config.cache.dir)
-        same_fingerprint = fingerprint_keys(store, config.run_dir, job)
+        found = launch_fingerprint(config.run_dir, job)
         decisions = [judge(target, store, run=config.run.name,
                            max_size=config.cache.max_size,
                            signature=recorder.signature(target.prediction.module_name)
@@ -106,7 +106,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
                            recheck_missed=repair is not None,
                            inputs=recorder.lowered_inputs(target.prediction.module_name,
                                                           target.lowered)
-                           if target.prediction else None, same_fingerprint=same_fingerprint)
+                           if target.prediction else None, fingerprint=found)
                      for target in targets]
         if repair is not None and store.local is not None:
             repair(store.local, decisions)

@@ -30,7 +30,7 @@ from jaxwarm.launcher.injob.ledger import Ledger
 from jaxwarm.launcher.injob.prefetch import Prefetch, start_prefetch
 from jaxwarm.launcher.injob.ranks import RankCoordinator, meet_timeout
 from jaxwarm.launcher.injob.recorder import InitRecorder, Prewarmed
-from jaxwarm.launcher.injob.warm import fingerprint_keys
+from jaxwarm.launcher.injob.warm import fingerprint_keys, launch_fingerprint
 from jaxwarm.launcher.jaxkey.entryformat import function_of
 from jaxwarm.launcher.jaxkey.versions import UnsupportedJaxVersion
 from jaxwarm.launcher.mlperf import MlperfLog, MlperfUnavailable
@@ -172,7 +172,8 @@ class Books:
         self.entries = tuple(latest_for_run(manifest, self.config.run.name))
         if self.job == TRAIN:
             watch_prewarmed(self.config, recorder, manifest,
-                            fingerprint_keys(self.store, self.config.run_dir, TRAIN))
+                            fingerprint_keys(self.store,
+                                             launch_fingerprint(self.config.run_dir, TRAIN)))
 
     def ranks_bound(self, recorder: InitRecorder) -> None:
         """After the manifest: the ranks' meeting is bounded by the compile times it

@@ -32,8 +32,10 @@ from types import ModuleType
 # imports the one it shadows itself (so that runs even where jaxwarm cannot be imported).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RECORDER_PID = "JAXWARM_RECORDER_PID"
-# Set by `jaxwarm verify --trainer`: the trainer runs only up to its prewarmed lookups.
+# Set by `jaxwarm verify --trainer`: the trainer runs only up to its prewarmed lookups, and
+# not into its first step (FIRST_STEP) unless asked to (UNTIL_ALL: --until-all-looked-up).
 VERIFY_TRAINER = "JAXWARM_VERIFY_TRAINER"
+FIRST_STEP, UNTIL_ALL = "first-step", "until-all-looked-up"
 
 
 def install_now() -> None:
@@ -46,7 +48,8 @@ def install_now() -> None:
         if os.environ.get(VERIFY_TRAINER):  # jaxwarm verify --trainer (jaxwarm.prewarm.verify)
             from jaxwarm.launcher.injob.trainerverify import watch_trainer
             from jaxwarm.launcher.rundir import VERIFY
-            watch_trainer(install_recorder(job=VERIFY))
+            watch_trainer(install_recorder(job=VERIFY),
+                          until_all=os.environ[VERIFY_TRAINER] == UNTIL_ALL)
         else:
             install_recorder()
     except Exception as exc:  # one line, never a traceback from a hook

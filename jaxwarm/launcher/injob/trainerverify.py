@@ -6,7 +6,11 @@ every launch form), and `watch_trainer`, installed with the recorder when it imp
 hears the key of each compile its own lowering gives (`jaxwarm.launcher.jaxkey.lookup.watch_keys`).
 The first lookup of each function this run's prewarm compiled is judged as verify judges
 (`jaxwarm.launcher.injob.warm.judge`); the process ends once the last one's key is known, before
-that function compiles, or at the time limit (`init_budget_s`) with one line. Until then it
+that function compiles, or at the time limit (`init_budget_s`) with one line. It never lets
+the trainer train: at the key of the first prewarmed step (a function its prewarm recorded as
+a step), whose dispatch follows its compile, it ends too, and what was not looked up by then
+is UNKNOWN (first called after the first step), unless `--until-all-looked-up` lets the
+trainer run on (it then trains and writes its outputs). Until then it
 compiles nothing it can avoid and writes nothing into the cache dir: a WARM prewarmed
 function it needs on the way (an init) loads (where the cache has no size cap, whose LRU
 stamps a load); anything else it needs on the way, a COLD init included, compiles without
@@ -21,6 +25,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from jaxwarm.launcher.config import Config, ConfigError
@@ -33,15 +38,22 @@ from jaxwarm.launcher.injob.warm import (
     WarmDecision,
     fingerprint_keys,
     judge,
+    launch_fingerprint,
     say,
 )
 from jaxwarm.launcher.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.launcher.jaxkey.kvstore import KVStore, StoreError
 from jaxwarm.launcher.jaxkey.lookup import watch_keys
 from jaxwarm.launcher.jaxkey.predict import KeyPrediction
-from jaxwarm.launcher.records import NOT_LOOKED_UP, Verdict, VerifyResult, dumps
+from jaxwarm.launcher.records import (
+    AFTER_FIRST_STEP,
+    NOT_LOOKED_UP,
+    Verdict,
+    VerifyResult,
+    dumps,
+)
 from jaxwarm.launcher.rundir import VERIFY, verify_result_path
-from jaxwarm.launcher.store.misses import prewarmed_functions
+from jaxwarm.launcher.store.misses import compared_prewarms, prewarmed_functions
 from jaxwarm.launcher.store.store import open_store
 
 log = logging.getLogger("jaxwarm.verify")
@@ -58,11 +70,15 @@ def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = 
 
 class TrainerWatch:
     """verify --trainer in the trainer's process: the prewarmed functions still to hear
-    of, the answers so far, and the end (module docstring)."""
+    of, which of them are steps (the first one's key is the last thing heard before the
+    first step runs, unless `until_all`), the answers so far, and the end (module
+    docstring)."""
 
-    def __init__(self, config: Config, recorder: InitRecorder, prewarmed: set[str]) -> None:
+    def __init__(self, config: Config, recorder: InitRecorder, prewarmed: set[str],
+                 steps: Collection[str] = (), until_all: bool = False) -> None:
         self.config, self.recorder = config, recorder
         self.pending = set(prewarmed)
+        self.steps, self.until_all = steps, until_all
         self.verdicts: list[Verdict] = []
         self.lock = threading.Lock()
         # A hit may load only where JAX's LRU (a size cap) would not stamp its access time.
@@ -88,13 +104,21 @@ class TrainerWatch:
             signature=self.recorder.signature(found.module_name),
             process_count=jax.process_count(), job=VERIFY,
             inputs=self.recorder.inputs(found.module_name),
-            same_fingerprint=fingerprint_keys(store, self.config.run_dir, VERIFY))
+            fingerprint=launch_fingerprint(self.config.run_dir, VERIFY))
         if jax.process_index() == 0:
             say(decision)
         with self.lock:
             self.verdicts.append(self.verdict(decision))
             done = not self.pending
-        if done:
+            stop = not done and not self.until_all and found.module_name in self.steps
+            if stop:  # the step's dispatch follows its compile: nothing of it runs
+                self.verdicts += self.unheard(f"{AFTER_FIRST_STEP} "
+                                              f"({found.module_name}), which verify "
+                                              f"--trainer stops before; "
+                                              f"--until-all-looked-up runs the trainer on to "
+                                              f"it (it trains and writes its outputs)",
+                                              unknown=True)
+        if done or stop:
             self.end(0)  # the launcher prints the answer and its cost
         return decision.warm and self.may_load
 
@@ -106,9 +130,9 @@ class TrainerWatch:
                        explanation=decision.why, components=prediction.components,
                        reached_s=self.elapsed())
 
-    def unheard(self, why: str) -> list[Verdict]:
+    def unheard(self, why: str, unknown: bool = False) -> list[Verdict]:
         return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
-                        explanation=[why]) for name in sorted(self.pending)]
+                        explanation=[why], unknown=unknown) for name in sorted(self.pending)]
 
     def let_the_others_end(self) -> None:
         """Process 0 runs jax.distributed's coordination service, and another process whose
@@ -141,8 +165,8 @@ class TrainerWatch:
                 f"{self.config.init_budget_s:g} s): the trainer had not looked up {names}; "
                 f"their answer is unknown")
         with self.lock:
-            self.verdicts += self.unheard("unknown: the trainer had not looked it up at the "
-                                          "time limit")
+            self.verdicts += self.unheard("the trainer had not looked it up at the time "
+                                          "limit", unknown=True)
         self.end(EXIT_ERROR, line)
 
     def at_exit(self) -> None:
@@ -173,19 +197,23 @@ class TrainerWatch:
         os._exit(code)
 
 
-def watch_trainer(recorder: InitRecorder) -> None:
+def watch_trainer(recorder: InitRecorder, until_all: bool = False) -> None:
     """Start verify --trainer in this process (the trainer's, under its recorder): what
     this run's prewarm compiled (else another run's: `prewarmed_functions`) is read from the
-    cache's manifest; none is one line."""
+    cache's manifest, with which of them are steps; none is one line. `until_all`: past
+    the first step."""
     config = config_from_env()
     store = open_store(config.cache.dir)
-    prewarmed = prewarmed_functions(store.manifest(strict=False), config.run.name,
-                                    fingerprint_keys(store, config.run_dir, VERIFY))
+    manifest = store.manifest(strict=False)
+    same = fingerprint_keys(store, launch_fingerprint(config.run_dir, VERIFY))
+    prewarmed = prewarmed_functions(manifest, config.run.name, same)
+    compared = compared_prewarms(manifest, config.run.name, same)
+    steps = {name for name in prewarmed if compared[name].is_step}
     if not prewarmed:
         raise ConfigError(f"{config.source}: verify --trainer: the cache {config.cache.dir} "
                           f"records no prewarm: it answers for the functions a prewarm "
                           f"compiled (run `jaxwarm prewarm` first)")
-    watch = TrainerWatch(config, recorder, prewarmed)
+    watch = TrainerWatch(config, recorder, prewarmed, steps, until_all)
     watch_keys(watch.on_key)
     atexit.register(watch.at_exit)
     timer = threading.Timer(config.init_budget_s, watch.on_time_limit)

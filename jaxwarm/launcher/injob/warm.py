@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,12 @@ from jaxwarm.launcher.records import (
 )
 from jaxwarm.launcher.rundir import VERIFY, prewarm_decision_path, verify_fingerprint_path
 from jaxwarm.launcher.store.integrity import MISSED_NOTE, WarmCheck
-from jaxwarm.launcher.store.misses import compared_prewarms, explain_miss, input_differences
+from jaxwarm.launcher.store.misses import (
+    changed_variables,
+    compared_prewarms,
+    explain_miss,
+    input_differences,
+)
 from jaxwarm.launcher.store.store import CacheStore
 
 log = logging.getLogger("jaxwarm.judge")
@@ -73,15 +77,18 @@ class WarmDecision:
                        explanation=self.why, components=prediction.components)
 
 
-def fingerprint_keys(store: CacheStore, run_dir: str | Path, job: str) -> frozenset[str]:
-    """The keys the recorded prewarm of this job's fingerprint left: a verify's own
-    fingerprint, else its launch's (the prewarm decision). A miss is compared with that
-    prewarm before other runs' (`compared_prewarms`); none where either is unknown."""
+def launch_fingerprint(run_dir: str | Path, job: str) -> Fingerprint | None:
+    """This job's fingerprint as the login node computed it: a verify's own, else its
+    launch's (the prewarm decision); None where it is not on record."""
     if job == VERIFY:
-        found = read_record(Fingerprint, verify_fingerprint_path(run_dir))
-    else:
-        decision = read_record(PrewarmDecision, prewarm_decision_path(run_dir))
-        found = decision.fingerprint if decision is not None else None
+        return read_record(Fingerprint, verify_fingerprint_path(run_dir))
+    decision = read_record(PrewarmDecision, prewarm_decision_path(run_dir))
+    return decision.fingerprint if decision is not None else None
+
+
+def fingerprint_keys(store: CacheStore, found: Fingerprint | None) -> frozenset[str]:
+    """The keys the recorded prewarm of fingerprint `found` left: a miss is compared with
+    that prewarm before other runs' (`compared_prewarms`); none where either is unknown."""
     record = store.prewarms().get(found.digest) if found is not None else None
     return frozenset(record.keys) if record is not None else frozenset()
 
@@ -90,13 +97,14 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
           signature: str | None = None, process_count: int | None = None,
           job: str = "verify", recheck_missed: bool = False,
           inputs: InputSignature | None = None,
-          same_fingerprint: Collection[str] = ()) -> WarmDecision:
+          fingerprint: Fingerprint | None = None) -> WarmDecision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
     whole manifest, to explain the miss against the same target and, with its `inputs`,
     says which differ from those of the prewarm of it a training job would compare with
-    (`compared_prewarms`: the run's, else one of `same_fingerprint`'s keys, else the newest;
-    `signature` tells functions of one name apart): a WARM decision costs a check of its
-    entry."""
+    (`compared_prewarms`: the run's, else that of this job's `fingerprint`, else the
+    newest; `signature` tells functions of one name apart), and which settings changed
+    since that prewarm (its fingerprint against this one): a WARM decision costs a check
+    of its entry."""
     if target.prediction is None:
         return WarmDecision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
@@ -106,14 +114,16 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             if check.missed else []
     elif check.problem == "missing":
         manifest = store.manifest(strict=False)
-        prewarm = compared_prewarms(manifest, run, same_fingerprint).get(prediction.module_name)
+        prewarm = compared_prewarms(manifest, run, fingerprint_keys(store, fingerprint)).get(
+            prediction.module_name)
         why = explain_miss(prediction.module_name, prediction.components, manifest, run=run,
                            process_count=process_count, signature=signature,
                            global_options=target.global_options, job=job, max_size=max_size,
                            xla_flags=os.environ.get("XLA_FLAGS", ""),
                            input_changes=None if prewarm is None or prewarm.inputs is None
                            or inputs is None else input_differences(prewarm.inputs, inputs),
-                           prewarm=prewarm)
+                           prewarm=prewarm, changed=None if prewarm is None else
+                           changed_variables(store.prewarms(), prewarm.key, fingerprint))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)

@@ -27,7 +27,7 @@ from jaxwarm.launcher.config import Config, ConfigError
 from jaxwarm.launcher.entryargv import PYTHON, entry_args, python_command
 from jaxwarm.launcher.environment import job_environment, merge_environment
 from jaxwarm.launcher.gputarget import mock_environment
-from jaxwarm.launcher.injob.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
+from jaxwarm.launcher.injob.jaximport import BOOTSTRAP_DIR, FIRST_STEP, UNTIL_ALL, VERIFY_TRAINER
 from jaxwarm.launcher.jaxkey.versions import version_problem
 from jaxwarm.launcher.rundir import PREWARM, TRAIN, VERIFY
 from jaxwarm.launcher.store.staging import refuse_key_change
@@ -333,9 +333,11 @@ def train_job(config: Config, config_path: str | Path) -> JobSpec:
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)
 
 
-def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
+def verify_trainer_job(config: Config, config_path: str | Path,
+                       until_all: bool = False) -> JobSpec:
     """`jaxwarm verify --trainer`: the training job's entrypoint, argv and environment, as
-    the verify job: it runs up to the lookup of each prewarmed function
-    (`jaxwarm.prewarm.verify`)."""
+    the verify job: it runs up to the lookup of each prewarmed function, or of the first
+    step's, whichever comes first; `until_all`: of each (`injob.trainerverify`)."""
     train = train_job(config, config_path)
-    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: "1"})
+    return JobSpec(VERIFY, train.argv,
+                   {**train.env, VERIFY_TRAINER: UNTIL_ALL if until_all else FIRST_STEP})

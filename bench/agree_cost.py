@@ -8,7 +8,7 @@ publishes its state before the lookup and the ranks meet after each compile, the
 default) and `agree` (`ranks.agree: true`, forced on CPU: before each lookup the ranks also
 post and compare key, components and entry size). Each mode runs twice on its own cache,
 cold then warm; the figures are the warm run's. Per function, the median over functions and
-processes of: the time inside the protocol before the lookup (`jaxwarm.launcher.injob.ranks`
+processes of: the time inside the protocol before the lookup (`jaxwarm.job.ranks`
 `before_lookup`: a stat, the state, and in `agree` mode a KV post, a barrier, a KV read and
 the decision), inside the meeting after the compile (`after_compile`: mostly waiting for the
 other rank), and the whole `compile()` call. On CPU the agreement makes the warm run compile
@@ -41,9 +41,9 @@ if mode == "none":
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 else:
-    from jaxwarm.launcher.config import parse_config
-    from jaxwarm.launcher.injob.hook import enable_cache
-    from jaxwarm.launcher.injob.ranks import RankCoordinator
+    from jaxwarm.core.config import parse_config
+    from jaxwarm.job.start.hook import enable_cache
+    from jaxwarm.job.ranks import RankCoordinator
     for name in spent:
         original = getattr(RankCoordinator, name)
         def timed(self, lookup, original=original, name=name):

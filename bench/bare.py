@@ -14,8 +14,8 @@ import sys
 def main() -> int:
     import jax
 
-    from jaxwarm.launcher.config import load_config
-    from jaxwarm.prewarm.step import build_step
+    from jaxwarm.core.config import load_config
+    from jaxwarm.step import build_step
 
     config = load_config(sys.argv[1])
     for name, value in config.jax.items():

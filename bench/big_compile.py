@@ -42,12 +42,13 @@ from bench.common import (
     run_spec,
     table,
 )
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import job_environment, merge_environment
-from jaxwarm.launcher.rundir import PREWARM, report_path
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.jobs import prewarm_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.records import PREWARM
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import open_store
+from jaxwarm.submit.jobs import prewarm_job
+from jaxwarm.submit.prepare import pin_config
 
 LLAMA = REPO / "configs" / "llama3-8b-64gpu.yaml"
 LAYERS = 128
@@ -88,7 +89,8 @@ def measure(layers: int, disk_mib: int = DD_MIB) -> dict[str, Any]:
         compiled = {fn["name"]: fn for fn in report["functions"]}
         if STEP not in compiled or compiled[STEP]["hit"]:
             raise BenchError(f"the prewarm did not compile {STEP}: {report['functions']}")
-        entry = next(e for e in read_manifest(config.cache.dir).values() if e.function == STEP)
+        entry = next(e for e in open_store(config.cache.dir).manifest().values()
+                     if e.function == STEP)
         env = merge_environment(dict(os.environ), job_environment(config, pinned))
         loaded = load(env)
         if not loaded["hit"]:

@@ -22,10 +22,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from jaxwarm.launcher.config import Config, load_config
-from jaxwarm.launcher.environment import merge_environment
-from jaxwarm.launcher.submit.jobs import JobSpec
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.environment import merge_environment
+from jaxwarm.submit.jobs import JobSpec
+from jaxwarm.submit.prepare import pin_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"

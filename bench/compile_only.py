@@ -1,7 +1,7 @@
 """`python -m bench.compile_only`: the training job's cache lookups, without a step.
 
 Started as a job (the run's environment, every process of its layout), it starts like the
-trainer (`jaxwarm.prewarm.jobstart.start_job`, job `train`) and `lower().compile()`s each target
+trainer (`jaxwarm.job.start.jobstart.start_job`, job `train`) and `lower().compile()`s each target
 of the step bundle: every process looks its key up in the cache and writes its init report
 (`reports/train-r0-p<process>.json`: hit or miss, key, components), and nothing executes.
 `bench.gpu_check` runs it where a real step cannot run: two processes sharing one GPU,
@@ -14,10 +14,10 @@ import sys
 
 
 def main() -> int:
-    from jaxwarm.launcher.environment import config_from_env
-    from jaxwarm.launcher.rundir import TRAIN
-    from jaxwarm.prewarm.jobstart import start_job
-    from jaxwarm.prewarm.step import lower_target
+    from jaxwarm.core.records import TRAIN
+    from jaxwarm.job.start.jobstart import start_job
+    from jaxwarm.job.start.pinned import config_from_env
+    from jaxwarm.step import lower_target
 
     config = config_from_env()
     _, _, bundle = start_job(config, TRAIN)  # its init report is written at exit
@@ -27,6 +27,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from jaxwarm.prewarm.jobstart import job_main
+    from jaxwarm.job.start.jobstart import job_main
 
     sys.exit(job_main(main))

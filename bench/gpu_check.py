@@ -8,7 +8,7 @@ from the repository root:
 
 The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, else
 `bench/results/<gpu>.json`. Each check runs its jobs as fresh processes, as `jaxwarm launch
---local` starts them (argv and environment from `jaxwarm.launcher.submit.jobs`, the local runner):
+--local` starts them (argv and environment from `jaxwarm.submit.jobs`, the local runner):
 
 - reference: the demo's step on 1 process x 1 GPU. verify on an empty cache (COLD, and the
   key it predicts), the prewarm job, the trainer (2 steps): the step must HIT, and the entry
@@ -74,17 +74,18 @@ from bench.common import (
     with_xla_flag,
     write_json,
 )
-from jaxwarm.launcher.config import Config, load_config
-from jaxwarm.launcher.environment import job_environment
-from jaxwarm.launcher.errors import say
-from jaxwarm.launcher.gputarget import gpus_here
-from jaxwarm.launcher.jaxkey.components import differing_components
-from jaxwarm.launcher.rundir import TRAIN, report_path, verify_result_path
-from jaxwarm.launcher.store.entries import entry_path
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest
-from jaxwarm.launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
-from jaxwarm.launcher.submit.local import run_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.environment import job_environment
+from jaxwarm.core.errors import say
+from jaxwarm.core.gputarget import gpus_here
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import report_path, verify_result_path
+from jaxwarm.jaxkey.components import differing_components
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from jaxwarm.submit.local import run_job
+from jaxwarm.submit.prepare import pin_config
 
 DEMO = REPO / "configs" / "demo.yaml"
 STEP = "jit_train_step"
@@ -104,7 +105,7 @@ LONG_COMPILE_S = 30.0
 # Every check: every compile stored, 2 training steps, no checkpoints, the reference trainer
 # by function (a console script needs jaxwarm installed, which the device image is not).
 COMMON = ("cache.min_compile_time_secs=0", "train.steps=2", "train.checkpoint_every=0",
-          "entrypoint.command=null", "entrypoint.function=jaxwarm.prewarm.workload.trainer:main")
+          "entrypoint.command=null", "entrypoint.function=jaxwarm.workload.trainer:main")
 ONE = ("topology.nodes=1", "topology.processes_per_node=1", "topology.devices_per_process=1",
        "mesh.axes={data: 1, fsdp: 1}")
 # Two processes on the one GPU: both use GPU 0 (by the layout, process 1 would use GPU 1),
@@ -172,7 +173,7 @@ def verdict(config: Config) -> dict[str, Any]:
 
 def prewarmed(cache: Path) -> ManifestEntry:
     """The newest manifest entry of the step."""
-    entries = [e for e in read_manifest(cache).values() if e.function == STEP]
+    entries = [e for e in LocalStore(cache).manifest().values() if e.function == STEP]
     if not entries:
         raise BenchError(f"{cache}: the prewarm recorded no {STEP}")
     return max(entries, key=lambda entry: entry.created)
@@ -193,7 +194,7 @@ def reference(ctx: Context) -> dict[str, Any]:
     after_config, after_pinned = ctx.pin("reference-verify-again", layout)
     run(verify_job(after_config, after_pinned), after_config)
     after = verdict(after_config)
-    equal = before["key"] == written.key and entry_path(cache, before["key"]).is_file()
+    equal = before["key"] == written.key and LocalStore(cache).has_entry(before["key"])
     return {"verify_before": "WARM" if before["warm"] else "COLD",
             "predicted_key": before["key"], "written_key": written.key,
             "key_equals_file": equal, "prewarm_compile_s": written.compile_s,
@@ -212,7 +213,7 @@ def cold_vs_warm(ctx: Context) -> dict[str, Any]:
         return train_once(ctx, name, [*size, f"cache.dir={cache_dir}"], hit)
 
     cold_report, cold = trainer("cold", cache, hit=False)
-    entry_bytes = entry_path(cache, cold["key"]).stat().st_size
+    entry_bytes = LocalStore(cache).entry_size(cold["key"])
     warm_report, warm = trainer("warm", cache, hit=True)
     # A new cache with XLA's autotune results of the cold run and no JAX entry: the compile
     # runs again, without autotuning what the sub-cache holds.
@@ -262,7 +263,7 @@ def load_profile(ctx: Context) -> dict[str, Any]:
         sizes.append({"layers": layers, "compile_s": cold["seconds"],
                       "retrieval_s": warm["seconds"],
                       "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
-                      "entry_bytes": entry_path(cache, cold["key"]).stat().st_size,
+                      "entry_bytes": LocalStore(cache).entry_size(cold["key"]),
                       "warm_first_step_s": warm_report["time_to_first_step_s"]})
     return {"sizes": sizes, "breakdown": None}
 
@@ -292,7 +293,7 @@ def warm_requeue(ctx: Context) -> dict[str, Any]:
 def pgle(ctx: Context) -> dict[str, Any]:
     """JAX's automatic PGLE (`pgle.enabled`): a run compiles the step, profiles it, compiles
     it again with the profile and stores that; a relaunch on the same cache must load the
-    profile-guided executable (jaxwarm/launcher/jaxkey/pgle.py). A dry run's CPU profiler gives JAX
+    profile-guided executable (jaxwarm/jaxkey/pgle.py). A dry run's CPU profiler gives JAX
     no profile, so `bench.profiled_compile` compiles the second one with a profile by hand."""
     cache = ctx.work / "pgle-cache"
     layout = [f"cache.dir={cache}", "pgle.enabled=true", "pgle.profiling_runs=3",
@@ -350,7 +351,7 @@ def mock(ctx: Context) -> dict[str, Any]:
 
 
 def agreement(ctx: Context) -> dict[str, Any]:
-    """What the ranks' protocol (`jaxwarm/launcher/injob/ranks.py`) costs per function on a warm
+    """What the ranks' protocol (`jaxwarm/job/ranks.py`) costs per function on a warm
     start, `meet` (the CPU default) against `agree` (the GPU default), by `bench.agree_cost`:
     2 processes sharing the one GPU, compiling without running (two ranks of one
     communicator cannot share a GPU; the protocol is a stat and key-value store traffic).

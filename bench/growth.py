@@ -51,11 +51,12 @@ from typing import Any
 
 from bench.chart import save_figure
 from bench.common import DEMO, FAST_STEP, REPO, BenchError, machine, publish, read_json, table
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import job_environment, merge_environment
-from jaxwarm.launcher.injob.place import process_variables
-from jaxwarm.launcher.rundir import PREWARM, TRAIN, pinned_config, report_path
-from jaxwarm.launcher.submit.local import free_port
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import pinned_config, report_path
+from jaxwarm.job.start.place import process_variables
+from jaxwarm.submit.local import free_port
 
 RANKS = (1, 8, 32, 64)
 REPEATS = 3
@@ -115,8 +116,8 @@ class PeakMemory:
 def kind_of(argv: list[str]) -> str:
     """What a process of a launch is, from the module its Python runs (`-m MODULE`)."""
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
-    return {"jaxwarm.launcher.submit.supervise": "supervisor",
-            "jaxwarm.launcher.injob.call": "trainer", TRAINER: "trainer",
+    return {"jaxwarm.submit.supervise": "supervisor",
+            "jaxwarm.job.start.call": "trainer", TRAINER: "trainer",
             "jaxwarm": "launcher"}.get(module, "other")
 
 

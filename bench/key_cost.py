@@ -29,8 +29,8 @@ from bench.common import (
     verdict,
     write_json,
 )
-from jaxwarm.launcher.rundir import verify_result_path
-from jaxwarm.launcher.submit.jobs import JobSpec, prewarm_job, verify_job
+from jaxwarm.core.rundir import verify_result_path
+from jaxwarm.submit.jobs import JobSpec, prewarm_job, verify_job
 from testing.legs import LEGS, ready
 
 LIMIT_MS = 10.0

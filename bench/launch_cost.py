@@ -5,12 +5,12 @@ first line ran; job start is the moment just before the process, or the runner, 
 No JAX here: the figure is what jaxwarm puts between a job's start and the user's code.
 
 - direct: `python -m bench.probe` with the job's environment, nothing in between;
-- local: the local runner (`jaxwarm.launcher.submit.local.LocalJob`, what `jaxwarm launch --local`
-  runs), which starts the job's argv, `python -m jaxwarm.launcher.injob.call bench.probe:main`;
+- local: the local runner (`jaxwarm.submit.local.LocalJob`, what `jaxwarm launch --local`
+  runs), which starts the job's argv, `python -m jaxwarm.job.start.call bench.probe:main`;
 - slurm: what a task of a SLURM job runs, short of sbatch and srun (SLURM's own scheduling
   and step launch, not jaxwarm's): the job script's environment lines in bash, then
   submitit's task runner (`python -u -m submitit.core._submit`), which unpickles
-  `jaxwarm.launcher.injob.task.TaskCommand` and starts the same argv under it.
+  `jaxwarm.job.start.task.TaskCommand` and starts the same argv under it.
 
 The overhead of a path is its delay minus the direct one's (median over repetitions).
 Each path starts 1 process, the layout of every other benchmark.
@@ -28,20 +28,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import REPO, BenchError, Check, bench_config, medians, run_process, table, verdict
-from jaxwarm.launcher.config import Config
-from jaxwarm.launcher.environment import merge_environment
-from jaxwarm.launcher.injob.task import TaskCommand
-from jaxwarm.launcher.submit.jobs import JobSpec, train_job
-from jaxwarm.launcher.submit.local import LocalJob
-from jaxwarm.launcher.submit.sbatch import setup_lines
+from jaxwarm.core.config import Config
+from jaxwarm.core.environment import merge_environment
+from jaxwarm.job.start.task import TaskCommand
+from jaxwarm.submit.jobs import JobSpec, train_job
+from jaxwarm.submit.local import LocalJob
+from jaxwarm.submit.sbatch import setup_lines
 
 OVERHEAD_MAX_S = 0.3
 # What SLURM gives task 0 of a one-task job; submitit reads its job id and rank from them.
 SLURM_TASK = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1",
               "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
-WRAPPERS = {"local": "local runner -> python -m jaxwarm.launcher.injob.call",
-            "slurm": "job script env -> submitit task runner -> jaxwarm.launcher.injob.task -> "
-                     "jaxwarm.launcher.injob.call"}
+WRAPPERS = {"local": "local runner -> python -m jaxwarm.job.start.call",
+            "slurm": "job script env -> submitit task runner -> jaxwarm.job.start.task -> "
+                     "jaxwarm.job.start.call"}
 
 
 # Each path starts the job its own way and returns the job's start (time.time(), comparable

@@ -1,7 +1,7 @@
 """`python -m bench.load`: a training process's warm load of the run's step, taken apart.
 
 Started with a job's environment on a cache the prewarm filled (`bench.big_compile`): it
-starts as the reference trainer does (`jaxwarm.prewarm.jobstart.start_job`: jax.distributed, the
+starts as the reference trainer does (`jaxwarm.job.start.jobstart.start_job`: jax.distributed, the
 cache hook and init recorder, the step factory), then `lower().compile()`s every target,
 which loads it from the cache, so the init report has JAX's own retrieval time. Then, in the
 same process, the two costs a load cannot avoid, each timed alone: decompressing the train
@@ -16,9 +16,9 @@ import sys
 import time
 import zlib
 
-from jaxwarm.launcher.jaxkey.entryformat import ZSTD_MAGIC
-from jaxwarm.launcher.rundir import TRAIN
-from jaxwarm.launcher.store.entries import entry_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.jaxkey.entryformat import ZSTD_MAGIC
+from jaxwarm.store.store import LocalStore
 
 
 def decompress(data: bytes) -> bytes:
@@ -31,8 +31,8 @@ def decompress(data: bytes) -> bytes:
 def main() -> int:
     from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
-    from jaxwarm.launcher.environment import config_from_env
-    from jaxwarm.prewarm.jobstart import start_job
+    from jaxwarm.job.start.jobstart import start_job
+    from jaxwarm.job.start.pinned import config_from_env
 
     config = config_from_env()
     recorder, _, bundle = start_job(config, TRAIN)
@@ -47,7 +47,7 @@ def main() -> int:
     # Nothing runs the step here: say so, or the recorder waits for its first execution.
     recorder.mark_first_step()
     step = next(fn for fn in recorder.report.functions if fn.name == "jit_train_step")
-    data = entry_path(config.cache.dir, str(step.key)).read_bytes()
+    data = LocalStore(config.cache.dir).entry_path(str(step.key)).read_bytes()
     start = time.perf_counter()
     payload = decompress(data)
     decompress_s = time.perf_counter() - start

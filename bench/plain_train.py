@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxwarm.launcher.injob.recorder import process_start_time
+from jaxwarm.job.record.recorder import process_start_time
 
 MEET_TIMEOUT_MS = 30 * 60 * 1000
 
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize()
     from jax._src import distributed
 
-    from jaxwarm.launcher.config import load_config
-    from jaxwarm.prewarm.step import build_step, seed_spec
-    from jaxwarm.prewarm.workload.data import make_global_batch
+    from jaxwarm.core.config import load_config
+    from jaxwarm.step import build_step, seed_spec
+    from jaxwarm.workload.data import make_global_batch
 
     config = load_config(argv[0])
     mesh, bundle = build_step(config)

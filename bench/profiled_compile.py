@@ -3,7 +3,7 @@
 Started as a job (the run's environment, `pgle.enabled` on), it lowers the step bundle's
 `train_step` as the prewarm and the trainer lower it and compiles it with an FDO profile
 given by hand: JAX stores that compile under the key a GPU run's second, profile-guided
-compile is stored under (jaxwarm/launcher/jaxkey/pgle.py). On CPU, where JAX's profiler collects an
+compile is stored under (jaxwarm/jaxkey/pgle.py). On CPU, where JAX's profiler collects an
 empty trace and no run compiles twice, this stands in for that second compile, so a later
 run's load of it can be checked (`bench.gpu_check --dry-run`, tests/test_pgle.py). Prints
 the keys as JSON: `key` (the first compile's) and `pgle_key`. No init report.
@@ -20,9 +20,9 @@ PROFILE = b"a profile, as PGLE's profiler gives one on a GPU"
 
 
 def main() -> int:
-    from jaxwarm.launcher.environment import config_from_env
-    from jaxwarm.prewarm.judge import lower_targets
-    from jaxwarm.prewarm.step import build_step
+    from jaxwarm.job.judge import lower_targets
+    from jaxwarm.job.start.pinned import config_from_env
+    from jaxwarm.step import build_step
 
     config = config_from_env()
     _, bundle = build_step(config)
@@ -35,6 +35,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from jaxwarm.prewarm.jobstart import job_main
+    from jaxwarm.job.start.jobstart import job_main
 
     sys.exit(job_main(main))

@@ -175,7 +175,7 @@ class Scale:
     def kill_when(self, job: str, marker: str):
         """A `during` that SIGKILLs rank KILLED_RANK's job process once its log of this
         launch shows `marker`, then times how long until no process of the run is left."""
-        command = "jaxwarm.prewarm.job" if job == "prewarm" else "jaxwarm.launcher.injob.call"
+        command = "jaxwarm.job.prewarm" if job == "prewarm" else "jaxwarm.job.start.call"
 
         def victims() -> list[int]:
             return [pid for pid, (rank, line) in run_processes(self.run_dir).items()

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
+from jaxwarm.core.rundir import report_path
+from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
+from jaxwarm.store.store import LocalStore
 
 CLUSTER = REPO / "scripts" / "slurm-dev-cluster"
 DEVICES = 8  # the demo's data=2 x fsdp=4 mesh
@@ -103,7 +104,7 @@ def warm_start(work: Path, nodes: int, name: str, stage: str | None) -> dict[str
     wall = time.perf_counter() - started
     reports = [read_json(report_path(work / name / "demo", "train", 0, process))
                for process in range(nodes)]
-    sizes = {key: (cache / f"{key}{CACHE_SUFFIX}").stat().st_size for key in counter.reads}
+    sizes = {key: LocalStore(cache).entry_size(key) for key in counter.reads}
     stagers = [r["stage"] for r in reports if r.get("stage") and r["stage"]["stager"]]
     return {"reads": sum(counter.reads.values()),
             "bytes": sum(sizes[key] * count for key, count in counter.reads.items()),
@@ -123,7 +124,7 @@ def measure(nodes: int, starts: int) -> dict[str, Any]:
         work = Path(tmp)
         cli("prewarm", str(DEMO), "--slurm", "--wait", f"run.out_dir={work / 'prewarm'}",
             *overrides(work, nodes))
-        entries = {p.name: p.stat().st_size for p in (work / "cache").glob(f"*{CACHE_SUFFIX}")}
+        entries = {e.path.name: e.size for e in LocalStore(work / "cache").scan(histories={})}
         stage = str(work / "stage" / "$SLURMD_NODENAME")
         shared = [warm_start(work, nodes, f"shared-{i}", None) for i in range(starts)]
         staged = [warm_start(work, nodes, f"staged-{i}", stage) for i in range(starts)]

@@ -3,7 +3,7 @@
 One repetition at one size (`step.args.n_layers`) runs five fresh processes on 1 process x
 8 CPU devices (the demo's data=2 x fsdp=4 mesh; on CPU only process 0 can hit, so one
 process is the whole job). The first four are jobs exactly as `jaxwarm launch --local`
-starts them (argv and environment from `jaxwarm.launcher.submit.jobs`):
+starts them (argv and environment from `jaxwarm.submit.jobs`):
 
 1. the trainer (`jaxwarm-train`, the demo's 8 steps) on an empty cache: the step's backend
    compile and the time to first step, from its init report;
@@ -39,11 +39,12 @@ from bench.common import (
     table,
     verdict,
 )
-from jaxwarm.launcher.config import Config
-from jaxwarm.launcher.environment import job_environment, merge_environment
-from jaxwarm.launcher.rundir import TRAIN, report_path, verify_result_path
-from jaxwarm.launcher.store.entries import entry_path
-from jaxwarm.launcher.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
+from jaxwarm.core.config import Config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import report_path, verify_result_path
+from jaxwarm.store.store import open_store
+from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
 STEP = "jit_train_step"
 OVERRIDES = ("cache.min_compile_time_secs=0", "train.checkpoint_every=0")
@@ -138,7 +139,8 @@ def measure(layers: int) -> dict[str, float]:
             "warm_load_s": warm_step["seconds"],
             "cold_first_step_s": cold_report["time_to_first_step_s"],
             "warm_first_step_s": warm_report["time_to_first_step_s"],
-            "entry_kb": entry_path(cold_config.cache.dir, cold_step["key"]).stat().st_size / 1024,
+            "entry_kb": (open_store(cold_config.cache.dir).entry_size(cold_step["key"])
+                         or 0) / 1024,
             "cold_init_compile_s": cold_report["backend_compile_s"],
             "warm_init_retrieval_s": warm_report["retrieval_s"],
             "cold_train_wall_s": cold.wall_s,

@@ -29,7 +29,8 @@ from typing import Any
 
 from bench.common import DEMO, BenchError, machine, publish, read_json, table
 from bench.growth import by_hand, cli, kind_of, overrides, run, with_jaxwarm
-from jaxwarm.launcher.rundir import TRAIN, report_path
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import report_path
 
 RANKS = 32
 REPEATS = 2

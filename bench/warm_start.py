@@ -4,7 +4,7 @@ warm start at size, and the demo's with and without prefetch.
 The reference step (the demo's, `step.args.scan_layers: false`: `--layers` layers unrolled,
 so that loading its executable takes as long as users' do) in a trainer with a realistic
 init (`trainer`, this module's `entrypoint.function`): it starts like the reference trainer
-(`jaxwarm.prewarm.jobstart.start_job`), restores its train state with orbax from the previous
+(`jaxwarm.job.start.jobstart.start_job`), restores its train state with orbax from the previous
 launch's checkpoint, starts its data pipeline (a pure-Python pass over `--records` synthetic
 records building a token index, then a thread feeding batches), and only then runs its
 first step. On one run dir (so each launch resumes from the last one's checkpoint):
@@ -65,11 +65,12 @@ def trainer() -> int:
     import jax
     import numpy as np
 
-    from jaxwarm.launcher.environment import config_from_env
-    from jaxwarm.launcher.rundir import TRAIN, checkpoints_dir
-    from jaxwarm.prewarm.jobstart import start_job
-    from jaxwarm.prewarm.workload import checkpoint
-    from jaxwarm.prewarm.workload.data import make_global_batch
+    from jaxwarm.core.records import TRAIN
+    from jaxwarm.core.rundir import checkpoints_dir
+    from jaxwarm.job.start.jobstart import start_job
+    from jaxwarm.job.start.pinned import config_from_env
+    from jaxwarm.workload import checkpoint
+    from jaxwarm.workload.data import make_global_batch
 
     config = config_from_env()
     records = int(os.environ["WARM_START_RECORDS"])
@@ -221,8 +222,8 @@ def draw(result: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    from jaxwarm.launcher.plot import DPI
-    from jaxwarm.launcher.plot import draw as draw_phases
+    from jaxwarm.report.plot import DPI
+    from jaxwarm.report.plot import draw as draw_phases
 
     runs = result["runs"]
     load = result["load_average"]

@@ -16,37 +16,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names' types, for a type checker (`X as X`: re-exported)
-    from jaxwarm.launcher.config import Config as Config
-    from jaxwarm.launcher.config import load_config as load_config
-    from jaxwarm.launcher.environment import config_from_env as config_from_env
-    from jaxwarm.launcher.injob.distributed import initialize as initialize
-    from jaxwarm.launcher.injob.hook import enable_cache as enable_cache
-    from jaxwarm.prewarm.specs import sharded_specs as sharded_specs
-    from jaxwarm.prewarm.specs import warn_risky_inputs as warn_risky_inputs
-    from jaxwarm.prewarm.step import CompileTarget as CompileTarget
-    from jaxwarm.prewarm.step import StepBundle as StepBundle
-    from jaxwarm.prewarm.step import build_mesh as build_mesh
-    from jaxwarm.prewarm.step import build_step as build_step
-    from jaxwarm.prewarm.step import seed_spec as seed_spec
-    from jaxwarm.prewarm.step import step_args as step_args
-    from jaxwarm.prewarm.step import trainer_argv as trainer_argv
+    from jaxwarm.core.config import Config as Config
+    from jaxwarm.core.config import load_config as load_config
+    from jaxwarm.job.start.distributed import initialize as initialize
+    from jaxwarm.job.start.hook import enable_cache as enable_cache
+    from jaxwarm.job.start.pinned import config_from_env as config_from_env
+    from jaxwarm.specs import sharded_specs as sharded_specs
+    from jaxwarm.specs import warn_risky_inputs as warn_risky_inputs
+    from jaxwarm.step import CompileTarget as CompileTarget
+    from jaxwarm.step import StepBundle as StepBundle
+    from jaxwarm.step import build_mesh as build_mesh
+    from jaxwarm.step import build_step as build_step
+    from jaxwarm.step import seed_spec as seed_spec
+    from jaxwarm.step import step_args as step_args
+    from jaxwarm.step import trainer_argv as trainer_argv
 
 # Exported name -> the module that defines it.
 EXPORTS = {
-    "Config": "jaxwarm.launcher.config",
-    "load_config": "jaxwarm.launcher.config",
-    "initialize": "jaxwarm.launcher.injob.distributed",
-    "config_from_env": "jaxwarm.launcher.environment",
-    "enable_cache": "jaxwarm.launcher.injob.hook",
-    "sharded_specs": "jaxwarm.prewarm.specs",
-    "warn_risky_inputs": "jaxwarm.prewarm.specs",
-    "CompileTarget": "jaxwarm.prewarm.step",
-    "StepBundle": "jaxwarm.prewarm.step",
-    "build_mesh": "jaxwarm.prewarm.step",
-    "build_step": "jaxwarm.prewarm.step",
-    "seed_spec": "jaxwarm.prewarm.step",
-    "step_args": "jaxwarm.prewarm.step",
-    "trainer_argv": "jaxwarm.prewarm.step",
+    "Config": "jaxwarm.core.config",
+    "load_config": "jaxwarm.core.config",
+    "initialize": "jaxwarm.job.start.distributed",
+    "config_from_env": "jaxwarm.job.start.pinned",
+    "enable_cache": "jaxwarm.job.start.hook",
+    "sharded_specs": "jaxwarm.specs",
+    "warn_risky_inputs": "jaxwarm.specs",
+    "CompileTarget": "jaxwarm.step",
+    "StepBundle": "jaxwarm.step",
+    "build_mesh": "jaxwarm.step",
+    "build_step": "jaxwarm.step",
+    "seed_spec": "jaxwarm.step",
+    "step_args": "jaxwarm.step",
+    "trainer_argv": "jaxwarm.step",
 }
 
 __all__ = sorted(EXPORTS)

@@ -2,6 +2,6 @@
 
 import sys
 
-from jaxwarm.launcher.cli import main
+from jaxwarm.cli.main import main
 
 sys.exit(main())

@@ -79,11 +79,11 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
-    """`jaxwarm ARGS...` called in this process (`jaxwarm.launcher.cli.main`, output from capsys),
+    """`jaxwarm ARGS...` called in this process (`jaxwarm.cli.main.main`, output from capsys),
     for input the CLI refuses before any job or JAX would start (a bad config, a broken state
     file): the same exit code and lines a user sees, without a process of its own. Its log
     lines go to pytest's log capture, not to stderr."""
-    from jaxwarm.launcher.cli import main
+    from jaxwarm.cli.main import main
 
     def call(*args: str) -> subprocess.CompletedProcess[str]:
         capsys.readouterr()

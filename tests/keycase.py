@@ -5,7 +5,7 @@
 ROLE `prewarm`: lower `train_step` from ShapeDtypeStructs, predict its key, compile it with the
 persistent cache on under an `InitRecorder`, and record a manifest entry with the key and components
 JAX itself logged. ROLE `run`: lower the run's way (from the real arrays), call
-`jaxwarm.launcher.injob.warm.judge`, then call the function on real arrays under an `InitRecorder`.
+`jaxwarm.job.warm.judge`, then call the function on real arrays under an `InitRecorder`.
 Each case has its own cache, `WORKDIR/<variation>/cache`, and writes what it predicted and what JAX
 did to `WORKDIR/<variation>/<role>.json`.
 
@@ -214,7 +214,8 @@ def _build(side: Side):
 
 
 def _recorder(workdir: Path, role: str):
-    from jaxwarm.launcher.injob.recorder import InitRecorder, InitReport
+    from jaxwarm.core.records import InitReport
+    from jaxwarm.job.record.recorder import InitRecorder
 
     report = InitReport(job=role, restart_count=0, process_index=0, process_count=1,
                         cache_dir=str(workdir), init_budget_s=60.0)
@@ -234,8 +235,9 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     import jax
     import numpy as np
 
-    from jaxwarm.launcher.jaxkey.predict import predict_key
-    from jaxwarm.launcher.store.manifest import ManifestEntry, record_entries
+    from jaxwarm.jaxkey.predict import predict_key
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.store import open_store
 
     since = len(recorder.report.functions)
     step, shardings = _build(side)
@@ -253,7 +255,7 @@ def _prewarm(side: Side, cache_dir: str, recorder, variation: str) -> dict:
     lowered.compile()
     compile_s = time.perf_counter() - start
     observed = _observed(recorder, since, prediction.module_name)
-    record_entries(cache_dir, [ManifestEntry(
+    open_store(cache_dir).record_entries([ManifestEntry(
         function=prediction.module_name, key=observed["key"], run="keycase-prewarm",
         config=variation, compile_s=compile_s, lower_s=lower_s, written=True,
         jax_version=jax.__version__, process_count=jax.process_count(),
@@ -265,9 +267,9 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
 
-    from jaxwarm.launcher.injob.warm import judge
-    from jaxwarm.launcher.store.store import open_store
-    from jaxwarm.prewarm.judge import predicted
+    from jaxwarm.job.judge import predicted
+    from jaxwarm.job.warm import judge
+    from jaxwarm.store.store import open_store
 
     report = recorder.report
     since = (len(report.functions), report.lookups, report.hits)

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from jaxwarm.prewarm.workload.chunkwise import make_train_step
+from jaxwarm.workload.chunkwise import make_train_step
 
 LATE_S = 40.0
 # Late enough that a meeting bound of milliseconds surely runs out before the others come:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.submit.slurm import SubmittedJob
+from jaxwarm.core.rundir import report_path
+from jaxwarm.submit.slurm import SubmittedJob
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm-dev-cluster"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxwarm.prewarm.step import CompileTarget, StepBundle
+from jaxwarm.step import CompileTarget
+
+from jaxwarm.step import StepBundle
 
 _RULES = contextvars.ContextVar("rules", default=None)
 

@@ -12,20 +12,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxwarm.launcher.config import (
+from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
     Config,
-    ConfigError,
     apply_override,
     load_config,
     parse_config,
 )
-from jaxwarm.launcher.entryargv import trainer_argv
-from jaxwarm.launcher.records import Fingerprint
-from jaxwarm.launcher.submit.fingerprint import differences, fingerprint, step_sources
-from jaxwarm.launcher.submit.jobs import check_modules, job_import_path
+from jaxwarm.core.entryargv import trainer_argv
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.records import Fingerprint, differences
+from jaxwarm.submit.fingerprint import fingerprint, step_sources
+from jaxwarm.submit.jobs import check_modules, job_import_path
 from tests.conftest import DEMO, REPO, Cli
 
 
@@ -262,7 +262,7 @@ def test_another_steps_source_files_are_not_said_changed() -> None:
     ("{command: [./run.sh, a], args: [b]}", ["./run.sh", "a", "b"]),
 ])
 def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str]) -> None:
-    """The argv a step factory reads (`jaxwarm.prewarm.step.trainer_argv`), per launch form, as the
+    """The argv a step factory reads (`jaxwarm.step.trainer_argv`), per launch form, as the
     trainer's sys.argv will be; `{config}` is the pinned config the job reads."""
     config = load_config(DEMO, [f"entrypoint={entrypoint}"])
     pinned = dataclasses.replace(config, source="PINNED")
@@ -272,7 +272,8 @@ def test_trainer_argv_is_what_the_trainer_gets(entrypoint: str, argv: list[str])
 # Every duration and size of the config, with the largest value it takes.
 LIMITS = {"cache.min_compile_time_secs": MAX_DURATION_S, "cache.stage_wait_s": MAX_DURATION_S,
           "train.step_pause_s": MAX_DURATION_S, "train.first_step_timeout_s": MAX_DURATION_S,
-          "ranks.meet_timeout_s": MAX_DURATION_S, "init_budget_s": MAX_DURATION_S,
+          "ranks.meet_timeout_s": MAX_DURATION_S, "ranks.join_timeout_s": MAX_DURATION_S,
+          "init_budget_s": MAX_DURATION_S,
           "stop_grace_s": MAX_DURATION_S, "slurm.signal_lead_s": SIGNAL_LEAD_MAX_S,
           "cache.min_entry_size_bytes": MAX_SIZE_BYTES, "cache.max_size": MAX_SIZE_BYTES,
           "cache.prefetch_max_size": MAX_SIZE_BYTES}

@@ -1,5 +1,5 @@
 """The config reference (docs/config.md's table) against the config's dataclasses
-(jaxwarm/launcher/config.py): every key a config may set has a row, every row names a key that
+(jaxwarm/core/config.py): every key a config may set has a row, every row names a key that
 exists, and a default written in the table is the dataclass's, so the reference cannot fall
 behind the schema.
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from jaxwarm.launcher.config import Config
-from jaxwarm.launcher.decode import UNREAD
+from jaxwarm.core.config import Config
+from jaxwarm.core.decode import UNREAD
 from tests.conftest import REPO
 
 REFERENCE = REPO / "docs" / "config.md"

@@ -1,4 +1,4 @@
-"""The reader of typed values (jaxwarm.launcher.decode): what a schema says by its annotations,
+"""The reader of typed values (jaxwarm.core.decode): what a schema says by its annotations,
 read the same for the config, a factory's step.args and jaxwarm's JSON files."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 import pytest
 
-from jaxwarm.launcher.config import parse_config
-from jaxwarm.launcher.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
-from jaxwarm.launcher.errors import ConfigError
+from jaxwarm.core.config import parse_config
+from jaxwarm.core.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
+from jaxwarm.core.errors import ConfigError
 from tests.test_config import demo_raw
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import TINY_STEP
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import (
-    config_from_env,
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import (
     dropped_variables,
     expand_variables,
     job_environment,
     key_variable,
     merge_environment,
 )
-from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.job.start.pinned import config_from_env
+from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 

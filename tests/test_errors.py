@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError
-from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_INTERRUPTED, run_main
-from jaxwarm.launcher.files import LockTimeout
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ConfigError, run_main
+from jaxwarm.core.files import LockTimeout
 
 
 def raising(exc: BaseException):
@@ -44,7 +43,7 @@ def test_a_bug_keeps_its_traceback_unless_the_cli_asks_for_one_line(
 
 def test_the_reference_trainer_ends_through_the_same_formatter(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from jaxwarm.prewarm.workload import trainer
+    from jaxwarm.workload import trainer
 
     saved = {signum: signal.getsignal(signum) for signum in trainer.STOP_SIGNALS}
     try:

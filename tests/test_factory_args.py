@@ -1,9 +1,12 @@
 """A step factory that hands `step.args` to its model's own config class: a key that class does not
 take (a typo, `d_modle`) or one it needs and does not get ends the job with one line naming the
 config file, `step.args.<key>` and the factory's call, exit 2, in the prewarm job, verify and the
-trainer alike (they all build the step through `jaxwarm.prewarm.step.build_step`), not a 40-line
-traceback. `jaxwarm.prewarm.step.step_args`, the config's converter, also checks types. The pure
-tests build the step in this process; the e2e test runs each job once."""
+trainer alike (they all build the step through `jaxwarm.step.build_step`), not a 40-line
+traceback. `jaxwarm.step.step_args`, the config's converter, also checks types. Anything else
+a factory raises (an absl parser refusing a flag) is one line too, naming the factory and
+what it raised, with the log of its traceback (written once, never to the terminal), exit 2,
+in every command that builds the step. The pure tests build the step in this process; the
+e2e tests run each job once."""
 
 from __future__ import annotations
 
@@ -12,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.rundir import verify_config
-from jaxwarm.prewarm.step import build_step
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.rundir import verify_config
+from jaxwarm.step import FactoryError, build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 FACTORY = '''
 from dataclasses import dataclass
 
-from jaxwarm.prewarm.step import step_args
+from jaxwarm.step import step_args
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,13 @@ def test_step_args_reads_them_with_the_config_s_converter() -> None:
 
 
 @pytest.mark.usefixtures("factory")
-def test_any_other_type_error_of_the_factory_keeps_its_traceback() -> None:
+def test_anything_else_the_factory_raises_is_one_line_with_it_as_the_cause() -> None:
     config = load_config(DEMO, ["mesh.axes=null", "step.factory=typo_factory:other_type_error"])
-    with pytest.raises(TypeError, match="has no len"):
+    with pytest.raises(FactoryError) as raised:
         build_step(config)
+    assert str(raised.value) == (f"{DEMO}: step.factory: typo_factory:other_type_error raised "
+                                 f"TypeError: object of type 'int' has no len()")
+    assert isinstance(raised.value.__cause__, TypeError)  # its traceback, for the job's log
 
 
 @pytest.mark.e2e
@@ -110,7 +117,39 @@ def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
     job = "train" if command[0] == "launch" else command[0]
     run_dir = tmp_path / "runs" / "demo"
     log = (run_dir / "logs" / f"{job}-p0.log").read_text()
-    # A job reads the config pinned for it (a verify's own, beside the run's), and names it.
+    # A job reads the config pinned for it (a verify's own, beside the run's), and names the
+    # user's file it was pinned from, then the copy in brackets.
     pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
-    assert log.splitlines()[-1] == f"jaxwarm: error: {pinned}: {line}"
+    assert log.splitlines()[-1] == f"jaxwarm: error: {DEMO} [{pinned}]: {line}"
     assert "Traceback" not in log + result.stderr
+
+
+@pytest.mark.e2e
+def test_a_factory_that_raises_is_one_line_and_its_traceback_s_log_in_every_command(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    common = [str(DEMO), "--local", f"run.out_dir={run_dir.parent}",
+              f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *FAST_STEP]
+    prewarmed = run_cli("prewarm", *common)  # what verify --trainer answers for
+    assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
+    raising = "tests.dying_factory:make_train_step_but_refuse_a_flag"
+    # (command, the job that fails, the job whose process builds the step): the launch's
+    # prewarm job (another factory, another fingerprint) is `jaxwarm prewarm`'s, and the
+    # trainer verify --trainer runs builds its step as the launch's training job does.
+    for command, job, builder in [(("launch",), "prewarm", "prewarm"),
+                                  (("verify",), "verify", "verify"),
+                                  (("verify", "--trainer"), "verify", "train")]:
+        result = run_cli(*command, *common, f"step.factory={raising}")
+        assert result.returncode == 2, result.stderr[-3000:]
+        pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
+        traceback_log = run_dir / "logs" / f"{builder}-p0-traceback.log"
+        line = (f"{DEMO} [{pinned}]: step.factory: {raising} raised UnrecognizedFlagError: "
+                f"Unknown command line flag 'd_model' (its traceback: {traceback_log})")
+        assert result.stderr.splitlines()[-1].endswith(
+            f": {job} failed: process 0 exited with 2: {line}"), command
+        log = (run_dir / "logs" / f"{job}-p0.log").read_text()
+        assert log.splitlines()[-1] == f"jaxwarm: error: {line}"
+        assert "Traceback" not in result.stderr + log
+        told = traceback_log.read_text()
+        assert told.startswith("Traceback") and "make_train_step_but_refuse_a_flag" in told
+        assert told.endswith("UnrecognizedFlagError: Unknown command line flag 'd_model'\n")

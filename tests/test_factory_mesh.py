@@ -19,7 +19,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxwarm.prewarm.step import CompileTarget, StepBundle
+from jaxwarm.step import CompileTarget
+
+from jaxwarm.step import StepBundle
 
 
 def step(x):
@@ -68,7 +70,7 @@ def test_mesh_axes_that_are_not_the_factory_s_mesh_are_refused(tmp_path: Path) -
 
 @pytest.mark.parametrize("overrides", [
     ("step.args={own_mesh: false}",),                                  # returns mesh=None
-    ("step.factory=jaxwarm.prewarm.workload.chunkwise:make_train_step",),      # the demo's step
+    ("step.factory=jaxwarm.workload.chunkwise:make_train_step",),      # the demo's step
 ], ids=["no-mesh-returned", "demo-step"])
 def test_no_mesh_axes_and_no_mesh_from_the_factory_is_one_line(
         tmp_path: Path, overrides: tuple[str, ...]) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher import files
-from jaxwarm.launcher.files import LockTimeout, atomic_write, lock_waits, locked
+from jaxwarm.core import files
+from jaxwarm.core.files import LockTimeout, atomic_write, lock_waits, locked
 
 
 def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def hold(lock: Path, what: str) -> subprocess.Popen[str]:
     """Another process holding `lock` until it reads a line (or is killed)."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from jaxwarm.launcher.files import locked\n"
+         "import sys; from jaxwarm.core.files import locked\n"
          f"with locked({str(lock)!r}, {what!r}):\n"
          "    print('held', flush=True); sys.stdin.readline()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -21,8 +21,8 @@ CHILD = """
 import json, sys, time
 first = time.time()
 from pathlib import Path
-from jaxwarm.launcher.injob.recorder import InitRecorder
-from jaxwarm.launcher.records import InitReport
+from jaxwarm.job.record.recorder import InitRecorder
+from jaxwarm.core.records import InitReport
 recorder = InitRecorder(InitReport(job="train", restart_count=0, process_index=0,
                                    process_count=1, cache_dir="", init_budget_s=1.0),
                         Path(sys.argv[1]))

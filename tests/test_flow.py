@@ -16,26 +16,25 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher import flow
-from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import job_environment
-from jaxwarm.launcher.errors import EXIT_ERROR, EXIT_FAILED
-from jaxwarm.launcher.files import LockTimeout, locked
-from jaxwarm.launcher.records import LocalJobState
-from jaxwarm.launcher.rundir import (
-    PREWARM,
-    TRAIN,
+from jaxwarm.cli import commands
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.environment import job_environment
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
+from jaxwarm.core.files import LockTimeout, locked
+from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
+from jaxwarm.core.rundir import (
     lock_path,
     metrics_path,
     pinned_config,
     submitted_jobs_path,
     verify_config,
 )
-from jaxwarm.launcher.submit.backend import Outcome, recorded_backend
-from jaxwarm.launcher.submit.jobs import JobSpec
-from jaxwarm.launcher.submit.local import LocalBackend, record_states
-from jaxwarm.launcher.submit.sbatch import render
-from jaxwarm.launcher.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
+from jaxwarm.submit import flow
+from jaxwarm.submit.backend import Outcome, Run, recorded_backend
+from jaxwarm.submit.jobs import JobSpec
+from jaxwarm.submit.local import LocalBackend, record_states
+from jaxwarm.submit.sbatch import render
+from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -67,22 +66,23 @@ class FakeBackend:
         if self.busy:
             raise ConfigError(self.busy)
 
-    def submit(self, runs: list[tuple[Config, list[JobSpec]]]) -> list[list[Any]]:
-        for _, jobs in runs:  # pinned before any job is handed over
-            assert all(Path(job.env["JAXWARM_CONFIG"]).is_file() for job in jobs)
+    def submit(self, runs: list[Run]) -> list[list[str]]:
+        for run in runs:  # pinned before any job is handed over
+            assert run.pinned.is_file()
+            assert all(Path(job.env["JAXWARM_CONFIG"]) == run.pinned for job in run.jobs)
         self.calls.append("submit")
-        for config, _ in runs:
+        for run in runs:
             if self.logs_step is not None:
-                metrics_path(config.run_dir).write_text(f'{{"step": {self.logs_step}}}\n')
-        self.submitted.append([(config.run.name, [job.name for job in jobs])
-                               for config, jobs in runs])
-        return [[job.name for job in jobs] for _, jobs in runs]
+                metrics_path(run.config.run_dir).write_text(f'{{"step": {self.logs_step}}}\n')
+        self.submitted.append([(run.config.run.name, [job.name for job in run.jobs])
+                               for run in runs])
+        return [[job.name for job in run.jobs] for run in runs]  # a job's handle: its name
 
-    def follow(self, handles: list[Any]) -> list[Outcome]:
+    def follow(self, handles: list[str]) -> list[Outcome]:
         self.calls.append(f"follow {handles}")
         return [self.outcome or Outcome(name, True) for name in handles]
 
-    def hints(self, config: Config, handles: list[Any]) -> list[str]:
+    def hints(self, config: Config, handles: list[str]) -> list[str]:
         return [f"follow {config.run.name} with: fake status"]
 
     def job_lines(self, run_dir: Path) -> list[str]:
@@ -146,7 +146,7 @@ def test_a_job_that_did_not_complete_sets_the_exit_code(tmp_path: Path) -> None:
 def test_a_failed_verify_job_is_an_error_not_a_cold_verdict(tmp_path: Path) -> None:
     failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
     backend = FakeBackend(outcome=failed)
-    assert flow.launch(request(tmp_path, "verify"), backend) == EXIT_ERROR
+    assert flow.verify(request(tmp_path, "verify"), backend) == EXIT_ERROR
     assert backend.submitted == [[("demo", ["verify"])]]
 
 
@@ -159,7 +159,7 @@ def test_a_verify_leaves_the_runs_pinned_config_as_it_was(tmp_path: Path) -> Non
     asked = request(tmp_path, "verify")
     asked = flow.Request("verify", asked.configs, [*asked.overrides, "train.steps=99"])
     failed = Outcome("verify", False, "verify failed", EXIT_FAILED)
-    assert flow.launch(asked, FakeBackend(outcome=failed)) == EXIT_ERROR
+    assert flow.verify(asked, FakeBackend(outcome=failed)) == EXIT_ERROR
     assert pinned_config(run_dir).read_bytes() == before
     assert load_config(verify_config(run_dir)).train.steps == 99
     assert load_config(pinned_config(run_dir)).train.steps != 99
@@ -188,7 +188,7 @@ def test_a_queueing_backend_prints_how_to_follow_unless_asked_to_wait(
 
 
 def test_status_asks_the_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert flow.status(tmp_path, FakeBackend()) == 0
+    assert commands.status(tmp_path, FakeBackend()) == 0
     assert f"train job 1 RUNNING in {tmp_path.name}" in capsys.readouterr().out
 
 
@@ -199,7 +199,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     gone (no one holds the run dir) is LOST; the newer of a local and a SLURM record wins."""
     run_dir = tmp_path / "runs" / "demo"
     with pytest.raises(ConfigError, match="no jobs recorded for this run dir"):
-        flow.status(run_dir, recorded_backend(run_dir))
+        commands.status(run_dir, recorded_backend(run_dir))
     log = str(run_dir / "logs" / "prewarm-p0.log")
     run_dir.mkdir(parents=True)
     record_states(run_dir, [
@@ -212,7 +212,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     assert running[0] == f"prewarm  local        COMPLETED   2 process(es), exit 0 after " \
                          f"12.5 s  log {log}"
     assert running[1].startswith("train    local        RUNNING     2 process(es), since ")
-    assert flow.status(run_dir, backend) == 0
+    assert commands.status(run_dir, backend) == 0
     assert "train    local        LOST        its launch ended without recording how" \
         in capsys.readouterr().out
     submitted_jobs_path(run_dir).parent.mkdir()
@@ -233,14 +233,14 @@ def test_training_that_ended_before_its_steps_is_unfinished_for_launch_status_an
     run_dir = tmp_path / "runs" / "demo"
     stopped = "train: training is unfinished: it stopped at step 3 of 8"
     assert stopped in caplog.text
-    assert flow.status(run_dir, completed) == 0
+    assert commands.status(run_dir, completed) == 0
     assert stopped in capsys.readouterr().out
-    assert flow.status(run_dir, FakeBackend(train_state="RUNNING")) == 0
+    assert commands.status(run_dir, FakeBackend(train_state="RUNNING")) == 0
     assert "unfinished" not in capsys.readouterr().out
     logged = "train: training is unfinished: its last logged step is 3 of 8"
-    assert flow.status(run_dir, FakeBackend(train_state="UNKNOWN")) == 0
+    assert commands.status(run_dir, FakeBackend(train_state="UNKNOWN")) == 0
     assert logged in capsys.readouterr().out
-    assert flow.show_report(run_dir) == 0
+    assert commands.show_report(run_dir) == 0
     assert logged in capsys.readouterr().out
 
 
@@ -282,7 +282,7 @@ def test_a_refused_submission_is_one_line_naming_what_slurm_took_before(
     nothing taken: tests/test_submit_slurm.py.)"""
     from submitit.core.utils import FailedJobError
 
-    from jaxwarm.launcher.submit.slurm import SubmitRefused, SubmittedJob, submitting
+    from jaxwarm.submit.slurm import SubmitRefused, SubmittedJob, submitting
 
     words = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
              "(connect failure)")
@@ -315,7 +315,7 @@ def test_a_failed_slurm_job_names_the_task_srun_saw_end_first(tmp_path: Path) ->
     """SLURM ends the other tasks after the first bad exit; one that lost the coordination
     service on the way may say so before it goes, and a requeued job's log keeps the earlier
     attempts: the job's cause is still the first task srun named in the last attempt."""
-    from jaxwarm.launcher.submit.slurm import SubmittedJob, why_cancelled
+    from jaxwarm.submit.slurm import SubmittedJob, why_cancelled
 
     job = SubmittedJob("train", "733_1", str(tmp_path), 0.0)
     earlier = KILLED_TASK_3.replace("task 3: Exited with exit code 1", "task 1: Killed")
@@ -353,6 +353,18 @@ class MockedSbatch:
         return lambda: f"Submitted batch job {11 + len(self.scripts)}\n".encode()
 
 
+def slurm_commands(where: Path, *names: str) -> str:
+    """A PATH of `where` holding stand-ins of SLURM's commands `names`, each failing as a
+    command that reached no controller would: SLURM need not be installed for the tests
+    that mock it (a fresh machine has no srun, and submitit's executor refuses to exist
+    without one)."""
+    where.mkdir(exist_ok=True)
+    for name in names:
+        (where / name).write_text(f"#!/bin/sh\necho '{name}: no cluster here' >&2\nexit 1\n")
+        (where / name).chmod(0o755)
+    return str(where)
+
+
 def sbatch_directives(script: str) -> dict[str, str]:
     return dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
                 if line.startswith("#SBATCH --"))
@@ -368,13 +380,15 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
 
     sbatch = MockedSbatch()
     monkeypatch.setattr(submitit.core.utils, "CommandFunction", sbatch)
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "srun") + os.pathsep +
+                       os.environ["PATH"])
     golden_config = load_config(DEMO, ["run.out_dir=/runs", "cache.dir=/shared/jax cache",
                                        "slurm.partition=gpu", "slurm.max_requeues=2",
                                        "env={WANDB_PROJECT: \"it's $HOME\"}"])
     env = job_environment(golden_config, "/runs/demo/config.yaml")
     config = dataclasses.replace(golden_config, run=dataclasses.replace(golden_config.run,
                                                                         out_dir=str(tmp_path)))
-    jobs = [JobSpec(PREWARM, ["python", "-m", "jaxwarm.prewarm.job"], env),
+    jobs = [JobSpec(PREWARM, ["python", "-m", "jaxwarm.job.prewarm"], env),
             JobSpec(TRAIN, ["jaxwarm-train"], env)]
     try:
         submitted = submit_jobs(config, jobs)
@@ -400,3 +414,19 @@ def test_a_slurm_submission_chains_prewarm_and_train_with_the_golden_directives(
                                                                              "for _v in"))]
     for script in sbatch.scripts:
         assert all(line in script.splitlines() for line in exports)
+
+
+def test_slurm_without_its_commands_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without SLURM's client commands (not a login node): `--slurm` says so in
+    one line, before the run dir or the cache exists."""
+    monkeypatch.setenv("PATH", slurm_commands(tmp_path / "bin", "sbatch"))
+    request = flow.Request("launch", [str(DEMO)], [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as caught:
+        flow.launch(request, SlurmBackend())
+    assert str(caught.value) == (
+        f"{DEMO}: SLURM jobs need sbatch and srun on PATH, and srun is not here (SLURM's "
+        f"client commands are not installed on this machine): submit from a login node of "
+        f"the cluster, or run with --local")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()

@@ -45,9 +45,12 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     assert NAMED.format(job="run") in shown.stdout, shown.stdout
 
 
-def test_settings_are_named_before_the_signature_and_beside_the_components() -> None:
-    from jaxwarm.launcher.store.manifest import ManifestEntry
-    from jaxwarm.launcher.store.misses import CAUSE_WIDTH, explain_miss
+def test_settings_are_named_before_the_signature_and_beside_the_components(
+        tmp_path: Path) -> None:
+    from jaxwarm.core.records import FunctionRecord
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.misses import CAUSE_WIDTH, MissContext
+    from jaxwarm.store.store import LocalStore
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
                "LIBTPU_INIT_ARGS": ""}
@@ -56,31 +59,33 @@ def test_settings_are_named_before_the_signature_and_beside_the_components() -> 
                           process_count=1, components={"computation": "1"}, signature="s1",
                           global_options=prewarm)
     manifest = {entry.key: entry}
+    store = LocalStore(tmp_path)
     run = {**prewarm, "jax_default_prng_impl": "unsafe_rbg", "LIBTPU_INIT_ARGS": "--x=1"}
+    def missed(signature: str, global_options: dict[str, str]) -> FunctionRecord:
+        return FunctionRecord("jit_step", None, False, components={"computation": "2"},
+                              signature=signature, global_options=global_options)
+
     settings = ("jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
                 "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1")
-    other_types = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                               signature="s2", global_options=run)
+    other_types = store.explain_miss(missed("s2", run), manifest, MissContext(run="r"))
     assert other_types == [f"{settings} (against the prewarm of run 'r')"]
     # One cause: the settings, not the component they show up in as well.
-    assert explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                        signature="s1", global_options=run) == other_types
+    assert store.explain_miss(missed("s1", run), manifest, MissContext(run="r")) == other_types
     # Said by where the difference comes from: the config since the prewarm (its variable
     # differs between the fingerprints), or the two processes under one config.
-    changed = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                           signature="s1", global_options=run,
-                           changed={"JAX_DEFAULT_PRNG_IMPL", "LIBTPU_INIT_ARGS"})
+    changed = store.explain_miss(missed("s1", run), manifest, MissContext(
+        run="r", changed={"JAX_DEFAULT_PRNG_IMPL", "LIBTPU_INIT_ARGS"}))
     assert changed == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
                        "changed since the prewarm of run 'r' (config `jax:`) (+1 more)"]
-    adapter = explain_miss("jit_step", {"computation": "2"}, manifest, run="r",
-                           signature="s1", global_options=run, changed={"XLA_FLAGS"})
+    adapter = store.explain_miss(missed("s1", run), manifest,
+                                 MissContext(run="r", changed={"XLA_FLAGS"}))
     assert adapter == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg "
                        "(+1 more); under one config: the step factory must apply the "
                        "trainer's JAX settings"]
     assert all(len(line) <= CAUSE_WIDTH for line in [*other_types, *changed, *adapter])
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function of that name" in explain_miss(
-        "jit_step", {"computation": "2"}, manifest, signature="s2")[0]
+    assert "another function of that name" in store.explain_miss(
+        missed("s2", {}), manifest)[0]
 
 
 @pytest.mark.e2e

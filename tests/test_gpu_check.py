@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_check import CHECKS, output_path, slug
-from jaxwarm.launcher.gputarget import gpus_here
+from jaxwarm.core.gputarget import gpus_here
 from tests.conftest import REPO
 
 

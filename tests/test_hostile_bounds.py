@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import YAML_MAX_DEPTH, ConfigError, load_config
-from jaxwarm.launcher.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.yamlio import YAML_MAX_DEPTH
+from jaxwarm.store.entries import MIN_PAYLOAD_CAP
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, REPO, run_cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_hostile_bundle import (
@@ -195,9 +198,8 @@ def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path
 
 def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
     """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
-    from jaxwarm.launcher.store.integrity import entry_problem
-    path = tmp_path / f"{key(1)}-cache"
-    path.write_bytes(entry_bytes(1))
+    store = LocalStore(tmp_path)
+    store.entry_path(key(1)).write_bytes(entry_bytes(1))
     good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()
-    assert entry_problem(path, good_sum) is None
-    assert "sha256 differs" in entry_problem(path, "0" * 64)
+    assert store.entry_problem(key(1), good_sum) is None
+    assert "sha256 differs" in store.entry_problem(key(1), "0" * 64)

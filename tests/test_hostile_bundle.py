@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.versions import required
-from jaxwarm.launcher.store.bundle import BUNDLE_META
-from jaxwarm.launcher.store.manifest import ManifestEntry, manifest_path, read_manifest
+from jaxwarm.jaxkey.versions import required
+from jaxwarm.store.bundle import BUNDLE_META
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -182,8 +183,8 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
     mine = write_bundle(tmp_path / "mine.tar", meta({key(1): item(entry_bytes(1), record(1))}),
                         [good(1)])
     assert import_into(tmp_path, mine).returncode == 0
-    cache = tmp_path / "cache"
-    recorded = read_manifest(cache)[key(1)]
+    store = LocalStore(tmp_path / "cache")
+    recorded = store.manifest()[key(1)]
     forged = {**record(2, names=key(1), run="attacker"), "compile_s": 999.0}
     hostile = write_bundle(tmp_path / "b.tar", meta({key(2): item(entry_bytes(2), forged)}),
                            [good(2)])
@@ -191,5 +192,5 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
     assert_refused(import_into(tmp_path, hostile), str(hostile),
                    f"entries.{key(2)}.manifest.key: '{key(1)}' is not the key of its entry")
     assert snapshot(tmp_path) == before
-    assert read_manifest(cache) == {key(1): recorded}
-    assert recorded.run == "exporter" and manifest_path(cache).is_file()
+    assert store.manifest() == {key(1): recorded}
+    assert recorded.run == "exporter" and store.manifest_file.is_file()

@@ -14,11 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import size_cap
-from jaxwarm.launcher.jaxkey.entryformat import encode_atime
-from jaxwarm.launcher.store.manifest import ManifestEntry, record_entries
-from jaxwarm.launcher.store.misses import explain_miss
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import size_cap
+from jaxwarm.core.records import FunctionRecord
+from jaxwarm.jaxkey.entryformat import encode_atime
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 
@@ -62,10 +64,10 @@ def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
 def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    record_entries(cache, [ManifestEntry(function=f"jit_f{n}", key=key(n), run="demo",
-                                         config=str(DEMO), compile_s=1.0, lower_s=0.1,
-                                         written=True, jax_version="0.10.2", process_count=1,
-                                         sha256="0" * 64, size=1000) for n in (1, 2)])
+    LocalStore(cache).record_entries([
+        ManifestEntry(function=f"jit_f{n}", key=key(n), run="demo", config=str(DEMO),
+                      compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
+                      process_count=1, sha256="0" * 64, size=1000) for n in (1, 2)])
     before = snapshot(tmp_path)
     result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
                      f"cache.dir={cache}", "cache.max_size=1500")
@@ -75,7 +77,7 @@ def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> No
 
 
 def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) -> None:
-    from jaxwarm.prewarm.job import (  # imports jax: only in the test that needs it
+    from jaxwarm.job.prewarm import (  # imports jax: only in the test that needs it
         Compiled,
         evictions,
     )
@@ -87,19 +89,21 @@ def test_an_entry_evicted_during_the_prewarm_is_a_named_failure(tmp_path: Path) 
     compiled = [Compiled(SimpleNamespace(), SimpleNamespace(key=key(n), sha256="0" * 64,
                                                             size=600))
                 for n in (1, 2)]  # entry 1 was written, then evicted writing entry 2
-    evicted, present = evictions(config, compiled)
+    evicted, present = evictions(config, LocalStore(cache), compiled)
     assert evicted.failure is not None and kept.exists() and present.failure is None
     assert "JAX evicted it to keep the cache within cache.max_size=1000 bytes; this " \
            "prewarm's entries need 1200 bytes" in evicted.failure
 
 
-def test_a_miss_of_an_evicted_entry_is_named_as_eviction() -> None:
+def test_a_miss_of_an_evicted_entry_is_named_as_eviction(tmp_path: Path) -> None:
     entry = ManifestEntry(function="jit_f1", key=key(1), run="demo", config=str(DEMO),
                           compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
                           process_count=1, components={"computation": "ab"})
-    capped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
-                          max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"}))
+    store = LocalStore(tmp_path)
+    missed = FunctionRecord("jit_f1", None, False, components={"computation": "ab"})
+    capped = store.explain_miss(missed, {key(1): entry}, MissContext(
+        run="demo", max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"})))
     assert "JAX's LRU evicts to stay within cache.max_size=1000 bytes" in capped[0]
-    uncapped = explain_miss("jit_f1", {"computation": "ab"}, {key(1): entry}, run="demo",
-                            max_size=size_cap({}))
+    uncapped = store.explain_miss(missed, {key(1): entry},
+                                  MissContext(run="demo", max_size=size_cap({})))
     assert "(pruned or deleted)" in uncapped[0]

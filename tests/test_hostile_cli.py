@@ -42,7 +42,7 @@ def cases(w: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
         "launch non-utf8": (["launch", str(w["latin1"]), "--local"], "not UTF-8 text"),
         "launch dir as config": (["launch", str(w["tmp"]), "--local"], "cannot read config"),
         "launch missing factory function": (
-            ["launch", str(DEMO), "--local", *out, "step.factory=jaxwarm.prewarm.step:no_such"],
+            ["launch", str(DEMO), "--local", *out, "step.factory=jaxwarm.step:no_such"],
             "defines no 'no_such'"),
         "prewarm nan": (["prewarm", str(DEMO), "--local", *out, "init_budget_s=.nan"],
                         "init_budget_s: expected a finite number"),
@@ -105,16 +105,18 @@ def test_a_broken_manifest_is_one_line_naming_it_and_changes_nothing(
 
 def test_a_broken_manifest_is_set_aside_with_a_note_when_a_prewarm_records(
         tmp_path: Path) -> None:
-    from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.store import LocalStore
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "jaxwarm-manifest.json").write_text("[]")
+    store = LocalStore(cache)
+    store.manifest_file.write_text("[]")
     key = "jit_f-" + "a" * 64
-    record_entries(cache, [ManifestEntry(function="jit_f", key=key, run="r", config="c",
-                                         compile_s=1.0, lower_s=0.1, written=True,
-                                         jax_version="0", process_count=1)])
-    assert list(read_manifest(cache)) == [key]
+    store.record_entries([ManifestEntry(function="jit_f", key=key, run="r", config="c",
+                                        compile_s=1.0, lower_s=0.1, written=True,
+                                        jax_version="0", process_count=1)])
+    assert list(store.manifest()) == [key]
     aside, = cache.glob("jaxwarm-manifest.json.broken-*[0-9]")
     assert aside.read_text() == "[]"
     note = aside.with_name(aside.name + ".why").read_text()
@@ -128,17 +130,17 @@ def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path
     import subprocess
     import sys
 
-    from jaxwarm.launcher.config import load_config
-    from jaxwarm.launcher.submit.prepare import pin_config
+    from jaxwarm.core.config import load_config
+    from jaxwarm.submit.prepare import pin_config
     from testing.jaxproc import jax_env
 
     config, pinned = pin_config(load_config(DEMO, [
         f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",
-        "step.factory=jaxwarm.prewarm.step:no_such", "topology.processes_per_node=1",
+        "step.factory=jaxwarm.step:no_such", "topology.processes_per_node=1",
         "topology.devices_per_process=1", "mesh.axes={data: 1}"]))
-    result = subprocess.run([sys.executable, "-m", "jaxwarm.prewarm.verify"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "jaxwarm.job.verify"], capture_output=True,
                             text=True, timeout=120,
                             env={**jax_env(1), "JAXWARM_CONFIG": str(pinned)})
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert "step.factory: module 'jaxwarm.prewarm.step' has no function 'no_such'" in result.stderr
+    assert "step.factory: module 'jaxwarm.step' has no function 'no_such'" in result.stderr

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 from tests.conftest import DEMO, REPO
 from tests.hostile import assert_refused
 

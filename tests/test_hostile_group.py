@@ -18,21 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import GROUP_DIR, make_dir, modes_in
+from jaxwarm.core.files import GROUP_DIR, make_dir, modes_in
 from tests.conftest import DEMO, FAST_STEP, REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")  # the venv's python lives under /root (0700)
 # The members' packages: this venv's, on PYTHONPATH (as an HPC module gives them).
 SITE = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists(),
-    reason="needs root, useradd and /usr/bin/python3.11 to run two non-root users")
-
 
 @pytest.fixture
 def team() -> Iterator[tuple[str, str, str, Path]]:
     """(group, first user, second user, a 0755 base dir under /tmp); all removed after."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root, useradd and /usr/bin/python3.11 to run two non-root users")
     tag = f"{os.getpid() % 100000}"
     group, users = f"jwg{tag}", [f"jwa{tag}", f"jwb{tag}"]
     base = Path(tempfile.mkdtemp(prefix="jaxwarm-group-", dir="/tmp"))
@@ -101,6 +99,7 @@ def test_two_members_share_one_cache(team: tuple[str, str, str, Path]) -> None:
     assert len(owners) == 2  # both members wrote there
 
 
+@pytest.mark.e2e
 def test_a_parent_another_user_owns_is_refused_unless_the_group_shares_it(
         team: tuple[str, str, str, Path]) -> None:
     # The first member's dir, 0755 (nobody else may write it), holds the second member's

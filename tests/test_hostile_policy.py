@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.environment import job_environment, merge_environment, resolve_paths
-from jaxwarm.launcher.store.security import check_cache_dir, recheck_cache_dir
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store.store import LocalStore
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
@@ -88,7 +90,7 @@ def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
     cache.mkdir(mode=0o700)
     config = load_config(DEMO, [f"cache.dir={cache}"])
     with pytest.raises(ConfigError) as caught:
-        check_cache_dir(cache, config.cache, "c.yaml")
+        LocalStore(cache).check(config.cache, "c.yaml")
     assert f"parent {parent} is writable by group {other} without the sticky bit" \
         in str(caught.value)
     before = snapshot(tmp_path)
@@ -96,25 +98,26 @@ def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
                            f"cache.dir={cache}"), f"parent {parent}", "sticky bit")
     assert snapshot(tmp_path) == before
     parent.chmod(0o3775)  # sticky: only the owner may rename what it owns
-    assert check_cache_dir(cache, config.cache, "c.yaml") is not None
+    assert LocalStore(cache).check(config.cache, "c.yaml") is not None
     parent.chmod(0o2775)
     os.chown(parent, -1, trusted)
     named = load_config(DEMO, [f"cache.dir={cache}",
                                f"cache.trusted_group={grp.getgrgid(trusted).gr_name}"])
-    assert check_cache_dir(cache, named.cache, "c.yaml") is not None
+    assert LocalStore(cache).check(named.cache, "c.yaml") is not None
 
 
 def test_a_dir_swapped_after_its_check_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     config = load_config(DEMO, [f"cache.dir={cache}"])
-    checked = check_cache_dir(cache, config.cache, "c.yaml")
-    assert recheck_cache_dir(cache, config.cache, "c.yaml", checked) == checked
+    store = LocalStore(cache)
+    checked = store.check(config.cache, "c.yaml")
+    assert store.recheck(config.cache, "c.yaml", checked) == checked
     os.rename(cache, tmp_path / "mine")  # what renameat2(RENAME_EXCHANGE) does in one step
     (tmp_path / "theirs").mkdir(mode=0o700)
     os.rename(tmp_path / "theirs", cache)
     with pytest.raises(ConfigError) as caught:
-        recheck_cache_dir(cache, config.cache, "c.yaml", checked)
+        store.recheck(config.cache, "c.yaml", checked)
     assert "is not the directory checked when the job started" in str(caught.value)
 
 
@@ -122,7 +125,8 @@ SWAP_IN_JOB = r'''
 import os, sys
 import jax, jax.numpy as jnp
 from jaxwarm import enable_cache
-from jaxwarm.launcher.config import ConfigError, load_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 
 config = load_config(sys.argv[1], sys.argv[2:])
 enable_cache(config)

@@ -37,6 +37,33 @@ while True:
 '''
 
 
+# Starts a helper in a session of its own (it leaves the trainer's process group and
+# session, as a daemon or a data-loader service does), writes its pid, and exits; with
+# IGNORE the helper ignores SIGTERM.
+DETACHER = r'''
+import subprocess, sys
+helper = subprocess.Popen(
+    [sys.executable, "-c", "import signal, sys, time\n"
+     "if sys.argv[1] == 'IGNORE': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+     "print('helper up', flush=True)\n"
+     "while True: time.sleep(0.2)", sys.argv[2]],
+    start_new_session=True, stdout=subprocess.PIPE, text=True)
+assert helper.stdout.readline() == "helper up\n"  # its SIGTERM handling is set
+with open(sys.argv[1], "a") as out:
+    out.write(f"{helper.pid}\n")
+'''
+
+
+def detacher(tmp_path: Path, mode: str = "OBEY") -> list[str]:
+    script = tmp_path / "detacher.py"
+    script.write_text(DETACHER)
+    return [sys.executable, str(script), str(tmp_path / "pids"), mode]
+
+
+def session_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[3])
+
+
 def pids(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
@@ -79,7 +106,7 @@ def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) ->
         _, err = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
-    assert "did not stop within 1 s of SIGTERM; killing its process group" in err
+    assert "processes it started did not stop within 1 s of SIGTERM; killed them" in err
     assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert not any(alive(p) for p in pids(pid_file))
 
@@ -157,7 +184,7 @@ def test_a_supervisor_sleeps_while_its_command_runs_and_wakes_when_it_ends() -> 
     command's life it is switched out a few times at most (a busier machine can only lower
     the count); then the command ends and so does the supervisor, with its status."""
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "jaxwarm.launcher.submit.supervise", "5", "--", sys.executable,
+        [sys.executable, "-m", "jaxwarm.submit.supervise", "5", "--", sys.executable,
          "-c", "import sys; print('ready', flush=True); sys.exit(len(sys.stdin.read()))"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert supervisor.stdin is not None and supervisor.stdout is not None
@@ -171,3 +198,119 @@ def test_a_supervisor_sleeps_while_its_command_runs_and_wakes_when_it_ends() -> 
         assert supervisor.wait(timeout=60) == 2
     finally:
         supervisor.kill()
+
+
+WRAPPERS = ["the local supervisor", "the SLURM task wrapper"]
+
+
+def wrapper(kind: str, init_budget_s: float | None = None) -> list[str]:
+    """The argv prefix that runs a command under one of the two wrappers, with a grace of
+    1 s (and verify --trainer's time limit)."""
+    if kind == "the local supervisor":
+        limit = [] if init_budget_s is None else ["--init-budget", str(init_budget_s)]
+        return [sys.executable, "-m", "jaxwarm.submit.supervise", "1", *limit, "--"]
+    return [sys.executable, "-c", "import sys\nfrom jaxwarm.job.start.task import "
+            f"TaskCommand\nsys.exit(TaskCommand(sys.argv[1:], grace_s=1, "
+            f"init_budget_s={init_budget_s!r})())"]
+
+
+@pytest.mark.parametrize("kind", WRAPPERS)
+def test_a_helper_in_a_session_of_its_own_is_ended_by_the_wrapper(tmp_path: Path,
+                                                                kind: str) -> None:
+    """The command exits at once, leaving a helper that left its session and ignores
+    SIGTERM: the wrapper, its subreaper, SIGKILLs it after the grace, says so in one line,
+    and reaps it before it ends itself."""
+    try:  # a helper left running would hold the output pipe open: the run's timeout
+        done = subprocess.run([*wrapper(kind), *detacher(tmp_path, "IGNORE")], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "processes it started did not stop within 1 s of SIGTERM; killed them" \
+            in done.stderr
+        assert len(pids(tmp_path / "pids")) == 1
+        assert not any(alive(pid) for pid in pids(tmp_path / "pids"))
+    finally:
+        for pid in pids(tmp_path / "pids"):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_launch_leaves_no_helper_that_left_the_trainers_session(tmp_path: Path) -> None:
+    """`launch --local`: each process's helper in a session of its own (parent pid 1 once
+    the trainer exited, without a subreaper) is ended before the launch returns."""
+    command = " ".join(detacher(tmp_path))
+    launched = subprocess.run(launch_args(tmp_path, command, "stop_grace_s=5"), cwd=REPO,
+                              capture_output=True, text=True, timeout=300, check=False)
+    helpers = pids(tmp_path / "pids")
+    try:
+        assert len(helpers) == 2, launched.stderr[-3000:]
+        assert "Traceback" not in launched.stderr
+        assert not any(alive(pid) for pid in helpers), \
+            [(pid, session_of(pid)) for pid in helpers if alive(pid)]
+    finally:
+        for pid in helpers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", WRAPPERS)
+def test_a_command_past_verifys_time_limit_is_killed_by_the_wrapper(tmp_path: Path,
+                                                                    kind: str) -> None:
+    """verify --trainer's time limit (init_budget_s) counts from the command's start: a
+    command that has not ended (nor answered) stop_grace_s after it, here a shell still
+    running a loop that ignores SIGTERM, is killed, with its group, in one line."""
+    pid_file = tmp_path / "pids"
+    try:
+        done = subprocess.run([*wrapper(kind, 1.0), "sh", "-c", wrapped(pid_file, "IGNORE")],
+                              cwd=REPO, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode != 0
+        assert "jaxwarm: error: verify --trainer: stopped at the time limit (init_budget_s 1 s " \
+               "from the trainer's start, and stop_grace_s 1 s more): sh had not reached " \
+               "Python with jaxwarm's recorder; killed it; the answer is unknown" \
+            in done.stderr, done.stderr[-3000:]
+        assert len(pids(pid_file)) == 1 and not alive(pids(pid_file)[0])
+    finally:
+        for pid in pids(pid_file):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# Writes its pid, waits for GO to exist, then exits 0.
+WAITER = r'''
+import os, sys, time
+with open(sys.argv[1], "a") as out:
+    out.write(f"{os.getpid()}\n")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.1)
+'''
+
+
+def test_a_stopped_supervisor_is_taken_over_once_its_command_ended(tmp_path: Path) -> None:
+    """Two processes; rank 1's supervisor is SIGSTOPped, then both commands end well. The
+    stopped supervisor can neither see its command end nor end it: the launch sees the
+    command's end itself (its status, read in /proc), kills the supervisor after
+    stop_grace_s, says so in one line, and leaves nothing running."""
+    pid_file, go = tmp_path / "pids", tmp_path / "go"
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    run_dir = tmp_path / "runs" / "demo"
+    launcher = subprocess.Popen(
+        launch_args(tmp_path, f"{sys.executable} {script} {pid_file} {go}", "stop_grace_s=1",
+                    "topology.processes_per_node=2"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: len(pids(pid_file)) == 2)
+        [supervisor] = [pid for pid, (rank, line) in run_processes(run_dir).items()
+                        if rank == 1 and "jaxwarm.submit.supervise" in line]
+        os.kill(supervisor, signal.SIGSTOP)
+        go.touch()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+        for pid in run_processes(run_dir):
+            os.kill(pid, signal.SIGKILL)
+    assert f"jaxwarm: train: process 1's supervisor (pid {supervisor}) was stopped (SIGSTOP?) " \
+           f"after its command ended; killed it and what it started after 1 s " \
+           f"(stop_grace_s); process 1 exited with 0" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert run_processes(run_dir) == {}

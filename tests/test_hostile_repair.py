@@ -15,28 +15,12 @@ import time
 import zlib
 from pathlib import Path
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.records import EntryMissed, FunctionRecord, InitReport
-from jaxwarm.launcher.store.entries import entry_path, writer_lock_path
-from jaxwarm.launcher.store.integrity import (
-    BEING_WRITTEN,
-    IntegrityCheck,
-    check_and_quarantine,
-    missed_since_check,
-    quarantine,
-    record_check,
-    warm_check,
-)
-from jaxwarm.launcher.store.manifest import (
-    ManifestEntry,
-    latest_for_run,
-    manifest_path,
-    read_manifest,
-    record_entries,
-    uses_entries,
-)
-from jaxwarm.launcher.store.usage import append_usage
+from jaxwarm.core.config import load_config
+from jaxwarm.core.files import locked
+from jaxwarm.core.records import EntryMissed, FunctionRecord, InitReport
+from jaxwarm.store.integrity import BEING_WRITTEN, IntegrityCheck
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from tests.conftest import DEMO
 
 KEY = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
@@ -46,15 +30,20 @@ def payload() -> bytes:
     return zlib.compress(bytes(4) + bytes(range(256)) * 8)
 
 
-def recorded(cache: Path, run: str = "other") -> ManifestEntry:
+def recorded(store: LocalStore, run: str = "other") -> ManifestEntry:
     data = payload()
     entry = ManifestEntry(function="jit_train_step", key=KEY, run=run, config="c.yaml",
                           compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
                           process_count=1, sha256=hashlib.sha256(data).hexdigest(),
                           size=len(data))
-    entry_path(cache, KEY).write_bytes(data)
-    record_entries(cache, [entry])
+    store.entry_path(KEY).write_bytes(data)
+    store.record_entries([entry])
     return entry
+
+
+def a_cache(tmp_path: Path) -> LocalStore:
+    (tmp_path / "cache").mkdir(mode=0o700)
+    return LocalStore(tmp_path / "cache")
 
 
 def flip_a_byte(path: Path) -> None:
@@ -64,91 +53,83 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_a_missed_same_size_flip_is_found_by_the_next_prewarm_check(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
-    flip_a_byte(entry_path(cache, KEY))
-    assert warm_check(str(cache), KEY).warm  # WARM by size
-    assert not missed_since_check(cache, KEY)
-    append_usage(cache, EntryMissed(KEY, "train-run"))  # what the training job records
-    assert missed_since_check(cache, KEY)
-    quick = warm_check(str(cache), KEY)  # verify stays quick, and says why
+    store = a_cache(tmp_path)
+    recorded(store)
+    flip_a_byte(store.entry_path(KEY))
+    assert store.warm_check(KEY).warm  # WARM by size
+    assert not store.warm_check(KEY).missed
+    store.append_usage(EntryMissed(KEY, "train-run"))  # what the training job records
+    quick = store.warm_check(KEY)  # verify stays quick, and says why
     assert quick.warm and quick.missed and not quick.read_in_full
-    check = warm_check(str(cache), KEY, recheck_missed=True)  # the prewarm's check
+    check = store.warm_check(KEY, recheck_missed=True)  # the prewarm's check
     assert check.read_in_full  # here zlib's own checksum fails; else the recorded sha256
     assert check.problem is not None
-    quarantine(cache, IntegrityCheck(KEY, 0, check.problem, checksum_known=True))
-    assert not entry_path(cache, KEY).exists() and not missed_since_check(cache, KEY)
+    store.quarantine(IntegrityCheck(KEY, 0, check.problem, checksum_known=True))
+    assert not store.entry_path(KEY).exists() and not store.warm_check(KEY).missed
 
 
 def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
-    append_usage(cache, EntryMissed(KEY, "train-run"))
-    usage = (cache / "jaxwarm-usage.jsonl").read_bytes()
-    check = warm_check(str(cache), KEY, recheck_missed=True)
+    store = a_cache(tmp_path)
+    recorded(store)
+    store.append_usage(EntryMissed(KEY, "train-run"))
+    usage = store.usage_file.read_bytes()
+    check = store.warm_check(KEY, recheck_missed=True)
     assert check.warm and check.read_in_full and check.missed
-    assert (cache / "jaxwarm-usage.jsonl").read_bytes() == usage  # the check wrote nothing
-    record_check(cache, check)  # the prewarm records it
-    assert not missed_since_check(cache, KEY)
-    again = warm_check(str(cache), KEY, recheck_missed=True)
+    assert store.usage_file.read_bytes() == usage  # the check wrote nothing
+    store.record_check(check)  # the prewarm records it
+    again = store.warm_check(KEY, recheck_missed=True)
+    assert not again.missed
     assert again.warm and not again.read_in_full  # the quick check again
-    assert entry_path(cache, KEY).exists()
+    assert store.entry_path(KEY).exists()
 
 
 def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
-    from jaxwarm.launcher.injob.books import note_missed_entries
-    from jaxwarm.launcher.store.store import LocalStore
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache)
+    from jaxwarm.job.start.books import note_missed_entries
+    store = a_cache(tmp_path)
+    cache = store.path
+    recorded(store)
     old = time.time() - 60
-    os.utime(entry_path(cache, KEY), (old, old))
+    os.utime(store.entry_path(KEY), (old, old))
     config = load_config(DEMO, [f"cache.dir={cache}", f"run.out_dir={tmp_path}"])
     report = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
                         cache_dir=str(cache), init_budget_s=1.0,
                         functions=[FunctionRecord(name="jit_train_step", key=KEY, hit=False),
                                    FunctionRecord(name="jit_init", key=KEY.replace(
                                        "train_step", "init"), hit=False)])
-    store = LocalStore(str(cache))
     note_missed_entries(config, store, store, report, since=time.time())
-    assert missed_since_check(cache, KEY)
-    lines = (cache / "jaxwarm-usage.jsonl").read_text().splitlines()
+    assert store.warm_check(KEY).missed
+    lines = store.usage_file.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one
 
 
 def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     """Prewarm A holds KEY's writer lock while JAX writes it (0 bytes so far)."""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    (cache / "jaxwarm-locks").mkdir(mode=0o700)
-    entry_path(cache, KEY).write_bytes(b"")
-    with locked(writer_lock_path(cache, KEY), "compile"):
-        assert warm_check(str(cache), KEY, recheck_missed=True).problem == BEING_WRITTEN
-        checks, _ = check_and_quarantine(cache, [KEY], strict=False)
-        assert checks == [] and entry_path(cache, KEY).exists()
-    assert warm_check(str(cache), KEY).problem == "empty file (a torn or interrupted write)"
+    store = a_cache(tmp_path)
+    store.locks_dir.mkdir(mode=0o700)
+    store.entry_path(KEY).write_bytes(b"")
+    with locked(store.writer_lock_path(KEY), "compile"):
+        assert store.warm_check(KEY, recheck_missed=True).problem == BEING_WRITTEN
+        checks, _ = store.check_and_quarantine([KEY], strict=False)
+        assert checks == [] and store.entry_path(KEY).exists()
+    assert store.warm_check(KEY).problem == "empty file (a torn or interrupted write)"
 
 
 def test_the_manifest_records_every_run_that_uses_a_key(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    first = recorded(cache, run="a")
-    uses_entries(cache, [first], "b")
-    manifest = read_manifest(cache)
-    assert [e.key for e in latest_for_run(manifest, "b")] == [KEY]
+    store = a_cache(tmp_path)
+    first = recorded(store, run="a")
+    store.uses_entries([first], "b")
+    manifest = store.manifest()
+    assert [e.key for e in manifest.for_run("b")] == [KEY]
     assert manifest[KEY].run == "a" and manifest[KEY].runs == ["b"]
-    record_entries(cache, [first])  # a rewrite by run a (after a quarantine) keeps b
-    assert read_manifest(cache)[KEY].runs == ["b"]
+    store.record_entries([first])  # a rewrite by run a (after a quarantine) keeps b
+    assert store.manifest()[KEY].runs == ["b"]
 
 
 def test_a_manifest_without_runs_still_reads(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    recorded(cache, run="a")
-    data = json.loads(manifest_path(cache).read_text())
+    store = a_cache(tmp_path)
+    recorded(store, run="a")
+    data = json.loads(store.manifest_file.read_text())
     del data["entries"][KEY]["runs"]  # as an older jaxwarm wrote it
-    manifest_path(cache).write_text(json.dumps(data))
-    manifest = read_manifest(cache)
-    assert manifest[KEY].runs == [] and latest_for_run(manifest, "a")[0].key == KEY
+    store.manifest_file.write_text(json.dumps(data))
+    manifest = store.manifest()
+    assert manifest[KEY].runs == [] and manifest.for_run("a")[0].key == KEY

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.rundir import lock_path, pinned_config
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.files import locked
+from jaxwarm.core.rundir import lock_path, pinned_config
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, run_cli
 from tests.hostile import assert_refused, snapshot
 

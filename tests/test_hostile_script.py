@@ -27,7 +27,7 @@ ATTACKS = {
     "entrypoint.args=[\"--x\\u0000\"]": "entrypoint.args[0]",
     "xla_flags=[\"--xla_foo\\t\"]": "xla_flags[0]",
     "jax={jax_foo: \"a\\nb\"}": "jax.jax_foo",
-    "step.factory=\"jaxwarm.prewarm.step:f\\n\"": "step.factory",
+    "step.factory=\"jaxwarm.step:f\\n\"": "step.factory",
     "mesh.axes={\"data\\n\": 1, fsdp: 8}": "mesh.axes.'data\\n'",
 }
 

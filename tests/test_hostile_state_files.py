@@ -28,15 +28,16 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.config import CONFIG_CAP
-from jaxwarm.launcher.files import HOLDER_CAP, RefusedFile, describe_holder
-from jaxwarm.launcher.mlperf import MLPERF_LOG_CAP
-from jaxwarm.launcher.records import JSON_MAX_DEPTH, RECORD_CAP
-from jaxwarm.launcher.report import FIRST_STEPS_CAP, load_verdicts
-from jaxwarm.launcher.store.entries import ATIME_CAP
-from jaxwarm.launcher.store.manifest import MANIFEST_CAP
-from jaxwarm.launcher.store.prewarms import PREWARMS_CAP, read_prewarms
-from jaxwarm.launcher.store.usage import USAGE_CAP
+from jaxwarm.core.files import HOLDER_CAP, RefusedFile, describe_holder
+from jaxwarm.core.jsonio import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.core.yamlio import CONFIG_CAP
+from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
+from jaxwarm.report.read import FIRST_STEPS_CAP, load_verdicts
+from jaxwarm.store.entries import ATIME_CAP
+from jaxwarm.store.manifest import MANIFEST_CAP
+from jaxwarm.store.prewarms import PREWARMS_CAP
+from jaxwarm.store.store import LocalStore
+from jaxwarm.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
 pytestmark = pytest.mark.e2e
@@ -237,10 +238,11 @@ def guarded(call: Callable[[], Any]) -> Any:
 def test_hostile_prewarm_records_make_the_launch_prewarm_with_one_line(
         tree: Path, attack: str, caplog: pytest.LogCaptureFixture) -> None:
     """`--prewarm auto` reads the records of completed prewarms: refused, it prewarms."""
-    path = tree / "cache" / "jaxwarm-prewarms.json"
+    store = LocalStore(tree / "cache")
+    path = store.prewarms_file
     why = plant(path, attack, PREWARMS_CAP, DEEP)
     with caplog.at_level(logging.WARNING, "jaxwarm"):
-        assert guarded(lambda: read_prewarms(tree / "cache")) == {}
+        assert guarded(store.prewarms) == {}
     named = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
     assert len(named) == 1 and why in named[0], caplog.text
 

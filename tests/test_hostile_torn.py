@@ -13,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.store.store import LocalStore
 from tests.conftest import REPO, run_cli
 from tests.test_store_commands import TINY, job_args
 
 pytestmark = pytest.mark.e2e
 
 
-def entries(cache: Path) -> dict[str, Path]:
-    return {p.name[:-len(CACHE_SUFFIX)].split("-")[0]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+def entries(cache: Path) -> dict[str, str]:
+    """The key of each entry in `cache`, by function."""
+    return {entry.function: entry.key for entry in LocalStore(cache).scan(histories={})}
 
 
 def truncate(path: Path) -> None:
@@ -38,10 +37,11 @@ def test_torn_entries_are_cold_quarantined_and_rewritten(tmp_path: Path) -> None
     cache = tmp_path / "cache"
     first = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert first.returncode == 0, output(first)[-3000:]
+    store = LocalStore(cache)
     step = entries(cache)["jit_train_step"]
 
     # Recorded entry, torn (a kill -9 mid-write): the quick size check catches it.
-    truncate(step)
+    truncate(store.entry_path(step))
     verdict = run_cli("verify", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
     assert verdict.returncode == 1, output(verdict)[-3000:]
     assert "COLD  jit_train_step" in verdict.stdout and "(torn)" in verdict.stdout
@@ -49,20 +49,18 @@ def test_torn_entries_are_cold_quarantined_and_rewritten(tmp_path: Path) -> None
     again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
     assert again.returncode == 0, output(again)[-3000:]
     assert "COLD  train_step" in output(again) and "WARM  init_state" in output(again)
-    assert entry_problem(step, read_manifest(cache)[step.name[:-len(CACHE_SUFFIX)]].sha256) \
-        is None
+    assert store.entry_problem(step, store.manifest()[step].sha256) is None
 
     # Unrecorded entry, torn: nobody knows its size, so it gets the full check.
-    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    (cache / "jaxwarm-usage.jsonl").unlink()
+    store.manifest_file.write_text(json.dumps({"version": 1, "entries": {}}))
+    store.usage_file.unlink()
     init = entries(cache)["jit_init_state"]
-    truncate(init)
+    truncate(store.entry_path(init))
     third = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert third.returncode == 0, output(third)[-3000:]
     assert "COLD  init_state" in output(third) and "does not decompress" in output(third)
-    assert entry_problem(init, None) is None
-    quarantined = list((cache / "jaxwarm-quarantine").glob(f"*{CACHE_SUFFIX}.*[0-9]"))
-    assert len(quarantined) == 2
+    assert store.entry_problem(init) is None
+    assert store.quarantined() == 2
 
 
 def limit_file_size() -> None:
@@ -81,7 +79,7 @@ def test_a_failed_write_is_a_failure_and_leaves_nothing_torn(tmp_path: Path) -> 
     assert "written as" not in output(result)
     assert entries(cache) == {}  # the torn writes are quarantined, not left as entries
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
-    assert all(not record.written for record in read_manifest(cache).values())
+    assert all(not record.written for record in LocalStore(cache).manifest().values())
 
 
 def test_a_function_jax_chooses_not_to_store_is_said_in_its_words_not_failed(

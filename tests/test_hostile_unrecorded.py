@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX, writer_lock_path
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
+from jaxwarm.core.files import locked
+from jaxwarm.store.store import LocalStore
 from tests.conftest import run_cli
 from tests.test_store_commands import TINY, job_args
 
@@ -24,7 +22,7 @@ DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
 
 
 def entries(cache: Path) -> dict[str, Path]:
-    return {p.name[:-len(CACHE_SUFFIX)]: p for p in cache.glob(f"*{CACHE_SUFFIX}")}
+    return {entry.key: entry.path for entry in LocalStore(cache).scan(histories={})}
 
 
 def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path: Path) -> None:
@@ -34,22 +32,23 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
     written = entries(cache)
     assert len(written) == 1, killed.stderr[-3000:]
     (key, path), = written.items()
-    record = read_manifest(cache)[key]
+    store = LocalStore(cache)
+    record = store.manifest()[key]
     assert (record.size, record.written) == (path.stat().st_size, True)
-    assert entry_problem(path, record.sha256) is None
+    assert store.entry_problem(key, record.sha256) is None
     pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
     assert pruned.returncode == 0, pruned.stderr
     assert path.is_file()  # pinned by the manifest from the moment it was written
 
     # The same kill a moment earlier (after JAX's write, before the record): nobody recorded
     # the entry. The next prewarm checks it in full, finds it intact and pins it.
-    manifest_path(cache).write_text(json.dumps({"version": 1, "entries": {}}))
-    (cache / "jaxwarm-usage.jsonl").unlink(missing_ok=True)
+    store.manifest_file.write_text(json.dumps({"version": 1, "entries": {}}))
+    store.usage_file.unlink(missing_ok=True)
     again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
     assert again.returncode == 0, again.stderr[-3000:]
     assert key.startswith("jit_train_step-")
     assert f"WARM  train_step  {key}" in again.stdout + again.stderr
-    assert read_manifest(cache)[key].sha256 == record.sha256
+    assert store.manifest()[key].sha256 == record.sha256
     assert run_cli("cache", "prune", str(cache), "--max-size", "1").returncode == 0
     assert path.is_file()
 
@@ -58,9 +57,10 @@ def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = "jit_train_step-" + "c" * 64
-    entry = cache / f"{key}{CACHE_SUFFIX}"
+    store = LocalStore(cache)
+    entry = store.entry_path(key)
     entry.write_bytes(zlib.compress(bytes(4) + b"x" * 4000))
-    lock = writer_lock_path(cache, key)
+    lock = store.writer_lock_path(key)
     lock.parent.mkdir(mode=0o700)
     # This test process plays the prewarm that wrote the entry and has not recorded it yet.
     with locked(lock, f"compile of {key}"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import RECOMPILED
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.records import RECOMPILED
+from jaxwarm.core.rundir import report_path
 from testing.jaxproc import run_jax
 from tests.conftest import DEMO
 
@@ -19,7 +19,7 @@ import sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxwarm import enable_cache
-from jaxwarm.launcher.config import load_config
+from jaxwarm.core.config import load_config
 
 config = load_config(sys.argv[1], sys.argv[2:])
 recorder = enable_cache(config, recompile_warn_s=0.0)

@@ -14,23 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.components import likely_causes
-from jaxwarm.launcher.jaxkey.inputs import short_type
-from jaxwarm.launcher.jaxkey.logs import weak_types
-from jaxwarm.launcher.records import (
+from jaxwarm.core.inputdiff import input_differences
+from jaxwarm.core.jsonio import dumps, from_json
+from jaxwarm.core.records import (
     FirstStep,
     FunctionRecord,
     InitPhase,
     InitReport,
     InputLeaf,
     InputSignature,
-    dumps,
-    from_json,
-    warmth,
 )
-from jaxwarm.launcher.report import PrewarmedFunctions, attempt_summaries, fold_phases
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.launcher.store.misses import CAUSE_WIDTH, explain_miss, input_differences
+from jaxwarm.core.warmth import warmth
+from jaxwarm.jaxkey.components import likely_causes
+from jaxwarm.jaxkey.inputs import short_type
+from jaxwarm.jaxkey.logs import weak_types
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases
+from jaxwarm.report.render import attempt_summaries
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import CAUSE_WIDTH, MissContext
+from jaxwarm.store.store import LocalStore
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
 MESH = {"mesh": '["data"=2, "fsdp"=4]'}
@@ -102,26 +104,38 @@ def entry(**changes: object) -> ManifestEntry:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def test_a_miss_with_other_inputs_is_said_as_the_inputs_not_as_another_function() -> None:
+# Where the misses below happen: run demo's job, on one process.
+DEMO_RUN = MissContext(run="demo", process_count=1)
+
+
+def missed(components: dict[str, str], signature: str,
+           input_changes: list[str]) -> FunctionRecord:
+    """A lookup of the prewarmed step that missed, as the training job records it."""
+    return FunctionRecord("jit_train_step", None, False, components=components,
+                          signature=signature, input_changes=input_changes)
+
+
+def test_a_miss_with_other_inputs_is_said_as_the_inputs_not_as_another_function(
+        tmp_path: Path) -> None:
     manifest = {entry().key: entry()}
     changes = input_differences(PREWARMED, changed(
         leaf("state['params']['embed']", "f32[256,96]"),
         leaf("batch", "i32[16,97]", '@mesh, [{"data"}, {}]', False)))
-    why = explain_miss("jit_train_step", {"computation": "9", "XLA flags": "2"}, manifest,
-                       run="demo", process_count=1, signature="s2", input_changes=changes)
+    why = LocalStore(tmp_path).explain_miss(
+        missed({"computation": "9", "XLA flags": "2"}, "s2", changes), manifest, DEMO_RUN)
     assert why == ["its inputs differ from the prewarmed ones: state['params']['embed'] "
                    "f32[256,96] vs f32[256,64] (+1 more)"]
     assert not any("another function" in line for line in why)
 
 
-def test_equal_inputs_and_another_program_say_the_code_changed_first() -> None:
+def test_equal_inputs_and_another_program_say_the_code_changed_first(tmp_path: Path) -> None:
     manifest = {entry().key: entry()}
     computation = {"computation": "9", "XLA flags": "2"}
+    store = LocalStore(tmp_path)
 
     def why(since: list[str] | None) -> list[str]:
-        return explain_miss("jit_train_step", computation, manifest, run="demo",
-                            process_count=1, signature="s1", input_changes=[],
-                            since_prewarm=since)
+        return store.explain_miss(missed(computation, "s1", []), manifest,
+                                  dataclasses.replace(DEMO_RUN, since_prewarm=since))
 
     head = "same inputs as the prewarm: the step's code changed"
     assert why(None) == [f"{head} (or a static argument)"]
@@ -133,8 +147,8 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first() -> None:
     many = why([f"source: model/layer{i}.py changed" for i in range(9)])
     assert len(many) == 1 and len(many[0]) <= CAUSE_WIDTH and many[0].endswith(" more)"), many
     # Another component alone (an XLA flag) is not a code change.
-    flags = explain_miss("jit_train_step", {"computation": "1", "XLA flags": "3"}, manifest,
-                         run="demo", process_count=1, signature="s1", input_changes=[])
+    flags = store.explain_miss(missed({"computation": "1", "XLA flags": "3"}, "s1", []),
+                               manifest, DEMO_RUN)
     assert flags == ["XLA flags differs from the prewarm of run 'demo': "
                      f"{likely_causes('XLA flags')}"]
 
@@ -181,12 +195,13 @@ def test_first_step_lines_read_back_with_their_prewarmed_outcomes(tmp_path: Path
 
 
 def test_the_manifest_keeps_each_entry_s_inputs(tmp_path: Path) -> None:
-    record_entries(tmp_path, [entry()])
-    assert read_manifest(tmp_path)[entry().key].inputs == PREWARMED
-    older = json.loads((tmp_path / "jaxwarm-manifest.json").read_text())
+    store = LocalStore(tmp_path)
+    store.record_entries([entry()])
+    assert store.manifest()[entry().key].inputs == PREWARMED
+    older = json.loads(store.manifest_file.read_text())
     del older["entries"][entry().key]["inputs"]  # an entry recorded before inputs were
-    (tmp_path / "jaxwarm-manifest.json").write_text(json.dumps(older))
-    assert read_manifest(tmp_path)[entry().key].inputs is None
+    store.manifest_file.write_text(json.dumps(older))
+    assert store.manifest()[entry().key].inputs is None
 
 
 def test_types_and_weak_types_read_from_jax_s_text() -> None:
@@ -204,10 +219,11 @@ PROGRAMS = r'''
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxwarm.launcher.jaxkey.inputs import module_inputs
-from jaxwarm.launcher.jaxkey.logs import LOWERING, LOWERING_LOGGER
-from jaxwarm.launcher.records import dumps
-from jaxwarm.launcher.store.misses import input_differences
+from jaxwarm.jaxkey.inputs import module_inputs
+from jaxwarm.jaxkey.logs import LOWERING
+from jaxwarm.jaxkey.logs import LOWERING_LOGGER
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.inputdiff import input_differences
 import logging
 
 avals = {}

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.jaxkey.selfcheck import SelfCheck
-from jaxwarm.launcher.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
-from jaxwarm.launcher.store import bundle
-from jaxwarm.launcher.store.bundle import BundleMeta, refusal
+from jaxwarm.core.config import load_config
+from jaxwarm.jaxkey.selfcheck import SelfCheck
+from jaxwarm.jaxkey.versions import JaxVersions, cache_path_in_key, in_range, release
+from jaxwarm.store.bundle import BundleMeta
 from testing.legs import Leg, leg_python
 from tests.conftest import DEMO, REPO
 
@@ -65,10 +64,10 @@ OVERRIDES = ("run.out_dir={tmp}", "cache.dir={tmp}/cache")
     ["-m", "jaxwarm", "prewarm", str(DEMO), "--local", *OVERRIDES],
     ["-m", "jaxwarm", "launch", str(DEMO), "--local", *OVERRIDES],
     ["-m", "jaxwarm", "doctor"],
-    ["-m", "jaxwarm.prewarm.job"],
-    ["-m", "jaxwarm.prewarm.verify"],
-    ["-m", "jaxwarm.prewarm.workload.trainer"],
-], ids=["verify", "prewarm", "launch", "doctor", "jaxwarm.prewarm.job", "jaxwarm.prewarm.verify",
+    ["-m", "jaxwarm.job.prewarm"],
+    ["-m", "jaxwarm.job.verify"],
+    ["-m", "jaxwarm.workload.trainer"],
+], ids=["verify", "prewarm", "launch", "doctor", "jaxwarm.job.prewarm", "jaxwarm.job.verify",
         "trainer"])
 @pytest.mark.e2e
 def test_untested_jax_is_one_line(argv: list[str], untested_env: dict[str, str],
@@ -99,16 +98,16 @@ def test_bundle_from_jax_0_11_imports_at_another_path(monkeypatch: pytest.Monkey
     """The same bundle and config: refused on jax 0.10.2, allowed on 0.11.2."""
     config = load_config(DEMO, ["cache.dir=/b/cache"])
     for version, refused in (("0.10.2", True), ("0.11.2", False)):
-        monkeypatch.setattr(bundle, "required", lambda v=version: JaxVersions(v, v))
+        monkeypatch.setattr("jaxwarm.store.bundle.required", lambda v=version: JaxVersions(v, v))
         meta = BundleMeta(version=1, jax_version=version, jaxlib_version=version,
                           platform="cpu", cache_dir="/a/cache",
                           xla_caches="xla_gpu_per_fusion_autotune_cache_dir", created=0.0,
                           entries={})
-        reason = refusal(meta, config)
+        reason = meta.refusal(config)
         assert (reason is not None) == refused, (version, reason)
         # What `jaxwarm cache export` says of it: portable from jax 0.11 on.
         assert meta.portable is not refused
-        assert refusal(dataclasses.replace(meta, cache_dir="/b/cache"), config) is None
+        assert dataclasses.replace(meta, cache_dir="/b/cache").refusal(config) is None
 
 
 def test_a_leg_without_its_python_says_why() -> None:

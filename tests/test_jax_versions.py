@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.versions import cache_path_in_key
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
+from jaxwarm.jaxkey.versions import cache_path_in_key
 from testing.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir

@@ -1,4 +1,4 @@
-"""Tests for jaxwarm.launcher.jaxkey.predict: predictions must equal the key JAX itself uses.
+"""Tests for jaxwarm.jaxkey.predict: predictions must equal the key JAX itself uses.
 
 JAX fixes the device count at import, so every real-JAX check runs in a fresh subprocess
 that prints one `RESULT <json>` line. Each subprocess compiles with the persistent cache
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.components import COMPONENTS, explain, likely_causes
-from jaxwarm.launcher.jaxkey.predict import KeyPrediction, explain_difference
-from jaxwarm.launcher.jaxkey.versions import cache_path_in_key
+from jaxwarm.jaxkey.components import COMPONENTS, explain, likely_causes
+from jaxwarm.jaxkey.predict import KeyPrediction, explain_difference
+from jaxwarm.jaxkey.versions import cache_path_in_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ import json, logging, os, time
 import numpy as np
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxwarm.launcher.jaxkey.predict import predict_key
+from jaxwarm.jaxkey.predict import predict_key
 
 jax.config.update("jax_compilation_cache_dir", os.environ["TEST_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -333,7 +333,9 @@ def test_symlinked_cache_dir_changes_compile_options_before_jax_0_11(tmp_path: P
 
 GUARDS = r'''
 from jax._src import compilation_cache
-from jaxwarm.launcher.jaxkey import KeyNotComputed, UnsupportedJaxVersion, versions
+from jaxwarm.jaxkey import KeyNotComputed
+from jaxwarm.jaxkey import UnsupportedJaxVersion
+from jaxwarm.jaxkey import versions
 
 def tiny(x):
     return x * 3.0
@@ -426,7 +428,8 @@ def _prediction(key: str, **changed: str) -> KeyPrediction:
 # -- PGLE: two keys per compile -----------------------------------------------------------
 
 PGLE_KEYS = r'''
-from jaxwarm.launcher.jaxkey.pgle import pgle_components, watch_pgle_keys
+from jaxwarm.jaxkey.pgle import pgle_components
+from jaxwarm.jaxkey.pgle import watch_pgle_keys
 
 jax.config.update("jax_enable_pgle", True)
 watch_pgle_keys()

@@ -2,7 +2,7 @@
 
 For each variation of `tests/keycase.py`'s table, a fresh PREWARM process compiles the step with the
 persistent cache on and records a manifest entry with the key and components JAX itself logged; a
-fresh RUN process, with the variation applied, asks `jaxwarm.launcher.injob.warm.judge` (prediction
+fresh RUN process, with the variation applied, asks `jaxwarm.job.warm.judge` (prediction
 only) and then really calls the step under an `InitRecorder`. Asserted per variation: the predicted
 key (and each component) is the key JAX used; WARM/COLD is JAX's hit/miss; judging neither looked up
 the cache nor compiled; a miss is explained by exactly the components measured below, which are
@@ -25,10 +25,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from jaxwarm.launcher.jaxkey.components import differing_components
-from jaxwarm.launcher.jaxkey.versions import cache_path_in_key, release
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.store.misses import CAUSE_WIDTH, explain_miss
+from jaxwarm.core.records import FunctionRecord
+from jaxwarm.jaxkey.components import differing_components
+from jaxwarm.jaxkey.versions import cache_path_in_key, release
+from jaxwarm.store.misses import CAUSE_WIDTH
+from jaxwarm.store.store import LocalStore
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
 # The components' initials.
@@ -146,7 +147,7 @@ def check_case(variation: str, pre: dict[str, Any], run: dict[str, Any], cache: 
     assert pre["prediction"]["key"] == pre["observed"]["key"]
     assert pre["prediction"]["components"] == pre["observed"]["components"]
     assert not pre["observed"]["hit"], "the prewarm's cache was not empty"
-    entry = read_manifest(cache)[pre["observed"]["key"]]
+    entry = LocalStore(cache).manifest()[pre["observed"]["key"]]
     assert (cache / f"{entry.key}-cache").is_file()
 
     verdict, observed = run["verdict"], run["observed"]
@@ -169,8 +170,10 @@ def check_case(variation: str, pre: dict[str, Any], run: dict[str, Any], cache: 
         assert verdict["key"] == entry.key and not explanation
         return
     assert len(explanation) == 1 and len(explanation[0]) <= CAUSE_WIDTH, explanation
-    manifest = read_manifest(cache)
-    assert explain_miss(observed["name"], observed["components"], manifest) == explanation
+    store = LocalStore(cache)
+    recorded = FunctionRecord(observed["name"], observed["key"], False,
+                              components=observed["components"])
+    assert store.explain_miss(recorded, store.manifest()) == explanation
     if verdict["function"] != entry.function:
         # Renamed: the key's module-name prefix differs, the manifest has no such function.
         assert variation == "renamed_function"

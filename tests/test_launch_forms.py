@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.errors import EXIT_ERROR
-from jaxwarm.launcher.records import SETTING_CHANGED
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.submit.jobs import with_bootstrap
+from jaxwarm.core.errors import EXIT_ERROR
+from jaxwarm.core.records import SETTING_CHANGED
+from jaxwarm.core.rundir import report_path
+from jaxwarm.submit.jobs import with_bootstrap
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -161,7 +161,7 @@ def test_the_reference_trainer_refuses_a_bundle_of_targets_only(tmp_path: Path) 
     """jaxwarm-train runs the short form (train_step, init_state); tinytrain's factory gives
     only `targets`: one line naming the file and the key, exit 2, no traceback."""
     config = write_config(tmp_path, tmp_path / "cache", {"command": ["jaxwarm-train"]}, [FORMS])
-    result = run_python("-m", "jaxwarm.prewarm.workload.trainer", str(config))
+    result = run_python("-m", "jaxwarm.workload.trainer", str(config))
     assert result.returncode == EXIT_ERROR, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1].startswith(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.injob.ledger import (
+from jaxwarm.job.record.ledger import (
     INTERVAL_S,
     MAX_INTERVAL_S,
     Ledger,
@@ -95,8 +95,8 @@ def test_a_script_is_named_by_its_file_and_a_private_module_by_its_package() -> 
     assert package_of("__main__", "/home/u/train.py") == "train.py"
     assert package_of("flax._src.linen", "x.py") == "flax"
     assert package_of("maxtext.input_pipeline.grain", "x.py") == "maxtext.input_pipeline"
-    assert package_of("jaxwarm.launcher.injob.hook", "x.py") == "jaxwarm"
-    assert package_of("jaxwarm.prewarm.workload.trainer", "x.py") == "jaxwarm.prewarm"
+    assert package_of("jaxwarm.job.start.hook", "x.py") == "jaxwarm"
+    assert package_of("jaxwarm.workload.trainer", "x.py") == "jaxwarm.workload"
 
 
 def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
@@ -106,7 +106,7 @@ def test_an_import_in_progress_is_named_by_the_package_imported(tmp_path: Path,
     (package / "inner").mkdir(parents=True)
     (package / "__init__.py").write_text("from slowpkg import inner\n")
     (package / "inner" / "__init__.py").write_text(
-        "import sys\nfrom jaxwarm.launcher.injob.ledger import frames_of, owner\n"
+        "import sys\nfrom jaxwarm.job.record.ledger import frames_of, owner\n"
         "SEEN = owner(frames_of(sys._getframe()))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import slowpkg  # type: ignore[import-not-found]

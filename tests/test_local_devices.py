@@ -1,4 +1,4 @@
-"""Which of a node's GPUs each process of a GPU job uses (`jaxwarm.launcher.injob.distributed`).
+"""Which of a node's GPUs each process of a GPU job uses (`jaxwarm.job.start.distributed`).
 
 Left to JAX, a process of a detected cluster (SLURM, or the local runner's Open MPI variables)
 gets one GPU, its local rank: wrong with 2 or more GPUs per process, and on one GPU shared by
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import LOCAL_DEVICE_IDS, ConfigError, TopologyConfig, load_config
-from jaxwarm.launcher.injob.distributed import local_device_ids
-from jaxwarm.launcher.injob.place import Place
+from jaxwarm.core.config import LOCAL_DEVICE_IDS, TopologyConfig, load_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.job.start.distributed import local_device_ids
+from jaxwarm.job.start.place import Place
 from tests.conftest import DEMO, Cli
 
 

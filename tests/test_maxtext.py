@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.records import SETTING_CHANGED
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.submit.slurm import read_jobs
+from jaxwarm.core.records import SETTING_CHANGED
+from jaxwarm.core.rundir import report_path
+from jaxwarm.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
 from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
 

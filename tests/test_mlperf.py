@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.mlperf import INIT_KEYS, MlperfLog, check_init, init_rules
+from jaxwarm.job.record.mlperf import INIT_KEYS, MlperfLog, check_init, init_rules
 from tests.conftest import DEMO, FAST_STEP, run_cli
 
 TOKEN = ":::MLLOG "

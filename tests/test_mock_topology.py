@@ -16,24 +16,27 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.launcher import flow
-from jaxwarm.launcher.config import Config, ConfigError, load_config
-from jaxwarm.launcher.environment import merge_environment
-from jaxwarm.launcher.gputarget import (
+from jaxwarm.core.config import Config, load_config
+from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.gputarget import (
     MOCK_VARIABLE,
     gpus_here,
     job_topology,
     mock_options,
     mock_topology,
 )
-from jaxwarm.launcher.jaxkey.components import likely_causes
-from jaxwarm.launcher.store.manifest import ManifestEntry, read_manifest, record_entries
-from jaxwarm.launcher.store.misses import explain_miss
-from jaxwarm.launcher.submit.jobs import prewarm_job, train_job
-from jaxwarm.launcher.submit.local import LocalBackend
-from jaxwarm.launcher.submit.prepare import pin_config
-from jaxwarm.launcher.submit.sbatch import directives, render
-from jaxwarm.launcher.submit.slurm import executor_parameters, read_jobs
+from jaxwarm.core.records import FunctionRecord
+from jaxwarm.jaxkey.components import likely_causes
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit import flow
+from jaxwarm.submit.jobs import prewarm_job, train_job
+from jaxwarm.submit.local import LocalBackend
+from jaxwarm.submit.prepare import pin_config
+from jaxwarm.submit.sbatch import directives, render
+from jaxwarm.submit.slurm import executor_parameters, read_jobs
 from tests.conftest import DEMO, REPO, TINY_CACHED, run_cli, with_xla_flag
 from tests.slurm_cluster import ensure_cluster, job_field
 
@@ -104,7 +107,7 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
     it), and the same directives on the submitit path."""
     config = mocked()
     job = prewarm_job(config, PINNED)
-    script = render(config, "prewarm", ["python", "-m", "jaxwarm.prewarm.job"], job.env,
+    script = render(config, "prewarm", ["python", "-m", "jaxwarm.job.prewarm"], job.env,
                     Path("/runs/llama3-8b/slurm/prewarm"))
     golden = GOLDEN / "prewarm-mock.sbatch"
     if os.environ.get("JAXWARM_UPDATE_GOLDEN"):
@@ -119,20 +122,21 @@ def test_the_slurm_prewarm_asks_for_one_node_and_the_training_job_for_all() -> N
 
 def test_the_manifest_records_a_mocked_compile(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from jaxwarm.launcher.jaxkey.predict import KeyPrediction
-    from jaxwarm.prewarm.job import LoweredTarget, manifest_entry
+    from jaxwarm.jaxkey.predict import KeyPrediction
+    from jaxwarm.job.prewarm import LoweredTarget, manifest_entry
 
     monkeypatch.setenv(MOCK_VARIABLE, "2x1x1")
     monkeypatch.setenv("XLA_FLAGS", SHARD_OFF)
     config = mocked()
     key = "jit_train_step-" + "a" * 64
     target = LoweredTarget("train_step", None, 0.5, KeyPrediction(key, "jit_train_step", {}))
-    entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0, ("ab", 10))
+    entry = manifest_entry(config, target, "jit_train_step", target.key, 40.0)
     assert (entry.mock_topology, entry.xla_flags) == ("2x1x1", SHARD_OFF)
-    record_entries(tmp_path, [entry])
-    assert read_manifest(tmp_path)[target.key] == entry
+    store = LocalStore(tmp_path)
+    store.record_entries([entry])
+    assert store.manifest()[target.key] == entry
     monkeypatch.delenv(MOCK_VARIABLE)
-    assert manifest_entry(config, target, "f", target.key, 1.0, None).mock_topology is None
+    assert manifest_entry(config, target, "f", target.key, 1.0).mock_topology is None
 
 
 def mocked_entry(**fields: object) -> ManifestEntry:
@@ -144,28 +148,33 @@ def mocked_entry(**fields: object) -> ManifestEntry:
     return ManifestEntry(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def test_verify_names_the_component_a_mocked_key_differs_in() -> None:
+def test_verify_names_the_component_a_mocked_key_differs_in(tmp_path: Path) -> None:
     """verify on the real layout against a mocked prewarm: the same components are WARM (no
     explanation asked); otherwise each differing component is named, the flags by name."""
     entry = mocked_entry()
     manifest = {entry.key: entry}
-    flags = explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"}, manifest,
-                         run="llama3-8b", process_count=64, job="verify",
-                         xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true")
+    store = LocalStore(tmp_path)
+    def missed(**components: str) -> FunctionRecord:
+        return FunctionRecord("jit_train_step", None, False,
+                              components={**entry.components, **components})
+
+    flags = store.explain_miss(missed(**{"XLA flags": "g"}), manifest, MissContext(
+        run="llama3-8b", process_count=64, job="verify",
+        xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true"))
     assert flags == [f"XLA_FLAGS changed since the prewarm of run 'llama3-8b': only the "
                      f"prewarm's have {SHARD_OFF}"]
-    topology = explain_miss("jit_train_step", {**entry.components, "accelerator_config": "b"},
-                            manifest, run="llama3-8b", process_count=64, xla_flags="")
+    topology = store.explain_miss(missed(accelerator_config="b"), manifest, MissContext(
+        run="llama3-8b", process_count=64, xla_flags=""))
     assert len(topology) == 1 and "accelerator_config differs" in topology[0]
     assert "compiled through the mock topology 8x8x1: the GPU model or layout differs" \
         in topology[0]
     # Flags recorded the same (another argv flag, say): the general causes.
-    same = explain_miss("jit_train_step", {**entry.components, "XLA flags": "g"}, manifest,
-                        process_count=64, xla_flags=entry.xla_flags)
+    same = store.explain_miss(missed(**{"XLA flags": "g"}), manifest,
+                              MissContext(process_count=64, xla_flags=entry.xla_flags))
     assert same == [f"XLA flags differs from the prewarm of run 'llama3-8b': "
                     f"{likely_causes('XLA flags')}"]
     # A run on another layout than the one mocked: the layout is named.
-    other = explain_miss("jit_train_step", entry.components, manifest, process_count=16)
+    other = store.explain_miss(missed(), manifest, MissContext(process_count=16))
     assert "prewarmed it on 64 process(es), this job has 16" in other[0]
 
 
@@ -217,7 +226,8 @@ def test_a_gpu_job_started_without_a_gpu_refuses_itself_in_one_line(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     assert "compiling for the run's layout 2x1x1" in done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"jaxwarm: error: {pinned}: topology.platform: gpu, but host "), last
+    assert last.startswith(f"jaxwarm: error: {DEMO} [{pinned}]: topology.platform: gpu, but "
+                           f"host "), last
     assert "has no GPU (JAX could not start its GPU backend: " in last
     assert "JAX mocks the other nodes, not the GPU" in last
     assert "Traceback" not in done.stderr
@@ -256,7 +266,7 @@ def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
     flag = "--xla_cpu_enable_fast_math=false"
     prewarmed = run_cli("prewarm", *common, with_xla_flag(flag, LEGACY_CPU_FUSION))
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    entries = read_manifest(tmp_path / "cache").values()
+    entries = LocalStore(tmp_path / "cache").manifest().values()
     assert entries and all(flag in entry.xla_flags.split() for entry in entries)
     verified = run_cli("verify", *common, with_xla_flag(LEGACY_CPU_FUSION), "run.name=without")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]

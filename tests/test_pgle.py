@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import job_environment
-from jaxwarm.launcher.records import RECOMPILED
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import entry_path
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import job_environment
+from jaxwarm.core.records import RECOMPILED
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +44,8 @@ def test_a_relaunch_loads_the_pgle_optimized_step(tmp_path: Path) -> None:
     overrides = (f"run.out_dir={out}", f"cache.dir={cache}", *ONE_PROCESS, *FAST_STEP, *PGLE)
     launched = run_cli("launch", str(DEMO), "--local", *overrides)
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
-    prewarmed, = [e for e in read_manifest(cache).values() if e.function == "jit_train_step"]
+    prewarmed, = [e for e in LocalStore(cache).manifest().values()
+                  if e.function == "jit_train_step"]
     run_dir = out / "demo"
     steps, warnings = step_records(run_dir)
     # The first compile is the prewarm's; on CPU the profiled steps end in a second lookup
@@ -71,7 +71,7 @@ def test_a_relaunch_loads_the_pgle_optimized_step(tmp_path: Path) -> None:
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     keys = json.loads(compiled.stdout.splitlines()[-1])
     assert keys["key"] == prewarmed.key and keys["pgle_key"] not in (None, prewarmed.key)
-    assert entry_path(cache, keys["pgle_key"]).is_file()
+    assert LocalStore(cache).has_entry(keys["pgle_key"])
 
     # A new run on the same cache (the first one's checkpoint would skip its steps).
     relaunched = run_cli("launch", str(DEMO), "--local", "--no-prewarm", *overrides,

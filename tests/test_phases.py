@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxwarm.launcher.injob.phases import (
+from jaxwarm.core.records import (
     COMPILE,
     DISTRIBUTED,
     FIRST_STEP,
@@ -16,10 +16,8 @@ from jaxwarm.launcher.injob.phases import (
     OTHER,
     RANKS_WAIT,
     TRACE,
-    PhaseClock,
-    Span,
-    partition,
 )
+from jaxwarm.job.record.phases import PhaseClock, Span, partition
 
 
 def seconds(phases: list, phase: str, function: str | None = None) -> float:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.cli import main
-from jaxwarm.launcher.config import ConfigError
-from jaxwarm.launcher.injob.phases import ORDER
-from jaxwarm.launcher.plot import _pyplot, draw, plot_init, size_px
-from jaxwarm.launcher.report import PrewarmedFunctions, fold_phases, load_reports
-from jaxwarm.launcher.store.manifest import read_manifest
+from jaxwarm.cli.main import main
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.records import ORDER
+from jaxwarm.report.plot import _pyplot, draw, plot_init, size_px
+from jaxwarm.report.read import PrewarmedFunctions, fold_phases, load_reports
+from jaxwarm.store.store import LocalStore
 from tests.conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,7 +38,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_the_picture_is_a_png_of_one_bar_per_process_outcome(tmp_path: Path) -> None:
     reports = load_reports(RUN)
-    targets = PrewarmedFunctions.of(read_manifest(CACHE))
+    targets = PrewarmedFunctions.of(LocalStore(CACHE).manifest())
     bars = fold_phases(reports, targets)
     # The fixture's training job: process 0 loaded the step (warm), process 1 compiled it.
     assert [label for label, _ in bars] == ["train r0 p0  warm", "train r0 p1  cold"]
@@ -55,10 +55,10 @@ def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -
     for process in (2, 3):
         (run / "reports" / f"train-r0-p{process}.json").write_text(
             one.replace('"process_index": 1', f'"process_index": {process}'))
-    bars = fold_phases(load_reports(run), PrewarmedFunctions.of(read_manifest(CACHE)))
+    bars = fold_phases(load_reports(run), PrewarmedFunctions.of(LocalStore(CACHE).manifest()))
     assert [label for label, _ in bars] == [
         "train r0 p0  warm", "train r0 p1-p3 (3 processes, median)  cold"]
-    path = plot_init(load_reports(run), PrewarmedFunctions.of(read_manifest(CACHE)), 12.0,
+    path = plot_init(load_reports(run), PrewarmedFunctions.of(LocalStore(CACHE).manifest()), 12.0,
                      tmp_path / "budget.png", "run demo")  # a budget within the bars
     assert png_size(path) == size_px(2)
 
@@ -90,7 +90,7 @@ def pinned_run(tmp_path: Path) -> Path:
     shutil.copytree(RUN, run)
     (run / "config.yaml").write_text(
         f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
-        f"step: {{factory: 'jaxwarm.prewarm.workload.chunkwise:make_train_step'}}\n"
+        f"step: {{factory: 'jaxwarm.workload.chunkwise:make_train_step'}}\n"
         f"entrypoint: {{command: [jaxwarm-train]}}\n")
     return run
 

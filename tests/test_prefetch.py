@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.records import OVER_CAP, UNUSED, USED
-from jaxwarm.launcher.store.manifest import MANIFEST_NAME
+from jaxwarm.core.records import OVER_CAP, UNUSED, USED
+from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
 
@@ -88,7 +88,7 @@ def prewarmed(request: pytest.FixtureRequest,
 
 
 def manifest(cache: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((cache / MANIFEST_NAME).read_text())
+    data: dict[str, Any] = json.loads(LocalStore(cache).manifest_file.read_text())
     return data
 
 
@@ -125,7 +125,7 @@ def test_a_planted_mismatch_takes_jaxs_path_and_is_reported(prewarmed: Prewarmed
     for entry in data["entries"].values():
         if entry["function"] == "jit_train_step":
             entry["device_ids"] = entry["device_ids"][::-1]
-    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    LocalStore(cache).manifest_file.write_text(json.dumps(data))
     report = prewarmed.launch(tmp_path, cache=cache)
     found = outcomes(report)
     assert found["jit_train_step"].startswith("not used: the trainer's call runs on devices"), \
@@ -183,7 +183,7 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     for entry in data["entries"].values():
         entry.pop("compile_options")
         entry.pop("device_ids")
-    (cache / MANIFEST_NAME).write_text(json.dumps(data))
+    LocalStore(cache).manifest_file.write_text(json.dumps(data))
     assert prewarmed.launch(tmp_path / "before", cache=cache)["prefetch"] is None
     again = cli(prewarmed.python, "prewarm", *demo(tmp_path / "runs", cache))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import PrewarmDecision, read_record
-from jaxwarm.launcher.rundir import prewarm_decision_path, report_path
-from jaxwarm.launcher.store.prewarms import read_prewarms
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PrewarmDecision
+from jaxwarm.core.rundir import prewarm_decision_path, report_path
+from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
 
@@ -59,7 +60,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     made = decision(tmp_path / "runs" / "first")
     assert made.prewarm and made.mode == "auto"
     assert made.why.startswith("no completed prewarm has this fingerprint")
-    [record] = read_prewarms(tmp_path / "cache").values()
+    [record] = LocalStore(tmp_path / "cache").prewarms().values()
     assert record.fingerprint == made.fingerprint and record.run == "first"
     assert {key.rpartition("-")[0] for key in record.keys} == {"jit_train_step",
                                                                "jit_init_state"}
@@ -92,7 +93,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 
     # An entry the record promised is gone: the prewarm job runs again.
     for key in record.keys:
-        (tmp_path / "cache" / f"{key}-cache").unlink()
+        LocalStore(tmp_path / "cache").entry_path(key).unlink()
     gone = launch(tmp_path, "gone")
     assert gone.returncode == 0, gone.stderr[-3000:]
     again = decision(tmp_path / "runs" / "gone")
@@ -102,9 +103,9 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
 
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
-        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
     assert launch(tmp_path, "first", *factory, trains=False).returncode == 0
     model = source / "mystep" / "model.py"
@@ -119,9 +120,9 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     # The factory reads its model sizes from a JSON beside it, while it builds the step:
     # the login node cannot know that; the prewarm job records it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     for module in (source / "mystep").glob("*.py"):
-        module.write_text(module.read_text().replace("jaxwarm.prewarm.workload.", "mystep."))
+        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
         "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
@@ -133,7 +134,7 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     sizes.write_text('{"d_ff": 32}')
     args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
     assert launch(tmp_path, "first", *args, trains=False).returncode == 0
-    [record] = read_prewarms(tmp_path / "cache").values()
+    [record] = LocalStore(tmp_path / "cache").prewarms().values()
     assert str(sizes.resolve()) in record.fingerprint.reads
     same = launch(tmp_path, "same", *args, trains=False)
     assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
@@ -160,10 +161,10 @@ def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
 def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
     # The factory imports its model by a computed name: the fingerprint does not reach it.
     source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "prewarm" / "workload", source / "mystep")
+    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
     factory = source / "mystep" / "chunkwise.py"
     factory.write_text(factory.read_text().replace(
-        "from jaxwarm.prewarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
+        "from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
         "param_specs",
         "import importlib\n_model = importlib.import_module('mystep.' + 'model')\n"
         "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "
@@ -179,7 +180,7 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     assert not decision(tmp_path / "runs" / "blind").prewarm
     assert not step_hit(tmp_path / "runs" / "blind")
     assert "the next launch with its fingerprint runs its prewarm again" in blind.stderr
-    assert read_prewarms(tmp_path / "cache") == {}
+    assert LocalStore(tmp_path / "cache").prewarms() == {}
     # ...so the next launch with it runs the prewarm job again.
     again = launch(tmp_path, "again", *args, trains=False)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -208,12 +209,13 @@ def corrupt_in_place(entry: Path) -> None:
 def test_an_entry_corrupted_without_changing_its_size_chains_the_prewarm(
         tmp_path: Path) -> None:
     assert launch(tmp_path, "first", trains=False).returncode == 0
-    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
-    corrupt_in_place(step)
+    [step] = [e for e in LocalStore(tmp_path / "cache").scan(histories={})
+              if e.function == "jit_train_step"]
+    corrupt_in_place(step.path)
     second = launch(tmp_path, "second")
     assert second.returncode == 0, second.stderr[-3000:]
     chained = decision(tmp_path / "runs" / "second")
-    assert chained.prewarm and f"entry {step.name[:-len('-cache')]}: " in chained.why
+    assert chained.prewarm and f"entry {step.key}: " in chained.why
     assert "read in full; quarantined, so the prewarm compiles it again" in chained.why
     assert step_hit(tmp_path / "runs" / "second")
 
@@ -221,7 +223,8 @@ def test_an_entry_corrupted_without_changing_its_size_chains_the_prewarm(
 def test_without_the_full_check_a_same_size_corruption_is_a_miss_the_report_explains(
         tmp_path: Path) -> None:
     assert launch(tmp_path, "first", trains=False).returncode == 0
-    [step] = (tmp_path / "cache").glob("jit_train_step-*-cache")
+    [step] = [e.path for e in LocalStore(tmp_path / "cache").scan(histories={})
+              if e.function == "jit_train_step"]
     corrupt_in_place(step)
     # --no-check-cache: the launch trusts the quick check, and says so.
     blind = launch(tmp_path, "blind", "--no-check-cache")

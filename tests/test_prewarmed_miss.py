@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, cli_args
 from tests.test_cli_trainer import RUN as CLI_RUN

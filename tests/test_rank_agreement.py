@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import RANKS
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.records import RANKS
+from jaxwarm.core.rundir import report_path
 from tests.conftest import DEMO, ranks_layout, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +56,7 @@ def test_agreeing_ranks_proceed_and_a_rejected_hit_leaves_the_entry(tmp_path: Pa
 
 def test_a_key_component_that_differs_on_one_rank_stops_the_job(tmp_path: Path) -> None:
     plant = ('if [ "$JAXWARM_PROCESS_ID" = 1 ]; then export LIBTPU_INIT_ARGS=--xla_planted; '
-             f'fi; exec {sys.executable} -m jaxwarm.prewarm.workload.trainer')
+             f'fi; exec {sys.executable} -m jaxwarm.workload.trainer')
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm", *LAYOUT,
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
                      "ranks.agree=true", "stop_grace_s=5",

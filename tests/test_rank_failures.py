@@ -2,8 +2,9 @@
 and the next launch works. Real launches of the demo step (tiny) on 3 ranks of one CPU
 device (the killed rank leaves the coordinator and another rank to stop): `kill -9` of one
 rank in the middle of the prewarm job and of the training job, ranks that do not meet in
-time, and one rank whose environment differs from the others' (planted by a shell wrapper),
-which the ranks find at their first meeting (jaxwarm/launcher/injob/ranks.py)."""
+time, one rank whose environment differs from the others' (planted by a shell wrapper),
+which the ranks find at their first meeting (jaxwarm/job/ranks.py), and one stopped before
+it joins jax.distributed (jaxwarm/job/start/distributed.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, ran
         assert wait_until(lambda: log.exists() and marker in log.read_text(errors="replace"),
                           timeout=600), \
             f"{log} never showed {marker!r}"
-        command = "jaxwarm.prewarm.job" if job == "prewarm" else "jaxwarm.launcher.injob.call"
+        command = "jaxwarm.job.prewarm" if job == "prewarm" else "jaxwarm.job.start.call"
         [pid] = [pid for pid, (r, line) in run_processes(run_dir).items()
                  if r == rank and command in line and "supervise" not in line]
         os.kill(pid, signal.SIGKILL)
@@ -98,7 +99,7 @@ def test_a_killed_rank_or_ranks_late_to_meet_stop_every_rank_with_one_line(
 def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path: Path) -> None:
     plant = ('if [ "$JAXWARM_PROCESS_ID" = 2 ]; then export XLA_FLAGS="$XLA_FLAGS '
              '--xla_cpu_enable_fast_math=true"; fi; '
-             f'exec {sys.executable} -m jaxwarm.prewarm.workload.trainer')
+             f'exec {sys.executable} -m jaxwarm.workload.trainer')
     result = run_cli("launch", *job_args(tmp_path, "--no-prewarm",
                                          f"entrypoint.command=[sh, -c, {json.dumps(plant)}]"),
                      timeout=900)
@@ -113,11 +114,30 @@ def test_one_rank_with_another_environment_stops_the_job_with_one_line(tmp_path:
     assert run_processes(tmp_path / "runs" / "demo") == {}
 
 
+def test_a_rank_stopped_before_its_join_is_named_in_one_line(tmp_path: Path) -> None:
+    """Rank 2 stops itself (SIGSTOP) before it starts Python: the others wait at the
+    jax.distributed join only ranks.join_timeout_s, not JAX's 300 s, and end with one
+    line naming rank 2, without JAX's C++ abort; nothing is left running."""
+    plant = ('if [ "$JAXWARM_PROCESS_ID" = 2 ]; then kill -STOP $$; fi; '
+             f'exec {sys.executable} -m jaxwarm.workload.trainer')
+    result = run_cli("launch", *job_args(tmp_path, "--no-prewarm", "ranks.join_timeout_s=5",
+                                         f"entrypoint.command=[sh, -c, {json.dumps(plant)}]"),
+                     timeout=900)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines()
+              if line.startswith("jaxwarm: train failed")]
+    assert line.endswith("exited with 1: jax.distributed: the ranks did not join within 5 s "
+                         "(ranks.join_timeout_s): rank 2 never reached it (not started, "
+                         "stopped, or still starting)"), line
+    assert "Check failure stack trace" not in result.stderr
+    assert run_processes(tmp_path / "runs" / "demo") == {}
+
+
 @pytest.mark.slurm
 def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
         tmp_path: Path) -> None:
     """`srun --kill-on-bad-exit=1`: the killed task fails, SLURM ends the others."""
-    from jaxwarm.launcher.submit.slurm import read_jobs
+    from jaxwarm.submit.slurm import read_jobs
     from tests.slurm_cluster import ensure_cluster
 
     ensure_cluster()
@@ -135,7 +155,7 @@ def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
         assert wait_until(lambda: log.exists() and "chunkwise step:" in log.read_text(),
                           timeout=600)
         [pid] = [pid for pid, (rank, line) in run_processes(run_dir).items()
-                 if rank == 3 and "jaxwarm.launcher.injob.call" in line and "submitit" not in line]
+                 if rank == 3 and "jaxwarm.job.start.call" in line and "submitit" not in line]
         os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=600)
     finally:

@@ -1,4 +1,4 @@
-"""What the ranks decide from what they told each other (jaxwarm/launcher/injob/ranks.py), without
+"""What the ranks decide from what they told each other (jaxwarm/job/ranks.py), without
 a job: the meeting bound from the manifest, the one line of a meeting that timed out, of an
 environment or a key that differs between ranks, and all-load-or-all-compile."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxwarm.launcher.config import MAX_DURATION_S, Config, parse_config
-from jaxwarm.launcher.injob.place import ranges
-from jaxwarm.launcher.injob.ranks import (
+from jaxwarm.core.config import MAX_DURATION_S, Config, parse_config
+from jaxwarm.core.records import KeyPost, RankState
+from jaxwarm.core.words import ranges
+from jaxwarm.job.ranks import (
     TIMEOUT_FLOOR_S,
     agree,
     agreement_on,
@@ -16,8 +17,7 @@ from jaxwarm.launcher.injob.ranks import (
     late_line,
     meet_timeout,
 )
-from jaxwarm.launcher.records import KeyPost, RankState
-from jaxwarm.launcher.store.manifest import ManifestEntry
+from jaxwarm.store.manifest import ManifestEntry
 
 COMPONENTS = {"computation": "c0", "jax_lib version": "j0", "backend version": "b0",
               "XLA flags": "x0", "compile_options": "o0", "accelerator_config": "a0",

@@ -1,4 +1,4 @@
-"""The files a step factory reads while it builds the step (`jaxwarm.launcher.injob.reads`): what
+"""The files a step factory reads while it builds the step (`jaxwarm.job.record.reads`): what
 the prewarm records for `--prewarm auto`, with real files and a real import."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.contents import content_hash
-from jaxwarm.launcher.injob.reads import FactoryReads
-from jaxwarm.launcher.submit.fingerprint import changed_reads
+from jaxwarm.core.contents import content_hash
+from jaxwarm.job.record.reads import FactoryReads
+from jaxwarm.submit.fingerprint import changed_reads
 
 
 def test_what_the_factory_reads_is_recorded_by_content(tmp_path: Path,

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError
-from jaxwarm.launcher.jaxkey.logs import input_elements
-from jaxwarm.launcher.records import (
+from jaxwarm.cli.cache import cache_stats, entry_rows
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.jsonio import dumps, from_json
+from jaxwarm.core.records import (
     SETTING_CHANGED,
     EntryChecked,
     EntryPruned,
@@ -27,32 +28,26 @@ from jaxwarm.launcher.records import (
     UsedFunction,
     Verdict,
     VerifyResult,
-    dumps,
-    from_json,
 )
-from jaxwarm.launcher.report import (
-    PrewarmedFunctions,
+from jaxwarm.core.rundir import ReportName, first_steps_path, parse_report_path, report_path
+from jaxwarm.jaxkey.logs import input_elements
+from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
+from jaxwarm.report.render import (
     attempt_summaries,
     first_step_lines,
     format_table,
     format_verdicts,
     function_lines,
-    load_first_steps,
-    load_reports,
-    load_verdicts,
     phase_table,
     summarize,
     trainer_cost,
     warm_start_lines,
 )
-from jaxwarm.launcher.rundir import ReportName, first_steps_path, parse_report_path, report_path
-from jaxwarm.launcher.store.commands import cache_stats, entry_rows
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.store.store import LocalStore
-from jaxwarm.launcher.store.usage import append_usage, key_histories, read_usage, usage_path
+from jaxwarm.store.store import LocalStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN, CACHE = FIXTURES / "run", FIXTURES / "cache"
+STORE = LocalStore(CACHE)
 STEP = "jit_train_step-" + "a" * 64
 
 
@@ -77,7 +72,7 @@ def test_reports_load_in_run_order_and_a_malformed_one_is_skipped_by_name(
 
 
 def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> None:
-    lines = summarize(load_reports(RUN), read_manifest(CACHE), "demo")
+    lines = summarize(load_reports(RUN), STORE.manifest(), "demo", STORE)
     assert lines[0] == "train restart 0, process 0: warm"
     assert lines[1] == ("jit_train_step: HIT on process 0 (restart 0), loaded in 0.23 s; "
                         "prewarm compiled it in 6.84 s, so this saved 6.61 s")
@@ -91,7 +86,7 @@ def test_the_headline_says_hit_what_it_saved_and_what_the_trainer_changed() -> N
 def test_on_gpu_ranks_without_hits_are_not_explained_by_cpu_keys() -> None:
     reports = [dataclasses.replace(r, environment={**r.environment, "JAX_PLATFORMS": "cuda"})
                for r in load_reports(RUN)]
-    lines = summarize(reports, read_manifest(CACHE), "demo")
+    lines = summarize(reports, STORE.manifest(), "demo", STORE)
     assert lines[2] == ("process 1: no hits; they share process 0's keys here, so their rows "
                         "below say why they missed")
 
@@ -103,7 +98,7 @@ def test_a_miss_is_explained_by_the_component_that_differs() -> None:
     missed = dataclasses.replace(step, hit=False, seconds=7.2, key="jit_train_step-" + "f" * 64,
                                  components={**step.components, "XLA flags": "changed"})
     train.functions[0] = missed
-    lines = summarize(reports, read_manifest(CACHE), "demo")
+    lines = summarize(reports, STORE.manifest(), "demo", STORE)
     assert lines[0] == "train restart 0, process 0: cold"
     assert lines[1] == "jit_train_step: MISS on process 0 (restart 0), compiled in 7.20 s"
     assert lines[2].startswith("  why: XLA flags differ") and "run 'demo'" in lines[2]
@@ -112,7 +107,7 @@ def test_a_miss_is_explained_by_the_component_that_differs() -> None:
 
 def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> None:
     reports = load_reports(RUN)
-    text = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), 0.5)
+    text = format_table(reports, PrewarmedFunctions.of(STORE.manifest()), 0.5)
     rows = text.splitlines()
     assert rows[0].split() == ["job", "restart", "proc", "lookups", "hits", "misses",
                                "compile_s", "retrieval_s", "first_step_s", "budget_s", "init",
@@ -133,7 +128,7 @@ def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> Non
     assert "  prewarm r0 p0-p1  jit_train_step               MISS     6.84-7.01 s  2 keys  " \
            "prewarmed" in rows
     assert any(row.startswith("  WARNING train   r0 p0: the trainer set ") for row in rows)
-    everything = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), 0.5,
+    everything = format_table(reports, PrewarmedFunctions.of(STORE.manifest()), 0.5,
                               show_all=True)
     assert "NO-CACHE" in everything and "small compile" not in everything
 
@@ -182,18 +177,18 @@ def test_pgle_s_two_compiles_and_the_restart_s_load_are_named() -> None:
     second = dataclasses.replace(first.functions[0], hit=False, seconds=12.5, key=optimized,
                                  pgle_optimized=True)
     first.functions.append(second)
-    lines = summarize(reports, read_manifest(CACHE), "demo")
+    lines = summarize(reports, STORE.manifest(), "demo", STORE)
     # The start was warm: the profile-guided compile comes after the first step.
     assert lines.pop(0) == "train restart 0, process 0: warm"
     assert lines[0].startswith("jit_train_step: HIT on process 0 (restart 0), loaded in")
     assert lines[1] == ("jit_train_step: PGLE's second, profile-guided compile on process 0 "
                         "(restart 0), 12.50 s after the profiled steps; stored under "
                         "jit_train_step-bbbbbbbbbbbbbbbb for the restarts")
-    table = format_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)), threshold_s=1.0)
+    table = format_table(reports, PrewarmedFunctions.of(STORE.manifest()), threshold_s=1.0)
     assert "12.50 s  jit_train_step-bbbbbbbbbbbbbbbb  PGLE profile-guided" in table
     restart = dataclasses.replace(first, restart_count=1, functions=[dataclasses.replace(
         second, hit=True, seconds=0.4)])
-    lines = summarize([*reports, restart], read_manifest(CACHE), "demo")
+    lines = summarize([*reports, restart], STORE.manifest(), "demo", STORE)
     assert lines.pop(0) == "train restart 1, process 0: warm"
     assert lines[0] == ("jit_train_step: HIT of PGLE's profile-guided executable on process "
                         "0 (restart 1), loaded in 0.40 s: no first compile, no profiled steps")
@@ -254,20 +249,21 @@ def test_report_json_is_standard_and_round_trips(tmp_path: Path,
 
 def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
+    store = LocalStore(tmp_path)
+    store.append_usage(JobUsage(run="demo", job="train", functions=[
         UsedFunction(name="jit_train_step", key=STEP, hit=False, seconds=7.0, sha256="e" * 64,
                      size=5)]))
-    with usage_path(tmp_path).open("a") as log:
+    with store.usage_file.open("a") as log:
         log.write('[1,2]\n{"event":"pruned"}\n{"event":"eaten","key":"k"}\n'
                   '{"run": "demo", "job": "train", "functions": [{"name": 1}]}\n{"torn": ')
-    append_usage(tmp_path, EntryPruned(STEP, 5))
-    append_usage(tmp_path, EntryChecked(STEP, "f" * 64, 5))
-    (tmp_path / f"{STEP}-cache").write_bytes(b"x" * 5)
+    store.append_usage(EntryPruned(STEP, 5))
+    store.append_usage(EntryChecked(STEP, "f" * 64, 5))
+    store.entry_path(STEP).write_bytes(b"x" * 5)
     with caplog.at_level(logging.WARNING, "jaxwarm"):
-        records = read_usage(tmp_path)
-        rows, stats = entry_rows(LocalStore(tmp_path)), cache_stats(LocalStore(tmp_path))
+        records = store.usage()
+        rows, stats = entry_rows(store), cache_stats(store)
     assert [type(r).__name__ for r in records] == ["JobUsage", "EntryPruned", "EntryChecked"]
-    history = key_histories(records)[STEP]
+    history = store.histories()[STEP]
     assert (history.sha256, history.written_by) == ("f" * 64, "demo (train r0)")
     skipped = [m for m in caplog.messages if "jaxwarm-usage.jsonl" in m]
     for number, why in ((2, "expected a mapping"), (3, "missing required key 'key'"),
@@ -280,9 +276,9 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
     json.loads(dumps(stats))  # --json prints it as standard JSON
     # A job line without a written entry carries no checksum field: a warm check of its key
     # need not parse it.
-    append_usage(tmp_path, JobUsage(run="demo", job="train", functions=[
+    store.append_usage(JobUsage(run="demo", job="train", functions=[
         UsedFunction(name="jit_train_step", key=STEP, hit=True)]))
-    assert '"sha256"' not in usage_path(tmp_path).read_text().splitlines()[-1]
+    assert '"sha256"' not in store.usage_file.read_text().splitlines()[-1]
 
 
 def sixty_four_ranks() -> list[InitReport]:
@@ -308,8 +304,8 @@ def sixty_four_ranks() -> list[InitReport]:
 
 def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> None:
     reports = sixty_four_ranks()
-    manifest = read_manifest(CACHE)
-    headline = summarize(reports, manifest, "demo")
+    manifest = STORE.manifest()
+    headline = summarize(reports, manifest, "demo", STORE)
     assert len(headline) <= 10
     assert headline[0] == "train restart 0, process 0: warm"
     assert headline[1] == ("jit_train_step: HIT on processes 0-63 (restart 0), loaded in "
@@ -340,7 +336,7 @@ def test_a_report_of_64_ranks_reads_in_a_screen_and_all_shows_every_row() -> Non
 
 def test_the_init_phases_add_up_per_process_and_the_headline_names_the_dominant_one() -> None:
     reports = load_reports(RUN)
-    lines = phase_table(reports, PrewarmedFunctions.of(read_manifest(CACHE)))
+    lines = phase_table(reports, PrewarmedFunctions.of(STORE.manifest()))
     header = next(line for line in lines if line.startswith("processes"))
     assert header.split() == ["processes", "imports", "distributed", "trace", "lower",
                               "compile", "cache", "load", "first", "step", "other", "total"]
@@ -401,7 +397,9 @@ def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) ->
                         functions=[helper])
     assert (report.label, report.first_step_s, report.over_budget) == ("no step run", None,
                                                                        False)
-    assert summarize([report], {}, "demo")[0] == "train restart 0, process 0: no step run"
+    empty = LocalStore(tmp_path)
+    assert summarize([report], empty.manifest(), "demo", empty)[0] == \
+        "train restart 0, process 0: no step run"
     row = format_table([report], PrewarmedFunctions.of({}), 1.0).splitlines()[1].split()
     assert row[8:] == ["-", "1", "no", "step", "run"], row  # first_step_s, budget_s, start
     assert attempt_summaries([report]) == [

@@ -12,7 +12,8 @@ CODE = r'''
 import json
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
-from jaxwarm.prewarm.specs import risky_inputs, sharded_specs
+from jaxwarm.specs import risky_inputs
+from jaxwarm.specs import sharded_specs
 
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "fsdp"))
 one = sharded_specs({"tokens": jnp.zeros((8, 16), jnp.int32)}, mesh, P("data"))

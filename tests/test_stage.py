@@ -24,18 +24,18 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.launcher.config import ConfigError, load_config
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.injob.place import Place
-from jaxwarm.launcher.injob.stage import node_cache_dir, stage_node, wait_for_note
-from jaxwarm.launcher.records import Staging, dumps
-from jaxwarm.launcher.rundir import report_path, stage_note_path
-from jaxwarm.launcher.store.entries import entry_path, writer_lock_path
-from jaxwarm.launcher.store.integrity import recorded_entries
-from jaxwarm.launcher.store.manifest import ManifestEntry, record_entries
-from jaxwarm.launcher.store.staging import publish_entries, stage_entries, staging_problem
-from jaxwarm.launcher.store.usage import read_usage
-from jaxwarm.launcher.submit.jobs import train_job
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.files import locked
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import Staging
+from jaxwarm.core.rundir import report_path, stage_note_path
+from jaxwarm.jaxkey.versions import staging_problem
+from jaxwarm.job.stage import node_cache_dir, stage_node, wait_for_note
+from jaxwarm.job.start.place import Place
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit.jobs import train_job
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
 STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
@@ -46,15 +46,15 @@ def payload(seed: bytes) -> bytes:
     return zlib.compress(bytes(4) + seed * 2000)
 
 
-def prewarmed(cache: Path, run: str = "demo", seed: bytes = b"") -> dict[str, bytes]:
+def prewarmed(cache: LocalStore, run: str = "demo", seed: bytes = b"") -> dict[str, bytes]:
     """Two entries in `cache` as a prewarm of `run` records them (manifest, checksums)."""
-    cache.mkdir(mode=0o700, exist_ok=True)
+    cache.path.mkdir(mode=0o700, exist_ok=True)
     entries = {}
     for key in (STEP, INIT):
         data = zlib.compress(bytes(4) + seed + key.encode() * 2000, 0 if seed else 6)
-        entry_path(cache, key).write_bytes(data)
+        cache.entry_path(key).write_bytes(data)
         entries[key] = data
-        record_entries(cache, [ManifestEntry(
+        cache.record_entries([ManifestEntry(
             function=key.rsplit("-", 1)[0], key=key, run=run, config="c.yaml", compile_s=1.0,
             lower_s=0.1, written=True, jax_version="0.10.2", process_count=1,
             sha256=hashlib.sha256(data).hexdigest(), size=len(data))])
@@ -123,99 +123,99 @@ def test_place_names_the_node_and_the_local_rank() -> None:
 # -- what a node copies -------------------------------------------------------------------
 
 def test_a_node_copies_verifies_and_reuses(tmp_path: Path) -> None:
-    shared, local = tmp_path / "cache", tmp_path / "stage"
+    shared, local = LocalStore(tmp_path / "cache"), LocalStore(tmp_path / "stage")
     entries = prewarmed(shared)
-    local.mkdir(mode=0o700)
-    first = stage_entries(str(shared), str(local), "demo")
+    local.path.mkdir(mode=0o700)
+    first = shared.stage_into(local.dir, "demo")
     assert sorted(first.copied) == sorted(entries) and not first.reused
     assert first.bytes_copied == sum(map(len, entries.values()))
     for key, data in entries.items():
-        assert entry_path(local, key).read_bytes() == data
+        assert local.entry_path(key).read_bytes() == data
         # a staged copy keeps the shared entry's time: it is not an entry the job wrote
-        assert entry_path(local, key).stat().st_mtime == entry_path(shared, key).stat().st_mtime
-    second = stage_entries(str(shared), str(local), "demo")
+        assert local.entry_path(key).stat().st_mtime == shared.entry_path(key).stat().st_mtime
+    second = shared.stage_into(local.dir, "demo")
     assert sorted(second.reused) == sorted(entries) and second.bytes_copied == 0
-    assert not stage_entries(str(shared), str(local), "another-run").copied  # not its entries
+    assert not shared.stage_into(local.dir, "another-run").copied  # not its entries
 
 
 def test_a_partial_or_corrupt_local_copy_is_replaced(tmp_path: Path) -> None:
-    shared, local = tmp_path / "cache", tmp_path / "stage"
+    shared, local = LocalStore(tmp_path / "cache"), LocalStore(tmp_path / "stage")
     entries = prewarmed(shared)
-    local.mkdir(mode=0o700)
-    entry_path(local, STEP).write_bytes(entries[STEP][:100])  # partial
+    local.path.mkdir(mode=0o700)
+    local.entry_path(STEP).write_bytes(entries[STEP][:100])  # partial
     flipped = bytearray(entries[INIT])
     flipped[len(flipped) // 2] ^= 1  # corrupt, same size
-    entry_path(local, INIT).write_bytes(bytes(flipped))
-    staged = stage_entries(str(shared), str(local), "demo")
+    local.entry_path(INIT).write_bytes(bytes(flipped))
+    staged = shared.stage_into(local.dir, "demo")
     assert sorted(staged.replaced) == sorted(entries) and not staged.reused
     for key, data in entries.items():
-        assert entry_path(local, key).read_bytes() == data
+        assert local.entry_path(key).read_bytes() == data
 
 
 def test_a_wrong_or_missing_shared_entry_is_never_staged(tmp_path: Path) -> None:
-    shared, local = tmp_path / "cache", tmp_path / "stage"
+    shared, local = LocalStore(tmp_path / "cache"), LocalStore(tmp_path / "stage")
     entries = prewarmed(shared)
-    local.mkdir(mode=0o700)
+    local.path.mkdir(mode=0o700)
     flipped = bytearray(entries[STEP])
     flipped[len(flipped) // 2] ^= 1
-    entry_path(shared, STEP).write_bytes(bytes(flipped))
-    entry_path(shared, INIT).unlink()
-    staged = stage_entries(str(shared), str(local), "demo")
+    shared.entry_path(STEP).write_bytes(bytes(flipped))
+    shared.entry_path(INIT).unlink()
+    staged = shared.stage_into(local.dir, "demo")
     assert "sha256 differs" in staged.skipped[STEP]
     assert staged.skipped[INIT] == "not in the shared cache dir"
-    assert not list(local.iterdir()), "no entry and no temp file may be left"
+    assert not list(local.path.iterdir()), "no entry and no temp file may be left"
 
 
 def test_a_copy_that_fails_leaves_no_torn_file(tmp_path: Path) -> None:
     """A full disk, as the writer sees it (writes past 64 KiB fail with EFBIG; Python
     ignores SIGXFSZ): staging raises, and the stage dir holds no entry and no temp file."""
-    shared, local = tmp_path / "cache", tmp_path / "stage"
+    shared, local = LocalStore(tmp_path / "cache"), LocalStore(tmp_path / "stage")
     prewarmed(shared, seed=os.urandom(100_000))  # incompressible: about 200 KB per entry
-    local.mkdir(mode=0o700)
+    local.path.mkdir(mode=0o700)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
         with pytest.raises(OSError, match="File too large"):
-            stage_entries(str(shared), str(local), "demo")
+            shared.stage_into(local.dir, "demo")
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    assert not list(local.iterdir())
+    assert not list(local.path.iterdir())
 
 
 # -- publishing what the job wrote ------------------------------------------------------------
 
 def test_entries_the_job_wrote_are_published_never_over_another(tmp_path: Path) -> None:
-    shared, local = tmp_path / "cache", tmp_path / "stage"
-    shared.mkdir(mode=0o700)
-    local.mkdir(mode=0o700)
+    shared, local = LocalStore(tmp_path / "cache"), LocalStore(tmp_path / "stage")
+    shared.path.mkdir(mode=0o700)
+    local.path.mkdir(mode=0o700)
     since = time.time() - 1
     old = payload(b"staged earlier")
-    entry_path(local, INIT).write_bytes(old)
-    os.utime(entry_path(local, INIT), (since - 100, since - 100))  # a staged copy
+    local.entry_path(INIT).write_bytes(old)
+    os.utime(local.entry_path(INIT), (since - 100, since - 100))  # a staged copy
     new = payload(b"compiled by the job")
-    entry_path(local, STEP).write_bytes(new)
-    published = publish_entries(str(local), str(shared), since)
+    local.entry_path(STEP).write_bytes(new)
+    published = shared.publish_from(local.dir, since)
     assert published == {STEP: (hashlib.sha256(new).hexdigest(), len(new))}
-    assert entry_path(shared, STEP).read_bytes() == new
-    assert not entry_path(shared, INIT).exists()
+    assert shared.entry_path(STEP).read_bytes() == new
+    assert not shared.entry_path(INIT).exists()
     # Another writer's entry under the key stays; a prewarm holding the key's writer lock
     # is left to write it.
     theirs = payload(b"another writer")
-    entry_path(shared, STEP).write_bytes(theirs)
+    shared.entry_path(STEP).write_bytes(theirs)
     other = "jit_eval-" + hashlib.sha256(b"eval").hexdigest()
-    entry_path(local, other).write_bytes(payload(b"eval"))
-    writer_lock_path(shared, other).parent.mkdir(exist_ok=True)
-    with locked(writer_lock_path(shared, other), "compile"):
-        assert publish_entries(str(local), str(shared), since) == {}
-    assert entry_path(shared, STEP).read_bytes() == theirs
-    assert not entry_path(shared, other).exists()
+    local.entry_path(other).write_bytes(payload(b"eval"))
+    shared.writer_lock_path(other).parent.mkdir(exist_ok=True)
+    with locked(shared.writer_lock_path(other), "compile"):
+        assert shared.publish_from(local.dir, since) == {}
+    assert shared.entry_path(STEP).read_bytes() == theirs
+    assert not shared.entry_path(other).exists()
 
 
 # -- the node's protocol, and every fallback ---------------------------------------------------
 
 def test_the_stager_writes_the_note_the_others_read(tmp_path: Path) -> None:
     config = config_for(tmp_path, "cache.xla_caches=none")
-    prewarmed(tmp_path / "cache")
+    prewarmed(LocalStore(tmp_path / "cache"))
     stager = node_cache_dir(config, place(0))
     assert stager.dir == str(tmp_path / "stage") and stager.stager and len(stager.copied) == 2
     note = stage_note_path(config.run_dir, "77-r0", 0)
@@ -262,7 +262,7 @@ def test_a_node_that_cannot_stage_reads_the_shared_dir(
         stage.mkdir()
         stage.chmod(0o777)
     config = config_for(tmp_path, "cache.xla_caches=none", f"cache.stage={value}")
-    prewarmed(tmp_path / "cache")
+    prewarmed(LocalStore(tmp_path / "cache"))
     staging = stage_node(config, 0)
     assert staging.dir == config.cache.dir and staging.stager
     assert staging.fallback is not None and "\n" not in staging.fallback
@@ -277,7 +277,7 @@ def test_a_node_that_cannot_stage_reads_the_shared_dir(
 
 
 def test_a_stage_record_reads_back(tmp_path: Path) -> None:
-    from jaxwarm.launcher.records import from_json, parse_json
+    from jaxwarm.core.jsonio import from_json, parse_json
     record = Staging(node=2, dir="/local", stager=True, copied=[STEP], bytes_copied=10)
     assert from_json(Staging, parse_json(dumps(record), "x"), "x") == record
 
@@ -320,9 +320,10 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     stage = tmp / "stage"
     runs = {"runs": launch(tmp, "--no-prewarm", f"cache.stage={stage}")}
     copied = train_report(tmp, 0)["stage"]["copied"]
-    copies = {key: entry_path(stage, key).read_bytes() for key in copied}
+    node = LocalStore(stage)
+    copies = {key: node.entry_path(key).read_bytes() for key in copied}
     cut = next(key for key in copied if key.startswith("jit_train_step-"))
-    entry_path(stage, cut).write_bytes(entry_path(stage, cut).read_bytes()[:1000])
+    node.entry_path(cut).write_bytes(node.entry_path(cut).read_bytes()[:1000])
     runs["again"] = launch(tmp, "--no-prewarm", f"cache.stage={stage}", runs="again")
     blocked = tmp / "not-a-dir"
     blocked.write_text("")
@@ -341,7 +342,7 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(staged: dict[str, Any]
     assert first["cache_dir"] == str(stage) and first["stage"]["stager"]
     assert len(first["stage"]["copied"]) == 2 and first["stage"]["fallback"] is None
     assert second["cache_dir"] == str(stage) and not second["stage"]["stager"]
-    assert staged["copies"] == {key: entry_path(tmp / "cache", key).read_bytes()
+    assert staged["copies"] == {key: LocalStore(tmp / "cache").entry_path(key).read_bytes()
                                 for key in first["stage"]["copied"]}
     out = staged["out"]["runs"]
     assert "jit_train_step: HIT on process 0" in out
@@ -384,12 +385,12 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
     written = {fn["key"]: fn["sha256"] for fn in train_report(tmp_path, 0)["functions"]
                if fn["sha256"]}
     assert {key.rsplit("-", 1)[0] for key in written} >= {"jit_train_step", "jit_init_state"}
-    recorded = recorded_entries(tmp_path / "cache")
+    shared = LocalStore(tmp_path / "cache")
+    recorded = shared.recorded()
     for key, sha256 in written.items():
-        assert hashlib.sha256(entry_path(tmp_path / "cache", key).read_bytes()).hexdigest() \
+        assert hashlib.sha256(shared.entry_path(key).read_bytes()).hexdigest() \
             == sha256 == recorded[key].sha256
-    assert any(getattr(record, "job", None) == "train" for record in read_usage(
-        tmp_path / "cache"))
+    assert any(getattr(record, "job", None) == "train" for record in shared.usage())
     verify = run_cli("cache", "verify", str(tmp_path / "cache"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     launch(tmp_path, "--no-prewarm", "run.name=unstaged", *ONE_PROCESS)

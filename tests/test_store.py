@@ -1,5 +1,6 @@
-"""The cache store's pure parts: prune policy, usage history, dir safety, bundle refusals,
-size/age parsing, and the environment rules for size caps and remote dirs."""
+"""The cache store's pure parts and small questions: prune policy, usage history (through a
+store), dir safety, bundle refusals, size/age parsing, the environment rules for size caps and
+remote dirs, and what a remote store answers."""
 
 from __future__ import annotations
 
@@ -11,21 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.environment import jax_options, job_environment
-from jaxwarm.launcher.jaxkey.entryformat import function_of, split_key
-from jaxwarm.launcher.jaxkey.versions import JaxVersions
-from jaxwarm.launcher.records import EntryChecked, EntryPruned, parse_usage_line
-from jaxwarm.launcher.store import bundle
-from jaxwarm.launcher.store.bundle import BundleMeta, refusal
-from jaxwarm.launcher.store.commands import parse_age, parse_size
-from jaxwarm.launcher.store.entries import Entry
-from jaxwarm.launcher.store.prune import choose_victims
-from jaxwarm.launcher.store.security import dir_problem, parent_problem
-from jaxwarm.launcher.store.store import open_store
-from jaxwarm.launcher.store.usage import key_histories
-from jaxwarm.launcher.submit.jobs import prewarm_job, train_job, verify_job
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.cli.cache import parse_age, parse_size
+from jaxwarm.core.config import load_config
+from jaxwarm.core.environment import jax_options, job_environment
+from jaxwarm.core.records import (
+    EntryChecked,
+    EntryPruned,
+    Fingerprint,
+    PrewarmRecord,
+    parse_usage_line,
+)
+from jaxwarm.jaxkey.entryformat import function_of, split_key
+from jaxwarm.jaxkey.versions import JaxVersions
+from jaxwarm.job.start.pinned import resolve_paths
+from jaxwarm.store.bundle import BundleMeta
+from jaxwarm.store.cachestore import RemoteDirError
+from jaxwarm.store.entries import Entry
+from jaxwarm.store.prune import Pruning
+from jaxwarm.store.security import Trust
+from jaxwarm.store.store import open_store
+from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO
 
 
@@ -37,33 +44,36 @@ def entry(key: str, size: int, last_used: float) -> Entry:
 def test_prune_removes_least_recently_used_until_it_fits_and_spares_pinned() -> None:
     entries = [entry("jit_a-1", 100, 10), entry("jit_b-2", 100, 20), entry("jit_c-3", 100, 30),
                entry("jit_d-4", 100, 40)]
-    victims = choose_victims(entries, max_bytes=200, older_than_s=None, pinned={"jit_a-1"},
-                             now=50)
+    victims = Pruning(max_bytes=200).victims(entries, pinned={"jit_a-1"}, now=50)
     assert [v.key for v in victims] == ["jit_b-2", "jit_c-3"]
-    by_age = choose_victims(entries, max_bytes=None, older_than_s=25, pinned=set(), now=50)
+    by_age = Pruning(older_than_s=25).victims(entries, pinned=set(), now=50)
     assert [v.key for v in by_age] == ["jit_a-1", "jit_b-2"]
-    assert choose_victims(entries, max_bytes=1000, older_than_s=None, pinned=set(), now=50) == []
+    assert Pruning(max_bytes=1000).victims(entries, pinned=set(), now=50) == []
 
 
 def usage(*lines: dict) -> list:
     return [parse_usage_line(json.dumps(line), f"usage:{n}") for n, line in enumerate(lines, 1)]
 
 
-def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine() -> None:
-    records = usage(
+def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine(
+        tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    for record in usage(
         {"time": 1, "run": "r", "job": "prewarm", "restart": 0,
          "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "aa"}]},
         {"time": 2, "run": "r", "job": "train", "restart": 0,
          "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": True}]},
         {"time": 3, "event": "quarantined", "key": "jit_f-1"},
-    )
-    history = key_histories(records)["jit_f-1"]
+    ):
+        store.append_usage(record)
+    history = store.histories()["jit_f-1"]
     assert (history.hits, history.misses, history.last_used) == (1, 1, 2)
     assert history.used_by == ["r (prewarm r0)", "r (train r0)"]
     assert history.sha256 is None and history.removed
-    rewritten = key_histories(records + usage(
+    store.append_usage(usage(
         {"time": 4, "run": "r", "job": "train", "restart": 1,
-         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]}))
+         "functions": [{"name": "jit_f", "key": "jit_f-1", "hit": False, "sha256": "bb"}]})[0])
+    rewritten = store.histories()
     assert rewritten["jit_f-1"].sha256 == "bb"
     assert rewritten["jit_f-1"].written_by == "r (train r1)"
 
@@ -73,25 +83,26 @@ def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
 
 
 def test_dir_safety_rules() -> None:
-    assert dir_problem(stat_result(0o700, 1000, 1000), 1000, None) is None
-    assert "writable by every user" in dir_problem(stat_result(0o777, 1000, 1000), 1000, None)
-    assert "not by you" in dir_problem(stat_result(0o700, 1001, 1001), 1000, None)
+    me, shared = Trust(uid=1000, gid=None), Trust(uid=1000, gid=500)
+    assert me.dir_problem(stat_result(0o700, 1000, 1000)) is None
+    assert "writable by every user" in me.dir_problem(stat_result(0o777, 1000, 1000))
+    assert "not by you" in me.dir_problem(stat_result(0o700, 1001, 1001))
     # Shared on purpose: another member's dir is fine if it belongs to the trusted group...
-    assert dir_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
+    assert shared.dir_problem(stat_result(0o2770, 1001, 500)) is None
     # ...but not another group's, and never a world-writable one.
-    assert "trusted group" in dir_problem(stat_result(0o2770, 1001, 501), 1000, 500)
-    assert dir_problem(stat_result(0o2777, 1001, 500), 1000, 500) is not None
-    assert parent_problem(stat_result(0o1777, 0, 0), 1000, None) is None  # /tmp: sticky
-    assert parent_problem(stat_result(0o777, 0, 0), 1000, None) is not None
+    assert "trusted group" in shared.dir_problem(stat_result(0o2770, 1001, 501))
+    assert shared.dir_problem(stat_result(0o2777, 1001, 500)) is not None
+    assert me.parent_problem(stat_result(0o1777, 0, 0)) is None  # /tmp: sticky
+    assert me.parent_problem(stat_result(0o777, 0, 0)) is not None
     # A group-writable parent lets every member swap the dir, unless the group is trusted.
-    assert "cache.trusted_group" in parent_problem(stat_result(0o2775, 0, 500), 1000, None)
-    assert parent_problem(stat_result(0o2775, 0, 500), 1000, 500) is None
+    assert "cache.trusted_group" in me.parent_problem(stat_result(0o2775, 0, 500))
+    assert shared.parent_problem(stat_result(0o2775, 0, 500)) is None
     # Its owner may always rename in it: root, you, or a member of the trusted group only.
-    assert parent_problem(stat_result(0o755, 1000, 1000), 1000, None) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 1001), 1000, None)
-    assert "owned by uid 1001" in parent_problem(stat_result(0o1777, 1001, 0), 1000, None)
-    assert parent_problem(stat_result(0o2770, 1001, 500), 1000, 500) is None
-    assert "owned by uid 1001" in parent_problem(stat_result(0o755, 1001, 501), 1000, 500)
+    assert me.parent_problem(stat_result(0o755, 1000, 1000)) is None
+    assert "owned by uid 1001" in me.parent_problem(stat_result(0o755, 1001, 1001))
+    assert "owned by uid 1001" in me.parent_problem(stat_result(0o1777, 1001, 0))
+    assert shared.parent_problem(stat_result(0o2770, 1001, 500)) is None
+    assert "owned by uid 1001" in shared.parent_problem(stat_result(0o755, 1001, 501))
 
 
 def meta(**changes: object) -> BundleMeta:
@@ -104,17 +115,17 @@ def meta(**changes: object) -> BundleMeta:
 def test_bundle_refusals_name_what_would_make_every_entry_miss(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
-    monkeypatch.setattr(bundle, "required", lambda: JaxVersions("0.10.2", "0.10.2"))
+    monkeypatch.setattr("jaxwarm.store.bundle.required", lambda: JaxVersions("0.10.2", "0.10.2"))
     config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
-    assert refusal(meta(), config) is None
-    assert "jax 0.0.1" in refusal(meta(jax_version="0.0.1"), config)
-    assert "platform gpu" in refusal(meta(platform="gpu"), config)
+    assert meta().refusal(config) is None
+    assert "jax 0.0.1" in meta(jax_version="0.0.1").refusal(config)
+    assert "platform gpu" in meta(platform="gpu").refusal(config)
     bound = meta(xla_caches="xla_gpu_per_fusion_autotune_cache_dir")
-    assert "include the cache path /a/cache" in refusal(bound, config)
-    assert refusal(bound, dataclasses.replace(
+    assert "include the cache path /a/cache" in bound.refusal(config)
+    assert bound.refusal(dataclasses.replace(
         config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
     with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
-    assert "puts the cache path in every key" in refusal(meta(), with_autotune)
+    assert "puts the cache path in every key" in meta().refusal(with_autotune)
 
 
 def test_a_key_names_its_function() -> None:
@@ -148,29 +159,51 @@ def test_every_job_gets_the_same_size_cap(tmp_path: Path) -> None:
 
 
 def test_remote_cache_dirs_turn_the_xla_sub_caches_off(tmp_path: Path) -> None:
-    config = load_config(DEMO, [f"run.out_dir={tmp_path}", "cache.dir=gs://bucket/jax-cache"])
+    config = resolve_paths(load_config(DEMO, [f"run.out_dir={tmp_path}",
+                                              "cache.dir=gs://bucket/jax-cache"]))
     assert jax_options(config)["jax_persistent_cache_enable_xla_caches"] == "none"
     env = job_environment(config, tmp_path / "config.yaml")
     assert env["JAX_COMPILATION_CACHE_DIR"] == "gs://bucket/jax-cache"
     assert env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
-    local = load_config(DEMO, [f"cache.dir={tmp_path}"])
+    local = resolve_paths(load_config(DEMO, [f"cache.dir={tmp_path}"]))
     assert jax_options(local)["jax_persistent_cache_enable_xla_caches"] == \
         "xla_gpu_per_fusion_autotune_cache_dir"
 
 
 def test_a_remote_store_keeps_no_records_and_writes_nothing_here(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every operation a local store answers, a remote one answers too: its records read as
+    empty, writing one does nothing, and what a user asks that only a local dir can do is
+    refused in one line naming the dir (tests/test_store_remote.py: its entries)."""
     monkeypatch.chdir(tmp_path)
     store = open_store("s3://bucket/jax-cache")
-    assert store.local is None and store.resolved(tmp_path) == "s3://bucket/jax-cache"
+    config = load_config(DEMO, ["cache.dir=s3://bucket/jax-cache"])
+    assert store.resolved(tmp_path) == "s3://bucket/jax-cache"
     assert store.manifest() == {} and store.prewarms() == {} and store.run_entries("demo") == []
+    assert store.usage() == [] and store.histories() == {} and store.recorded() == {}
     assert store.xla_caches("all") == "none"
+    assert store.check(config.cache, "c.yaml", writing=True) is None  # the bucket's rules
+    assert store.prepare(config.cache, "c.yaml") is None
+    key = "jit_step-" + "a" * 64
+    store.append_usage(EntryPruned(key, 5))
+    store.record_prewarm(PrewarmRecord(Fingerprint("d", {}), [key], "demo"))
+    store.repair([], [], "demo")
+    assert store.usage() == [] and store.prewarms() == {}
+    assert store.check_and_quarantine([key]) == ([], 0.0)  # nothing recorded to check against
+    assert store.written_since(key, 0.0) is None and store.ensure_atime_files() == 0
+    assert store.records_where() == "no manifest for a remote cache dir (it needs a local " \
+        "file lock)"
+    for refused in (store.scan, store.prune, store.check_and_quarantine,
+                    lambda: store.export_bundle(config, tmp_path / "b.tar")):
+        with pytest.raises(RemoteDirError, match="^s3://bucket/jax-cache: .* needs a local or "
+                                                 "mounted cache dir"):
+            refused()
     assert list(tmp_path.iterdir()) == []  # nothing under a local path that looks like the URL
 
 
 def test_a_local_store_parses_its_usage_log_once_until_it_writes_to_it(tmp_path: Path) -> None:
-    store = open_store(str(tmp_path)).local
-    assert store is not None and store.resolved() == os.path.realpath(tmp_path)
+    store = open_store(str(tmp_path))
+    assert store.resolved() == os.path.realpath(tmp_path)
     key = "jit_step-" + "a" * 64
     store.append_usage(EntryChecked(key, "f" * 64, 5))
     first = store.usage()

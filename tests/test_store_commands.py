@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.launcher.config import load_config
-from jaxwarm.launcher.jaxkey.entryformat import ZSTD_MAGIC
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import ATIME_SUFFIX, CACHE_SUFFIX, QUARANTINE_DIR, scan
-from jaxwarm.launcher.store.integrity import entry_problem
-from jaxwarm.launcher.store.manifest import read_manifest
-from jaxwarm.launcher.submit.prepare import pin_config
+from jaxwarm.core.config import load_config
+from jaxwarm.core.rundir import report_path
+from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
 from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
 
@@ -86,11 +84,12 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     # of new entries record them in the manifest at once; more writers add JAX processes.
     variants = ["step.args.d_ff=128"] * 2 + [f"step.args.d_ff={64 + 16 * i}" for i in range(2)]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
+    store = LocalStore(cache)
 
     def reader() -> None:
         while not stop.is_set():
             try:
-                read_manifest(cache)  # raises on a torn manifest
+                store.manifest()  # raises on a torn manifest
                 seen["manifest_reads"] += 1
             except ValueError as exc:
                 errors.append(str(exc))
@@ -119,16 +118,17 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     # The same-step writers took turns: one compiled and wrote, the other loaded its entry.
     shared = [step_record(r) for r in reports[:2]]
     assert sorted(f["hit"] for f in shared) == [False, True]
-    manifest = read_manifest(cache)
+    manifest = store.manifest()
     for report in reports:
         for function in report["functions"]:
-            assert (cache / f"{function['key']}{CACHE_SUFFIX}").is_file()
+            assert store.has_entry(function["key"])
             if not function["hit"]:
                 assert manifest[function["key"]].sha256
     checked = run_cli("cache", "verify", str(cache))
     assert_ok(checked)
     assert "0 quarantined" in checked.stdout
-    assert all(entry_problem(e.path, manifest[e.key].sha256) is None for e in scan(cache))
+    assert all(store.entry_problem(e.key, manifest[e.key].sha256) is None
+               for e in store.scan(histories={}))
     # The contended entry loads in a real run.
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, variants[0], "--no-prewarm",
                                       run="w0"))
@@ -151,7 +151,7 @@ def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
         hits.append(step_record(init_report(tmp_path))["hit"])
         assert_ok(run_cli("cache", "verify", str(cache)))
     assert hits == [False, True, True]
-    assert not (cache / QUARANTINE_DIR).exists()
+    assert not LocalStore(cache).quarantine_dir.exists()
 
 
 def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
@@ -159,7 +159,8 @@ def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
     cache = tmp_path / "cache"
     assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *TINY)))
     key = step_record(init_report(tmp_path, job="prewarm"))["key"]
-    entry = cache / f"{key}{CACHE_SUFFIX}"
+    store = LocalStore(cache)
+    entry = store.entry_path(key)
     intact = entry.read_bytes()
     # A quarantine leaves the same state whatever the damage (the entry moved aside, its
     # record void), so one run after the last shows what the next run after any of them
@@ -174,7 +175,7 @@ def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
         assert found.returncode == 1, found.stdout + found.stderr
         assert f"QUARANTINED {key}" in found.stdout
         assert not entry.exists()
-    assert len(list((cache / QUARANTINE_DIR).glob(f"{key}-cache.*[0-9]"))) >= 1
+    assert len(list(store.quarantine_dir.glob(f"{key}-cache.*[0-9]"))) >= 1
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
     assert_ok(run)
     assert not step_record(init_report(tmp_path, "after"))["hit"]
@@ -323,6 +324,7 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
     entries = {p.name[:-len(CACHE_SUFFIX)] for p in cache.glob(f"*{CACHE_SUFFIX}")}
     atimes = {p.name[:-len(ATIME_SUFFIX)] for p in cache.glob(f"*{ATIME_SUFFIX}")}
     assert entries == atimes  # nothing half-deleted
-    assert all(entry_problem(e.path, None) is None for e in scan(cache))  # nothing torn
+    store = LocalStore(cache)
+    assert all(store.entry_problem(e.key) is None for e in store.scan(histories={}))  # not torn
     assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
-    assert sum(e.size for e in scan(cache)) <= 64 * 1024
+    assert sum(e.size for e in store.scan(histories={})) <= 64 * 1024

@@ -1,5 +1,6 @@
 """A remote cache dir end to end: s3:// through etils.epath and s3fs (the `remote` extra),
-against a real S3 API server on this machine (moto's), not a mock inside the process."""
+against a real S3 API server on this machine (moto's), not a mock inside the process; and
+what its store (`RemoteStore`) answers there."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import open_store
 from testing.jaxproc import free_port
 from tests.conftest import DEMO, run_cli
 
@@ -71,3 +73,19 @@ def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
     warm = run_cli("verify", *args)
     assert warm.returncode == 0, (warm.stdout + warm.stderr)[-3000:]
     assert "WARM" in warm.stdout
+
+    # The store answers through epath what it can of the entries JAX wrote there, and keeps
+    # no records; what only a local dir can do is refused in one line.
+    store = open_store(f"s3://{BUCKET}/cache")
+    size = fs.info(f"{BUCKET}/cache/{step['key']}-cache")["size"]
+    assert store.has_entry(step["key"]) and store.entry_size(step["key"]) == size
+    assert store.warm_check(step["key"]).warm and store.entry_problem(step["key"]) is None
+    assert len(store.read_entry(step["key"], lambda found: found == size) or b"") == size
+    assert store.read_entry(step["key"], lambda found: False) is None  # over a cap: unread
+    assert not store.has_entry("jit_f-" + "0" * 64) and store.entry_size("jit_f-" + "0" * 64) \
+        is None
+    assert store.manifest() == {} and store.usage() == []
+    listed = run_cli("cache", "ls", str(DEMO), f"cache.dir=s3://{BUCKET}/cache")
+    assert listed.returncode == 2
+    assert f"s3://{BUCKET}/cache: listing its entries needs a local or mounted cache dir" \
+        in listed.stderr

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.files import locked
-from jaxwarm.launcher.rundir import report_path, step_reached
-from jaxwarm.launcher.store.entries import writer_lock_path
-from jaxwarm.launcher.submit.slurm import job_states, read_jobs
+from jaxwarm.core.files import locked
+from jaxwarm.core.rundir import report_path, step_reached
+from jaxwarm.store.store import LocalStore
+from jaxwarm.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import (
     ensure_cluster,
@@ -116,7 +116,7 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
         entry_file.unlink()
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
     # the writer, as for another prewarm compiling the same key) for as long as we look.
-    with locked(writer_lock_path(cache, step), "the test, holding the compile"):
+    with locked(LocalStore(cache).writer_lock_path(step), "the test, holding the compile"):
         second = run_cli("prewarm", *args_for(tmp_path))
         assert second.returncode == 0, second.stdout + second.stderr[-3000:]
         run_dir = tmp_path / "runs" / "demo"

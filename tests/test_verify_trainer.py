@@ -10,12 +10,15 @@ verify --trainer writes nothing into the cache dir, and says what it cost."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import pinned_config, report_path, verify_config
+from jaxwarm.core.rundir import pinned_config, report_path, verify_config
+from testing.procs import alive
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
@@ -88,18 +91,77 @@ def test_verify_trainer_agrees_with_the_launch(tmp_path: Path, prewarmed: Path,
         verified.stdout
 
 
-def test_a_time_limit_ends_it_with_one_line(tmp_path: Path, prewarmed: Path) -> None:
-    """A trainer that never reaches its step within init_budget_s: what it had not looked
-    up is unknown, said in one line."""
+# Where a trainer blocks -> its command, the time limit, and the one line that ends it. The
+# limit counts from the trainer's start: after its jax import, the trainer's watch says
+# what it had not heard (the limit leaves the import a wide margin on a busy machine);
+# before it, the trainer's start (jaxwarm's call or bootstrap) ends it; before Python, the
+# wrapper kills it stop_grace_s later.
+BLOCKED = {
+    "after importing jax": (
+        "import time\nimport jax\ntime.sleep(600)\n", 15,
+        "verify --trainer: stopped at the time limit (init_budget_s 15 s): the trainer had "
+        "not looked up jit_init, jit_train_step; their answer is unknown"),
+    "before importing jax": (
+        "import time\ntime.sleep(600)\nimport jax\n", 1,
+        "verify --trainer: stopped at the time limit (init_budget_s 1 s from the trainer's "
+        "start): the trainer had not imported jax; the answer is unknown"),
+    "before reaching Python": (
+        None, 1,
+        "verify --trainer: stopped at the time limit (init_budget_s 1 s from the trainer's "
+        "start, and stop_grace_s 1 s more): /usr/bin/sh had not reached Python with "
+        "jaxwarm's recorder; killed it; the answer is unknown"),
+}
+
+
+@pytest.mark.parametrize("blocked", list(BLOCKED))
+def test_a_time_limit_ends_it_with_one_line(tmp_path: Path, prewarmed: Path,
+                                            blocked: str) -> None:
+    """A trainer that never reaches its step within init_budget_s of its start is ended
+    there, wherever it blocks, in one line: what it had not looked up is unknown."""
+    source, budget, line = BLOCKED[blocked]
     slow = tmp_path / "slow.py"
-    slow.write_text("import time\nimport jax\ntime.sleep(600)\n")
+    slow.write_text(source or "")
+    command = f"[{sys.executable}, {slow}]" if source else "[/usr/bin/sh, -c, 'sleep 600']"
     stopped = run_cli("verify", "--trainer", *cli_args(tmp_path), f"cache.dir={prewarmed}",
-                      "init_budget_s=1",
-                      f"entrypoint.command=[{sys.executable}, {slow}]", "entrypoint.args=[]")
+                      f"init_budget_s={budget}", "stop_grace_s=1",
+                      f"entrypoint.command={command}", "entrypoint.args=[]")
     assert stopped.returncode == 2, stopped.stdout + stopped.stderr[-3000:]
-    assert "verify --trainer: stopped at the time limit (init_budget_s 1 s): the trainer " \
-           "had not looked up jit_init, jit_train_step" in stopped.stderr
+    assert line in stopped.stderr, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
+
+
+# The test trainer, after it started a helper in a session of its own (a data-loader
+# service, a daemon) and wrote the helper's pid to PIDS.
+WITH_HELPER = """
+import runpy, subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"],
+                          start_new_session=True)
+with open({pids!r}, "a") as out:
+    out.write(f"{{helper.pid}}\\n")
+sys.argv[0] = {train!r}
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def test_a_helper_that_left_the_trainers_session_is_ended(tmp_path: Path,
+                                                          prewarmed: Path) -> None:
+    """verify --trainer ends the trainer at its answer (os._exit): the helper it started
+    in a session of its own (parent pid 1 without a subreaper) is ended too."""
+    pids = tmp_path / "pids"
+    script = tmp_path / "with_helper.py"
+    script.write_text(WITH_HELPER.format(pids=str(pids), train=str(TRAINER / "train.py")))
+    try:
+        verified = run_cli("verify", "--trainer", *cli_args(tmp_path), f"cache.dir={prewarmed}",
+                           f"entrypoint.command=[{sys.executable}, {script}]")
+        assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+        assert "WARM  jit_init  " in verified.stdout and "WARM  jit_train_step  " in \
+            verified.stdout, verified.stdout
+        helpers = [int(pid) for pid in pids.read_text().split()]
+        assert len(helpers) == 1 and not alive(helpers[0])
+    finally:
+        for pid in [int(pid) for pid in pids.read_text().split()] if pids.exists() else []:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 RUN_SH = '#!/bin/sh\nexec "{python}" "{script}" "$@"\n'

@@ -1,5 +1,5 @@
 """`jaxwarm verify` writes nothing into the cache dir: the warm decision it shares with the
-prewarm (`jaxwarm.prewarm.judge`) only reads, and what its checks find is repaired by the next
+prewarm (`jaxwarm.job.judge`) only reads, and what its checks find is repaired by the next
 prewarm. Checked on a warm cache holding the two entries that call for a repair: an intact
 entry no manifest or usage line records (verify reads it in full) and an entry a job missed
 (verify says so), with two processes (process 0's decision reaches the other without a
@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import EntryMissed, dumps
-from jaxwarm.launcher.rundir import report_path
-from jaxwarm.launcher.store.entries import CACHE_SUFFIX
-from jaxwarm.launcher.store.integrity import entry_problem, missed_since_check
-from jaxwarm.launcher.store.manifest import manifest_path, read_manifest
-from jaxwarm.launcher.store.usage import usage_path
+from jaxwarm.core.jsonio import dumps
+from jaxwarm.core.records import EntryMissed
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import LocalStore
 from tests.conftest import ranks_layout, run_cli
 from tests.test_store_commands import job_args
 
@@ -45,8 +43,7 @@ def snapshot(root: Path) -> dict[str, tuple]:
 
 
 def keys(cache: Path) -> dict[str, str]:
-    return {p.name.split("-")[0]: p.name[:-len(CACHE_SUFFIX)]
-            for p in cache.glob(f"*{CACHE_SUFFIX}")}
+    return {entry.function: entry.key for entry in LocalStore(cache).scan(histories={})}
 
 
 def test_verify_leaves_the_cache_dir_as_it_found_it(tmp_path: Path) -> None:
@@ -58,14 +55,14 @@ def test_verify_leaves_the_cache_dir_as_it_found_it(tmp_path: Path) -> None:
 
     # init_state's entry, intact, recorded nowhere (its prewarm killed before the record);
     # train_step's, missed by a training job since its last check.
-    manifest = json.loads(manifest_path(cache).read_text())
+    store = LocalStore(cache)
+    manifest = json.loads(store.manifest_file.read_text())
     del manifest["entries"][init]
-    manifest_path(cache).write_text(json.dumps(manifest))
-    usage = usage_path(cache)
-    lines = [line for line in usage.read_text().splitlines() if init not in line]
-    usage.write_text("".join(f"{line}\n" for line in
-                             [*lines, dumps(EntryMissed(step, "an-earlier-run"))]))
-    assert init not in read_manifest(cache) and missed_since_check(cache, step)
+    store.manifest_file.write_text(json.dumps(manifest))
+    lines = [line for line in store.usage_file.read_text().splitlines() if init not in line]
+    store.usage_file.write_text("".join(f"{line}\n" for line in
+                                        [*lines, dumps(EntryMissed(step, "an-earlier-run"))]))
+    assert init not in store.manifest() and store.warm_check(step).missed
 
     before = snapshot(cache)
     verified = run_cli("verify", *args)
@@ -81,7 +78,7 @@ def test_verify_leaves_the_cache_dir_as_it_found_it(tmp_path: Path) -> None:
 
     # A same-size bit flip in the recorded entry: the cache check before the job reads it
     # in full and finds it; verify says COLD and still moves nothing.
-    entry = cache / f"{step}{CACHE_SUFFIX}"
+    entry = store.entry_path(step)
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0x01
     entry.write_bytes(bytes(data))
@@ -98,5 +95,5 @@ def test_verify_leaves_the_cache_dir_as_it_found_it(tmp_path: Path) -> None:
     again = run_cli("prewarm", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "compiling train_step" in again.stderr and "1 quarantined" in again.stderr
-    manifest = read_manifest(cache)
-    assert init in manifest and entry_problem(entry, manifest[step].sha256) is None
+    manifest = store.manifest()
+    assert init in manifest and store.entry_problem(step, manifest[step].sha256) is None

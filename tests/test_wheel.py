@@ -18,12 +18,13 @@ import json
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.rundir import report_path
 from testing.legs import UV
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
@@ -31,6 +32,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # A user's packages under names jaxwarm once used at the top level.
 SHADOWS = ("launcher", "prewarm")
+# The wheel's dist-info carries the one version, pyproject.toml's.
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
 
 def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -77,7 +80,7 @@ def user_folder(root: Path) -> Path:
     """The demo's step factory under the user's own module name, beside the shadows."""
     root.mkdir()
     (root / "mystep.py").write_text(
-        "from jaxwarm.prewarm.workload.chunkwise import make_train_step  # noqa: F401\n")
+        "from jaxwarm.workload.chunkwise import make_train_step  # noqa: F401\n")
     for name in SHADOWS:
         (root / name).mkdir()
         (root / name / "__init__.py").write_text(
@@ -89,9 +92,9 @@ def test_the_wheel_is_one_package_that_runs_installed_beside_a_users_launcher(
         tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {"jaxwarm", "jaxwarm-0.1.0.dist-info"}
+    assert {name.split("/")[0] for name in names} == {"jaxwarm", f"jaxwarm-{VERSION}.dist-info"}
     assert {"jaxwarm/slurm_templates/train.sbatch", "jaxwarm/slurm_templates/prewarm.sbatch",
-            "jaxwarm/launcher/injob/bootstrap/sitecustomize.py", "jaxwarm/__main__.py"} \
+            "jaxwarm/job/start/bootstrap/sitecustomize.py", "jaxwarm/__main__.py"} \
         <= set(names)
 
     venv = tmp_path / "venv"
@@ -106,9 +109,10 @@ def test_the_wheel_is_one_package_that_runs_installed_beside_a_users_launcher(
     assert location.is_relative_to(venv)
     files = shown.split("Files:", 1)[1].split()
     assert {f.split("/")[0] for f in files if not f.startswith("..")} \
-        == {"jaxwarm", "jaxwarm-0.1.0.dist-info"}
+        == {"jaxwarm", f"jaxwarm-{VERSION}.dist-info"}
 
     jaxwarm = venv / "bin" / "jaxwarm"
+    assert run(jaxwarm, "--version", cwd=elsewhere).stdout == f"jaxwarm {VERSION}\n"
     doctor = run(jaxwarm, "doctor", cwd=elsewhere)
     assert "key prediction exact" in doctor.stdout
     rendered = run(jaxwarm, "render", DEMO, "--job", "train", "run.out_dir=runs", cwd=elsewhere)

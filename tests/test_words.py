@@ -1,9 +1,9 @@
-"""The one plural of jaxwarm's lines (jaxwarm.launcher.words)."""
+"""The one plural of jaxwarm's lines (jaxwarm.core.words)."""
 
 from __future__ import annotations
 
-from jaxwarm.launcher.injob.ranks import ranks_of
-from jaxwarm.launcher.words import plural
+from jaxwarm.core.words import plural
+from jaxwarm.job.ranks import ranks_of
 
 
 def test_plural_says_one_and_many() -> None:

@@ -1,4 +1,4 @@
-"""Tests for jaxwarm.prewarm.workload: the Llama-style chunkwise step both jobs build from a config.
+"""Tests for jaxwarm.workload: the Llama-style chunkwise step both jobs build from a config.
 
 Anything needing more than one device runs in a fresh subprocess (JAX fixes the device
 count at import) that prints one `RESULT <json>` line; argument parsing and the synthetic
@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.launcher.config import Config, ConfigError, parse_config, parse_yaml
-from jaxwarm.prewarm.workload.chunkwise import param_count
-from jaxwarm.prewarm.workload.data import BRANCHING, global_batch_numpy
-from jaxwarm.prewarm.workload.model import ModelArgs
+from jaxwarm.core.config import Config, parse_config
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.yamlio import parse_yaml
+from jaxwarm.workload.chunkwise import param_count
+from jaxwarm.workload.data import BRANCHING, global_batch_numpy
+from jaxwarm.workload.model import ModelArgs
 from testing.jaxproc import REPO, result, run_jax, run_jax_processes
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -33,8 +35,9 @@ DEMO_1x8 = ["topology.processes_per_node=1", "topology.devices_per_process=8"]
 LOWER_8B = r'''
 import json, re, sys
 import jax
-from jaxwarm.launcher.config import load_config
-from jaxwarm.prewarm.step import build_step, seed_spec
+from jaxwarm.core.config import load_config
+from jaxwarm.step import build_step
+from jaxwarm.step import seed_spec
 
 config = load_config(sys.argv[1], ["topology.nodes=1", "topology.processes_per_node=1",
                                    "topology.devices_per_process=64", "topology.platform=cpu"])
@@ -82,10 +85,11 @@ def test_llama3_8b_lowers_on_64_devices_without_materializing() -> None:
 TRAIN = r'''
 import json, sys
 import jax, numpy as np
-from jaxwarm.launcher.config import load_config
-from jaxwarm.prewarm.step import build_step
-from jaxwarm.prewarm.workload.data import global_batch_numpy, make_global_batch
-from jaxwarm.prewarm.workload.model import ModelArgs
+from jaxwarm.core.config import load_config
+from jaxwarm.step import build_step
+from jaxwarm.workload.data import global_batch_numpy
+from jaxwarm.workload.data import make_global_batch
+from jaxwarm.workload.model import ModelArgs
 
 
 def train(path, overrides):
@@ -172,11 +176,13 @@ def test_trains_without_recompiling(case: str,
 GRADS = r'''
 import dataclasses, json, sys
 import jax, numpy as np
-from jaxwarm.launcher.config import load_config
-from jaxwarm.prewarm.step import build_mesh
-from jaxwarm.prewarm.workload.chunkwise import accumulate_gradients, param_shardings
-from jaxwarm.prewarm.workload.data import global_batch_numpy
-from jaxwarm.prewarm.workload.model import ModelArgs, init_params
+from jaxwarm.core.config import load_config
+from jaxwarm.step import build_mesh
+from jaxwarm.workload.chunkwise import accumulate_gradients
+from jaxwarm.workload.chunkwise import param_shardings
+from jaxwarm.workload.data import global_batch_numpy
+from jaxwarm.workload.model import ModelArgs
+from jaxwarm.workload.model import init_params
 
 
 def loss_and_grads(overrides, chunks):
@@ -244,11 +250,12 @@ import json, sys
 import jax, numpy as np
 address, processes, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 jax.distributed.initialize(address, num_processes=processes, process_id=process)
-from jaxwarm.launcher.config import load_config
-from jaxwarm.prewarm.step import build_mesh
-from jaxwarm.prewarm.workload.chunkwise import batch_spec
-from jaxwarm.prewarm.workload.data import global_batch_numpy, make_global_batch
-from jaxwarm.prewarm.workload.model import ModelArgs
+from jaxwarm.core.config import load_config
+from jaxwarm.step import build_mesh
+from jaxwarm.workload.chunkwise import batch_spec
+from jaxwarm.workload.data import global_batch_numpy
+from jaxwarm.workload.data import make_global_batch
+from jaxwarm.workload.model import ModelArgs
 
 checks = {}
 for data_axes in ("[data, fsdp]", "[fsdp, data]"):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.launcher.records import SETTING_CHANGED
-from jaxwarm.launcher.rundir import report_path
+from jaxwarm.core.records import SETTING_CHANGED
+from jaxwarm.core.rundir import report_path
 from testing import jsp
 from tests.conftest import REPO, run_cli
 from tests.slurm_cluster import ensure_cluster
@@ -219,7 +219,8 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
 
 FACTORY = '''
 import jax, numpy as np
-from jaxwarm.prewarm.step import CompileTarget, StepBundle
+from jaxwarm.step import CompileTarget
+from jaxwarm.step import StepBundle
 
 def make(config, mesh):
     step = jax.jit(lambda state, frozen, residual, key: state)

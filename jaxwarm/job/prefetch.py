@@ -1,0 +1,278 @@
+"""`cache.prefetch`: a training job loads its run's prewarmed executables on background
+threads while the trainer goes on with its own init, and JAX's lookup gets them.
+
+A warm start still pays for loading each executable (XLA rebuilds the program as it
+deserializes; on an H100 a 128-layer step took 28 s to load, a quarter of its compile).
+The executables a run needs are known before the trainer asks: its prewarm recorded them
+(the manifest's newest entry per function of the run, on this process layout, with what
+loading it takes: `jaxwarm.jaxkey.entryload`). So, as soon as the process has
+its backend (right after `jax.distributed.initialize()`, or at its first lowering without
+one), one thread reads and decompresses them in load order (the step first, then the
+largest), and each is deserialized on a thread of its own, up to `WORKERS` side by side.
+The trainer's lookup of that very key (JAX's key from the trainer's own lowering), with the
+same compile options and devices, gets it, waiting while it still loads; anything else
+takes JAX's normal path, and a prefetched key asked for under other options is reported.
+Once init is over (the first step), what was never asked for is released and named in the
+report.
+
+At most `cache.prefetch_max_size` serialized bytes are held at once: the executables are
+admitted in load order while the bytes of those admitted so far (each one's file, then its
+serialized executable) stay within it, and a release does not admit another, so what is
+loaded depends on the sizes alone, never on how the loads and the trainer's lookups
+interleave (one that is not admitted is not loaded, and the report says so).
+
+On CPU only process 0's keys are the prewarm's (every other process hashes its own
+devices), so only process 0 prefetches there.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from jaxwarm.core.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
+from jaxwarm.jaxkey.entryload import (
+    Asked,
+    Loaded,
+    LoadSpec,
+    deserialize,
+    payload,
+    serve_lookups,
+)
+from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.manifest import ManifestEntry
+
+log = logging.getLogger(__name__)
+
+# Loads side by side: a run's train step, init and eval functions.
+WORKERS = 4
+# At exit, how long loads still running may take to end.
+JOIN_S = 120.0
+
+
+@dataclass
+class _Item:
+    spec: LoadSpec
+    record: Prefetched
+    done: threading.Event = field(default_factory=threading.Event)
+    loaded: Loaded | None = None
+    # The bytes admitted for it (and held until it is taken or released).
+    held: int = 0
+    asked: bool = False
+    # Nobody will take it (init ended, or its lookup took JAX's path): the load drops it.
+    dropped: bool = False
+
+
+def mismatch(prefetched: LoadSpec, asked: Asked, cache_dir: str) -> str | None:
+    """Why the trainer's lookup must not get the executable prefetched under its key; None
+    when it may (it is what JAX itself would have deserialized)."""
+    if asked.host_callbacks:
+        return "the trainer's call has host callbacks"
+    if asked.cache_dir != cache_dir:
+        return f"JAX reads another cache dir ({asked.cache_dir}), not {cache_dir}"
+    if asked.spec.device_ids != prefetched.device_ids:
+        return (f"the trainer's call runs on devices {list(asked.spec.device_ids)}, the "
+                f"prewarm's on {list(prefetched.device_ids)}")
+    if asked.spec.compile_options != prefetched.compile_options:
+        return "the trainer's compile options differ from those the prewarm recorded"
+    return None
+
+
+class Prefetch:
+    """The loads of one process, and what became of each (`report`)."""
+
+    def __init__(self, entries: list[ManifestEntry], store: CacheStore, max_size: int,
+                 started_s: float, capped: bool = False):
+        self.store = store
+        # A size-capped cache (cache.max_size): a used entry's atime is renewed as JAX would.
+        self.capped = capped
+        self.report = PrefetchReport(started_s=round(started_s, 6), max_size=max_size)
+        self._lock = threading.Lock()
+        self._held = 0
+        self._admitted = 0  # every admitted item's bytes, released or not
+        self._slots = threading.Semaphore(WORKERS)
+        self._items: dict[str, _Item] = {}
+        self._threads: list[threading.Thread] = []
+        # Load order, which admission follows: the step first (the trainer needs it last,
+        # but it takes longest), then the largest.
+        for entry in sorted(entries, key=lambda e: (not e.is_step, -(e.size or 0))):
+            assert entry.compile_options is not None
+            record = Prefetched(entry.function, entry.key, outcome="loading")
+            self._items[entry.key] = _Item(
+                LoadSpec(entry.compile_options, tuple(entry.device_ids)), record)
+            self.report.executables.append(record)
+
+    def start(self) -> None:
+        reader = threading.Thread(target=self._read_all, daemon=True,
+                                  name="jaxwarm-prefetch-read")
+        self._threads.append(reader)
+        reader.start()
+
+    def join(self) -> None:
+        """At exit: let loads still inside XLA end (a thread in native code when the
+        interpreter finalizes can abort the process), for at most JOIN_S."""
+        deadline = time.monotonic() + JOIN_S
+        # The reader first: once it has ended, every load it started is in the list.
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _admit(self, item: _Item, size: int) -> bool:
+        """Admit `size` bytes for `item` (in place of what it had) if everything admitted
+        so far stays within the cap; else take back what it had. Called in load order, from
+        the reader alone, so the answer depends on the sizes and the order only."""
+        with self._lock:
+            if self._admitted - item.held + size > self.report.max_size:
+                self._admitted -= item.held
+                self._held -= item.held
+                item.held = 0
+                return False
+            self._admitted += size - item.held
+            self._held += size - item.held
+            item.held = size
+            self.report.peak_bytes = max(self.report.peak_bytes, self._held)
+            return True
+
+    def _release(self, item: _Item) -> None:
+        with self._lock:
+            self._held -= item.held
+            item.held = 0
+            item.loaded = None
+
+    def _drop(self, item: _Item, outcome: str) -> None:
+        """Nobody takes `item`: released now, or by its load once that ends."""
+        with self._lock:
+            item.dropped = True
+            item.record.outcome = outcome
+            loading = not item.done.is_set()
+        if not loading:
+            self._release(item)
+
+    def _read_all(self) -> None:
+        """Each item in load order: read and decompress it within the cap, then deserialize
+        it on a thread of its own (at most WORKERS at once). One nobody will take any more
+        is not read."""
+        for item in self._items.values():
+            start = time.perf_counter()
+            try:
+                read = None if item.dropped else self._read(item)
+            except Exception as exc:  # a load that fails leaves JAX's own path to the trainer
+                self._failed(item, exc)
+                read = None
+            if read is None:
+                self._done(item, None, start)
+                continue
+            self._slots.acquire()
+            thread = threading.Thread(target=self._deserialize, args=(item, *read, start),
+                                      daemon=True, name=f"jaxwarm-prefetch-{item.record.key}")
+            self._threads.append(thread)
+            thread.start()
+
+    def _read(self, item: _Item) -> tuple[bytes, int] | None:
+        """The serialized executable and its compile time; None (outcome OVER_CAP) when the
+        cap does not admit its file or its serialized bytes."""
+        data = self.store.read_entry(item.record.key, lambda size: self._admit(item, size))
+        if data is None:
+            item.record.outcome = OVER_CAP
+            return None
+        serialized, compile_time = payload(data)
+        del data
+        if not self._admit(item, len(serialized)):
+            item.record.outcome = OVER_CAP
+            return None
+        return serialized, compile_time
+
+    def _deserialize(self, item: _Item, serialized: bytes, compile_time: int,
+                     start: float) -> None:
+        loaded = None
+        try:
+            loaded = deserialize(serialized, compile_time, item.spec)
+            item.record.size = loaded.size
+        except Exception as exc:  # as in _read_all
+            self._failed(item, exc)
+        finally:
+            self._slots.release()
+            self._done(item, loaded, start)
+
+    def _failed(self, item: _Item, exc: Exception) -> None:
+        item.record.outcome = f"not loaded: {type(exc).__name__}: {exc}"
+        log.warning("jaxwarm: prefetch of %s: %s; JAX loads it at the trainer's call",
+                    item.record.function, item.record.outcome)
+
+    def _done(self, item: _Item, loaded: Loaded | None, start: float) -> None:
+        """`item`'s load is over: kept for its lookup, or released."""
+        item.record.load_s = round(time.perf_counter() - start, 6)
+        with self._lock:
+            item.loaded = loaded
+            item.done.set()
+            keep = loaded is not None and not item.dropped
+        if not keep:
+            self._release(item)
+
+    def prefetched(self, key: str) -> bool:
+        return key in self._items
+
+    def take(self, asked: Asked) -> Loaded | None:
+        """The trainer's lookup of a prefetched key: its executable, or None (JAX's path)."""
+        item = self._items[asked.key]
+        with self._lock:
+            first, item.asked = not item.asked, True
+        if not first:
+            return None  # a second lookup of one key (JAX handed the first its executable)
+        why = mismatch(item.spec, asked, self.store.dir)
+        if why is not None:
+            self._drop(item, f"not used: {why}")
+            log.warning("jaxwarm: %s was prefetched under key %s but not used: %s; JAX "
+                        "loads it itself", item.record.function, asked.key, why)
+            return None
+        start = time.perf_counter()
+        item.done.wait()
+        item.record.waited_s = round(time.perf_counter() - start, 6)
+        with self._lock:
+            loaded = item.loaded
+        self._release(item)
+        if loaded is not None:
+            item.record.outcome = USED
+            if self.capped:
+                try:
+                    self.store.mark_used(asked.key)
+                except OSError as exc:  # bookkeeping never stops a load
+                    log.warning("jaxwarm: %s: its atime file: %s", asked.key, exc)
+        return loaded
+
+    def finish(self) -> None:
+        """Init is over: release what was never asked for, and name it."""
+        with self._lock:
+            unasked = [item for item in self._items.values() if not item.asked]
+            for item in unasked:
+                item.asked = True  # a lookup after init takes JAX's path
+        for item in unasked:
+            failed = item.done.is_set() and item.loaded is None
+            self._drop(item, item.record.outcome if failed else UNUSED)
+        if unasked:
+            log.info("jaxwarm: prefetched but never asked for by the first step, released: %s",
+                     ", ".join(item.record.function for item in unasked))
+
+
+_started: list[Prefetch] = []
+
+
+def start_prefetch(entries: list[ManifestEntry], store: CacheStore, max_size: int,
+                   started_s: float, capped: bool) -> Prefetch | None:
+    """Start loading `entries` (those recorded with what loading takes, whose file is in
+    `store`, the dir JAX reads) and serve JAX's lookups of them; once per process.
+    None when there is nothing to load."""
+    if _started:
+        return None
+    loadable = [e for e in entries if e.compile_options is not None and store.has_entry(e.key)]
+    if not loadable:
+        return None
+    prefetch = Prefetch(loadable, store, max_size, started_s, capped)
+    serve_lookups(prefetch.prefetched, prefetch.take)
+    _started.append(prefetch)
+    prefetch.start()
+    atexit.register(prefetch.join)
+    log.info("jaxwarm: prefetching %s", ", ".join(e.function for e in loadable))
+    return prefetch

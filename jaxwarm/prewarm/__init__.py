@@ -1,1 +1,0 @@
-"""Prewarm jobs, step factories, cache-key prediction and the reference workload."""

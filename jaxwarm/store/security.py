@@ -1,0 +1,175 @@
+"""Who may write the cache dir: every rank loads its entries and runs them as native code.
+
+So a cache dir anyone else can write is a way to run code as the user on every node. jaxwarm
+refuses a dir (or a parent, unless it has the sticky bit like /tmp) that is writable by
+everyone, and a dir owned by another user, unless the config names the group that shares it
+(`cache.trusted_group`): then the dir must belong to that group and nobody outside it may
+write. A group-writable dir is refused unless its group is that trusted group. Whoever owns
+a parent may rename what is in it (the sticky bit does not stop its owner), so swap the
+cache dir for one of theirs: every parent must be owned by root or by the user, unless its
+group is the trusted group. New dirs are created 0700 (0770 plus setgid for a trusted group,
+so new files inherit the group).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from jaxwarm.core.config import CacheConfig
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR
+
+PRIVATE_MODE = PRIVATE_DIR
+SHARED_MODE = GROUP_DIR
+
+
+class DirIdentity(NamedTuple):
+    """Which directory a path named when it was checked."""
+
+    device: int
+    inode: int
+
+
+def trusted_gid(cache: CacheConfig, source: str) -> int | None:
+    if cache.trusted_group is None:
+        return None
+    try:
+        return grp.getgrnam(cache.trusted_group).gr_gid
+    except KeyError:
+        raise ConfigError(f"{source}: cache.trusted_group: no group named "
+                          f"{cache.trusted_group!r} on this machine") from None
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Whom a cache dir may answer to: the user `uid`, and the group `gid` the config
+    trusts (`cache.trusted_group`; None: no group). Its rules are pure (a stat in, why it
+    is unsafe out), so they are tested without another user's files."""
+
+    uid: int
+    gid: int | None
+
+    def dir_problem(self, info: os.stat_result) -> str | None:
+        """Why a cache dir with this stat is unsafe; None when it is safe."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISDIR(info.st_mode):
+            return "is not a directory"
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} (mode {mode:04o}), " +
+                    ("and cache.trusted_group does not name it; set it to share a group "
+                     "directory on purpose" if gid is None
+                     else f"not by the trusted group (gid {gid})"))
+        if info.st_uid == uid:
+            return None
+        if gid is None:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}); set "
+                    f"cache.trusted_group to share a group directory on purpose")
+        if info.st_gid != gid:
+            return (f"is owned by uid {info.st_uid} and group {info.st_gid}, not by the "
+                    f"trusted group (gid {gid})")
+        return None
+
+    def parent_problem(self, info: os.stat_result) -> str | None:
+        """A parent others may rename in lets them swap the dir: its owner, unless that is
+        root or this user (the sticky bit does not stop an owner); and, without the sticky
+        bit, anyone for a world-writable one, every member of its group for a
+        group-writable one. A parent whose group is the trusted group is the group's to
+        share."""
+        uid, gid = self.uid, self.gid
+        mode = stat.S_IMODE(info.st_mode)
+        trusted = gid is not None and info.st_gid == gid
+        if info.st_uid not in (0, uid) and not trusted:
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep the "
+                    f"cache under dirs you or root own" + (
+                        ")" if gid is not None else
+                        ", or set cache.trusted_group to a group that owns that dir)"))
+        if mode & stat.S_ISVTX:
+            return None
+        if mode & stat.S_IWOTH:
+            return f"is writable by every user without the sticky bit (mode {mode:04o})"
+        if mode & stat.S_IWGRP and info.st_gid != gid:
+            return (f"is writable by group {info.st_gid} without the sticky bit (mode "
+                    f"{mode:04o}) and cache.trusted_group does not name that group")
+        return None
+
+
+def write_problem(path: Path) -> str | None:
+    """Why this user cannot create or write the dir (it, or its nearest existing parent)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    what = "is" if existing == path else f"cannot be created: {existing}"
+    return f"{what} read-only for you; jobs could neither write nor lock entries there"
+
+
+def check_cache_dir(path: Path, cache: CacheConfig, source: str,
+                    writing: bool = False, key: str = "cache.dir") -> DirIdentity | None:
+    """Refuse an unsafe existing cache dir or parent with one line naming file and key.
+
+    The parents are checked along the path as written and along the path it resolves to,
+    so a symlink cannot lead into a dir anyone may replace. With `writing` (a launch), a
+    dir this user cannot write is refused here too, before any job starts. Returns the
+    identity of the dir checked (None when it does not exist yet), for `recheck_cache_dir`.
+    `key` is the config key that named the dir (`cache.stage` for a node's staged copy)."""
+    trust = Trust(os.geteuid(), trusted_gid(cache, source))
+    path = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
+        problem = trust.parent_problem(parent.stat()) if parent.exists() else None
+        if problem:
+            raise ConfigError(f"{source}: {key}: parent {parent} {problem}: whoever can "
+                              f"rename in it can swap the cache dir for theirs, and every "
+                              f"rank executes what is there")
+    identity = None
+    if path.exists():
+        info = path.stat()
+        problem = trust.dir_problem(info)
+        if problem:
+            raise ConfigError(f"{source}: {key}: {path} {problem}; refusing to run code "
+                              f"from it")
+        identity = DirIdentity(info.st_dev, info.st_ino)
+    problem = write_problem(path) if writing else None
+    if problem:
+        raise ConfigError(f"{source}: {key}: {path} {problem}")
+    return identity
+
+
+def recheck_cache_dir(path: Path, cache: CacheConfig, source: str,
+                      checked: DirIdentity | None, key: str = "cache.dir") -> DirIdentity | None:
+    """The same checks again right before JAX opens the dir (each cache lookup of a job),
+    and the dir must still be the one checked then: a dir swapped in between (a rename by
+    whoever can write a parent) is refused, not loaded from."""
+    identity = check_cache_dir(path, cache, source, key=key)
+    if checked is not None and identity != checked:
+        raise ConfigError(f"{source}: {key}: {path} is not the directory checked when "
+                          f"the job started (it was replaced: device/inode {checked.device}/"
+                          f"{checked.inode}, now {_describe(identity)}); refusing to load code "
+                          f"from it")
+    return identity
+
+
+def _describe(identity: DirIdentity | None) -> str:
+    return "missing" if identity is None else f"{identity.device}/{identity.inode}"
+
+
+def prepare_cache_dir(path: Path, cache: CacheConfig, source: str,
+                      key: str = "cache.dir") -> DirIdentity | None:
+    """Check the dir, then create it (and missing parents) with a safe mode; returns the
+    identity of the dir as checked or created."""
+    identity = check_cache_dir(path, cache, source, key=key)
+    if identity is not None:
+        return identity
+    gid = trusted_gid(cache, source)
+    path.mkdir(mode=PRIVATE_MODE if gid is None else SHARED_MODE, parents=True, exist_ok=True)
+    if gid is not None:
+        os.chown(path, -1, gid)
+        os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask
+    return check_cache_dir(path, cache, source, key=key)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import TINY_STEP
-from jaxwarm.core.rundir import report_path
+from jaxwarm.core.rundir import earlier_reports_dir, report_path
 from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
@@ -161,6 +161,9 @@ def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
     assert "jit_train_step: HIT on process 0" in warm.stdout
     second = report(run_dir, "train", 0)
     assert function(second, "jit_train_step")["hit"] and second["first_step_from"] == "trainer"
+    # The cold launch's report is kept, numbered, not overwritten by the warm one's.
+    kept = json.loads((earlier_reports_dir(run_dir, 1) / "train-r0-p0.json").read_text())
+    assert kept == first
     line = next(line for line in warm.stdout.splitlines()
                 if line.startswith("time to first step on process 0"))
     cold_part, warm_part = line.split(": ", 1)[1].split("), warm ")

@@ -23,16 +23,19 @@ from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
 from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
 from jaxwarm.core.rundir import (
+    earlier_reports_dir,
     lock_path,
     metrics_path,
     pinned_config,
+    report_path,
     submitted_jobs_path,
     verify_config,
 )
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
-from jaxwarm.submit.local import LocalBackend, record_states
+from jaxwarm.submit.local import JobResult, LocalBackend, record_states
+from jaxwarm.submit.local import outcome as local_outcome
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
@@ -430,3 +433,28 @@ def test_slurm_without_its_commands_is_refused_before_anything_is_written(
         f"client commands are not installed on this machine): submit from a login node of "
         f"the cluster, or run with --local")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_relaunch_keeps_the_earlier_launch_s_reports(tmp_path: Path) -> None:
+    """A launch's jobs write their reports under the same names as the launch before them
+    (`train-r0-p0.json`): the earlier ones are moved aside first, numbered, never
+    overwritten; `jaxwarm report` reads the latest launch's."""
+    run_dir = tmp_path / "runs" / "demo"
+    for attempt in (1, 2):
+        report_path(run_dir, TRAIN, 0, 0).parent.mkdir(parents=True, exist_ok=True)
+        report_path(run_dir, TRAIN, 0, 0).write_text(f"attempt {attempt}\n")
+        assert flow.launch(request(tmp_path, prewarm="never"), FakeBackend()) == 0
+        assert not report_path(run_dir, TRAIN, 0, 0).exists()
+        assert (earlier_reports_dir(run_dir, attempt) / "train-r0-p0.json").read_text() == \
+            f"attempt {attempt}\n"
+
+
+@pytest.mark.parametrize("checkpointed, says", [
+    (True, "train stopped after a forwarded signal; relaunch the same command to resume "
+           "from its last checkpoint"),
+    (False, "train stopped after a forwarded signal; relaunch the same command to run it "
+            "again (no checkpoint in the run dir: it starts over unless the trainer keeps "
+            "its own)")])
+def test_a_stopped_job_says_resume_only_with_a_checkpoint(checkpointed: bool, says: str) -> None:
+    stopped = JobResult(TRAIN, 0, signal_received=15, checkpointed=checkpointed)
+    assert local_outcome(stopped).detail == says

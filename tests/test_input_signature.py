@@ -141,8 +141,8 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first(tmp_path: P
     assert why(None) == [f"{head} (or a static argument)"]
     assert why(["source: model/layers.py changed"]) == \
         [f"{head}; since the prewarm: source: model/layers.py changed"]
-    assert why([]) == [f"{head}, and nothing the launch's fingerprint covers did: the "
-                       f"trainer's step is not the program its step factory builds"]
+    assert why([]) == [f"{head}, in code the launch's fingerprint cannot see (imported by a "
+                       f"computed name, or run by the trainer only)"]
     # One cause, short, whatever changed: the fingerprint's differences as fit.
     many = why([f"source: model/layer{i}.py changed" for i in range(9)])
     assert len(many) == 1 and len(many[0]) <= CAUSE_WIDTH and many[0].endswith(" more)"), many

@@ -18,13 +18,18 @@ from jaxwarm.cli.cache import cache_stats, entry_rows
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.jsonio import dumps, from_json
 from jaxwarm.core.records import (
+    PREWARM_FORGOTTEN,
     SETTING_CHANGED,
+    UNUSED,
     EntryChecked,
     EntryPruned,
     FirstStep,
     FunctionRecord,
     InitReport,
     JobUsage,
+    Prefetched,
+    PrefetchReport,
+    ReportWarning,
     UsedFunction,
     Verdict,
     VerifyResult,
@@ -34,6 +39,7 @@ from jaxwarm.jaxkey.logs import input_elements
 from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
     attempt_summaries,
+    did,
     first_step_lines,
     format_table,
     format_verdicts,
@@ -116,8 +122,7 @@ def test_the_table_has_a_row_per_process_then_the_compiles_and_warnings() -> Non
     # runs no step (no first step, no budget) and its lookups that missed are what it
     # compiled, not misses.
     assert rows[1].split() == ["prewarm", "0", "0-1", "2", "0", "-", "8.34-8.61", "0.00",
-                               "-", "-", "compiled", "2,", "0", "already", "in", "the",
-                               "cache"]
+                               "-", "-", "2", "compiled,", "0", "already", "WARM"]
     assert rows[2].split() == ["train", "0", "0", "3", "1", "2", "0.06", "0.23", "10.99",
                                "1800", "ok", "warm"]
     assert rows[3].split()[-2:] == ["ok", "cold"]  # on CPU process 1 compiles
@@ -431,3 +436,34 @@ def test_an_attempt_that_ran_no_step_is_neither_warm_nor_cold(tmp_path: Path) ->
 def test_input_elements_are_counted_from_jax_s_lowering_line() -> None:
     assert input_elements("(ShapedArray(bfloat16[4,5]), ShapedArray(uint32[2]), "
                           "ShapedArray(key<fry>[]), ShapedArray(float32[]))") == 24
+
+
+def test_the_prewarm_row_the_prefetch_and_a_forgotten_record_say_what_they_saw(
+        tmp_path: Path) -> None:
+    """Each line says what its part saw: a prewarm that found every target WARM looked
+    nothing up, and its row counts what it found (`N compiled, M already WARM`); a
+    prefetched executable nobody asked for by the first step was released then (a lookup
+    of it after the step, which hit, is no contradiction); a prewarm record the attempt's
+    miss made the run forget is one line in the headline and in `jaxwarm status`."""
+    prewarm = InitReport(job="prewarm", restart_count=0, process_index=0, process_count=1,
+                         cache_dir=str(tmp_path), init_budget_s=1.0, judged_warm=2)
+    assert did(prewarm) == "0 compiled, 2 already WARM"
+    assert did(dataclasses.replace(prewarm, judged_warm=0, lookups=2, hits=1)) == \
+        "1 compiled, 1 already WARM"
+
+    decode = FunctionRecord(name="jit_decode", key="jit_decode-ab", hit=True, seconds=0.01,
+                            prewarmed=True)
+    forgot = ReportWarning(PREWARM_FORGOTTEN, "the prewarm record of run 'mx64' is forgotten")
+    train = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
+                       cache_dir=str(tmp_path), init_budget_s=60.0, lookups=1, hits=1,
+                       time_to_first_step_s=2.0, first_step_from="trainer",
+                       functions=[decode], warnings=[forgot],
+                       prefetch=PrefetchReport(1.0, 100, 10, [Prefetched(
+                           "jit_decode", "jit_decode-ab", UNUSED, 10, 0.02)]))
+    empty = LocalStore(tmp_path)
+    lines = summarize([train], empty.manifest(), "demo", empty)
+    assert "prefetch (process 0, from 1.00 s): jit_decode not asked for by the first step, " \
+           "released (loaded in 0.02 s); at most 10 bytes held (cache.prefetch_max_size " \
+           "100)" in lines, lines
+    assert lines.count(forgot.text) == 1
+    assert attempt_summaries([train])[1:] == [f"attempt r0: {forgot.text}"]

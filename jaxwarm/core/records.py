@@ -32,6 +32,8 @@ OPTIONS_DIFFER = "options_differ"
 # the ranks of the job did not all have an entry, so all compiled without the cache, or
 # they stopped the job (a key or an environment that differs, a meeting that timed out)
 RANKS = "ranks"
+# a miss of an entry the launch's recorded prewarm promised: that record is forgotten
+PREWARM_FORGOTTEN = "prewarm_forgotten"
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class Staging:
 
 # What became of an executable the prefetch loaded (`jaxwarm.job.prefetch`).
 USED = "used"  # the trainer's lookup got it
-UNUSED = "never asked for (released)"  # init ended before any lookup of its key
+UNUSED = "not asked for by the first step, released"  # init ended before its lookup
 OVER_CAP = "over cache.prefetch_max_size (not loaded)"
 
 
@@ -231,6 +233,8 @@ class InitReport:
     # How many functions the run's prewarm recorded, as a training job knew them: one that
     # looked up none of them ran no step (`ran_no_step`).
     run_prewarmed: int = 0
+    # A prewarm job's targets it judged WARM and so never compiled nor looked up.
+    judged_warm: int = 0
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)

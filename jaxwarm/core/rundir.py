@@ -160,6 +160,21 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether the run dir holds a checkpoint (jaxwarm-train's; a trainer of its own may
+    keep its checkpoints elsewhere): what a relaunch after a stop may promise to resume."""
+    try:
+        return any(checkpoints_dir(run_dir).iterdir())
+    except OSError:
+        return False
+
+
+def earlier_reports_dir(run_dir: str | Path, launch: int) -> Path:
+    """Where a relaunch moves the init reports of the `launch`-th launch before it (1, 2,
+    ...): its jobs write theirs under the same names, and none is overwritten."""
+    return reports_dir(run_dir) / f"earlier-{launch}"
+
+
 def metrics_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "metrics.jsonl"
 

@@ -20,6 +20,7 @@ from jaxwarm.core.records import (
     NOT_LOOKED_UP,
     ORDER,
     OTHER,
+    PREWARM_FORGOTTEN,
     RANKS,
     SETTING_CHANGED,
     TRAIN,
@@ -83,7 +84,8 @@ def did(report: InitReport) -> str:
     if report.job == VERIFY:
         return "predicted keys, compiled nothing" if not report.lookups else \
             f"looked up {report.lookups}, {report.hits} in the cache"
-    return f"compiled {report.misses}, {report.hits} already in the cache"
+    # What it judged WARM it never looked up; a target that hit at its compile was WARM too.
+    return f"{report.misses} compiled, {report.judged_warm + report.hits} already WARM"
 
 
 def _outcome(fn: FunctionRecord) -> str:
@@ -156,7 +158,8 @@ def function_lines(group: list[InitReport], targets: PrewarmedFunctions, thresho
                      f"(not prewarmed, not stored), {_span([sum(s.small) for s in shown])} s "
                      f"in all; --all lists them")
     for warning in group[0].warnings:
-        lines.append(f"  WARNING {where.rstrip()}: {warning.text}")
+        if warning.kind != PREWARM_FORGOTTEN:  # the headline's line, not the process's doing
+            lines.append(f"  WARNING {where.rstrip()}: {warning.text}")
     return lines
 
 
@@ -349,7 +352,7 @@ def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: Ca
     for report in attempt:
         # A setting that differs from the prewarm's is said by the miss's own why line.
         said += [w.text for w in report.warnings if w.kind == RANKS or (
-            report.process_index == 0 and w.kind == SETTING_CHANGED)]
+            report.process_index == 0 and w.kind in (SETTING_CHANGED, PREWARM_FORGOTTEN))]
         if report.process_index != 0:
             continue
         for fn in report.functions:
@@ -547,7 +550,8 @@ def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdi
 
 
 def attempt_summaries(reports: list[InitReport]) -> list[str]:
-    """One line per attempt of the training job (restart 0, 1, ...), from process 0."""
+    """One line per attempt of the training job (restart 0, 1, ...), from process 0, and
+    one for a prewarm record its miss made the run forget."""
     lines = []
     for r in reports:
         if r.job == TRAIN and r.process_index == 0:
@@ -557,4 +561,6 @@ def attempt_summaries(reports: list[InitReport]) -> list[str]:
             lines.append(f"attempt r{r.restart_count}: {r.label or 'no lookup'}; {r.hits} "
                          f"hit(s) of {r.lookups} lookup(s) on process 0, compile "
                          f"{r.backend_compile_s:.2f} s, {step}")
+            lines += [f"attempt r{r.restart_count}: {w.text}" for w in r.warnings
+                      if w.kind == PREWARM_FORGOTTEN]
     return lines

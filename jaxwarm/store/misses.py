@@ -154,14 +154,14 @@ def inputs_line(changes: list[str], prewarm: ManifestEntry | None = None,
 def code_line(since_prewarm: list[str] | None, prewarm: ManifestEntry | None = None,
               run: str | None = None) -> str:
     """Equal inputs, another program: the step's code changed (or a static argument); what
-    the fingerprint saw change since the prewarm, when it knows (nothing: the trainer's step
-    is not the program its step factory builds)."""
+    the fingerprint saw change since the prewarm, when it knows (nothing: code it cannot
+    see, a module imported by a computed name or code only the trainer runs)."""
     head = f"same inputs as the prewarm{whose(prewarm, run)}: the step's code changed"
     if since_prewarm is None:
         return f"{head} (or a static argument)"
     if not since_prewarm:
-        return (f"{head}, and nothing the launch's fingerprint covers did: the trainer's step "
-                f"is not the program its step factory builds")
+        return (f"{head}, in code the launch's fingerprint cannot see (imported by a "
+                f"computed name, or run by the trainer only)")
     prefix = f"{head}; since the prewarm: "
     return prefix + _listed(since_prewarm, CAUSE_WIDTH - len(prefix))
 

@@ -49,7 +49,13 @@ from jaxwarm.submit.jobs import (
     verify_job,
     verify_trainer_job,
 )
-from jaxwarm.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
+from jaxwarm.submit.prepare import (
+    holding_run_dir,
+    keep_earlier_reports,
+    prepare_cache,
+    resolve_run,
+    write_run_dir,
+)
 from jaxwarm.submit.results import print_report, print_verdicts
 
 log = logging.getLogger(__name__)
@@ -98,6 +104,7 @@ def launch(request: Request, backend: Backend[H]) -> int:
         for run in runs:
             config = run.config
             store = pinned_store(run, backend)
+            keep_earlier_reports(config.run_dir)
             # The entries it finds bad are quarantined here, so a job compiles them again;
             # verify only says them.
             prepare_cache(config, store, request.check_cache, repair=True)

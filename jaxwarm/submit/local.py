@@ -40,7 +40,7 @@ from jaxwarm.core.files import atomic_write, is_held, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import TRAIN, VERIFY, LocalJobState, LocalLaunch
-from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
+from jaxwarm.core.rundir import has_checkpoint, local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
@@ -67,6 +67,8 @@ class JobResult:
     problem: str | None = None
     # The one error line the failed process said (a job's `jaxwarm: error: ...`), if any.
     error: str | None = None
+    # Whether the run dir held a checkpoint when it ended: what a relaunch may resume from.
+    checkpointed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -236,7 +238,7 @@ class LocalJob:
         result = self._wait_processes()
         for thread in self.echoes:  # the last lines of process 0 reach the terminal too
             thread.join(timeout=10)
-        return result
+        return dataclasses.replace(result, checkpointed=has_checkpoint(self.run_dir))
 
     def _wait_processes(self) -> JobResult:
         while True:
@@ -283,10 +285,11 @@ def outcome(result: JobResult) -> Outcome:
     if result.problem is not None:
         return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
-        return Outcome(result.name, False,
-                       f"{result.name} stopped after a forwarded signal; relaunch the same "
-                       f"command to resume from its last checkpoint",
-                       128 + result.signal_received)
+        again = "resume from its last checkpoint" if result.checkpointed else \
+            ("run it again (no checkpoint in the run dir: it starts over unless the trainer "
+             "keeps its own)")
+        return Outcome(result.name, False, f"{result.name} stopped after a forwarded signal; "
+                       f"relaunch the same command to {again}", 128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.
         what = f"{result.name} failed: process {result.failed_process} {ended(result.returncode)}"

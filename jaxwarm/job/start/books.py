@@ -28,6 +28,7 @@ from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import append_line
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import (
+    PREWARM_FORGOTTEN,
     SETTING_CHANGED,
     TRAIN,
     EntryMissed,
@@ -258,7 +259,9 @@ class Books:
         """Process 0 of a training job: a prewarmed function it missed under another key
         voids the prewarm record its launch trusted (`forget_missed_prewarms`)."""
         if recorder.report.process_index == 0 and self.job == TRAIN:
-            forget_missed_prewarms(self.config, self.store, recorder.report)
+            forgot = forget_missed_prewarms(self.config, self.store, recorder.report)
+            if forgot is not None:  # the store's own line is in the job's log already
+                recorder.add_warning(forgot, quiet=True)
 
     def mlperf_stopped(self, recorder: InitRecorder) -> None:
         """`init_stop` and `run_start`, dated where the first step's first execution began
@@ -447,20 +450,22 @@ def publish_at_exit(config: Config, store: CacheStore, staging: Staging,
         log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
 
 
-def forget_missed_prewarms(config: Config, store: CacheStore, report: InitReport) -> None:
+def forget_missed_prewarms(config: Config, store: CacheStore,
+                           report: InitReport) -> ReportWarning | None:
     """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
     that prewarm's functions up under another key: what the login node's fingerprint
     promised does not hold (a GPU driver, a module imported by a computed name). Forget
     that record, so the next launch with this fingerprint runs its prewarm job again. (A
-    launch under another fingerprint that misses is no news: its decision said so.)"""
+    launch under another fingerprint that misses is no news: its decision said so.) What
+    was forgotten is said in one line, for the report (the launch's output, status)."""
     path = prewarm_decision_path(config.run_dir)
     decision = read_record(PrewarmDecision, path)
     if decision is None or decision.fingerprint is None:
-        return
+        return None
     digest = decision.fingerprint.digest
     record = store.prewarms().get(digest)
     if record is None:
-        return
+        return None
     promised = {function_of(key): key for key in record.keys}
     for function in report.functions:
         key = promised.get(function.name)
@@ -468,4 +473,8 @@ def forget_missed_prewarms(config: Config, store: CacheStore, report: InitReport
             store.forget_prewarm(digest, key,
                                  f"{function.name} missed under key {function.key}, not the "
                                  f"prewarmed {key}")
-            return
+            return ReportWarning(PREWARM_FORGOTTEN, (
+                f"prewarm record of run {record.run!r} forgotten: {function.name} missed its "
+                f"prewarmed key, which this fingerprint promised; the next launch with it "
+                f"prewarms again"))
+    return None

@@ -21,46 +21,28 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Check, checks_json, checks_table, machine, publish, table
-from bench.warm_start import LAYOUT, PHASES, cli, summary, train_report
-from testing import jsp
+from bench.startup import (
+    LAYOUT,
+    PHASES,
+    Trainer,
+    cli,
+    jsp_example,
+    maxtext,
+    summary,
+    train_report,
+)
 from testing.legs import MAXTEXT, ready
 
 DEFAULT_JSON = REPO / "bench" / "results" / "init-ledger.json"
 SWITCHES = {"warm with prefetch": "auto", "warm": "false"}
 
 
-@dataclass(frozen=True)
-class Trainer:
-    """How one trainer is launched: its config, its run's name, the function its first
-    step runs, and (given the work dir) the python, the working dir and the overrides."""
-
-    config: Path
-    run: str
-    step: str
-    setup: Callable[[Path], tuple[Path, Path, list[str]]]
-
-
 def reference(work: Path) -> tuple[Path, Path, list[str]]:
     return Path(sys.executable), REPO, [*LAYOUT, "train.steps=1"]
-
-
-def jsp_example(work: Path) -> tuple[Path, Path, list[str]]:
-    pythonpath = jsp.install(work / "site")
-    return Path(sys.executable), REPO, [f"env={{PYTHONPATH: {pythonpath!r}}}",
-                                        f"entrypoint.args=[--out, {work / 'trainer'}]"]
-
-
-def maxtext(work: Path) -> tuple[Path, Path, list[str]]:
-    # From a working dir of its own: the example's relative paths (MaxText's output) land
-    # there. MaxText's own cache dir goes there too (jaxwarm's stays in force).
-    return MAXTEXT.python, work, [f"env.PYTHONPATH={REPO / 'examples' / 'maxtext'}",
-                                  f"env.M_JAX_CACHE_DIR={work / 'maxtext-own-cache'}"]
 
 
 TRAINERS = {"reference": Trainer(REPO / "configs" / "demo.yaml", "demo", "jit_train_step",
@@ -83,8 +65,7 @@ def measure(trainer: Trainer, work: Path, env: dict[str, str]) -> dict[str, Any]
         runs = work / name.replace(" ", "-")
         cli("launch", str(trainer.config), "--local", "--no-prewarm", f"run.out_dir={runs}",
             *cache, f"cache.prefetch={switch}", *overrides, env=env, python=python, cwd=cwd)
-        launches[name] = summary(train_report(runs / trainer.run, env, python, cwd),
-                                 trainer.step)
+        launches[name] = summary(train_report(runs / trainer.run), trainer.step)
     return launches
 
 

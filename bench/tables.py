@@ -25,11 +25,12 @@ from bench import (
     init_ledger,
     key_cost,
     launch_cost,
+    parallel_compile,
     scale,
     stage_reads,
+    startup,
     step_cost,
     wakeups,
-    warm_start,
 )
 from bench.common import REPO, Check, checks_table, read_json, table
 
@@ -70,6 +71,10 @@ def gpu_sizes_table(name: str) -> str:
                   for run in result(name)["runs"]])
 
 
+def startup_table(name: str) -> str:
+    return startup.startup_table(startup.as_result(result(name)))
+
+
 def cpu() -> Any:
     return result("cpu-2core")
 
@@ -92,7 +97,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "stage-reads-8nodes": lambda: stage_reads.reads_table(result("stage-reads-8nodes")),
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),
     "gpu-h100-sizes": lambda: gpu_sizes_table("nvidia-h100-80gb-hbm3-sizes"),
-    "warm-start": lambda: warm_start.warm_table(result("warm-start")),
+    "warm-start": lambda: startup.warm_table(result("warm-start")),
+    "startup-reference": lambda: startup_table("startup-reference"),
+    "startup-reference-loaded": lambda: startup_table("startup-reference-loaded"),
+    "startup-maxtext": lambda: startup_table("startup-maxtext"),
+    "parallel-compile": lambda: parallel_compile.compile_table(parallel_compile.as_result(
+        result("parallel-compile"))),
     "init-ledger": lambda: init_ledger.ledger_table(result("init-ledger")),
     "wakeups-32-before": lambda: wakeups.wakeups_table(result("wakeups-32-before")),
     "wakeups-32": lambda: wakeups.wakeups_table(result("wakeups-32")),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import run, step_cost
+from bench import parallel_compile, run, startup, step_cost
 from tests.conftest import REPO
 
 STEP_FIGURES = ("lower_s", "verify_extra_ms", "cold_compile_s", "warm_load_s",
@@ -147,29 +147,43 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
 
 
 @pytest.mark.e2e
-def test_warm_start_at_two_layers_times_cold_warm_and_prefetch(tmp_path: Path) -> None:
-    """`bench.warm_start` at 2 layers, a short data pipeline and one pair of the demo's warm
-    launches: every launch reached its first step, the warm ones loaded the step, and the
-    prefetched one was handed its executable; the tables and the goals are printed, and the
-    picture drawn where matplotlib is."""
-    figures = tmp_path / "warm.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.warm_start", "--layers", "2",
-                           "--records", "1000", "--demo-repeats", "1", "--json", str(figures)],
+def test_startup_at_two_layers_times_warm_and_dropped_with_and_without_prefetch(
+        tmp_path: Path) -> None:
+    """`bench.startup` at 2 layers, a short data pipeline, one repetition of the warm arms:
+    every launch reached its first step from the cache, the prefetched ones were handed the
+    step, the page cache was dropped by posix_fadvise and said so; the table is printed, the
+    JSON reads back as the benchmark's result, and the picture is drawn where matplotlib is."""
+    figures = tmp_path / "startup.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.startup", "--layers", "2", "--records",
+                           "1000", "--arms", "warm", "dropped", "--repeat", "1", "--png",
+                           "--json", str(figures)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads(figures.read_text())
-    runs = result["runs"]
-    assert set(runs) == {"cold", "warm", "warm with prefetch"}
-    assert all(positive(run["time_to_first_step_s"]) for run in runs.values())
-    assert not runs["cold"]["step_hit"] and runs["warm"]["step_hit"]
-    assert runs["warm"]["prefetch"] is None
-    used = {p["function"]: p["outcome"] for p in runs["warm with prefetch"]["prefetch"]
-            ["executables"]}
-    assert used["jit_train_step"] == "used", used
-    assert {name: len(times) for name, times in result["demo"].items()} == \
-        {"warm": 1, "warm with prefetch": 1}
-    assert all(positive(t) for times in result["demo"].values() for t in times)
-    assert "Warm start, 2 unrolled layers" in proc.stdout and "Targets" in proc.stdout
-    assert "The demo's warm start" in proc.stdout
+    result = startup.read_result(figures)
+    assert sorted((launch.arm, launch.prefetch) for launch in result.launches) == [
+        (startup.WARM, False), (startup.WARM, True), (startup.DROPPED, False),
+        (startup.DROPPED, True)]
+    assert all(launch.step_hit and positive(launch.time_to_first_step_s)
+               for launch in result.launches)
+    assert all((launch.step_waited_s is not None) == launch.prefetch
+               for launch in result.launches)
+    assert result.eviction == startup.FADVISE and "posix_fadvise" in proc.stdout
+    assert "bench.startup: reference, 2 unrolled layers" in proc.stdout
+    assert "Targets" in proc.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.e2e
+def test_parallel_compile_times_serial_threads_and_processes(tmp_path: Path) -> None:
+    """`bench.parallel_compile` at 1 layer, once: each way compiled both targets and has a
+    wall and a CPU time, and the table compares them with serial."""
+    figures = tmp_path / "parallel.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.parallel_compile", "--layers", "1",
+                           "--repeat", "1", "--json", str(figures)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = parallel_compile.read_result(figures)
+    assert [sample.way for sample in result.samples] == list(parallel_compile.WAYS)
+    assert all(positive(s.compile_wall_s) and positive(s.cpu_s) for s in result.samples)
+    assert "serially, on threads and in processes" in proc.stdout and "1.00x" in proc.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json.tool
+import os
 import shutil
 import typing
 from importlib.metadata import distributions
@@ -12,21 +13,27 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jaxwarm.core import yamlio
 from jaxwarm.core.config import (
     MAX_DURATION_S,
     MAX_SIZE_BYTES,
     SIGNAL_LEAD_MAX_S,
     Config,
     apply_override,
+    config_digest,
     load_config,
     parse_config,
 )
 from jaxwarm.core.entryargv import trainer_argv
+from jaxwarm.core.environment import PINNED_DIGEST
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import Fingerprint, differences
+from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
+from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, REPO, Cli
+from tests.hostile import assert_refused, snapshot
 
 
 def demo_raw() -> dict:
@@ -171,6 +178,115 @@ def test_unknown_factory_module_is_reported_before_anything_runs(tmp_path: Path,
 def test_a_newline_in_the_run_dir_is_refused() -> None:
     with pytest.raises(ConfigError, match="run.out_dir: expected a single line without control"):
         load_config(DEMO, ["run.out_dir=\"runs\\n#SBATCH --wrap=x\""])
+
+
+def test_a_jobs_pinned_config_is_read_only_as_the_launch_wrote_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every job reads the pinned config (it names the code the job imports): another
+    user's copy, one others may write, a link, or a file changed since the launch (its
+    sha256 is in the job's environment) is one line, and no job runs from it."""
+    config, pinned = pin_config(load_config(DEMO, [f"run.out_dir={tmp_path / 'runs'}",
+                                                   f"cache.dir={tmp_path / 'cache'}"]))
+    written = pinned.read_bytes()
+    monkeypatch.setenv("JAXWARM_CONFIG", str(pinned))
+    monkeypatch.setenv(PINNED_DIGEST, config_digest(written))
+    assert config_from_env() == config
+
+    def refused(why: str) -> None:
+        with pytest.raises(ConfigError) as caught:
+            config_from_env()
+        assert str(caught.value).startswith(f"{pinned}: {why}"), caught.value
+
+    pinned.write_bytes(written.replace(b"factory: ", b"factory: evil_"))
+    refused("the run's pinned config is not the file the launch pinned (sha256 ")
+    pinned.write_bytes(written)
+    pinned.chmod(0o666)
+    refused("the run's pinned config is writable by other users (mode 0666); refusing to "
+            "run a job from it")
+    pinned.chmod(0o644)
+    os.chown(pinned, 12345, -1)
+    refused(f"the run's pinned config is owned by uid 12345, not by you (uid {os.geteuid()})")
+    pinned.unlink()
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_bytes(written)
+    pinned.symlink_to(theirs)
+    refused("cannot read config: not a regular file (a symlink)")
+
+
+def test_a_lone_surrogate_anywhere_is_one_line_and_render_writes_nothing(
+        tmp_path: Path, cli: Cli) -> None:
+    """A string UTF-8 cannot write (a lone surrogate, from YAML's escape or an override's
+    bytes) passed every check and failed as "a jaxwarm bug" where the config was pinned."""
+    config = tmp_path / "c.yaml"
+    config.write_text(DEMO.read_text().replace("name: demo", 'name: "demo\\ud800"'))
+    before = snapshot(tmp_path)
+    runs = f"run.out_dir={tmp_path / 'runs'}"
+    for args, key, got in [([str(config)], "run.name", "'demo\\ud800'"),
+                           ([str(DEMO), 'step.args.extra="a\\udcff"'], "step.args.extra",
+                            "'a\\udcff'"),
+                           ([str(DEMO), "run.name=b\udcff"], "run.name", "'b\\udcff'")]:
+        result = cli("render", *args, runs, "--job", "train")
+        assert_refused(result, f": {key}: expected text, got {got}: surrogates not allowed")
+    assert snapshot(tmp_path) == before
+
+
+def test_variables_in_the_run_and_cache_dirs_are_expanded_or_one_line(
+        tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$VAR` in run.out_dir and cache.dir was kept as written, and render made `./$HOME/...`:
+    expanded as cache.stage is; unset (or empty), one line and nothing made."""
+    monkeypatch.setenv("JW_TEST_SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.delenv("JW_TEST_UNSET", raising=False)
+    config = load_config(DEMO, ["run.out_dir=$JW_TEST_SCRATCH/runs",
+                                "cache.dir=${JW_TEST_SCRATCH}/cache"])
+    assert (config.run.out_dir, config.cache.dir) == (f"{tmp_path}/scratch/runs",
+                                                      f"{tmp_path}/scratch/cache")
+    monkeypatch.chdir(tmp_path)
+    for key in ("run.out_dir", "cache.dir"):
+        result = cli("render", str(DEMO), f"{key}=$JW_TEST_UNSET/x", "--job", "train")
+        assert_refused(result, f"{key}: '$JW_TEST_UNSET/x' names $JW_TEST_UNSET, which is not "
+                               f"set (or empty) here")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_package_named_jaxwarm_on_the_jobs_pythonpath_is_one_line(
+        tmp_path: Path, cli: Cli) -> None:
+    """It would be imported in every job in place of jaxwarm (the prewarm ended with a raw
+    traceback); a namespace dir of that name shadows nothing, jaxwarm's own tree is itself."""
+    package = tmp_path / "pkgs" / "jaxwarm"
+    package.mkdir(parents=True)
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "jaxwarm.py").write_text("X = 1\n")
+    runs = f"run.out_dir={tmp_path / 'runs'}"
+    for entry, found in [(package.parent, package), (tmp_path / "module",
+                                                     tmp_path / "module" / "jaxwarm.py")]:
+        if found == package:
+            (package / "__init__.py").write_text("X = 1\n")
+        result = cli("prewarm", str(DEMO), "--local", runs, f"env={{PYTHONPATH: {entry}}}")
+        assert_refused(result, f"env.PYTHONPATH: {entry} holds a package named 'jaxwarm' ("
+                               f"{found if found.suffix else found / '__init__.py'}), which "
+                               f"every job would import in place of jaxwarm itself")
+    (package / "__init__.py").unlink()  # a namespace portion
+    for entry in (package.parent, REPO):
+        check_modules(load_config(DEMO, [f"env={{PYTHONPATH: {entry}}}"]))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_node_budget_names_aliases_only_when_there_are_some(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200,000 plain arguments were refused as "aliases repeating anchors". The budget is
+    a thousand values here, so that reading to it is quick (100,000 takes PyYAML seconds)."""
+    monkeypatch.setattr(yamlio, "YAML_MAX_NODES", 1000)
+    many = tmp_path / "many.yaml"
+    many.write_text(DEMO.read_text() + "extra: [" + ", ".join(["a"] * 2000) + "]\n")
+    with pytest.raises(ConfigError, match=r"holds more than 1000 values \(a config is a few "
+                                          r"hundred\); refusing it"):
+        load_config(many)
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + "".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("ab", "bc", strict=True)))
+    with pytest.raises(ConfigError, match=r"expands to more than 1000 values \(aliases "
+                                          r"repeating anchors\)"):
+        load_config(laughs)
 
 
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:

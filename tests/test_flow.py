@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,11 @@ from typing import Any
 import pytest
 
 from jaxwarm.cli import commands
-from jaxwarm.core.config import Config, load_config
-from jaxwarm.core.environment import job_environment
+from jaxwarm.core.config import Config, config_digest, load_config
+from jaxwarm.core.environment import PINNED_DIGEST, job_environment
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
-from jaxwarm.core.records import PREWARM, TRAIN, LocalJobState
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState
 from jaxwarm.core.rundir import (
     earlier_reports_dir,
     lock_path,
@@ -34,8 +35,7 @@ from jaxwarm.core.rundir import (
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
-from jaxwarm.submit.local import JobResult, LocalBackend, record_states
-from jaxwarm.submit.local import outcome as local_outcome
+from jaxwarm.submit.local import JobResult, LocalBackend, outcome, record_states
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
 from tests.conftest import DEMO
@@ -70,9 +70,11 @@ class FakeBackend:
             raise ConfigError(self.busy)
 
     def submit(self, runs: list[Run]) -> list[list[str]]:
-        for run in runs:  # pinned before any job is handed over
+        for run in runs:  # pinned before any job is handed over, with its checksum
             assert run.pinned.is_file()
             assert all(Path(job.env["JAXWARM_CONFIG"]) == run.pinned for job in run.jobs)
+            assert all(job.env[PINNED_DIGEST] == config_digest(run.pinned.read_bytes())
+                       for job in run.jobs)
         self.calls.append("submit")
         for run in runs:
             if self.logs_step is not None:
@@ -457,4 +459,16 @@ def test_a_relaunch_keeps_the_earlier_launch_s_reports(tmp_path: Path) -> None:
             "its own)")])
 def test_a_stopped_job_says_resume_only_with_a_checkpoint(checkpointed: bool, says: str) -> None:
     stopped = JobResult(TRAIN, 0, signal_received=15, checkpointed=checkpointed)
-    assert local_outcome(stopped).detail == says
+    assert outcome(stopped).detail == says
+
+
+def test_a_job_stopped_by_a_forwarded_signal_says_what_to_do_for_its_kind() -> None:
+    """Ctrl-C forwarded to a job: only a training job resumes from a checkpoint; an
+    interrupted verify said so too, and has none (nor an answer)."""
+    said = {job: outcome(JobResult(job, -2, signal_received=signal.SIGINT, checkpointed=True))
+            for job in (PREWARM, VERIFY, TRAIN)}
+    assert {job: o.exit_code for job, o in said.items()} == dict.fromkeys(said, 130)
+    assert said[VERIFY].detail == ("verify stopped after a forwarded signal; it gave no "
+                                   "answer; run the verify again")
+    assert "checkpoint" not in said[PREWARM].detail + said[VERIFY].detail
+    assert said[TRAIN].detail.endswith("resume from its last checkpoint")

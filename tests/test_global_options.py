@@ -88,6 +88,40 @@ def test_settings_are_named_before_the_signature_and_beside_the_components(
         missed("s2", {}), manifest)[0]
 
 
+def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings(
+        tmp_path: Path) -> None:
+    """Another run prewarmed the step later, under its own LIBTPU_INIT_ARGS; this run's
+    prewarm (an entry it found WARM and uses: `runs`) differs from this job in the
+    computation alone. The why names the computation, not the other run's settings."""
+    from jaxwarm.core.records import FunctionRecord
+    from jaxwarm.jaxkey.components import likely_causes
+    from jaxwarm.store.manifest import ManifestEntry
+    from jaxwarm.store.misses import MissContext
+    from jaxwarm.store.store import LocalStore
+
+    settings = {"jax_default_prng_impl": "threefry2x32", "LIBTPU_INIT_ARGS": ""}
+
+    def entry(digit: str, run: str, created: float, **extra: object) -> ManifestEntry:
+        return ManifestEntry(function="jit_step", key=f"jit_step-{digit * 64}", run=run,
+                             config="c", compile_s=1.0, lower_s=0.1, written=True,
+                             jax_version="0.10.2", process_count=1, created=created,
+                             signature="s1", **extra)  # type: ignore[arg-type]
+
+    ours = entry("a", "first", 1.0, runs=["mine"], global_options=settings,
+                 components={"computation": "1", "flags": "f"})
+    theirs = entry("b", "other", 2.0, global_options={**settings, "LIBTPU_INIT_ARGS": "--x=1"},
+                   components={"computation": "1", "flags": "g"})
+    manifest = {e.key: e for e in (ours, theirs)}
+    missed = FunctionRecord("jit_step", None, False, components={"computation": "2",
+                                                                  "flags": "f"},
+                            signature="s1", global_options=settings)
+    for run in ("mine", "a run that never prewarmed"):  # its own; else the closest
+        why = LocalStore(tmp_path).explain_miss(missed, manifest, MissContext(run=run))
+        assert "LIBTPU_INIT_ARGS" not in " ".join(why), why
+        assert why == [f"computation differs from the prewarm of run 'first': "
+                       f"{likely_causes('computation')}"], why
+
+
 @pytest.mark.e2e
 def test_a_jax_setting_changed_in_the_config_is_said_as_a_change(tmp_path: Path) -> None:
     """The config's `jax:` section changed after the prewarm (the factory applies it, as the

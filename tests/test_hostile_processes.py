@@ -14,12 +14,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testing.procs import alive, run_processes, wait_until
-from tests.conftest import DEMO, REPO
+from tests.conftest import DEMO, ONE_PROCESS, REPO
 from tests.hostile import snapshot
 
 pytestmark = pytest.mark.e2e
@@ -317,3 +318,54 @@ def test_a_stopped_supervisor_is_taken_over_once_its_command_ended(tmp_path: Pat
            f"(stop_grace_s); process 1 exited with 0" in err, err[-3000:]
     assert "Traceback" not in err
     assert run_processes(run_dir) == {}
+
+
+# Prints 2 MB of lines, then "done".
+CHATTY = r'''
+for i in range(40000):
+    print(f"line {i:06d} " + "x" * 40)
+print("done", flush=True)
+'''
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB file system (tmpfs), as a full disk under the run dir; skipped where this
+    user cannot mount one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_full_disk_under_the_run_dir_is_one_line_and_the_output_still_drains(
+        tmp_path: Path, small_disk: Path) -> None:
+    """Process 0's 2 MB of output fill the run dir's disk: the echo goes on (the trainer
+    prints to its end, "done", never blocked on a pipe nobody reads), counts what its log
+    did not get and says so once, and the job's end is recorded (not RUNNING) although a
+    new copy of the record no longer fits."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    before = snapshot(REPO / "configs")
+    args = launch_args(tmp_path, f"{sys.executable} {script}", *ONE_PROCESS)
+    args[args.index(f"run.out_dir={tmp_path / 'runs'}")] = f"run.out_dir={small_disk}"
+    launched = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
+                              check=False)
+    assert "[train p0] done\n" in launched.stderr, launched.stderr[-3000:]
+    assert "Traceback" not in launched.stderr
+    [dropped] = [line for line in launched.stderr.splitlines() if "could not be written" in line]
+    assert dropped.startswith("jaxwarm: train: ") and dropped.endswith(
+        f"of process 0's output could not be written to its log {small_disk}/demo/logs/"
+        f"train-p0.log: No space left on device; they were echoed here only"), dropped
+    assert f"jaxwarm: {small_disk}/demo/local-jobs.json: No space left on device while " \
+           f"writing the local launch's job states (how train ended); rewrote it in place" \
+        in launched.stderr, launched.stderr[-3000:]
+    record = json.loads((small_disk / "demo" / "local-jobs.json").read_text())
+    assert [job["state"] for job in record["jobs"]] == ["COMPLETED"], record
+    assert snapshot(REPO / "configs") == before

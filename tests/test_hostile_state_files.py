@@ -252,7 +252,7 @@ def test_a_hostile_verify_result_is_one_line_naming_it(tree: Path, attack: str) 
     path = tree / "runs" / "demo" / "verify" / "p0.json"
     why = plant(path, attack, RECORD_CAP, DEEP)
     with pytest.raises((RefusedFile, ValueError)) as raised:
-        guarded(lambda: load_verdicts(tree / "runs" / "demo"))
+        guarded(lambda: load_verdicts(tree / "runs" / "demo", ""))
     assert str(path) in str(raised.value) and why in str(raised.value)
 
 

@@ -15,8 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import threading
+import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +28,13 @@ from typing import Any
 import pytest
 
 from jaxwarm.core.records import OVER_CAP, UNUSED, USED
+from jaxwarm.job.prefetch import Prefetch
+from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
+from tests.hostile import snapshot
+from tests.planting_factory import PLANT
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +59,7 @@ class Prewarmed:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         report: dict[str, Any] = json.loads(
             (runs / "demo" / "reports" / "train-r0-p0.json").read_text())
-        report["headline"] = result.stdout
+        report["headline"], report["log"] = result.stdout, result.stderr
         return report
 
 
@@ -194,3 +202,90 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     assert all(e["compile_options"] for e in manifest(cache)["entries"].values())
     report = prewarmed.launch(tmp_path / "after", cache=cache)
     assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_prefetch_thread_runs_at_idle_priority_and_the_trainer_does_not(
+        tmp_path: Path) -> None:
+    """The prefetch's reader thread lowers itself to SCHED_IDLE (per thread, as Linux sets
+    it), and the thread that started it (the trainer's) keeps its policy. The test holds the
+    prefetch's lock, so the reader, once lowered, waits there and its id stays its own."""
+    store = LocalStore(tmp_path / "cache")
+    entry = ManifestEntry("jit_train_step", "k1", "run", "config", 1.0, 0.1, True, "0", 1,
+                          compile_options="", device_ids=[0])
+    prefetch = Prefetch([entry], store, 1 << 30, 0.0)
+    with prefetch._lock:
+        prefetch.start()
+        reader = next(t for t in threading.enumerate() if t.name == "jaxwarm-prefetch-read")
+        assert reader.native_id is not None
+        deadline = time.monotonic() + 60
+        while (os.sched_getscheduler(reader.native_id) != os.SCHED_IDLE
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert os.sched_getscheduler(reader.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    prefetch.join()  # the entry has no file: its load fails, JAX's path stays the trainer's
+    assert prefetch.report.executables[0].outcome.startswith("not loaded: ")
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo"])
+def test_an_entry_swapped_after_the_checks_is_not_read_by_jax(
+        prewarmed: Prewarmed, tmp_path: Path, plant: str) -> None:
+    """Right before JAX's own lookup of the step (its factory plants it, after the launch's
+    pre-run check), the step's entry becomes a link to /dev/zero (JAX would read it until the
+    OOM killer came) or a FIFO (JAX's open would block for ever): quarantined, the lookup a
+    miss, the step compiled, the training done, in one line. The prefetch is off, so that
+    JAX's own read is the one asked."""
+    if prewarmed.python != Path(sys.executable):
+        pytest.skip("the planting factory is this venv's test module")
+    cache = tmp_path / "cache"
+    shutil.copytree(prewarmed.cache, cache)
+    outside = snapshot(REPO / "tests")
+    report = prewarmed.launch(tmp_path, "cache.prefetch=off",
+                              "step.factory=tests.planting_factory:make_train_step_and_plant",
+                              f"env={{{PLANT}: {plant}}}", cache=cache)
+    assert hits(report) == {"jit_train_step": False, "jit_init_state": True}
+    assert report["time_to_first_step_s"] is not None  # and the launch ended well: trained
+    kind = "a symlink" if plant == "link" else "a FIFO"
+    said = [line for line in report["log"].splitlines() if "jit_train_step-" in line
+            and "JAX's lookup of it is a miss" in line]
+    assert len(said) == 1, report["log"][-3000:]
+    assert f"not a regular file ({kind}), put there since the job's checks; quarantined " \
+           f"(moved to {cache / 'jaxwarm-quarantine'}" in said[0]
+    [moved] = [path for path in (cache / "jaxwarm-quarantine").iterdir()
+               if not path.name.endswith(".json")]
+    assert moved.is_symlink() if plant == "link" else stat.S_ISFIFO(moved.lstat().st_mode)
+    # The report says why the step missed: its entry was quarantined, not pruned or deleted.
+    assert f"its entry was quarantined (not a regular file ({kind})) before this job could " \
+           f"load it" in report["headline"], report["headline"]
+    assert snapshot(REPO / "tests") == outside
+
+
+def test_the_cap_bounds_the_inflation_itself(tmp_path: Path) -> None:
+    """An entry of 1 GiB inflated against a 100 MB cap: the prefetch stops inflating at the
+    cap (what it allocates stays near the cap, not the 1 GiB), loads nothing and holds
+    nothing; the trainer's lookup takes JAX's path."""
+    import tracemalloc
+
+    key = f"jit_train_step-{'ab' * 32}"
+    squeeze = zlib.compressobj(1)
+    block = bytes(1 << 20)
+    with (tmp_path / f"{key}-cache").open("wb") as entry:
+        for _ in range(1024):
+            entry.write(squeeze.compress(block))
+        entry.write(squeeze.flush())
+    cap = 100 << 20
+    record = ManifestEntry(function="jit_train_step", key=key, run="r", config="c",
+                           compile_s=1.0, lower_s=0.1, written=True, jax_version="0",
+                           process_count=1, compile_options="", device_ids=[0])
+    prefetch = Prefetch([record], LocalStore(tmp_path), cap, 0.0)
+    [item] = prefetch._items.values()
+    tracemalloc.start()
+    try:
+        assert prefetch._read(item) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * cap, peak
+    assert item.record.outcome == OVER_CAP
+    assert prefetch.report.peak_bytes <= cap and item.held == 0

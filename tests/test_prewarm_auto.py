@@ -147,6 +147,33 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     assert step_hit(tmp_path / "runs" / "second")
 
 
+def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path) -> None:
+    """A file the factory reads natively, or looks for and may not find (a tokenizer's
+    model, an optional override), is named in step.inputs: absent at the first launch, its
+    appearance runs the prewarm; an 8 GiB one (sparse) is signed by one stat, not read, and
+    the same file again keeps the prewarm."""
+    refused = launch(tmp_path, "refused", f"step.inputs=[{tmp_path}]", trains=False)
+    assert refused.returncode == 2 and f"jaxwarm: error: {DEMO}: step.inputs: {tmp_path}: " \
+        f"not a regular file (a directory); expected a regular file the launch can read" \
+        in refused.stderr, refused.stderr[-3000:]
+    assert not (tmp_path / "runs" / "refused").exists()
+    data = tmp_path / "data" / "tokens.bin"
+    inputs = f"step.inputs=[{data}]"
+    assert launch(tmp_path, "first", inputs, trains=False).returncode == 0
+    [record] = LocalStore(tmp_path / "cache").prewarms().values()
+    assert record.fingerprint.files[str(data)] == "absent"
+    data.parent.mkdir()
+    subprocess.run(["truncate", "-s", "8G", str(data)], check=True)
+    appeared = launch(tmp_path, "appeared", inputs, trains=False)
+    assert appeared.returncode == 0, appeared.stderr[-3000:]
+    chained = decision(tmp_path / "runs" / "appeared")
+    assert chained.prewarm and f"source: {data} changed" in chained.why, chained.why
+    assert chained.fingerprint is not None and \
+        chained.fingerprint.files[str(data)].startswith("stat:8589934592:")
+    same = launch(tmp_path, "same", inputs, trains=False)
+    assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
+
+
 def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
     leg = LEGS[0]
     if leg_python(leg)[0] is None or not ready(leg):

@@ -200,8 +200,9 @@ def test_pgle_s_two_compiles_and_the_restart_s_load_are_named() -> None:
 
 
 def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
-    result = load_verdicts(RUN)
-    assert not result.warm
+    result = load_verdicts(RUN, "")  # written before verifies had an invocation id
+    assert result is not None and not result.warm
+    assert load_verdicts(RUN, "another-verify") is None  # not this verify's: no answer
     lines = format_verdicts(result.functions)
     assert lines[0] == f"WARM  jit_train_step  {STEP}  (lowering 0.37 s + key 8.0 ms)"
     assert lines[1].startswith("COLD  jit_init_state  jit_init_state-dddd")
@@ -210,7 +211,7 @@ def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
     broken.parent.mkdir()
     broken.write_text('{"process_index": 0, "functions": [{"function": 3}]}')
     with pytest.raises(ConfigError, match=r"p0.json: functions\[0\].function: expected a string"):
-        load_verdicts(tmp_path)
+        load_verdicts(tmp_path, "")
 
 
 def test_a_function_the_trainer_never_looked_up_has_no_cost() -> None:

@@ -19,6 +19,7 @@ from jaxwarm.core.records import (
     EntryChecked,
     EntryPruned,
     Fingerprint,
+    FunctionRecord,
     PrewarmRecord,
     parse_usage_line,
 )
@@ -28,6 +29,9 @@ from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.bundle import BundleMeta
 from jaxwarm.store.cachestore import RemoteDirError
 from jaxwarm.store.entries import Entry
+from jaxwarm.store.integrity import IntegrityCheck
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.misses import MissContext
 from jaxwarm.store.prune import Pruning
 from jaxwarm.store.security import Trust
 from jaxwarm.store.store import open_store
@@ -211,3 +215,24 @@ def test_a_local_store_parses_its_usage_log_once_until_it_writes_to_it(tmp_path:
     store.append_usage(EntryPruned(key, 5))  # this store wrote: it reads the log afresh
     assert [type(record) for record in store.usage()] == [EntryChecked, EntryPruned]
     assert store.histories()[key].removed
+
+
+def test_a_miss_on_a_quarantined_entry_says_why_it_went(tmp_path: Path) -> None:
+    """A present but corrupt entry, quarantined (by the pre-run check, or right before JAX's
+    read): the miss that follows says so, not that the entry was pruned or deleted."""
+    store = open_store(str(tmp_path))
+    key = f"jit_f-{'a' * 64}"
+    manifest = {key: ManifestEntry(function="jit_f", key=key, run="r", config="c",
+                                   compile_s=1.0, lower_s=0.1, written=True, jax_version="0",
+                                   process_count=1, components={"computation": "x"})}
+    missed = FunctionRecord("jit_f", None, False, components={"computation": "x"})
+    store.entry_path(key).write_bytes(b"not an entry")
+    store.quarantine(IntegrityCheck(key, 12, "does not decompress (invalid header)", False))
+    [line] = store.explain_miss(missed, manifest, MissContext(run="r"))
+    assert line.startswith("its entry was quarantined (does not decompress (invalid header)) "
+                           "before this job could load it")
+    store.entry_path(key).write_bytes(b"written again")  # and pruned: gone is gone
+    store.append_usage(EntryPruned(key))
+    store.entry_path(key).unlink()
+    [line] = store.explain_miss(missed, manifest, MissContext(run="r"))
+    assert "gone (pruned or deleted)" in line

@@ -201,6 +201,28 @@ def test_a_trainer_that_ends_first_leaves_the_rest_cold(tmp_path: Path,
         "s after its start, before it looked up jit_train_step" in verified.stdout
 
 
+def test_an_answer_is_only_ever_this_verifys_own(tmp_path: Path, prewarmed: Path) -> None:
+    """A verify --trainer that answered WARM, then one whose trainer ends without a word
+    (`os._exit(0)` once jax is imported, before its first jit; or before it imports jax):
+    never the previous answer, left in the run dir, but COLD, saying why."""
+    args = [*cli_args(tmp_path), f"cache.dir={prewarmed}"]
+    warm = run_cli("verify", "--trainer", *args)
+    assert warm.returncode == 0 and "WARM  jit_train_step  " in warm.stdout, \
+        warm.stdout + warm.stderr[-3000:]
+    for name, code in [("quits.py", "import os\nimport jax\nos._exit(0)\n"),
+                       ("early.py", "import os\nos._exit(0)\n")]:
+        quits = tmp_path / name
+        quits.write_text(code)
+        verified = run_cli("verify", "--trainer", *args,
+                           f"entrypoint.command=[{sys.executable}, {quits}]", "entrypoint.args=[]")
+        assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+        assert "WARM" not in verified.stdout, verified.stdout
+        for function in ("jit_init", "jit_train_step"):
+            assert f"COLD  {function}  -\n      why: the trainer ended before it looked it up, " \
+                   f"and before it wrote any answer" in verified.stdout, verified.stdout
+        assert "Traceback" not in verified.stderr
+
+
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The demo launched (one process, the tiny step, one training step): a run that has

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from jaxwarm.core.config import load_config
 from jaxwarm.core.errors import EXIT_OK, ConfigError
+from jaxwarm.core.files import make_dirs
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import PREWARM, TRAIN, PrewarmProgress
 from jaxwarm.core.rundir import (
@@ -91,8 +92,8 @@ def render_script(config_path: str, overrides: list[str], job_name: str) -> int:
     job = prewarm_job(config, pinned) if job_name == PREWARM else train_job(config, pinned)
     log_dir = slurm_dir(config.run_dir, job.name)
     with holding_run_dir(config):
-        adopt_run_dir(config)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        job = job.pinned(adopt_run_dir(config))
+        make_dirs(log_dir)
     print(render(config, job.name, job.argv, job.env, log_dir), end="")
     return EXIT_OK
 

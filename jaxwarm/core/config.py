@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import os
 import re
+import stat
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,7 +27,7 @@ import yaml
 
 from jaxwarm.core.decode import UNREAD, Bound, CommandLine, NumbersAsText, convert
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.yamlio import load_yaml, parse_yaml, read_config
+from jaxwarm.core.yamlio import config_text, load_yaml, parse_yaml, read_config, read_config_bytes
 
 PositiveInt = Annotated[int, Bound(0, inclusive=False)]
 NonNegativeInt = Annotated[int, Bound(0)]
@@ -135,6 +138,10 @@ class MeshConfig:
 class StepConfig:
     factory: str
     args: dict[str, Any] = field(default_factory=dict)
+    # Files the step depends on that the prewarm cannot see its factory read (read by native
+    # code, or looked for and absent): `--prewarm auto` signs them at each launch
+    # (jaxwarm/submit/fingerprint.py). Relative to the directory the launch runs in.
+    inputs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -273,9 +280,10 @@ _DEVICE_IDS = re.compile(r"\d+(,\d+)*")
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, and validate it."""
+    """Read a YAML config file, apply `KEY.SUB=VALUE` overrides, expand the variables of its
+    paths from this process's environment, and validate it."""
     source = str(path)
-    return parse_config(parse_yaml(read_config(path), source), source, overrides)
+    return parse_config(parse_yaml(read_config(path), source), source, overrides, os.environ)
 
 
 # A pinned config's first line says who reads it and the file it was pinned from: the file
@@ -290,26 +298,113 @@ def pinned_text(config: Config, readers: str) -> str:
         yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-def load_pinned(path: str | Path) -> Config:
+def load_pinned(path: str | Path, digest: str | None = None) -> Config:
     """A run's pinned config as a job reads it, naming in its errors the user's file it was
     pinned from and, in brackets, the copy the job read (`s2s.yaml [runs/s2s/config.yaml]`);
-    a copy that does not say (pinned by an earlier jaxwarm, or by hand) names itself."""
-    text = read_config(path)
+    a copy that does not say (pinned by an earlier jaxwarm, or by hand) names itself.
+
+    It names the code every job imports, so it is read only as the launch left it: a
+    regular file, not through a link, owned by this user and writable by nobody else, and,
+    when the launch gave its sha256 (`digest`, `config_digest` of what it wrote), that very
+    file. Anything else is one line."""
+    data, info = read_config_bytes(path, follow=False)
+    mode = stat.S_IMODE(info.st_mode)
+    problem = None
+    if info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+    elif mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by other users (mode {mode:04o})"
+    elif digest is not None and config_digest(data) != digest:
+        problem = (f"is not the file the launch pinned (sha256 {config_digest(data)[:16]}..., "
+                   f"pinned {digest[:16]}...): it was changed since")
+    if problem:
+        raise ConfigError(f"{path}: the run's pinned config {problem}; refusing to run a "
+                          f"job from it (launch again to pin it anew)")
+    text = config_text(data, str(path))
     first = text.partition("\n")[0]
     origin = first.partition(PINNED_FROM)[2] if first.startswith(PINNED_BY) else ""
     source = f"{origin} [{path}]" if origin else str(path)
     return parse_config(parse_yaml(text, source), source)
 
 
+def config_digest(data: bytes) -> str:
+    """The sha256 a pinned config is checked against (`load_pinned`)."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def parse_config(raw: dict[str, Any], source: str = "<config>",
-                 overrides: typing.Sequence[str] = ()) -> Config:
+                 overrides: typing.Sequence[str] = (),
+                 environ: Mapping[str, str] | None = None) -> Config:
+    """With `environ`, `$NAME` / `${NAME}` in `run.out_dir` and `cache.dir` are expanded
+    from it (`expand_paths`; a pinned config, expanded at launch, is read without)."""
     raw = dict(raw)
     for override in overrides:
         apply_override(raw, override, source)
+    refuse_unencodable(raw, "", source)
     config = convert(Config, raw, "", source)
     config = dataclasses.replace(config, source=source)
+    if environ is not None:
+        config = expand_paths(config, environ)
     _validate(config)
     return config
+
+
+# `$NAME` or `${NAME}` in a path: expanded from the environment (`cache.stage` on each node,
+# `run.out_dir` and `cache.dir` at launch).
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
+def expand_variables(text: str,
+                     environ: Mapping[str, str] = os.environ) -> tuple[str, list[str]]:
+    """`text` with each `$NAME` / `${NAME}` replaced by its value, and the names that are
+    unset or empty, which are left as written. An empty value counts as unset: expanded,
+    `$TMPDIR/x` with TMPDIR set to '' would be `/x`, a dir in the filesystem root."""
+    missing: list[str] = []
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if environ.get(name):
+            return environ[name]
+        missing.append(name)
+        return match[0]
+
+    return _VARIABLE.sub(value, text), missing
+
+
+def expand_paths(config: Config, environ: Mapping[str, str]) -> Config:
+    """`run.out_dir` and `cache.dir` with their variables expanded, as `cache.stage` is (once,
+    where the config is loaded: the pinned config holds the result); one unset or empty is
+    one line, never a dir named `$HOME` made in the working directory."""
+    paths = {}
+    for key, text in (("run.out_dir", config.run.out_dir), ("cache.dir", config.cache.dir)):
+        paths[key], missing = expand_variables(text, environ)
+        if missing:
+            raise ConfigError(f"{config.source}: {key}: {text!r} names ${missing[0]}, which is "
+                              f"not set (or empty) here; set it, or write the path out")
+    return dataclasses.replace(
+        config, run=dataclasses.replace(config.run, out_dir=paths["run.out_dir"]),
+        cache=dataclasses.replace(config.cache, dir=paths["cache.dir"]))
+
+
+def refuse_unencodable(value: Any, key: str, source: str) -> None:
+    """Every string of the config (keys and values, however deep, overrides included) must be
+    text UTF-8 can write: a lone surrogate (`"\\ud800"` in YAML, or bytes of another encoding
+    in a command-line override) would pass every check and fail where the pinned config, a
+    job script or the environment is written."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        where = f"{key}[{name}]" if isinstance(value, list) else \
+            f"{key}.{name}" if key else str(name)
+        for text in (name, item):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ConfigError(f"{source}: {ascii(where)[1:-1]}: expected text, got "
+                                      f"{ascii(text)}: {exc.reason} (a lone surrogate is no "
+                                      f"character)") from None
+        refuse_unencodable(item, where, source)
 
 
 def add_overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:

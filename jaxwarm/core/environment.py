@@ -10,8 +10,6 @@ them from the pinned config as they are, never resolving them again.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,27 +44,13 @@ PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda"}
 # Not a variable JAX or XLA read, so no cache key changes; set for CPU ranks only (a GPU
 # rank's memory is the device's), and the config's `env` can set another value.
 CPU_RANK_VARIABLES = {"MALLOC_ARENA_MAX": "2"}
-# `$NAME` or `${NAME}` in a path the node expands (cache.stage).
-_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
-
-
-def expand_variables(text: str,
-                     environ: Mapping[str, str] = os.environ) -> tuple[str, list[str]]:
-    """`text` with each `$NAME` / `${NAME}` replaced by its value, and the names that are
-    unset or empty, which are left as written. An empty value counts as unset: expanded,
-    `$TMPDIR/x` with TMPDIR set to '' would be `/x`, a dir in the filesystem root."""
-    missing: list[str] = []
-
-    def value(match: re.Match[str]) -> str:
-        name = match[1] or match[2]
-        if environ.get(name):
-            return environ[name]
-        missing.append(name)
-        return match[0]
-
-    return _VARIABLE.sub(value, text), missing
-
-
+# The sha256 of the pinned config as the launch wrote it (`config.config_digest`), set by
+# the launcher beside JAXWARM_CONFIG (`jaxwarm.submit.jobs.JobSpec.pinned`): a job refuses
+# a pinned config that is not that file (`config.load_pinned`).
+PINNED_DIGEST = "JAXWARM_CONFIG_SHA256"
+# A fresh id for each `jaxwarm verify`, in its job's environment (`jaxwarm.submit.jobs`): the
+# job writes it into its result, and the command answers only from a result holding it.
+VERIFY_INVOCATION = "JAXWARM_VERIFY_INVOCATION"
 def jax_options(config: Config) -> dict[str, Any]:
     """JAX config options (jax_* names) the job runs with: the cache settings plus the user's.
 

@@ -9,7 +9,8 @@ there (a member of a cache's trusted group, a job gone wrong) can also plant a l
 /dev/zero, a FIFO or a huge file under a name jaxwarm reads back: every such state file is
 read through `open_regular` (`read_bounded`, `stream_lines`, `read_tail`), so it is a regular
 file within its kind's cap or a one-line `RefusedFile`, never a hang; a log is appended to
-(`append_line`) only as a regular file, never through a link.
+(`append_line`) only as a regular file, never through a link, and a file written afresh
+(a job's log) is created exclusively after what was there is removed (`fresh_file`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ def make_dir(path: Path) -> Path:
     except FileExistsError:
         return path
     os.chmod(path, modes_in(path.parent)[1])
+    return path
+
+
+def make_dirs(path: Path) -> Path:
+    """`make_dir` for `path` and each missing parent, from the top: every dir it creates gets
+    its mode set explicitly (`Path.mkdir(parents=True)` leaves the parents to the umask,
+    group-writable under umask 002)."""
+    for directory in [*reversed(path.parents), path]:
+        if not directory.is_dir():
+            make_dir(directory)
     return path
 
 
@@ -249,6 +260,27 @@ def regular_fd(path: str | Path, flags: int, cap: int | None, what: str,
         os.close(fd)
         raise RefusedFile(path, problem)
     return fd
+
+
+def fresh_file(path: str | Path, what: str, mode: int = 0o644) -> BinaryIO:
+    """`path` created anew for writing (a job's log, written from its start): what was
+    there is removed first (a link itself, never what it points to), then the file is
+    created exclusively without following a link (O_EXCL | O_NOFOLLOW), so a link or file
+    planted in between is refused, not written through. Raises RefusedFile for a directory
+    there or a file planted in between."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        raise RefusedFile(path, "not a regular file (a directory)") from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode)
+    except FileExistsError:
+        raise RefusedFile(path, f"created by another process while jaxwarm made {what} "
+                                f"afresh; not written through") from None
+    return os.fdopen(fd, "wb")
 
 
 def read_capped(path: str | Path, cap: int, what: str, follow: bool = False) -> bytes:

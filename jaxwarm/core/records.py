@@ -32,8 +32,7 @@ OPTIONS_DIFFER = "options_differ"
 # the ranks of the job did not all have an entry, so all compiled without the cache, or
 # they stopped the job (a key or an environment that differs, a meeting that timed out)
 RANKS = "ranks"
-# a miss of an entry the launch's recorded prewarm promised: that record is forgotten
-PREWARM_FORGOTTEN = "prewarm_forgotten"
+PREWARM_FORGOTTEN = "prewarm_forgotten"  # a miss made the run forget its prewarm record
 
 
 @dataclass(frozen=True)
@@ -93,19 +92,21 @@ class FunctionRecord:
     # Why JAX could not load the entry of this miss that was in the cache (process 0 read it
     # in full after the miss: `jaxwarm.job.start.books.note_missed_entries`); None otherwise.
     not_loaded: str | None = None
+    # Why the entry of this miss had been quarantined (before the job started, by the
+    # launch's pre-run check, or right before JAX's read: `note_missed_entries`); None
+    # otherwise.
+    quarantined: str | None = None
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False
-    # A training job's lookup of a function a prewarm recorded (by name, whatever its inputs
-    # now): its run's, else another run's (`jaxwarm.store.manifest.Manifest.compared`):
-    # what the attempt's label counts, and what the report headlines.
+    # A training job's lookup of a function a prewarm (its run's, else another's:
+    # `Manifest.compared`) recorded, by name: what its label counts and the report headlines.
     prewarmed: bool = False
     # Of a prewarmed function that missed: how its inputs differ from the prewarm's, one
     # line each (`jaxwarm.core.inputdiff.input_differences`); empty: they are equal, so the
     # program itself differs; None: not compared (the prewarm recorded no inputs).
     input_changes: list[str] | None = None
-    # Of a prewarmed function: the key of the prewarm's entry it was compared with.
-    compared_with: str | None = None
+    compared_with: str | None = None  # of a prewarmed function: the compared entry's key
 
 
 # The init phases' names (`jaxwarm.job.record.phases` times them).
@@ -233,8 +234,7 @@ class InitReport:
     # How many functions the run's prewarm recorded, as a training job knew them: one that
     # looked up none of them ran no step (`ran_no_step`).
     run_prewarmed: int = 0
-    # A prewarm job's targets it judged WARM and so never compiled nor looked up.
-    judged_warm: int = 0
+    judged_warm: int = 0  # a prewarm job's targets judged WARM: never compiled, looked up
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
@@ -298,8 +298,7 @@ class Verdict:
     # verify --trainer: seconds from the trainer's start to its lookup of this function
     # (None: lowered by the verify job through the step factory).
     reached_s: float | None = None
-    # verify --trainer: not answered (first called after the trainer's first step, which it
-    # stops before, or after the time limit): neither WARM nor COLD.
+    # verify --trainer: not answered (looked up after where it stopped): neither WARM nor COLD.
     unknown: bool = False
 
 
@@ -307,6 +306,12 @@ class Verdict:
 # first, or the time limit came), and why one it would look up later is unknown.
 NOT_LOOKED_UP = "-"
 AFTER_FIRST_STEP = "first called after the first step"
+
+
+def not_looked_up(functions: list[str], why: str, unknown: bool = False) -> list[Verdict]:
+    """verify --trainer's answer for the functions it never looked up: COLD, or `unknown`."""
+    return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
+                    explanation=[why], unknown=unknown) for name in sorted(functions)]
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,9 @@ class VerifyResult:
     # verify --trainer: what the answer cost, seconds from the trainer's start to its last
     # prewarmed function's lookup (or to the time limit).
     trainer_s: float | None = None
+    # Which verify wrote it (`environment.VERIFY_INVOCATION`, fresh for each): the command
+    # answers only from its own job's result, never from one an earlier verify left.
+    invocation: str = ""
 
     @property
     def warm(self) -> bool:
@@ -338,7 +346,7 @@ class Fingerprint:
     parts: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     variables: dict[str, str] = field(default_factory=dict)
-    # The files the step factory read while it built the step, by path -> content hash: the
+    # The files the step factory read while it built the step, by path -> signature: the
     # prewarm job records them (`jaxwarm.job.record.reads`); the login node cannot know them.
     reads: dict[str, str] = field(default_factory=dict)
 

@@ -27,6 +27,11 @@ from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 
 JOBS = (VERIFY, PREWARM, TRAIN)
 PINNED_CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+# The trainer's own dirs in a run dir: what is in them is the trainer's (orbax makes and
+# renames its step dirs there), and one may be a link to a bigger file system; the run-dir
+# check (`store.security.check_run_dir`) does not walk them.
+TRAINER_DIRS = (CHECKPOINTS,)
 
 
 def pinned_config(run_dir: str | Path) -> Path:
@@ -157,7 +162,7 @@ def join_note_path(run_dir: str | Path, attempt: str, process: int) -> Path:
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS
 
 
 def has_checkpoint(run_dir: str | Path) -> bool:

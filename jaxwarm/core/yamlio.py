@@ -6,13 +6,14 @@ file and line. Apart from the schema (`jaxwarm.core.config`), as `jsonio` is fro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import RefusedFile, read_capped
+from jaxwarm.core.files import RefusedFile, open_regular
 
 # Limits of the YAML reader: a config is a few hundred nodes, a few levels deep. Aliases are
 # allowed, but what they expand to counts against the budget ("billion laughs" is refused at
@@ -40,6 +41,8 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
         self._weights: dict[int, int] = {}
+        self._aliased = False  # an alias was read: the budget may be run out by repetition
+        self._total = 0  # values so far, each alias counting what it repeats
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         self._depth += 1
@@ -57,10 +60,15 @@ class _BoundedLoader(yaml.SafeLoader):
                 children = [part for pair in children for part in pair]
             weight = 1 + sum(self._weights.get(id(child), 1) for child in children)
             self._weights[id(node)] = weight
-        if weight > YAML_MAX_NODES:
-            raise YamlRefused(node.start_mark.line + 1,
-                              f"expands to more than {YAML_MAX_NODES} values (aliases "
-                              f"repeating anchors); refusing it")
+            self._total += 1
+        else:
+            self._aliased = True
+            self._total += weight
+        if self._total > YAML_MAX_NODES:  # as soon as it is run out, not at the end
+            raise YamlRefused(node.start_mark.line + 1, (
+                f"expands to more than {YAML_MAX_NODES} values (aliases repeating anchors)"
+                if self._aliased else f"holds more than {YAML_MAX_NODES} values (a config "
+                                      f"is a few hundred)") + "; refusing it")
         return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -105,13 +113,30 @@ def parse_yaml(text: str, source: str) -> dict[str, Any]:
 
 
 def read_config(path: str | Path) -> str:
-    source = str(path)
+    data, _ = read_config_bytes(path, follow=True)
+    return config_text(data, str(path))
+
+
+def read_config_bytes(path: str | Path, follow: bool) -> tuple[bytes, os.stat_result]:
+    """The bytes of a config within CONFIG_CAP and the stat of the file read (`open_regular`:
+    a regular file, through a final link only with `follow`), or one line."""
     try:
-        return read_capped(path, CONFIG_CAP, "a config", follow=True).decode("utf-8")
+        with open_regular(path, CONFIG_CAP, "a config", follow) as source:
+            info = os.fstat(source.fileno())
+            data = source.read(CONFIG_CAP + 1)
     except RefusedFile as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.why}") from None
+        raise ConfigError(f"{path}: cannot read config: {exc.why}") from None
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    if len(data) > CONFIG_CAP:
+        raise ConfigError(f"{path}: cannot read config: more than a config may be "
+                          f"({CONFIG_CAP} bytes)")
+    return data, info
+
+
+def config_text(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                           f"offset {exc.start})") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 CACHE_SUFFIX = "-cache"
@@ -56,6 +56,28 @@ def payload_size(source: Readable, limit: int) -> int:
     """How many bytes JAX's entry payload decompresses to, read from `source` block by block
     (whichever compressor wrote it: zstd when importable, else zlib). Raises PayloadTooBig
     past `limit` output bytes, ValueError (or the compressor's error) for a broken stream."""
+    size = 0
+    for block in _payload_blocks(source):
+        size += len(block)
+        _within(size, limit)
+    return size
+
+
+def read_payload(source: Readable, limit: int) -> tuple[bytes, int]:
+    """The serialized executable and the compile time JAX stored in an entry read from
+    `source`, as JAX's `decompress_executable` and `extract_executable_and_time` give them,
+    but inflated block by block: PayloadTooBig as soon as the payload passes `limit` bytes,
+    before the rest is inflated (an entry of 1 GiB inflated stops at a 100 MB limit)."""
+    payload = bytearray()
+    for block in _payload_blocks(source):
+        payload += block
+        _within(len(payload), limit)
+    return bytes(payload[TIME_BYTES:]), int.from_bytes(payload[:TIME_BYTES], "big")
+
+
+def _payload_blocks(source: Readable) -> Iterator[bytes]:
+    """An entry's payload, decompressed in blocks of at most BLOCK_BYTES; ValueError (or the
+    compressor's error) for a broken stream, once it is found."""
     head = source.read(len(ZSTD_MAGIC))
     if head == ZSTD_MAGIC:
         try:
@@ -64,32 +86,25 @@ def payload_size(source: Readable, limit: int) -> int:
             raise ValueError("zstd-compressed, and the zstandard package is not installed "
                              "here to check it") from None
         reader = zstandard.ZstdDecompressor().stream_reader(_Prefixed(head, source))
-        return _count(iter(lambda: reader.read(BLOCK_BYTES), b""), limit)
+        yield from iter(lambda: reader.read(BLOCK_BYTES), b"")
+        return
     decompressor = zlib.decompressobj()
-
-    def blocks() -> Iterator[bytes]:
-        for chunk in itertools.chain([head], iter(lambda: source.read(BLOCK_BYTES), b"")):
-            pending = chunk
-            while True:
-                out = decompressor.decompress(pending, BLOCK_BYTES)
-                yield out
-                pending = decompressor.unconsumed_tail
-                if not pending and len(out) < BLOCK_BYTES:
-                    break
-    size = _count(blocks(), limit)
+    for chunk in itertools.chain([head], iter(lambda: source.read(BLOCK_BYTES), b"")):
+        pending = chunk
+        while True:
+            out = decompressor.decompress(pending, BLOCK_BYTES)
+            yield out
+            pending = decompressor.unconsumed_tail
+            if not pending and len(out) < BLOCK_BYTES:
+                break
     if not decompressor.eof:
         raise ValueError("incomplete or truncated stream")
-    return size
 
 
-def _count(blocks: Iterable[bytes], limit: int) -> int:
-    size = 0
-    for block in blocks:
-        size += len(block)
-        if size > limit:
-            raise PayloadTooBig(f"decompresses to more than {limit} bytes (a decompression "
-                                f"bomb, not a JAX entry)")
-    return size
+def _within(size: int, limit: int) -> None:
+    if size > limit:
+        raise PayloadTooBig(f"decompresses to more than {limit} bytes (a decompression "
+                            f"bomb, not a JAX entry)")
 
 
 class _Prefixed:

@@ -1,4 +1,5 @@
-"""Loading a cache entry before JAX asks for it, and handing it to JAX's own lookup.
+"""Loading a cache entry before JAX asks for it, and handing it to JAX's own lookup; and
+holding JAX's own read of an entry to what is safe to read.
 
 JAX loads an entry in `compilation_cache.get_executable_and_time(key, compile_options,
 backend, executable_devices[, host_callbacks])`, which `compiler._cache_read` calls through
@@ -21,7 +22,13 @@ as for any hit, since the wrapper sits inside `_cache_read`.
 
 Deserialization releases the GIL on every tested version (measured: docs/cache.md,
 "Prefetch"): the trainer's Python runs on while the loads do, competing with them only
-for the CPU.
+for the CPU, and the prefetch's threads run at idle priority (`jaxwarm.job.prefetch.yield_cpu`)
+so that the trainer wins that.
+
+The same seam is where JAX itself reads an entry, after every check jaxwarm made at the
+launch and at the job's start: `guard_reads` asks, right before that read, whether the file
+under the key is still one to read (a link to /dev/zero or a FIFO planted since would have
+JAX read without end, or block in its open), and makes the lookup a miss when it is not.
 
 Importing this module does not import jax.
 """
@@ -35,8 +42,9 @@ from typing import Any
 
 from jaxwarm.jaxkey.versions import UnsupportedJaxVersion, unsupported_message
 
-# What the prefetch needs in `jax._src.compilation_cache`.
-SEAM = ("get_executable_and_time", "decompress_executable", "extract_executable_and_time")
+# What the prefetch and the read guard need in `jax._src.compilation_cache` (an entry's bytes
+# the prefetch reads itself, `entryformat.read_payload`).
+SEAM = ("get_executable_and_time",)
 
 
 @dataclass(frozen=True)
@@ -68,16 +76,6 @@ class Loaded:
     executable: Any
     compile_time: int
     size: int
-
-
-def payload(data: bytes) -> tuple[bytes, int]:
-    """An entry file's bytes -> (the serialized executable, the compile time JAX stored)."""
-    from jax._src import compilation_cache
-
-    _check_seam(compilation_cache)
-    serialized, compile_time = compilation_cache.extract_executable_and_time(
-        compilation_cache.decompress_executable(data))
-    return serialized, int(compile_time)
 
 
 def deserialize(serialized: bytes, compile_time: int, spec: LoadSpec) -> Loaded:
@@ -138,6 +136,32 @@ def serve_lookups(prefetched: Callable[[str], bool],
                     return loaded.executable, loaded.compile_time
         return original(cache_key, compile_options, backend, executable_devices, *args,
                         **kwargs)
+
+    compilation_cache.get_executable_and_time = get_executable_and_time
+
+
+_guarding: list[bool] = []
+
+
+def guard_reads(refuse: Callable[[str, str], bool]) -> None:
+    """For the life of the process: right before JAX reads the entry of a key from its cache
+    dir, `refuse(cache dir, key)`; when it is true, JAX's lookup is a miss (JAX compiles,
+    as for a key not in the cache). Installed once, before `serve_lookups` (whose prefetched
+    executables are read by the prefetch itself, within its own bounds)."""
+    import jax
+    from jax._src import compilation_cache
+
+    if _guarding:
+        raise RuntimeError("guard_reads is installed once per process")
+    _check_seam(compilation_cache)
+    _guarding.append(True)
+    original = compilation_cache.get_executable_and_time
+
+    def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
+        cache_dir = str(jax.config.jax_compilation_cache_dir or "")
+        if cache_dir and refuse(cache_dir, cache_key):
+            return None, None  # JAX's own answer for a key it does not hold
+        return original(cache_key, *args, **kwargs)
 
     compilation_cache.get_executable_and_time = get_executable_and_time
 

@@ -23,10 +23,9 @@ import os
 import time
 from pathlib import Path
 
-from jaxwarm.core.config import Config
-from jaxwarm.core.environment import expand_variables
+from jaxwarm.core.config import Config, expand_variables
 from jaxwarm.core.errors import ConfigError, one_line
-from jaxwarm.core.files import atomic_write, read_bounded
+from jaxwarm.core.files import atomic_write, make_dirs, read_bounded
 from jaxwarm.core.jsonio import RECORD_CAP, dumps, from_json, parse_json
 from jaxwarm.core.records import Staging
 from jaxwarm.core.rundir import stage_note_path
@@ -48,7 +47,7 @@ def node_cache_dir(config: Config, place: Place) -> Staging:
     note = stage_note_path(config.run_dir, place.attempt, place.node)
     if place.local_rank == 0:
         staging = stage_node(config, place.node)
-        note.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(note.parent)
         atomic_write(note, dumps(staging, indent=1) + "\n", what="the node's staging note")
     else:
         staging = wait_for_note(config, note, place.node)

@@ -30,10 +30,11 @@ from collections.abc import Collection
 from pathlib import Path
 
 from jaxwarm.core.config import Config
+from jaxwarm.core.environment import VERIFY_INVOCATION
 from jaxwarm.core.errors import EXIT_ERROR, ConfigError
-from jaxwarm.core.files import atomic_write
+from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import AFTER_FIRST_STEP, NOT_LOOKED_UP, VERIFY, Verdict, VerifyResult
+from jaxwarm.core.records import AFTER_FIRST_STEP, VERIFY, Verdict, VerifyResult, not_looked_up
 from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError
@@ -59,9 +60,11 @@ DONE = "jaxwarm/verify-trainer-done"
 
 
 def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = None) -> None:
-    """Process 0's verdicts, the run's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dumps(VerifyResult(0, verdicts, trainer_s), indent=1) + "\n")
+    """Process 0's verdicts, the run's, marked with this verify's invocation id."""
+    make_dirs(path.parent)
+    atomic_write(path, dumps(VerifyResult(0, verdicts, trainer_s,
+                                          os.environ.get(VERIFY_INVOCATION, "")),
+                             indent=1) + "\n")
 
 
 class TrainerWatch:
@@ -107,11 +110,10 @@ class TrainerWatch:
             done = not self.pending
             stop = not done and not self.until_all and found.module_name in self.steps
             if stop:  # the step's dispatch follows its compile: nothing of it runs
-                self.verdicts += self.unheard(f"{AFTER_FIRST_STEP} ({found.module_name}), "
-                                              f"which verify --trainer stops before; "
-                                              f"--until-all-looked-up runs the trainer on to "
-                                              f"it (it trains and writes its outputs)",
-                                              unknown=True)
+                self.verdicts += not_looked_up(
+                    list(self.pending), f"{AFTER_FIRST_STEP} ({found.module_name}), which "
+                    f"verify --trainer stops before; --until-all-looked-up runs the trainer on "
+                    f"to it (it trains and writes its outputs)", unknown=True)
         if done or stop:
             self.end(0)  # the launcher prints the answer and its cost
         return decision.warm and self.may_load
@@ -123,10 +125,6 @@ class TrainerWatch:
                        warm=decision.warm, lower_s=0.0, predict_s=0.0,
                        explanation=decision.why, components=prediction.components,
                        reached_s=self.elapsed())
-
-    def unheard(self, why: str, unknown: bool = False) -> list[Verdict]:
-        return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
-                        explanation=[why], unknown=unknown) for name in sorted(self.pending)]
 
     def let_the_others_end(self) -> None:
         """Process 0 runs jax.distributed's coordination service, and another process whose
@@ -159,8 +157,9 @@ class TrainerWatch:
                 f"{self.config.init_budget_s:g} s): the trainer had not looked up {names}; "
                 f"their answer is unknown")
         with self.lock:
-            self.verdicts += self.unheard("the trainer had not looked it up at the time "
-                                          "limit", unknown=True)
+            self.verdicts += not_looked_up(list(self.pending), "the trainer had not looked it "
+                                                               "up at the time limit",
+                                           unknown=True)
         self.end(EXIT_ERROR, line)
 
     def at_exit(self) -> None:
@@ -168,7 +167,8 @@ class TrainerWatch:
         if not self.pending:
             return
         with self.lock:
-            self.verdicts += self.unheard("the trainer never looked it up: it ended first")
+            self.verdicts += not_looked_up(list(self.pending),
+                                           "the trainer never looked it up: it ended first")
         self.write()
 
     def write(self) -> None:

@@ -54,17 +54,22 @@ def load_reports(run_dir: str | Path) -> list[InitReport]:
     return [report for _, report in sorted(found, key=lambda item: item[0])]
 
 
-def load_verdicts(run_dir: str | Path) -> VerifyResult:
-    """The verify job's answer for the run; unlike a report among many, it is the one file
+def load_verdicts(run_dir: str | Path, invocation: str) -> VerifyResult | None:
+    """The answer the verify job of `invocation` wrote for the run; None when it wrote none
+    (no file, or one an earlier verify left). Unlike a report among many, it is the one file
     the command answers from, so an unreadable one is an error naming it."""
     path = verify_result_path(run_dir)
     try:
         text = read_bounded(path, RECORD_CAP, "a verify result")
+    except FileNotFoundError:
+        return None
     except RefusedFile:  # an OSError too, whose own line says what the file is instead
         raise
     except OSError as exc:
-        raise ConfigError(f"{path}: the verify job wrote no result ({exc.strerror})") from None
-    return from_json(VerifyResult, parse_json(text, str(path)), str(path))
+        raise ConfigError(f"{path}: cannot read the verify job's result ({exc.strerror})") \
+            from None
+    result = from_json(VerifyResult, parse_json(text, str(path)), str(path))
+    return result if result.invocation == invocation else None
 
 
 def load_first_steps(run_dir: str | Path) -> list[FirstStep]:

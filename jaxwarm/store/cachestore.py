@@ -165,6 +165,12 @@ class CacheStore(ABC):
         """Move a bad entry aside, so JAX compiles and writes it afresh; where it went."""
 
     @abstractmethod
+    def refuse_read(self, key: str, repair: bool) -> bool:
+        """Whether JAX must not read the entry of `key` now, right before its own read: one
+        swapped since the checks for a link or a FIFO, said in one line (and, with
+        `repair`, quarantined): JAX's lookup is then a miss."""
+
+    @abstractmethod
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
                              repair: bool = True) -> tuple[list[IntegrityCheck], float]:
         """Check `keys` (default: every entry) in full and, with `repair`, quarantine the

@@ -246,8 +246,9 @@ def check_entries(store: LocalStore, keys: list[str] | None = None,
     return checks
 
 
-def quarantine(store: LocalStore, check: IntegrityCheck) -> Path | None:
-    """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh."""
+def quarantine(store: LocalStore, check: IntegrityCheck, say: bool = True) -> Path | None:
+    """Move a bad entry aside (with a note of why), so JAX compiles and writes it afresh;
+    said in a line unless the caller says it (`say`)."""
     folder = make_dir(store.quarantine_dir)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     destination = folder / f"{check.key}-cache.{stamp}"
@@ -258,8 +259,32 @@ def quarantine(store: LocalStore, check: IntegrityCheck) -> Path | None:
                  json.dumps({"key": check.key, "problem": check.problem, "time": time.time()})
                  + "\n", modes_in(folder)[0], what="the note of why the entry was quarantined")
     store.append_usage(EntryQuarantined(check.key, check.problem))
-    log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
+    if say:
+        log.warning("quarantined %s: %s (moved to %s)", check.key, check.problem, destination)
     return destination
+
+
+def refuse_read(store: LocalStore, key: str, repair: bool) -> bool:
+    """Right before JAX reads the entry of `key` (`jaxwarm.jaxkey.entryload.guard_reads`),
+    after every check of the launch and the job's start: is what is there now still a
+    regular file within MAX_ENTRY_BYTES, opened without following a link or blocking
+    (`open_entry`)? When it is not (a link to /dev/zero, a FIFO, planted since), it is
+    quarantined (`repair`; a verify writes nothing into the cache dir and leaves it) and
+    the answer is True: JAX's lookup is a miss, and it compiles. Said in one line."""
+    path = store.entry_path(key)
+    try:
+        with open_entry(path):
+            return False
+    except FileNotFoundError:
+        return False  # JAX's own miss
+    except NotAnEntry as exc:
+        problem = str(exc)
+    moved = quarantine(store, IntegrityCheck(key, 0, problem, False), say=False) \
+        if repair else None
+    log.warning("jaxwarm: %s: %s, put there since the job's checks; %s, and JAX's lookup of "
+                "it is a miss (it compiles instead)", path, problem,
+                f"quarantined (moved to {moved})" if moved else "not read")
+    return True
 
 
 def check_and_quarantine(store: LocalStore, keys: list[str] | None = None,

@@ -64,7 +64,7 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
     (`input_changes`); equal inputs with another computation (the code changed, with what
     the fingerprint saw change since the prewarm); else the one differing key component
     that says the most (`SPECIFICITY`, the others named after it); none: the entry is in
-    another dir than the one looked in, or gone (with a size cap, JAX's own LRU)."""
+    another dir than the one looked in, or gone (`gone_line`)."""
     function, components, run = missed.name, missed.components, context.run
     input_changes, prewarm = missed.input_changes, context.prewarm
     if missed.not_loaded is not None:
@@ -76,7 +76,7 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
         known = f"; it has {_listed(others, 60)} (renamed? a function's name is part of " \
             f"its program)" if others else ": run `jaxwarm prewarm`"
         return [f"no prewarm of {function} is recorded in the manifest{known}"]
-    settings = settings_differences(named, missed.global_options, context)
+    settings = settings_differences(named, missed.global_options, components, context)
     if settings:
         return settings
     if input_changes:
@@ -93,12 +93,12 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
                 f"it on {other.process_count} process(es), this job has "
                 f"{context.process_count}"]
     pool = [e for e in layout if prewarm is not None and e.key == prewarm.key] or \
-        [e for e in layout if e.run == run] or layout
+        [e for e in layout if of_run(e, run)] or layout
     closest = min(pool, key=lambda e: (len(differing_components(e.components, components)),
                                        -e.created))
     differing = differing_components(closest.components, components)
     if not differing:
-        return [_gone_line(store, closest, context)]
+        return [gone_line(store, missed, closest.key, context)]
     if input_changes == [] and "computation" in differing:
         return [code_line(context.since_prewarm, closest, run)]
     first = min(differing, key=lambda c: SPECIFICITY.index(c) if c in SPECIFICITY
@@ -108,11 +108,17 @@ def explain_miss(store: CacheStore, missed: FunctionRecord, manifest: dict[str, 
     return [line + (f" (also {', '.join(also)})" if also else "")]
 
 
-def _gone_line(store: CacheStore, entry: ManifestEntry, context: MissContext) -> str:
-    """The key is the prewarm's, yet the lookup missed: the entry is elsewhere or gone."""
-    if context.looked_in not in (None, store.dir) and store.has_entry(entry.key):
+def gone_line(store: CacheStore, missed: FunctionRecord, key: str, context: MissContext) -> str:
+    """The key is the prewarm's, yet the lookup missed: the entry is in another dir than the
+    one the process looked in, or gone: quarantined (the miss's record says, or the usage
+    log's last word on it), evicted by JAX's LRU (under a size cap), pruned or deleted."""
+    if context.looked_in not in (None, store.dir) and store.has_entry(key):
         return (f"its entry is in {store.dir}, but this process looked it up in "
                 f"{context.looked_in}")
+    quarantined = missed.quarantined or _quarantined(store, key)
+    if quarantined is not None:
+        return (f"its entry was quarantined ({quarantined}) before this job could load it, "
+                f"and compiled again; unless this job wrote it, run `jaxwarm prewarm`")
     if context.max_size > 0:
         return (f"the prewarm's entry is gone: JAX's LRU evicts to stay within "
                 f"cache.max_size={context.max_size} bytes (or it was pruned); raise it, "
@@ -187,10 +193,12 @@ def component_line(component: str, prewarmed: ManifestEntry, xla_flags: str | No
 
 
 def settings_differences(named: list[ManifestEntry], global_options: dict[str, str],
-                         context: MissContext) -> list[str]:
+                         components: dict[str, str], context: MissContext) -> list[str]:
     """The global JAX settings that differ from those of the prewarm the lookup was compared
-    with, else the newest prewarm of the function (this run's first), as one line (none
-    when either side recorded none), said by where the difference comes from: a setting
+    with, else of this run's prewarm of the function (its own, or one it uses: `of_run`),
+    else of the closest by key `components`, then the newest (never another run's settings
+    when this run's differ in something else), as one line (none when either side
+    recorded none), said by where the difference comes from: a setting
     whose variable the config gives the job (`jax:` -> JAX_*, `env:`) and that changed
     between the prewarm's fingerprint and this job's (`context.changed`) is a change since
     the prewarm; one that did not change means the prewarm's process and this one set it
@@ -201,7 +209,8 @@ def settings_differences(named: list[ManifestEntry], global_options: dict[str, s
         return []
     prewarm, changed = context.prewarm, context.changed
     newest = prewarm if prewarm is not None and prewarm.global_options else \
-        max(recorded, key=lambda e: (e.run == context.run, e.created))
+        min(recorded, key=lambda e: (not of_run(e, context.run), len(differing_components(
+            e.components, components)), -e.created))
     found = differing(newest.global_options, global_options)
     if not found:
         return []
@@ -234,3 +243,16 @@ def changed_variables(prewarms: dict[str, PrewarmRecord], key: str,
         return None
     before, after = record.fingerprint.variables, now.variables
     return {name for name in set(before) | set(after) if before.get(name) != after.get(name)}
+
+
+def of_run(entry: ManifestEntry, run: str | None) -> bool:
+    """Whether `entry` is run `run`'s: its prewarm wrote it, or found it WARM and uses it."""
+    return run is not None and (entry.run == run or run in entry.runs)
+
+
+def _quarantined(store: CacheStore, key: str) -> str | None:
+    """Why the entry of `key` was quarantined, when that is why it is gone (the usage log)."""
+    if store.has_entry(key):
+        return None
+    history = store.histories().get(key)
+    return history.quarantined if history is not None else None

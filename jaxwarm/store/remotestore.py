@@ -135,6 +135,11 @@ class RemoteStore(CacheStore):
         """None: nothing is moved in a remote dir (its warm check finds no torn entry)."""
         return None
 
+    def refuse_read(self, key: str, repair: bool) -> bool:
+        """False: JAX reads a remote entry through epath, a download of what the object
+        store holds, with no link or FIFO to plant."""
+        return False
+
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
                              repair: bool = True) -> tuple[list[IntegrityCheck], float]:
         """Every entry: refused (a listing); given keys: none checked, as no record says what

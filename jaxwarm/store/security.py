@@ -9,6 +9,11 @@ a parent may rename what is in it (the sticky bit does not stop its owner), so s
 cache dir for one of theirs: every parent must be owned by root or by the user, unless its
 group is the trusted group. New dirs are created 0700 (0770 plus setgid for a trusted group,
 so new files inherit the group).
+
+A run dir is under the same rule (`check_run_dir`): every job reads its pinned config there
+(which names the code it imports), and jaxwarm writes its logs and records there, so a run dir
+someone else may write is a way to run code as the user or to have jaxwarm write through a
+planted link onto the user's files.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from jaxwarm.core.config import CacheConfig
+from jaxwarm.core.config import CacheConfig, Config
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR
+from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR, file_kind, make_dirs
+from jaxwarm.core.rundir import TRAINER_DIRS
 
 PRIVATE_MODE = PRIVATE_DIR
 SHARED_MODE = GROUP_DIR
@@ -77,18 +83,18 @@ class Trust:
                     f"trusted group (gid {gid})")
         return None
 
-    def parent_problem(self, info: os.stat_result) -> str | None:
+    def parent_problem(self, info: os.stat_result, what: str = "the cache") -> str | None:
         """A parent others may rename in lets them swap the dir: its owner, unless that is
         root or this user (the sticky bit does not stop an owner); and, without the sticky
         bit, anyone for a world-writable one, every member of its group for a
         group-writable one. A parent whose group is the trusted group is the group's to
-        share."""
+        share. `what` the parent holds, for the line."""
         uid, gid = self.uid, self.gid
         mode = stat.S_IMODE(info.st_mode)
         trusted = gid is not None and info.st_gid == gid
         if info.st_uid not in (0, uid) and not trusted:
-            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep the "
-                    f"cache under dirs you or root own" + (
+            return (f"is owned by uid {info.st_uid}, not by you (uid {uid}) or root (keep "
+                    f"{what} under dirs you or root own" + (
                         ")" if gid is not None else
                         ", or set cache.trusted_group to a group that owns that dir)"))
         if mode & stat.S_ISVTX:
@@ -99,6 +105,17 @@ class Trust:
             return (f"is writable by group {info.st_gid} without the sticky bit (mode "
                     f"{mode:04o}) and cache.trusted_group does not name that group")
         return None
+
+
+def check_parents(path: Path, trust: Trust, where: str, what: str, why: str) -> None:
+    """`Trust.parent_problem` for every existing parent of `path`, along the path as written
+    and along the path it resolves to (a symlink cannot lead into a dir anyone may
+    replace); `where` starts the one line ("FILE: KEY"), `why` ends it."""
+    real = Path(os.path.realpath(path))
+    for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
+        problem = trust.parent_problem(parent.stat(), what) if parent.exists() else None
+        if problem:
+            raise ConfigError(f"{where}: parent {parent} {problem}: {why}")
 
 
 def write_problem(path: Path) -> str | None:
@@ -121,13 +138,9 @@ def check_cache_dir(path: Path, cache: CacheConfig, source: str,
     `key` is the config key that named the dir (`cache.stage` for a node's staged copy)."""
     trust = Trust(os.geteuid(), trusted_gid(cache, source))
     path = Path(os.path.abspath(path))
-    real = Path(os.path.realpath(path))
-    for parent in dict.fromkeys([*reversed(path.parents), *reversed(real.parents)]):
-        problem = trust.parent_problem(parent.stat()) if parent.exists() else None
-        if problem:
-            raise ConfigError(f"{source}: {key}: parent {parent} {problem}: whoever can "
-                              f"rename in it can swap the cache dir for theirs, and every "
-                              f"rank executes what is there")
+    check_parents(path, trust, f"{source}: {key}", "the cache",
+                  "whoever can rename in it can swap the cache dir for theirs, and every rank "
+                  "executes what is there")
     identity = None
     if path.exists():
         info = path.stat()
@@ -173,3 +186,55 @@ def prepare_cache_dir(path: Path, cache: CacheConfig, source: str,
         os.chown(path, -1, gid)
         os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask
     return check_cache_dir(path, cache, source, key=key)
+
+
+def check_run_dir(config: Config) -> None:
+    """Refuse, in one line, a run dir (`<out_dir>/<run name>`, path-resolved) others could
+    write or swap: a parent under `Trust.parent_problem` (key `run.out_dir`), the run dir or
+    any dir in it under `Trust.dir_problem` (its owner and who may write it;
+    `cache.trusted_group` is the trusted group here too), and a symlink anywhere in it (key
+    `run.name`): jaxwarm never writes through a link, and one planted there is refused, not
+    replaced. Dirs the trainer keeps (`rundir.TRAINER_DIRS`: its checkpoints, maybe a link
+    to a bigger file system) are the trainer's and not walked. A run dir that does not
+    exist yet passes (`prepare_run_dir` creates it)."""
+    trust = Trust(os.geteuid(), trusted_gid(config.cache, config.source))
+    run_dir = Path(os.path.abspath(config.run_dir))
+    check_parents(run_dir, trust, f"{config.source}: run.out_dir", "the run dir",
+                  "whoever can rename in it can swap the run dir for theirs, and every job "
+                  "runs the code its pinned config names")
+    try:
+        top = run_dir.stat()
+    except FileNotFoundError:
+        return
+    problem = trust.dir_problem(top)
+    directories = [run_dir]
+    while directories and problem is None:
+        directory = directories.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if directory == run_dir and entry.name in TRAINER_DIRS:
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    problem = (f"is {file_kind(info.st_mode)} (to "
+                               f"{os.readlink(entry.path)}): jaxwarm never writes through a "
+                               f"link; remove it")
+                elif stat.S_ISDIR(info.st_mode):
+                    problem = trust.dir_problem(info)
+                    directories.append(Path(entry.path))
+                if problem is not None:
+                    run_dir = Path(entry.path)
+                    break
+    if problem is not None:
+        raise ConfigError(f"{config.source}: run.name: {run_dir} {problem}; refusing to use "
+                          f"this run dir (jobs read their config and jaxwarm writes its logs "
+                          f"and records there)")
+
+
+def prepare_run_dir(config: Config) -> Path:
+    """Create the run dir (and missing parents) with safe modes (`files.make_dirs`: 0700,
+    or the group's in a setgid dir of the trusted group), then check it again: a dir someone
+    else made in between (in a sticky dir anyone may create in) is refused, not used."""
+    make_dirs(config.run_dir)
+    check_run_dir(config)
+    return config.run_dir

@@ -202,6 +202,9 @@ class LocalStore(CacheStore):
     def quarantine(self, check: IntegrityCheck) -> Path | None:
         return integrity.quarantine(self, check)
 
+    def refuse_read(self, key: str, repair: bool) -> bool:
+        return integrity.refuse_read(self, key, repair)
+
     def check_and_quarantine(self, keys: list[str] | None = None, strict: bool = True,
                              repair: bool = True) -> tuple[list[IntegrityCheck], float]:
         return integrity.check_and_quarantine(self, keys, strict, repair)

@@ -21,6 +21,7 @@ from jaxwarm.core.jsonio import dumps, read_lines, to_json, warn_once
 from jaxwarm.core.records import (
     EntryChecked,
     EntryMissed,
+    EntryQuarantined,
     JobUsage,
     UsageRecord,
     parse_usage_line,
@@ -89,6 +90,9 @@ class KeyHistory:
     removed: bool = False
     # A job missed the entry although it was there, and nothing checked it in full since.
     missed: bool = False
+    # Why it was quarantined, when its last removal was a quarantine and nothing wrote it
+    # since: a miss on it says that, not that it was pruned or deleted.
+    quarantined: str | None = None
 
 
 def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
@@ -105,15 +109,17 @@ def key_histories(records: list[UsageRecord]) -> dict[str, KeyHistory]:
                 if function.sha256:
                     history.written_by, history.sha256, history.size, history.removed = \
                         record.user, function.sha256, function.size, False
-                    history.missed = False
+                    history.missed, history.quarantined = False, None
             continue
         history = histories.setdefault(record.key, KeyHistory())
         if isinstance(record, EntryMissed):
             history.missed = True
         elif isinstance(record, EntryChecked):
             history.sha256, history.size, history.removed = record.sha256, record.size, False
-            history.missed = False
+            history.missed, history.quarantined = False, None
         else:  # quarantined or pruned
             history.sha256, history.size, history.removed = None, None, True
             history.missed = False
+            history.quarantined = (record.problem or "a problem") \
+                if isinstance(record, EntryQuarantined) else None
     return histories

@@ -23,9 +23,14 @@ compression library; what decides those, and the launcher can see without starti
   so a changed flag is another program); a factory that does not read them builds the
   same step whatever they are, and a run that only changes its output dir or step count
   keeps its prewarm;
+- `step.inputs`: files the config names as the step's inputs, signed here, with the sources
+  (an absent one as ABSENT, so that its appearance is a change);
 - `reads` (not in the digest: the login node cannot know them before a prewarm ran): the
   files the factory read while it built the step, as the prewarm job recorded them
-  (`jaxwarm.job.record.reads`); a launch hashes them again (`changed_reads`).
+  (`jaxwarm.job.record.reads`); a launch signs them again (`changed_reads`).
+
+Files are signed as `jaxwarm.core.contents` says: by content up to 8 MiB, larger ones by
+size, times and inode, so that a launch spends milliseconds on them whatever their size.
 
 What it cannot see is found by the jobs themselves: the compute nodes' GPU model and driver
 (the backend version), a module imported dynamically (`importlib.import_module` of a computed
@@ -48,18 +53,33 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.config import Config
-from jaxwarm.core.contents import content_hash, covered, installed_tops, library_dirs
-from jaxwarm.core.environment import job_environment, key_environment, key_variable
+from jaxwarm.core.contents import (
+    LINK,
+    covered,
+    file_signature,
+    installed_tops,
+    library_dirs,
+    link_record,
+)
+from jaxwarm.core.environment import (
+    PINNED_DIGEST,
+    job_environment,
+    key_environment,
+    key_variable,
+)
+from jaxwarm.core.errors import ConfigError, one_line
 from jaxwarm.core.records import Fingerprint
 from jaxwarm.submit.jobs import find_module, job_import_path, parse_source
 
 # Job variables that name the run, not the program: a run of another name shares its keys.
-RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR")
+RUN_VARIABLES = ("JAXWARM_CONFIG", "JAXWARM_RUN_DIR", PINNED_DIGEST)
 # What a step factory reads the trainer's command line through (`jaxwarm.step`).
 ARGV_READER = "trainer_argv"
 # The most source files followed from the factory: a bound on the walk, not a limit anyone
 # should reach (a big trainer is a few hundred).
 MAX_FILES = 5000
+# The record of a `step.inputs` file that is not there (yet).
+ABSENT = "absent"
 
 
 def short_hash(data: Any) -> str:
@@ -90,13 +110,30 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
         "hardware": short_hash([config.slurm.partition, config.slurm.constraint,
                                 config.slurm.gpus_per_node]),
         "backend": backend,
-        "source": short_hash(sources.files),
     }
+    files = {**sources.files, **input_signatures(config)}
+    parts["source"] = short_hash(files)
     if sources.reads_argv:
         parts["entrypoint"] = short_hash(config.entrypoint)
     variables = {name: short_hash(value) for name, value in env.items() if key_variable(name)}
-    return Fingerprint(digest=short_hash(parts), parts=parts, files=sources.files,
+    return Fingerprint(digest=short_hash(parts), parts=parts, files=files,
                        variables=variables)
+
+
+def input_signatures(config: Config) -> dict[str, str]:
+    """Each `step.inputs` file's signature, by absolute path (ABSENT where there is none);
+    one that cannot be read, or is no regular file, is refused in one line."""
+    files = {}
+    for given in config.step.inputs:
+        path = os.path.abspath(given)
+        try:
+            files[path] = file_signature(path)
+        except FileNotFoundError:
+            files[path] = ABSENT
+        except OSError as exc:
+            raise ConfigError(f"{config.source}: step.inputs: {one_line(exc)}; expected a "
+                              f"regular file the launch can read") from None
+    return files
 
 
 def changed_reads(reads: dict[str, str]) -> list[str]:
@@ -105,7 +142,7 @@ def changed_reads(reads: dict[str, str]) -> list[str]:
     changed = []
     for path, recorded in sorted(reads.items()):
         try:
-            now = content_hash(path)
+            now = link_record(path) if recorded.startswith(LINK) else file_signature(path)
         except OSError:
             now = None
         if now != recorded:
@@ -183,7 +220,7 @@ def step_sources(module: str, installed: list[Distribution]) -> StepSources:
         if covered(path, libraries, tops):
             continue
         try:
-            files[str(path)] = content_hash(path)
+            files[str(path)] = file_signature(path)
         except OSError:
             continue
         tree = parse_source(str(path))

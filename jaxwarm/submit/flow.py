@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from jaxwarm.core.config import Config, load_config
-from jaxwarm.core.environment import dropped_variables
+from jaxwarm.core.environment import VERIFY_INVOCATION, dropped_variables
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, ConfigError
 from jaxwarm.core.files import atomic_write
 from jaxwarm.core.jsonio import dumps
@@ -103,7 +103,7 @@ def launch(request: Request, backend: Backend[H]) -> int:
         decided = []
         for run in runs:
             config = run.config
-            store = pinned_store(run, backend)
+            run, store = pinned_store(run, backend)
             keep_earlier_reports(config.run_dir)
             # The entries it finds bad are quarantined here, so a job compiles them again;
             # verify only says them.
@@ -136,7 +136,7 @@ def verify(request: Request, backend: Backend[H]) -> int:
                                if request.trainer else verify_job(config, pinned)])
     say_dropped([run])
     with holding([run], backend):
-        store = pinned_store(run, backend)
+        run, store = pinned_store(run, backend)
         bad = prepare_cache(config, store, request.check_cache, repair=False)
         # Its misses are said against a prewarm of this fingerprint first, as a launch's.
         atomic_write(verify_fingerprint_path(config.run_dir),
@@ -145,7 +145,8 @@ def verify(request: Request, backend: Backend[H]) -> int:
         # verify --trainer predicts nothing (it hears the keys JAX computes): no check.
         with nullcontext() if request.trainer else selfcheck(run.jobs[0].env) as check:
             [handles] = backend.submit([run])
-            code = finish_verify(config, backend, handles, bad)
+            code = finish_verify(config, backend, handles, bad,
+                                 run.jobs[0].env[VERIFY_INVOCATION], request.trainer)
             # No verdicts (EXIT_ERROR) is the answer whatever the self-check says; `check`
             # is None under --trainer.
             return code if code == EXIT_ERROR or check is None else max(code, check.finish())
@@ -175,12 +176,14 @@ def holding(runs: list[Run], backend: Backend[H]) -> Iterator[None]:
         yield
 
 
-def pinned_store(run: Run, backend: Backend[H]) -> CacheStore:
-    """The run dir written (the pinned config) once every check passed; the run's store."""
-    write_run_dir(run.config, run.pinned)
+def pinned_store(run: Run, backend: Backend[H]) -> tuple[Run, CacheStore]:
+    """The run dir written (the pinned config) once every check passed: the run, its jobs
+    given the sha256 of what was pinned (`JobSpec.pinned`), and the run's store."""
+    digest = write_run_dir(run.config, run.pinned)
     log.info("%s: run dir %s, cache %s, on %s", run.config.source, run.config.run_dir,
              run.config.cache.dir, backend.name)
-    return open_store(run.config.cache.dir)  # one per run: its usage log read once
+    pinned = dataclasses.replace(run, jobs=[job.pinned(digest) for job in run.jobs])
+    return pinned, open_store(run.config.cache.dir)  # one per run: its usage log read once
 
 
 def say_dropped(runs: list[Run]) -> None:
@@ -304,14 +307,14 @@ def finish(request: Request, config: Config, backend: Backend[H], handles: list[
 
 
 def finish_verify(config: Config, backend: Backend[H], handles: list[H],
-                  bad: dict[str, str]) -> int:
+                  bad: dict[str, str], invocation: str, trainer: bool) -> int:
     """Wait for the verify job (its verdicts are the command's answer, on every backend),
-    then print them with the entries the cache check found `bad`."""
+    then print those it wrote (`invocation`) with the entries the cache check found `bad`."""
     failed = first_failure(backend, handles)
     if failed is not None:
         # A job that failed gave no verdicts: an error, not the EXIT_COLD of a cold answer.
         return EXIT_ERROR if failed.exit_code == EXIT_FAILED else failed.exit_code
-    return print_verdicts(config, bad)
+    return print_verdicts(config, bad, invocation, trainer)
 
 
 def first_failure(backend: Backend[H], handles: list[H]) -> Outcome | None:

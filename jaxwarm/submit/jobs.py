@@ -8,6 +8,7 @@ imports prewarm code.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -17,6 +18,7 @@ import pkgutil
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +27,12 @@ from pathlib import Path
 
 from jaxwarm.core.config import Config
 from jaxwarm.core.entryargv import PYTHON, entry_args, python_command
-from jaxwarm.core.environment import job_environment, merge_environment
+from jaxwarm.core.environment import (
+    PINNED_DIGEST,
+    VERIFY_INVOCATION,
+    job_environment,
+    merge_environment,
+)
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.moved import moved_module
@@ -35,6 +42,8 @@ from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER, VERIFY_UN
 
 log = logging.getLogger(__name__)
 
+# jaxwarm's own import package, which nothing on a job's PYTHONPATH may shadow.
+PACKAGE = "jaxwarm"
 PREWARM_MODULE = "jaxwarm.job.prewarm"
 VERIFY_MODULE = "jaxwarm.job.verify"
 CALL_MODULE = "jaxwarm.job.start.call"
@@ -49,6 +58,11 @@ class JobSpec:
     # verify --trainer's time limit, which its wrapper keeps from the trainer's start
     # (`jaxwarm.submit.supervise`, `jaxwarm.job.start.task`).
     init_budget_s: float | None = None
+
+    def pinned(self, digest: str) -> JobSpec:
+        """This job with the sha256 of the pinned config it reads, as the launch wrote it
+        (`PINNED_DIGEST`): its processes refuse a config that is not that file."""
+        return dataclasses.replace(self, env={**self.env, PINNED_DIGEST: digest})
 
 
 @contextmanager
@@ -83,6 +97,7 @@ def check_modules(config: Config) -> None:
     specs = [("step.factory", config.step.factory)]
     if entry.function is not None:
         specs.append(("entrypoint.function", entry.function))
+    refuse_shadowing(config)
     with job_import_path(config):
         if config.report.mlperf and importlib.util.find_spec("mlperf_logging") is None:
             raise ConfigError(f"{config.source}: report.mlperf: the training job logs MLPerf's "
@@ -105,6 +120,23 @@ def check_modules(config: Config) -> None:
                                   f"({found.origin}) defines no {function!r}")
             if key == "entrypoint.function" and tree is not None:
                 check_callable(config, spec, found.origin, tree)
+
+
+def refuse_shadowing(config: Config) -> None:
+    """A package of the user's named `jaxwarm` in an entry of the config's PYTHONPATH would
+    be imported in every job in place of jaxwarm itself (an installed wheel comes after
+    PYTHONPATH): one line, before anything runs, not a traceback from every job. A dir of
+    that name without `__init__.py` is a namespace portion, which shadows nothing."""
+    ours = Path(sys.modules[PACKAGE].__file__ or "").parent
+    for entry in config.env.get("PYTHONPATH", "").split(os.pathsep):
+        finder = pkgutil.get_importer(str(Path(entry).absolute())) if entry else None
+        found = finder.find_spec(PACKAGE) if finder is not None else None
+        where = Path(found.origin) if found is not None and found.loader is not None and \
+            found.origin else None
+        if where is not None and ours != where.parent:
+            raise ConfigError(f"{config.source}: env.PYTHONPATH: {entry} holds a package named "
+                              f"{PACKAGE!r} ({where}), which every job would import in place "
+                              f"of jaxwarm itself; rename it")
 
 
 def locate(config: Config, key: str, module: str) -> importlib.machinery.ModuleSpec:
@@ -329,7 +361,7 @@ def prewarm_job(config: Config, config_path: str | Path) -> JobSpec:
 
 def verify_job(config: Config, config_path: str | Path) -> JobSpec:
     return JobSpec(VERIFY, [sys.executable, "-m", VERIFY_MODULE],
-                   job_environment(config, config_path))
+                   {**job_environment(config, config_path), VERIFY_INVOCATION: uuid.uuid4().hex})
 
 
 def train_job(config: Config, config_path: str | Path) -> JobSpec:
@@ -347,6 +379,6 @@ def verify_trainer_job(config: Config, config_path: str | Path,
     step's, whichever comes first; `until_all`: of each (`jaxwarm.job.trainerverify`)."""
     train = train_job(config, config_path)
     until = {VERIFY_UNTIL_ALL: "1"} if until_all else {}
-    return JobSpec(VERIFY, train.argv,
-                   {**train.env, VERIFY_TRAINER: f"{config.init_budget_s!r}", **until},
+    return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: f"{config.init_budget_s!r}",
+                                        VERIFY_INVOCATION: uuid.uuid4().hex, **until},
                    config.init_budget_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,13 +36,13 @@ from jaxwarm.core.childwait import (
 )
 from jaxwarm.core.config import Config, TopologyConfig
 from jaxwarm.core.environment import merge_environment
-from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line
-from jaxwarm.core.files import atomic_write, is_held, read_tail
+from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError, error_line, one_line
+from jaxwarm.core.files import atomic_write, fresh_file, is_held, make_dirs, read_tail
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
-from jaxwarm.core.records import TRAIN, VERIFY, LocalJobState, LocalLaunch
+from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState, LocalLaunch
 from jaxwarm.core.rundir import has_checkpoint, local_jobs_path, lock_path, log_path, report_path
-from jaxwarm.core.words import duration
+from jaxwarm.core.words import duration, human_size
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
 from jaxwarm.submit.backend import Outcome, Run
@@ -54,6 +55,8 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUS
 # ran it is gone).
 RUNNING, COMPLETED, FAILED, STOPPED, LOST = "RUNNING", "COMPLETED", "FAILED", "STOPPED", "LOST"
 SUPERVISOR = "jaxwarm.submit.supervise"
+# Less free space than this under a failed process's empty log: its disk is taken for full.
+FULL_DISK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,55 @@ def ended(code: int) -> str:
     return f"exited with {code}"
 
 
-def _echo(stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
-    """Copy process 0's output to its log and, prefixed, to the runner's stderr."""
-    for line in iter(stream.readline, b""):
-        sink.write(line)
-        sink.flush()
-        sys.stderr.write(prefix + line.decode(errors="replace"))
-    stream.close()
+def full_disk(log: Path) -> str | None:
+    """The one line for a process that failed without saying why while its log's disk is
+    full: its own writes there failed (its output, a checkpoint), and with them its word."""
+    try:
+        free = shutil.disk_usage(log.parent).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return (f"the run dir's disk is full ({human_size(free)} free under {log.parent}): the "
+            f"process's writes there (its output, a checkpoint) fail, and its log {log} "
+            f"may not say why it ended")
+
+
+class Echo:
+    """Copies process 0's output to its log and, prefixed, to the runner's stderr, until the
+    process closes it. A line the log's disk refuses (full, a quota, a file size limit) is
+    dropped from the log and counted, and the echo goes on: the process's pipe is always
+    drained (a process writing to a pipe nobody reads blocks), and `dropped` says it once,
+    at the end. A terminal that is gone is no reason to stop either."""
+
+    def __init__(self, stream: IO[bytes], sink: IO[bytes], prefix: str) -> None:
+        self.stream, self.sink, self.prefix = stream, sink, prefix
+        self.lines = self.size = 0  # what the log did not get
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        for line in iter(self.stream.readline, b""):
+            try:
+                written = os.write(self.sink.fileno(), line)
+            except OSError as exc:
+                written, self.error = 0, exc
+            if written < len(line):  # a part written, at most: the rest is dropped
+                self.lines, self.size = self.lines + 1, self.size + len(line) - written
+            text = line.decode(errors="replace")
+            try:  # a last line cut short (a killed process) still ends its own line
+                sys.stderr.write(self.prefix + text + ("" if text.endswith("\n") else "\n"))
+            except (OSError, ValueError):  # a closed or broken stderr
+                pass
+        self.stream.close()
+        self.sink.close()
+
+    def dropped(self, path: Path) -> str | None:
+        """The one line for what the log did not get; None when it got everything."""
+        if not self.lines:
+            return None
+        why = f": {self.error.strerror}" if self.error is not None else " (a short write)"
+        return (f"{self.lines} line(s) ({human_size(self.size)}) of process 0's output could "
+                f"not be written to its log {path}{why}; they were echoed here only")
 
 
 class LocalJob:
@@ -127,6 +172,7 @@ class LocalJob:
         self.problem: str | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.echoes: list[threading.Thread] = []
+        self.echo_of_0: Echo | None = None
         self.signal_received: int | None = None
         # Processes whose stopped supervisor the launcher ended (`_status`): their status,
         # and since when each still running one has been seen stopped.
@@ -148,16 +194,16 @@ class LocalJob:
             if count > 1:
                 env.update(process_variables(coordinator, count, index, job_id))
             path = log_path(self.run_dir, self.job.name, index)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sink = path.open("wb")
+            sink = fresh_file(make_dirs(path.parent) / path.name, "a job's log")
             echo = self.echo and index == 0
             proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if echo else sink, stderr=subprocess.STDOUT,
                 start_new_session=True)  # the supervisor asks for PDEATHSIG itself
             if echo:
-                thread = threading.Thread(target=_echo, daemon=True,
-                                          args=(proc.stdout, sink, f"[{self.job.name} p0] "))
+                assert proc.stdout is not None
+                self.echo_of_0 = Echo(proc.stdout, sink, f"[{self.job.name} p0] ")
+                thread = threading.Thread(target=self.echo_of_0.run, daemon=True)
                 thread.start()
                 self.echoes.append(thread)
             else:
@@ -238,6 +284,10 @@ class LocalJob:
         result = self._wait_processes()
         for thread in self.echoes:  # the last lines of process 0 reach the terminal too
             thread.join(timeout=10)
+        dropped = self.echo_of_0.dropped(log_path(self.run_dir, self.job.name, 0)) \
+            if self.echo_of_0 is not None else None
+        if dropped is not None:
+            log.warning("%s: %s", self.job.name, dropped)
         return dataclasses.replace(result, checkpointed=has_checkpoint(self.run_dir))
 
     def _wait_processes(self) -> JobResult:
@@ -257,7 +307,7 @@ class LocalJob:
                 path = log_path(self.run_dir, self.job.name, first)
                 return JobResult(self.job.name, codes[first] or 1, first,
                                  f"{path}:\n{tail(path)}", self.signal_received, self.problem,
-                                 error_line(tail(path, 200)))
+                                 error_line(tail(path, 200)) or full_disk(path))
             if all(c == 0 for c in codes):
                 return JobResult(self.job.name, 0, signal_received=self.signal_received,
                                  problem=self.problem)
@@ -281,15 +331,27 @@ def run_job(job: JobSpec, config: Config, echo: bool = True) -> JobResult:
                     first_step_timeout_s=config.train.first_step_timeout_s).run()
 
 
+# What to do after a job stopped by a signal the launcher forwarded (Ctrl-C), by job: only a
+# training job has checkpoints to resume from.
+AFTER_A_STOP = {
+    TRAIN: "relaunch the same command to resume from its last checkpoint",
+    PREWARM: "relaunch the same command: its prewarm compiles only what is not cached yet",
+    VERIFY: "it gave no answer; run the verify again",
+}
+NO_CHECKPOINT = ("relaunch the same command to run it again (no checkpoint in the run dir: it "
+                 "starts over unless the trainer keeps its own)")
+
+
 def outcome(result: JobResult) -> Outcome:
     if result.problem is not None:
         return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
-        again = "resume from its last checkpoint" if result.checkpointed else \
-            ("run it again (no checkpoint in the run dir: it starts over unless the trainer "
-             "keeps its own)")
-        return Outcome(result.name, False, f"{result.name} stopped after a forwarded signal; "
-                       f"relaunch the same command to {again}", 128 + result.signal_received)
+        # A resume is promised only where the run dir holds a checkpoint to resume from.
+        after = AFTER_A_STOP[result.name] if result.name != TRAIN or result.checkpointed \
+            else NO_CHECKPOINT
+        return Outcome(result.name, False,
+                       f"{result.name} stopped after a forwarded signal; {after}",
+                       128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.
         what = f"{result.name} failed: process {result.failed_process} {ended(result.returncode)}"
@@ -333,7 +395,7 @@ class LocalBackend:
             results.append(run_job(job, config))
             states[-1] = ended_state(states[-1], outcome(results[-1]), results[-1])
             if record:
-                record_states(config.run_dir, states)
+                record_states(config.run_dir, states, ended=True)
             if not results[-1].ok or results[-1].signal_received is not None or \
                     results[-1].problem is not None:
                 break
@@ -370,9 +432,38 @@ class LocalBackend:
         return lines
 
 
-def record_states(run_dir: Path, states: list[LocalJobState]) -> None:
-    atomic_write(local_jobs_path(run_dir), dumps(LocalLaunch(list(states)), indent=1) + "\n",
-                 what="the local launch's job states")
+def record_states(run_dir: Path, states: list[LocalJobState], ended: bool = False) -> None:
+    """The launch's job states, written whole (`atomic_write`). How a job `ended` is not lost
+    to a full disk, which refuses the new copy: the record (a few hundred bytes, within the
+    block the old one has) is rewritten in place, and where even that fails it is removed,
+    so that no ended job reads as RUNNING; one line says which."""
+    path = local_jobs_path(run_dir)
+    text = dumps(LocalLaunch(list(states)), indent=1) + "\n"
+    try:
+        atomic_write(path, text, what="the local launch's job states")
+    except OSError as exc:
+        if not ended:
+            raise
+        try:
+            rewrite_in_place(path, text.encode())
+            how = "rewrote it in place"
+        except OSError:
+            path.unlink(missing_ok=True)
+            how = "removed it, so that no ended job reads as running"
+        log.warning("%s (how %s ended); %s", one_line(exc), states[-1].name, how)
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """Overwrite an existing file's bytes in its own blocks (no new file: a full disk has no
+    room for one), not following a final symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def ended_state(state: LocalJobState, how: Outcome, result: JobResult) -> LocalJobState:

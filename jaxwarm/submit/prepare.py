@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from jaxwarm.core.config import Config, pinned_text
+from jaxwarm.core.config import Config, config_digest, pinned_text
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import atomic_write, locked, read_capped
+from jaxwarm.core.files import atomic_write, locked, make_dirs, read_capped
 from jaxwarm.core.rundir import (
     earlier_reports_dir,
     lock_path,
@@ -25,6 +25,7 @@ from jaxwarm.core.words import plural
 from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.cachestore import CacheStore
+from jaxwarm.store.security import check_run_dir, prepare_run_dir
 from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,14 @@ log = logging.getLogger(__name__)
 def resolve_run(config: Config, base: Path | None = None,
                 verify: bool = False) -> tuple[Config, Path]:
     """The config with canonical paths, and where its pinned copy goes (a verify's to
-    `verify_config`, beside its verdicts). Checks the cache dir but writes nothing: a launch
-    refused by a later check (a missing entrypoint, a busy run dir) must leave the run dir,
-    and the pinned config that requeued jobs read, as they were.
+    `verify_config`, beside its verdicts). Checks the cache dir and the run dir
+    (`check_run_dir`) but writes nothing: a launch refused by a later check (a missing
+    entrypoint, a busy run dir) must leave the run dir, and the pinned config that requeued
+    jobs read, as they were.
     """
     open_store(config.cache.dir).check(config.cache, config.source, writing=True, base=base)
     config = resolve_paths(config, base)
+    check_run_dir(config)
     refuse_small_cap(config)
     return config, (verify_config if verify else pinned_config)(config.run_dir)
 
@@ -68,32 +71,37 @@ def keep_earlier_reports(run_dir: Path) -> Path | None:
     while earlier_reports_dir(run_dir, launch).exists():
         launch += 1
     kept = earlier_reports_dir(run_dir, launch)
-    kept.mkdir()
+    make_dirs(kept)
     for path in found:
         path.rename(kept / path.name)
     log.info("the earlier launch's init reports are kept in %s", kept)
     return kept
 
 
-def write_run_dir(config: Config, pinned: Path | None = None) -> Path:
+def write_run_dir(config: Config, pinned: Path | None = None) -> str:
     """Create the cache and run dirs and write the pinned config (to `pinned`, where
     `resolve_run` put it: the run's own, or a verify's); only once every check passed, and
-    under the run dir's lock when launching."""
+    under the run dir's lock when launching. Returns the sha256 of what it wrote, which the
+    jobs check the file against (`config.load_pinned`)."""
     open_store(config.cache.dir).prepare(config.cache, config.source)
     pinned = pinned or pinned_config(config.run_dir)
-    pinned.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(pinned.parent)
     readers = "every job of this run reads it" if pinned == pinned_config(config.run_dir) \
         else "the verify job reads it; the run's own is left as it was"
-    return atomic_write(pinned, pinned_text(config, readers))
+    text = pinned_text(config, readers).encode()
+    atomic_write(pinned, text)
+    return config_digest(text)
 
 
-def adopt_run_dir(config: Config) -> Path:
+def adopt_run_dir(config: Config) -> str:
     """What a job script submitted by hand (`jaxwarm render`) needs, without touching a run
     that exists: a new run dir gets its pinned config; an existing one must already pin
-    this very config, since its requeued jobs read it. Call under the run dir's lock."""
+    this very config, since its requeued jobs read it. Call under the run dir's lock.
+    Returns the sha256 of the pinned config (`write_run_dir`)."""
     path = pinned_config(config.run_dir)
     try:
-        pinned = load_yaml(read_capped(path, CONFIG_CAP, "a config").decode("utf-8"), str(path))
+        data = read_capped(path, CONFIG_CAP, "a config")
+        pinned = load_yaml(data.decode("utf-8"), str(path))
     except FileNotFoundError:
         return write_run_dir(config)
     except (OSError, UnicodeDecodeError, ConfigError) as exc:
@@ -103,7 +111,7 @@ def adopt_run_dir(config: Config) -> Path:
         raise ConfigError(f"{config.source}: run.name: run dir {config.run_dir} is pinned to "
                           f"other values ({path}); render writes nothing over a run's pinned "
                           f"config: use another run.name, or render the config it pins")
-    return path
+    return config_digest(data)
 
 
 @contextmanager
@@ -111,7 +119,7 @@ def holding_run_dir(config: Config) -> Iterator[None]:
     """The run dir's lock, for a launch's whole life: a second launch into the same run dir
     would train into the same checkpoints and overwrite the reports, so it is refused at
     once, naming the first (`files.describe_holder`)."""
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(config)
     with locked(lock_path(config.run_dir), f"run dir {config.run_dir}", timeout_s=0):
         yield
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxwarm.core.config import Config
-from jaxwarm.core.errors import EXIT_COLD, EXIT_OK
+from jaxwarm.core.errors import EXIT_COLD, EXIT_OK, ConfigError
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import TRAIN, PrewarmDecision
-from jaxwarm.core.rundir import mlperf_logs, prewarm_decision_path, step_reached, unfinished
+from jaxwarm.core.records import TRAIN, PrewarmDecision, VerifyResult, not_looked_up
+from jaxwarm.core.rundir import (
+    mlperf_logs,
+    prewarm_decision_path,
+    step_reached,
+    unfinished,
+    verify_result_path,
+)
 from jaxwarm.job.record import mlperf
 from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
@@ -66,15 +72,17 @@ def print_report(run_dir: Path, config: Config, show_all: bool = False,
         print(mlperf.check_line(logs[-1], config.init_budget_s))
 
 
-def print_verdicts(config: Config, bad: dict[str, str]) -> int:
-    """Process 0's verify result, with the entries the cache check read in full and found
-    `bad` COLD: WARM/COLD lines; 0 when every function is warm, else 1."""
-    result = load_verdicts(config.run_dir)
+def print_verdicts(config: Config, bad: dict[str, str], invocation: str, trainer: bool) -> int:
+    """Process 0's verify result, the one this verify's job wrote (`invocation`), with the
+    entries the cache check read in full and found `bad` COLD: WARM/COLD lines; 0 when
+    every function is warm, else 1."""
+    result = load_verdicts(config.run_dir, invocation) or no_answer(config, trainer)
     verdicts = with_cache_check(result.functions, bad)
     for line in format_verdicts(verdicts):
         print(line)
     if result.trainer_s is not None:  # verify --trainer: the trainer's own time was spent
         print(trainer_cost(result))
+    if trainer:
         reached = step_reached(config.run_dir)
         if not result.warm and reached is not None and reached >= config.train.steps:
             # A trainer that resumes a finished run (the demo's, after `make demo`) ends
@@ -83,3 +91,18 @@ def print_verdicts(config: Config, bad: dict[str, str]) -> int:
                   f"steps (its metrics reach step {reached}): a trainer that resumes it "
                   f"has nothing left to run; ask for a new run.name or more train.steps")
     return EXIT_OK if all(v.warm for v in verdicts) else EXIT_COLD
+
+
+def no_answer(config: Config, trainer: bool) -> VerifyResult:
+    """The answer of a verify whose job ended well without writing one. The verify job
+    always writes one, so from it that is an error; a trainer (verify --trainer) that ended
+    before its recorder heard any prewarmed function (an exit before its first jit, or
+    before it imported jax) leaves every function this run's prewarm compiled COLD."""
+    if not trainer:
+        raise ConfigError(f"{verify_result_path(config.run_dir)}: the verify job ended without "
+                          f"writing its answer")
+    prewarmed = {entry.function
+                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
+    return VerifyResult(0, not_looked_up(list(prewarmed), (
+        "the trainer ended before it looked it up, and before it wrote any answer (it exited "
+        "before its first compile of a function the prewarm compiled)")))

@@ -27,7 +27,7 @@ from typing import Any
 from jaxwarm.core.config import Config
 from jaxwarm.core.decode import convert
 from jaxwarm.core.errors import ConfigError, UserError, error_line
-from jaxwarm.core.files import atomic_write, read_bounded, read_tail
+from jaxwarm.core.files import atomic_write, make_dirs, read_bounded, read_tail
 from jaxwarm.core.jsonio import RECORD_CAP, load_json
 from jaxwarm.core.records import PREWARM, TRAIN
 from jaxwarm.core.rundir import slurm_dir, submitted_jobs_path
@@ -95,10 +95,11 @@ def make_executor(config: Config, folder: Path, setup: list[str],
                   options: dict[str, object]) -> Any:
     """A submitit executor whose job script exports `setup` and logs one file per task.
     Requeues are jaxwarm's (jaxwarm.job.start.task), so submitit's own timeout requeue is
-    off."""
+    off. The folder is made here, with the run dir's modes (`make_dirs`), not by submitit
+    under the umask: its jobs unpickle what is there."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    executor = submitit.SlurmExecutor(folder=make_dirs(folder), max_num_timeout=0)
     executor.update_parameters(setup=setup, signal_delay_s=config.slurm.signal_lead_s,
                                stderr_to_stdout=True, additional_parameters=options,
                                srun_args=list(SRUN_OPTIONS))
@@ -195,7 +196,7 @@ def submit_prewarm_array(pinned: list[tuple[Config, JobSpec]]) -> list[Submitted
 def record_jobs(run_dir: Path, jobs: list[SubmittedJob]) -> None:
     path = submitted_jobs_path(run_dir)
     known = read_jobs(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write(path, json.dumps([asdict(j) for j in known + jobs], indent=1) + "\n")
 
 

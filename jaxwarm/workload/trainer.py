@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.errors import ConfigError
+from jaxwarm.core.files import append_line
 from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import checkpoints_dir, metrics_path
 from jaxwarm.job.start.jobstart import job_main, start_job
@@ -71,8 +72,9 @@ def parse_args(argv: list[str] | None) -> Config:
 
 
 def append_metrics(path: Path, record: dict) -> None:
-    with path.open("a") as sink:
-        sink.write(json.dumps(record) + "\n")
+    """One line of the run's metrics, appended only to a regular file (`append_line`: a link
+    planted under the name is refused, never written through)."""
+    append_line(path, json.dumps(record) + "\n", 0o644, "the trainer's metrics")
 
 
 def train(config: Config, stop: StopRequest) -> int:

@@ -17,6 +17,7 @@ MLPerf's 30 minutes, the closed division).
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from jaxwarm.core.files import RefusedFile, stream_lines
+from jaxwarm.core.files import RefusedFile, fresh_file, make_dirs, stream_lines
 from jaxwarm.core.jsonio import load_json
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ class MlperfLog:
         logger = logging.getLogger("jaxwarm.mlperf.lines")
         logger.propagate = False
         logger.setLevel(logging.INFO)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(path, "w")):
+        sink = io.TextIOWrapper(fresh_file(make_dirs(path.parent) / path.name,
+                                           "an MLPerf log"), encoding="utf-8")
+        for handler in (logging.StreamHandler(sys.stdout), logging.StreamHandler(sink)):
             handler.setFormatter(logging.Formatter("%(message)s"))
             logger.addHandler(handler)
         self.constants = mllog.constants

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxwarm.core.files import atomic_write, lock_waits
+from jaxwarm.core.files import atomic_write, lock_waits, make_dirs
 from jaxwarm.core.inputdiff import input_differences
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import (
@@ -638,5 +638,5 @@ class InitRecorder:
         with self._lock:
             self.report.lock_wait_s = lock_waits()
             text = dumps(self.report, indent=1) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         return atomic_write(self.path, text)

@@ -403,11 +403,19 @@ def note_missed_entries(config: Config, store: CacheStore, jax_dir: CacheStore,
     shows it), and the usage log records it, so the next prewarm checks the entry in full and
     replaces it if it is corrupt. A process that read another dir (a trainer's own, under
     cache.enforce off) was never offered the entries of `jax_dir`: its misses say where it
-    looked instead."""
+    looked instead. An entry that was not there because it had been quarantined (by the
+    launch's pre-run check, or right before JAX's read) is noted as that (the usage log's
+    last word on it, before this job's own line), so that the report does not call it
+    pruned or deleted."""
     if report.cache_dir != jax_dir.dir:
         return
+    histories = {**store.histories(), **jax_dir.histories()}
     for record in report.functions:
-        if record.key is None or record.hit or record.sha256 is not None:
+        if record.key is None or record.hit:
+            continue
+        history = histories.get(record.key)
+        record.quarantined = history.quarantined if history is not None else None
+        if record.sha256 is not None:
             continue
         record.not_loaded = jax_dir.load_problem(record.key, since, store)
         if record.not_loaded is not None:

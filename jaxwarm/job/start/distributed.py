@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 from jaxwarm.core.config import LOCAL_DEVICE_IDS, Config, TopologyConfig
 from jaxwarm.core.errors import EXIT_FAILED, say
-from jaxwarm.core.files import atomic_write
+from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.rundir import join_note_path
 from jaxwarm.core.words import plural, ranges
 from jaxwarm.job.record.phases import bound_joins, wrap_distributed_initialize
@@ -75,7 +75,7 @@ def bounded_join(config: Config) -> Iterator[int]:
     bound = config.ranks.join_timeout_s
     note = join_note_path(config.run_dir, place.attempt, place.process_id)
     try:
-        note.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(note.parent)
         atomic_write(note, "", what="the note that this rank reached its jax.distributed join")
     except OSError as exc:  # the join is bounded all the same; the line names no rank
         log.warning("jaxwarm: %s: %s", note, exc.strerror)

@@ -27,8 +27,9 @@ from jaxwarm.core.config import Config
 from jaxwarm.core.environment import jax_options, owned
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_UMASK
-from jaxwarm.core.records import TRAIN, InitReport, Staging
+from jaxwarm.core.records import TRAIN, VERIFY, InitReport, Staging
 from jaxwarm.core.rundir import report_path
+from jaxwarm.jaxkey.entryload import guard_reads
 from jaxwarm.jaxkey.lookup import watch_lookups
 from jaxwarm.job.ranks import RankCoordinator, agreement_on
 from jaxwarm.job.record.ledger import Ledger
@@ -120,6 +121,21 @@ def recorder_installed(start: Start) -> None:
         start.recompile_warn_s, start.books).install()
 
 
+def entries_guarded(start: Start) -> None:
+    """Right before JAX itself reads an entry, whatever was checked before: the file under
+    the key must still be a regular one within the cap, opened without blocking; anything
+    else (a link to /dev/zero, a FIFO, planted after the launch's and the job's checks) is
+    quarantined (left where it is by a verify, which writes nothing into the cache dir)
+    and the lookup is a miss, in one line (`jaxwarm.store.integrity.refuse_read`). Before
+    the prefetch, which reads what it loads itself, within its own bounds."""
+    repair = start.job != VERIFY
+
+    def refuse(cache_dir: str, key: str) -> bool:
+        return open_store(cache_dir).refuse_read(key, repair)
+
+    guard_reads(refuse)
+
+
 def ranks_watching(start: Start) -> None:
     """The ranks' meeting and agreement around each multi-process lookup
     (`jaxwarm.job.ranks`), set up before the first lookup; bound at the first lowering.
@@ -168,6 +184,7 @@ INSTALL: tuple[InstallStep, ...] = (
     node_staged,
     cache_settings_applied,
     recorder_installed,
+    entries_guarded,
     ranks_watching,
     joins_bounded,
     ledger_sampling,

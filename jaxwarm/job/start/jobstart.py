@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from jaxwarm.core.config import Config
 from jaxwarm.core.errors import run_main
-from jaxwarm.core.files import atomic_write
+from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.rundir import traceback_path
 from jaxwarm.jaxkey.versionguard import jax_job
 from jaxwarm.job.record.recorder import InitRecorder
@@ -58,5 +58,5 @@ def keep_traceback(config: Config, job: str, exc: BaseException) -> Path:
     """Write what the step factory raised, with its traceback, to this process's
     traceback log; its path."""
     path = traceback_path(config.run_dir, job, jax.process_index())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     return atomic_write(path, "".join(traceback.format_exception(exc)))

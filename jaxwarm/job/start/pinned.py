@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from jaxwarm.core.config import Config, load_config, load_pinned
+from jaxwarm.core.environment import PINNED_DIGEST
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import canonical_path
 from jaxwarm.store.store import open_store
@@ -41,7 +42,9 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     The pinned copy is used as pinned: its paths were resolved once, at launch, and every
     job, rank and restart must see those very strings (on a node where part of the path is
     a symlink, e.g. autofs, resolving again gives another string, hence another cache dir).
-    Only a YAML file passed by hand, which no launch resolved, is resolved here."""
+    Only a YAML file passed by hand, which no launch resolved, is resolved here. The pinned
+    copy is read as `load_pinned` reads it: owned by this user, writable by nobody else, and
+    the file the launch wrote."""
     if isinstance(config, Config):
         return config
     if config is not None:
@@ -50,4 +53,4 @@ def config_from_env(config: Config | str | Path | None = None) -> Config:
     if not pinned:
         raise ConfigError("no config: pass one to enable_cache() or start the job through "
                           "jaxwarm (which sets JAXWARM_CONFIG)")
-    return load_pinned(pinned)
+    return load_pinned(pinned, os.environ.get(PINNED_DIGEST))

@@ -1,0 +1,152 @@
+"""The run dir under the cache dir's trust rule (`store.security.check_run_dir`): jaxwarm makes
+it with safe modes; one another user owns or may write (or swap, through a parent), or that
+holds a planted link, is refused in one line before anything is written, and nothing is
+ever written through a link there."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jaxwarm.core.rundir import log_path
+from tests.conftest import DEMO, Cli
+from tests.hostile import assert_refused, snapshot
+from tests.users import as_user, two_users
+
+
+def args(tmp_path: Path, *extra: str) -> list[str]:
+    return [f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}", *extra]
+
+
+def test_a_new_run_dir_and_its_dirs_are_made_private_whatever_the_umask(
+        tmp_path: Path, cli: Cli) -> None:
+    previous = os.umask(0o002)  # a site's default that leaves new dirs group-writable
+    try:
+        result = cli("render", str(DEMO), *args(tmp_path), "--job", "train")
+    finally:
+        os.umask(previous)
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "runs" / "demo"
+    for made in (tmp_path / "runs", run_dir, run_dir / "slurm", run_dir / "slurm" / "train"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+
+
+@pytest.mark.parametrize("planted", ["logs/train-p0.log", "config.yaml", "launch.lock",
+                                     "reports/train-r0-p0.json", "local-jobs.json"])
+def test_a_link_planted_in_the_run_dir_is_refused_and_never_followed(
+        tmp_path: Path, cli: Cli, planted: str) -> None:
+    render = cli("render", str(DEMO), *args(tmp_path), "--job", "train")
+    assert render.returncode == 0, render.stderr
+    yours = tmp_path / "precious.txt"
+    yours.write_text("precious\n")
+    link = tmp_path / "runs" / "demo" / planted
+    link.unlink(missing_ok=True)
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(yours)
+    before = snapshot(tmp_path)
+    for command in ("launch", "verify"):
+        result = cli(command, str(DEMO), "--local", *args(tmp_path))
+        assert_refused(result, f"run.name: {link} is a symlink (to {yours}): jaxwarm never "
+                               f"writes through a link")
+    assert snapshot(tmp_path) == before
+
+
+def test_the_trainers_checkpoints_may_be_a_link(tmp_path: Path, cli: Cli) -> None:
+    """checkpoints/ is the trainer's (a bigger file system, linked in): not walked."""
+    elsewhere = tmp_path / "scratch"
+    elsewhere.mkdir()
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    (tmp_path / "runs" / "demo" / "checkpoints").symlink_to(elsewhere)
+    result = cli("render", str(DEMO), *args(tmp_path), "--job", "train")
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_run_dir_others_may_write_is_refused(tmp_path: Path, cli: Cli) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs").chmod(0o777)
+    before = snapshot(tmp_path)
+    result = cli("launch", str(DEMO), "--local", *args(tmp_path))
+    assert_refused(result, f"run.name: {run_dir / 'logs'} is writable by every user (mode "
+                           f"0777); refusing to use this run dir")
+    (run_dir / "logs").chmod(0o700)
+    (tmp_path / "runs").chmod(0o777)  # a parent: whoever may rename in it swaps the run dir
+    result = cli("launch", str(DEMO), "--local", *args(tmp_path))
+    assert_refused(result, f"run.out_dir: parent {tmp_path / 'runs'} is writable by every "
+                           f"user without the sticky bit")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_log_is_made_afresh_never_through_a_link(tmp_path: Path) -> None:
+    """What a job's log is opened with (`files.fresh_file`), should a link appear after the
+    launch's check: the link is removed, the file it named is untouched."""
+    from jaxwarm.core.files import fresh_file
+
+    yours = tmp_path / "precious.txt"
+    yours.write_text("precious\n")
+    path = log_path(tmp_path, "train", 0)
+    path.parent.mkdir()
+    path.symlink_to(yours)
+    with fresh_file(path, "a job's log") as sink:
+        sink.write(b"a log line\n")
+    assert yours.read_text() == "precious\n"
+    assert not path.is_symlink() and path.read_bytes() == b"a log line\n"
+
+
+@pytest.fixture
+def users() -> Iterator[tuple[str, str, str, Path]]:
+    with two_users() as made:
+        yield made
+
+
+@pytest.mark.e2e
+def test_a_run_dir_another_user_prepared_is_refused_and_their_links_never_followed(
+        users: tuple[str, str, str, Path]) -> None:
+    """The attack: in a shared scratch dir (sticky, world-writable), another user makes
+    `runs/victim/logs/` (0777) with the victim's logs as links to the victim's file, then the
+    victim launches into it. Also the run dir itself made by them in the scratch dir, and a
+    dir of theirs inside the victim's own run dir."""
+    _, attacker, victim, base = users
+    pub = base / "pub"
+    pub.mkdir()
+    pub.chmod(0o1777)
+    home = base / f"home-{victim}"
+    precious = home / "precious.txt"
+    precious.write_text("precious\n")
+    shutil.chown(precious, victim)
+    planted = as_user(attacker, base, "-c",
+                      "umask 000 && mkdir -p pub/runs/victim/logs pub/victim && "
+                      "chmod 0777 pub/runs/victim/logs pub/victim && "
+                      f"ln -s {precious} pub/runs/victim/logs/prewarm-p0.log && "
+                      f"ln -s {precious} pub/runs/victim/logs/train-p0.log",
+                      command=("/bin/sh",))
+    assert planted.returncode == 0, planted.stderr
+    uid = pwd.getpwnam(attacker).pw_uid
+    # The victim's own run dir, with a dir of the attacker's in it (made while it was open).
+    own = home / "runs" / "victim"
+    own.mkdir(parents=True)
+    for made in (own.parent, own):
+        shutil.chown(made, victim)
+    (own / "reports").mkdir(mode=0o755)
+    shutil.chown(own / "reports", attacker)
+    cache = f"cache.dir={home / 'cache'}"
+    before = snapshot(base)
+    for command in ("launch", "verify", "prewarm"):
+        result = as_user(victim, base, command, str(DEMO), "--local",
+                         f"run.out_dir={pub / 'runs'}", "run.name=victim", cache)
+        assert_refused(result, f"run.out_dir: parent {pub / 'runs'} is owned by uid {uid}, "
+                               f"not by you")
+    result = as_user(victim, base, "launch", str(DEMO), "--local", f"run.out_dir={pub}",
+                     "run.name=victim", cache)
+    assert_refused(result, f"run.name: {pub / 'victim'} is writable by every user")
+    result = as_user(victim, base, "launch", str(DEMO), "--local",
+                     f"run.out_dir={home / 'runs'}", "run.name=victim", cache)
+    assert_refused(result, f"run.name: {own / 'reports'} is owned by uid {uid}, not by you")
+    assert precious.read_text() == "precious\n"
+    assert snapshot(base) == before

@@ -30,10 +30,12 @@ from jaxwarm.core.files import LockTimeout, locked
 from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState
 from jaxwarm.core.rundir import (
     checkpoints_dir,
+    earlier_reports_dir,
     lock_path,
     log_path,
     metrics_path,
     pinned_config,
+    report_path,
     reports_dir,
     slurm_dir,
     submitted_jobs_path,
@@ -559,10 +561,35 @@ def test_slurm_without_its_commands_is_refused_before_anything_is_written(
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
+def test_a_relaunch_keeps_the_earlier_launch_s_reports(tmp_path: Path) -> None:
+    """A launch's jobs write their reports under the same names as the launch before them
+    (`train-r0-p0.json`): the earlier ones are moved aside first, numbered, never
+    overwritten; `jaxwarm report` reads the latest launch's."""
+    run_dir = tmp_path / "runs" / "demo"
+    for attempt in (1, 2):
+        report_path(run_dir, TRAIN, 0, 0).parent.mkdir(parents=True, exist_ok=True)
+        report_path(run_dir, TRAIN, 0, 0).write_text(f"attempt {attempt}\n")
+        assert flow.launch(request(tmp_path, prewarm="never"), FakeBackend()) == 0
+        assert not report_path(run_dir, TRAIN, 0, 0).exists()
+        assert (earlier_reports_dir(run_dir, attempt) / "train-r0-p0.json").read_text() == \
+            f"attempt {attempt}\n"
+
+
+@pytest.mark.parametrize("checkpointed, says", [
+    (True, "train stopped after a forwarded signal; relaunch the same command to resume "
+           "from its last checkpoint"),
+    (False, "train stopped after a forwarded signal; relaunch the same command to run it "
+            "again (no checkpoint in the run dir: it starts over unless the trainer keeps "
+            "its own)")])
+def test_a_stopped_job_says_resume_only_with_a_checkpoint(checkpointed: bool, says: str) -> None:
+    stopped = JobResult(TRAIN, 0, signal_received=15, checkpointed=checkpointed)
+    assert outcome(stopped).detail == says
+
+
 def test_a_job_stopped_by_a_forwarded_signal_says_what_to_do_for_its_kind() -> None:
     """Ctrl-C forwarded to a job: only a training job resumes from a checkpoint; an
     interrupted verify said so too, and has none (nor an answer)."""
-    said = {job: outcome(JobResult(job, -2, signal_received=signal.SIGINT))
+    said = {job: outcome(JobResult(job, -2, signal_received=signal.SIGINT, checkpointed=True))
             for job in (PREWARM, VERIFY, TRAIN)}
     assert {job: o.exit_code for job, o in said.items()} == dict.fromkeys(said, 130)
     assert said[VERIFY].detail == ("verify stopped after a forwarded signal; it gave no "

@@ -52,7 +52,7 @@ def test_settings_are_named_before_the_signature_and_beside_the_components(
         tmp_path: Path) -> None:
     from jaxwarm.core.records import FunctionRecord
     from jaxwarm.store.manifest import ManifestEntry
-    from jaxwarm.store.misses import MissContext
+    from jaxwarm.store.misses import CAUSE_WIDTH, MissContext
     from jaxwarm.store.store import LocalStore
 
     prewarm = {"jax_default_prng_impl": "threefry2x32", "jax_enable_x64": "False",
@@ -68,14 +68,26 @@ def test_settings_are_named_before_the_signature_and_beside_the_components(
         return FunctionRecord("jit_step", None, False, components={"computation": "2"},
                               signature=signature, global_options=global_options)
 
+    settings = ("jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
+                "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1")
     other_types = store.explain_miss(missed("s2", run), manifest, MissContext(run="r"))
-    assert [line.split(" (prewarmed by")[0] for line in other_types] == [
-        "jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg",
-        "LIBTPU_INIT_ARGS differs: prewarm (unset), run --x=1"]
-    same_types = store.explain_miss(missed("s1", run), manifest, MissContext(run="r"))
-    assert same_types[:2] == other_types and "computation differs" in same_types[2]
+    assert other_types == [f"{settings} (against the prewarm of run 'r')"]
+    # One cause: the settings, not the component they show up in as well.
+    assert store.explain_miss(missed("s1", run), manifest, MissContext(run="r")) == other_types
+    # Said by where the difference comes from: the config since the prewarm (its variable
+    # differs between the fingerprints), or the two processes under one config.
+    changed = store.explain_miss(missed("s1", run), manifest, MissContext(
+        run="r", changed={"JAX_DEFAULT_PRNG_IMPL", "LIBTPU_INIT_ARGS"}))
+    assert changed == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg; "
+                       "changed since the prewarm of run 'r' (config `jax:`) (+1 more)"]
+    adapter = store.explain_miss(missed("s1", run), manifest,
+                                 MissContext(run="r", changed={"XLA_FLAGS"}))
+    assert adapter == ["jax_default_prng_impl differs: prewarm threefry2x32, run unsafe_rbg "
+                       "(+1 more); under one config: the step factory must apply the "
+                       "trainer's JAX settings"]
+    assert all(len(line) <= CAUSE_WIDTH for line in [*other_types, *changed, *adapter])
     # Without recorded settings (an older manifest), the old answer.
-    assert "another function of the same name" in store.explain_miss(
+    assert "another function of that name" in store.explain_miss(
         missed("s2", {}), manifest)[0]
 
 
@@ -85,6 +97,7 @@ def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings(
     prewarm (an entry it found WARM and uses: `runs`) differs from this job in the
     computation alone. The why names the computation, not the other run's settings."""
     from jaxwarm.core.records import FunctionRecord
+    from jaxwarm.jaxkey.components import likely_causes
     from jaxwarm.store.manifest import ManifestEntry
     from jaxwarm.store.misses import MissContext
     from jaxwarm.store.store import LocalStore
@@ -108,4 +121,31 @@ def test_a_miss_is_explained_by_this_runs_difference_not_another_runs_settings(
     for run in ("mine", "a run that never prewarmed"):  # its own; else the closest
         why = LocalStore(tmp_path).explain_miss(missed, manifest, MissContext(run=run))
         assert "LIBTPU_INIT_ARGS" not in " ".join(why), why
-        assert why[-1].startswith(f"prewarmed as {ours.key} by run 'first'; computation "), why
+        assert why == [f"computation differs from the prewarm of run 'first': "
+                       f"{likely_causes('computation')}"], why
+
+
+@pytest.mark.e2e
+def test_a_jax_setting_changed_in_the_config_is_said_as_a_change(tmp_path: Path) -> None:
+    """The config's `jax:` section changed after the prewarm (the factory applies it, as the
+    trainer gets it): verify, verify --trainer and the launch's report say the setting
+    changed since the prewarm, not that the step factory must apply the trainer's settings
+    (the adapter is right; the config moved)."""
+    from tests.test_cli_trainer import cli_args
+
+    prewarmed = run_cli("prewarm", *cli_args(tmp_path))
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    highest = (*cli_args(tmp_path), "jax={jax_default_matmul_precision: highest}",
+               "cache.min_compile_time_secs=1000")  # the launch leaves the cache as it was
+    said = ("why: jax_default_matmul_precision differs: prewarm None, {job} highest; changed "
+            "since the prewarm of run 'cli-trainer' (config `jax:`)")
+    for how in ((), ("--trainer",)):
+        verified = run_cli("verify", *how, *highest)
+        assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+        assert said.format(job="verify") in verified.stdout, verified.stdout
+        assert "must apply" not in verified.stdout
+    launched = run_cli("launch", "--no-prewarm", *highest)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    headline = launched.stdout.split("\njob ")[0]
+    assert "jit_train_step: MISS on process 0" in headline, launched.stdout
+    assert said.format(job="run") in headline and "must apply" not in launched.stdout

@@ -25,12 +25,13 @@ from jaxwarm.core.records import (
     InputSignature,
 )
 from jaxwarm.core.warmth import warmth
+from jaxwarm.jaxkey.components import likely_causes
 from jaxwarm.jaxkey.inputs import short_type
 from jaxwarm.jaxkey.logs import weak_types
 from jaxwarm.report.read import PrewarmedFunctions, fold_phases
 from jaxwarm.report.render import attempt_summaries
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.misses import CODE_CHANGED, MissContext
+from jaxwarm.store.misses import CAUSE_WIDTH, MissContext
 from jaxwarm.store.store import LocalStore
 from testing.jaxproc import RESULT_PREFIX, run_jax
 
@@ -136,16 +137,20 @@ def test_equal_inputs_and_another_program_say_the_code_changed_first(tmp_path: P
         return store.explain_miss(missed(computation, "s1", []), manifest,
                                   dataclasses.replace(DEMO_RUN, since_prewarm=since))
 
-    assert why(None)[0] == CODE_CHANGED
-    assert why(["source: model/layers.py changed"])[0] == \
-        f"{CODE_CHANGED}; since the prewarm: source: model/layers.py changed"
-    assert "the trainer's step is not the program the step factory builds" in why([])[0]
-    assert why(None)[1].startswith(f"prewarmed as {entry().key} by run 'demo'; computation "
-                                   f"differs")
+    head = "same inputs as the prewarm: the step's code changed"
+    assert why(None) == [f"{head} (or a static argument)"]
+    assert why(["source: model/layers.py changed"]) == \
+        [f"{head}; since the prewarm: source: model/layers.py changed"]
+    assert why([]) == [f"{head}, in code the launch's fingerprint cannot see (imported by a "
+                       f"computed name, or run by the trainer only)"]
+    # One cause, short, whatever changed: the fingerprint's differences as fit.
+    many = why([f"source: model/layer{i}.py changed" for i in range(9)])
+    assert len(many) == 1 and len(many[0]) <= CAUSE_WIDTH and many[0].endswith(" more)"), many
     # Another component alone (an XLA flag) is not a code change.
     flags = store.explain_miss(missed({"computation": "1", "XLA flags": "3"}, "s1", []),
                                manifest, DEMO_RUN)
-    assert not any(CODE_CHANGED in line for line in flags)
+    assert flags == ["XLA flags differs from the prewarm of run 'demo': "
+                     f"{likely_causes('XLA flags')}"]
 
 
 def test_the_attempt_label_is_warm_only_when_every_prewarmed_function_hit() -> None:

@@ -25,8 +25,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from jaxwarm.core.records import FunctionRecord
 from jaxwarm.jaxkey.components import differing_components
 from jaxwarm.jaxkey.versions import cache_path_in_key, release
+from jaxwarm.store.misses import CAUSE_WIDTH
 from jaxwarm.store.store import LocalStore
 from tests.keycase import REPO, VARIATIONS, batches, case_dir, command, side_env, sides
 
@@ -158,21 +160,28 @@ def check_case(variation: str, pre: dict[str, Any], run: dict[str, Any], cache: 
     assert (verdict["warm"], observed["hit"]) == (expect.hit, expect.hit)
     assert (run["lookups"], run["hits"]) == (1, int(expect.hit))
 
-    # 3. Misses are explained by the components that differ from the manifest's entry.
+    # 3. Misses are explained in one short line, by the components that differ from the
+    # manifest's entry, against the run that prewarmed it; the training job's report says
+    # the same line from what it recorded.
     differing = differing_components(entry.components, verdict["components"])
     assert set(differing) == expect.differing
-    explanation = "\n".join(verdict["explanation"])
+    explanation = verdict["explanation"]
     if expect.hit:
-        assert verdict["key"] == entry.key and not verdict["explanation"]
-    elif verdict["function"] != entry.function:
+        assert verdict["key"] == entry.key and not explanation
+        return
+    assert len(explanation) == 1 and len(explanation[0]) <= CAUSE_WIDTH, explanation
+    store = LocalStore(cache)
+    recorded = FunctionRecord(observed["name"], observed["key"], False,
+                              components=observed["components"])
+    assert store.explain_miss(recorded, store.manifest()) == explanation
+    if verdict["function"] != entry.function:
         # Renamed: the key's module-name prefix differs, the manifest has no such function.
         assert variation == "renamed_function"
         assert verdict["key"].split("-")[0] != entry.key.split("-")[0]
-        assert verdict["explanation"] == [
-            f"no prewarm of {verdict['function']} is recorded in the manifest; the manifest "
-            f"has {entry.function} (was the function renamed? its name is part of the "
-            f"program): run `jaxwarm prewarm`"]
+        assert explanation == [
+            f"no prewarm of {verdict['function']} is recorded in the manifest; it has "
+            f"{entry.function} (renamed? a function's name is part of its program)"]
     else:
-        assert entry.key in verdict["explanation"][0]
+        assert f"run {entry.run!r}" in explanation[0], explanation
         for component in differing:
-            assert f"{component} differs" in explanation, explanation
+            assert component in explanation[0], explanation

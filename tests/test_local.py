@@ -113,6 +113,9 @@ def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) ->
         launcher.kill()
     assert "processes it started did not stop within 1 s of SIGTERM; killed them" in err
     assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    # This trainer keeps no checkpoint in the run dir: no promise of a resume.
+    assert "relaunch the same command to run it again (no checkpoint in the run dir" in err
+    assert "resume from its last checkpoint" not in err
     assert not any(alive(p) for p in pids(pid_file))
 
 

@@ -25,7 +25,7 @@ def test_a_miss_of_an_evicted_entry_is_named_as_eviction(tmp_path: Path) -> None
     missed = FunctionRecord("jit_f1", None, False, components={"computation": "ab"})
     capped = store.explain_miss(missed, {key(1): entry}, MissContext(
         run="demo", max_size=size_cap({"JAX_COMPILATION_CACHE_MAX_SIZE": "1000"})))
-    assert "with cache.max_size=1000 bytes JAX evicts least recently used entries" in capped[0]
+    assert "JAX's LRU evicts to stay within cache.max_size=1000 bytes" in capped[0]
     uncapped = store.explain_miss(missed, {key(1): entry},
                                   MissContext(run="demo", max_size=size_cap({})))
     assert "(pruned or deleted)" in uncapped[0]

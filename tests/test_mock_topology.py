@@ -27,6 +27,7 @@ from jaxwarm.core.gputarget import (
     mock_topology,
 )
 from jaxwarm.core.records import FunctionRecord
+from jaxwarm.jaxkey.components import likely_causes
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.misses import MissContext
 from jaxwarm.store.store import LocalStore
@@ -160,22 +161,21 @@ def test_verify_names_the_component_a_mocked_key_differs_in(tmp_path: Path) -> N
     flags = store.explain_miss(missed(**{"XLA flags": "g"}), manifest, MissContext(
         run="llama3-8b", process_count=64, job="verify",
         xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true"))
-    assert flags == [
-        f"prewarmed as {entry.key} by run 'llama3-8b' on one node through JAX's mock GPU "
-        f"topology 8x8x1; XLA flags differs: only the prewarm's XLA_FLAGS have {SHARD_OFF}; "
-        f"every XLA flag is part of the key, so the run must carry the prewarm's flags (those "
-        f"a prewarm.layout: mock compile needs go to every job of its run)"]
+    assert flags == [f"XLA_FLAGS changed since the prewarm of run 'llama3-8b': only the "
+                     f"prewarm's have {SHARD_OFF}"]
     topology = store.explain_miss(missed(accelerator_config="b"), manifest, MissContext(
         run="llama3-8b", process_count=64, xla_flags=""))
     assert len(topology) == 1 and "accelerator_config differs" in topology[0]
-    assert "the mock 8x8x1 did not give this layout's topology" in topology[0]
+    assert "compiled through the mock topology 8x8x1: the GPU model or layout differs" \
+        in topology[0]
     # Flags recorded the same (another argv flag, say): the general causes.
     same = store.explain_miss(missed(**{"XLA flags": "g"}), manifest,
                               MissContext(process_count=64, xla_flags=entry.xla_flags))
-    assert "XLA_FLAGS (or LIBTPU_INIT_ARGS) or an --xla_* flag in sys.argv" in same[0]
+    assert same == [f"XLA flags differs from the prewarm of run 'llama3-8b': "
+                    f"{likely_causes('XLA flags')}"]
     # A run on another layout than the one mocked: the layout is named.
     other = store.explain_miss(missed(), manifest, MissContext(process_count=16))
-    assert "on 64 process(es), but this job has 16" in other[0]
+    assert "prewarmed it on 64 process(es), this job has 16" in other[0]
 
 
 @pytest.mark.skipif(bool(gpus_here()), reason="this machine has a GPU")
@@ -270,5 +270,5 @@ def test_verify_names_the_xla_flag_only_the_prewarm_had(tmp_path: Path) -> None:
     assert entries and all(flag in entry.xla_flags.split() for entry in entries)
     verified = run_cli("verify", *common, with_xla_flag(LEGACY_CPU_FUSION), "run.name=without")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
-    assert f"XLA flags differs: only the prewarm's XLA_FLAGS have {flag}; every XLA flag " \
-           f"is part of the key" in verified.stdout, verified.stdout
+    assert f"XLA_FLAGS changed since the prewarm of run 'demo': only the prewarm's have " \
+           f"{flag}" in verified.stdout, verified.stdout

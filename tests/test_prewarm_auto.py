@@ -208,6 +208,12 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     assert not step_hit(tmp_path / "runs" / "blind")
     assert "the next launch with its fingerprint runs its prewarm again" in blind.stderr
     assert LocalStore(tmp_path / "cache").prewarms() == {}
+    # Said once in the launch's own output and in `jaxwarm status`, not only in a job log.
+    forgot = ("prewarm record of run 'first' forgotten: jit_train_step missed its prewarmed "
+              "key, which this fingerprint promised; the next launch with it prewarms again")
+    assert blind.stdout.count(forgot) == 1, blind.stdout
+    status = run_cli("status", str(tmp_path / "runs" / "blind"))
+    assert f"attempt r0: {forgot}" in status.stdout, status.stdout
     # ...so the next launch with it runs the prewarm job again.
     again = launch(tmp_path, "again", *args, trains=False)
     assert again.returncode == 0, again.stderr[-3000:]

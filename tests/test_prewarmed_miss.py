@@ -89,9 +89,9 @@ def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed) -> Non
     assert not any("another function" in line for line in lines)
     # The init takes the same seed and builds a wider state: equal inputs, another program.
     init = lines.index(next(line for line in lines if line.startswith("jit_init_state: MISS")))
-    assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones, so the "
-                                      "program differs: the step's code")
-    assert "since the prewarm: step differs" in lines[init + 1]
+    assert lines[init + 1] == ("  why: same inputs as the prewarm: the step's code changed; "
+                               "since the prewarm: step differs")
+    assert not lines[init + 2].startswith("  why: ")  # one cause, said once
     assert "train restart 0, process 0: cold" in lines
     label, row = labels(run_dir)
     assert label == "cold" and row.endswith(" cold")
@@ -166,9 +166,9 @@ def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
     assert lines[miss + 1] == f"  why: its inputs differ from the prewarmed ones: {why}"
     init = next((i for i, line in enumerate(lines) if line.startswith("jit_init: MISS")), None)
     if init is not None:
-        assert lines[init + 1].startswith("  why: its inputs equal the prewarmed ones")
-        assert "since the prewarm: entrypoint differs (the trainer's command line" in \
-            lines[init + 1]
+        assert lines[init + 1] == (
+            "  why: same inputs as the prewarm: the step's code changed; since the prewarm: "
+            "entrypoint differs (the trainer's command line, which the step factory reads)")
     data = json.loads(report_path(tmp_path / "runs" / CLI_RUN, "train", 0, 0).read_text())
     assert data["label"].startswith(label) and data["label"] != "warm"
 
@@ -189,3 +189,26 @@ def test_verify_of_the_trainer_and_of_the_factory_name_the_inputs_too(
     assert factory.returncode == 1, factory.stdout + factory.stderr[-3000:]
     assert "why: its inputs differ from the prewarmed ones: batch f32[12,16] vs f32[4,16]" \
         in factory.stdout, factory.stdout
+
+
+def test_a_miss_against_another_run_s_prewarm_is_named(tmp_path: Path) -> None:
+    """The README's relaunch under a new run name on a warm cache, with a wider model through
+    the trainer's own command line only and no prewarm: the attempt compares each lookup
+    with run A's prewarm, and the headline names jit_train_step's miss, the input that
+    differs and run A; verify and verify --trainer say the same before it."""
+    prewarmed = run_cli("prewarm", *cli_args(tmp_path), "run.name=A")
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    wider = (*cli_args(tmp_path, "--d-model", "24", "--batch", "4"), "run.name=B")
+    why = "why: its inputs differ from the prewarmed ones (run 'A'): state['b'] f32[24] vs " \
+          "f32[16] (+2 more)"
+    for how in ((), ("--trainer",)):
+        verified = run_cli("verify", *how, *wider)
+        assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+        cold = verified.stdout.split("COLD  jit_train_step  ", 1)[1].splitlines()
+        assert cold[1] == f"      {why}", verified.stdout
+    launched = run_cli("launch", "--no-prewarm", *wider)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    lines = headline(launched.stdout)
+    assert "train restart 0, process 0: cold" in lines, launched.stdout
+    miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
+    assert lines[miss + 1] == f"  {why}", launched.stdout

@@ -289,3 +289,39 @@ def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:
         answered = tuple(f"WARM  {name}  " in verified.stdout
                          for name in ("jit_init", "jit_train_step"))
         assert answered == hits(tmp_path) == expected, verified.stdout
+
+
+def test_it_stops_before_the_first_step(tmp_path: Path) -> None:
+    """A trainer that checkpoints every step and first calls its third prewarmed function
+    (`jit_eval_step`) after step 5: verify --trainer answers what it looked up before its
+    first step and stops there, with no step run and nothing written but jaxwarm's own
+    verify files (its answer, its log); the eval step is UNKNOWN. With
+    --until-all-looked-up the trainer trains up to it and it is answered, WARM."""
+    checkpoints = tmp_path / "checkpoints"
+    flags = ("--d-model", "16", "--batch", "4", "--steps", "6", "--eval-at", "5",
+             "--checkpoint-dir", str(checkpoints))
+    args = cli_args(tmp_path, *flags)
+    prewarmed = run_cli("prewarm", *args)
+    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
+    before = {path for path in tmp_path.rglob("*") if path.is_file()}
+
+    verified = run_cli("verify", "--trainer", *args)
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    assert "WARM  jit_init  " in verified.stdout and "WARM  jit_train_step  " in \
+        verified.stdout, verified.stdout
+    assert "UNKNOWN  jit_eval_step  -\n      why: first called after the first step " \
+           "(jit_train_step), which verify --trainer stops before; " in verified.stdout
+    assert "stopped before its first step ran (no step, none of its outputs)" in \
+        verified.stdout
+    assert "[verify p0] step 1" not in verified.stderr, verified.stderr
+    run_dir = tmp_path / "runs" / RUN
+    written = {path for path in tmp_path.rglob("*") if path.is_file()} - before
+    assert written and all(path.parent == run_dir / "verify" or
+                           path == run_dir / "logs" / "verify-p0.log" for path in written), \
+        sorted(written)
+
+    onward = run_cli("verify", "--trainer", "--until-all-looked-up", *args)
+    assert onward.returncode == 0, onward.stdout + onward.stderr[-3000:]
+    assert "WARM  jit_eval_step  jit_eval_step-" in onward.stdout, onward.stdout
+    assert sorted(path.name for path in checkpoints.iterdir()) == \
+        [f"step-{step}.npz" for step in range(1, 6)]

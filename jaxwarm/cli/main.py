@@ -70,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--trainer", action="store_true",
                         help="run the real entrypoint with its real arguments up to the "
                              "lookup of each prewarmed function, and answer from the keys "
-                             "its own lowering gives (compiles nothing it can avoid)")
+                             "its own lowering gives (compiles nothing it can avoid); it "
+                             "stops before the trainer's first step runs")
+    verify.add_argument("--until-all-looked-up", dest="until_all", action="store_true",
+                        help="with --trainer: let the trainer run past its first step until "
+                             "it has looked up every prewarmed function (one first called "
+                             "at step 5 is answered, not UNKNOWN): the trainer trains and "
+                             "writes its outputs (checkpoints, metrics) as in a launch")
     render = commands.add_parser("render", help="print the sbatch script of a job")
     render.add_argument("config", help="YAML config file")
     add_overrides_argument(render)
@@ -105,7 +111,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                            prewarm=getattr(args, "prewarm", flow.AUTO),
                            check_cache=not args.no_check_cache,
                            wait=getattr(args, "wait", False),
-                           trainer=getattr(args, "trainer", False))
+                           trainer=getattr(args, "trainer", False),
+                           until_all=getattr(args, "until_all", False))
     run = flow.verify if args.command == VERIFY else flow.launch
     return run(request, choose_backend(args.backend))
 

@@ -32,6 +32,7 @@ OPTIONS_DIFFER = "options_differ"
 # the ranks of the job did not all have an entry, so all compiled without the cache, or
 # they stopped the job (a key or an environment that differs, a meeting that timed out)
 RANKS = "ranks"
+PREWARM_FORGOTTEN = "prewarm_forgotten"  # a miss made the run forget its prewarm record
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,14 @@ class FunctionRecord:
     # A lookup of JAX's PGLE-optimized executable (jaxwarm.jaxkey.pgle): the profile-guided
     # second compile, or its load at a restart; not the function's first compile.
     pgle_optimized: bool = False
-    # A training job's lookup of a function its run's prewarm recorded (by name, whatever
-    # its inputs now): what the attempt's label counts, and what the report headlines.
+    # A training job's lookup of a function a prewarm (its run's, else another's:
+    # `Manifest.compared`) recorded, by name: what its label counts and the report headlines.
     prewarmed: bool = False
     # Of a prewarmed function that missed: how its inputs differ from the prewarm's, one
     # line each (`jaxwarm.core.inputdiff.input_differences`); empty: they are equal, so the
     # program itself differs; None: not compared (the prewarm recorded no inputs).
     input_changes: list[str] | None = None
+    compared_with: str | None = None  # of a prewarmed function: the compared entry's key
 
 
 # The init phases' names (`jaxwarm.job.record.phases` times them).
@@ -159,7 +161,7 @@ class Staging:
 
 # What became of an executable the prefetch loaded (`jaxwarm.job.prefetch`).
 USED = "used"  # the trainer's lookup got it
-UNUSED = "never asked for (released)"  # init ended before any lookup of its key
+UNUSED = "not asked for by the first step, released"  # init ended before its lookup
 OVER_CAP = "over cache.prefetch_max_size (not loaded)"
 
 
@@ -232,6 +234,7 @@ class InitReport:
     # How many functions the run's prewarm recorded, as a training job knew them: one that
     # looked up none of them ran no step (`ran_no_step`).
     run_prewarmed: int = 0
+    judged_warm: int = 0  # a prewarm job's targets judged WARM: never compiled, looked up
     # The jaxwarm-owned variables this process ran with: equal across jobs and restarts.
     environment: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionRecord] = field(default_factory=list)
@@ -295,17 +298,20 @@ class Verdict:
     # verify --trainer: seconds from the trainer's start to its lookup of this function
     # (None: lowered by the verify job through the step factory).
     reached_s: float | None = None
+    # verify --trainer: not answered (looked up after where it stopped): neither WARM nor COLD.
+    unknown: bool = False
 
 
 # verify --trainer: the key of a prewarmed function the trainer never looked up (it ended
-# first, or the time limit came).
+# first, or the time limit came), and why one it would look up later is unknown.
 NOT_LOOKED_UP = "-"
+AFTER_FIRST_STEP = "first called after the first step"
 
 
-def not_looked_up(functions: list[str], why: str) -> list[Verdict]:
-    """verify --trainer's COLD answer for prewarmed functions the trainer never looked up."""
+def not_looked_up(functions: list[str], why: str, unknown: bool = False) -> list[Verdict]:
+    """verify --trainer's answer for the functions it never looked up: COLD, or `unknown`."""
     return [Verdict(function=name, key=NOT_LOOKED_UP, warm=False, lower_s=0.0, predict_s=0.0,
-                    explanation=[why]) for name in sorted(functions)]
+                    explanation=[why], unknown=unknown) for name in sorted(functions)]
 
 
 @dataclass(frozen=True)

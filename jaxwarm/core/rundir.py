@@ -120,6 +120,12 @@ def verify_result_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / VERIFY / "p0.json"
 
 
+def verify_fingerprint_path(run_dir: str | Path) -> Path:
+    """The fingerprint a verify computed (as a launch's decision records its own): a miss
+    is explained against a prewarm of the same fingerprint before other runs'."""
+    return Path(run_dir) / VERIFY / "fingerprint.json"
+
+
 def prewarm_decision_path(run_dir: str | Path) -> Path:
     """Whether the latest launch ran the prewarm job, why, and under which fingerprint."""
     return Path(run_dir) / "prewarm-decision.json"
@@ -174,6 +180,21 @@ def join_note_path(run_dir: str | Path, attempt: str, process: int) -> Path:
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether the run dir holds a checkpoint (jaxwarm-train's; a trainer of its own may
+    keep its checkpoints elsewhere): what a relaunch after a stop may promise to resume."""
+    try:
+        return any(checkpoints_dir(run_dir).iterdir())
+    except OSError:
+        return False
+
+
+def earlier_reports_dir(run_dir: str | Path, launch: int) -> Path:
+    """Where a relaunch moves the init reports of the `launch`-th launch before it (1, 2,
+    ...): its jobs write theirs under the same names, and none is overwritten."""
+    return reports_dir(run_dir) / f"earlier-{launch}"
 
 
 def metrics_path(run_dir: str | Path) -> Path:

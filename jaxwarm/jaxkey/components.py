@@ -25,46 +25,17 @@ COMPONENTS: tuple[str, ...] = (
 # On GPU JAX strips the device assignment and hashes the job's topology: none differ.
 PER_PROCESS: dict[str, tuple[str, ...]] = {"cpu": ("accelerator_config",)}
 
+# What a difference in each component most often is, in a few words: what can change it is
+# catalogued in docs/verify.md ("What changes each component"), not printed with each miss.
 _LIKELY_CAUSES: dict[str, str] = {
-    "computation": (
-        "the traced program differs: an input's sharding (or a missing sharding on a dummy "
-        "batch), donation, a static argument, a weak-typed Python scalar where weak typing "
-        "changes a dtype (e.g. an int8 input plus a Python int), "
-        "jax_default_matmul_precision, jax_use_shardy_partitioner, the function name, "
-        "mesh shape/axis names/axis types (from jax 0.9 jax.make_mesh defaults to Explicit, "
-        "Mesh(...) to Auto) or device order. Moving code to another file or line does not "
-        "matter (debug info is stripped) unless "
-        "jax_compilation_cache_include_metadata_in_key is on"
-    ),
-    "jax_lib version": "the jaxlib version differs (jax and jaxlib are released in lockstep)",
-    "backend version": (
-        "the backend platform or its version string differs (e.g. cpu vs gpu, or another "
-        "CUDA/TPU runtime version)"
-    ),
-    "XLA flags": (
-        "XLA_FLAGS (or LIBTPU_INIT_ARGS) or an --xla_* flag in sys.argv differs; dump flags "
-        "and --xla_force_host_platform_device_count are excluded from the key"
-    ),
-    "compile_options": (
-        "in/out shardings, the device assignment, jit/compile compiler_options, "
-        "jax_use_shardy_partitioner, PGLE on in one (pgle.enabled or pgle.expect), XLA_FLAGS "
-        "(XLA reads them into the compile options' debug options) or Explicit mesh axes "
-        "(jax.make_mesh makes output shardings concrete) "
-        "differ, or, before jax 0.11, the cache dir path string differs (the XLA "
-        "autotune cache dir is stored in compile options: a symlink or relative path "
-        "changes it; cache.xla_caches: none / JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none "
-        "makes the path irrelevant), or the persistent cache was off in one process"
-    ),
-    "accelerator_config": (
-        "device count or kind/topology differs (e.g. 16 host devices vs 8 with the same "
-        "8-device mesh); on CPU each process hashes its own local topology, so processes "
-        "other than 0 of a multi-process run get their own keys"
-    ),
-    "compression": "zstandard importable in one process and not the other",
-    "custom_hook": (
-        "jax._src.cache_key.custom_hook was replaced in one process and returns a "
-        "different string there"
-    ),
+    "computation": "the program (shardings, donation, static args, mesh, code)",
+    "jax_lib version": "another jaxlib",
+    "backend version": "another backend platform or runtime version",
+    "XLA flags": "XLA_FLAGS, LIBTPU_INIT_ARGS or --xla_* in sys.argv",
+    "compile_options": "shardings, compiler_options, PGLE or (jax < 0.11) the cache path",
+    "accelerator_config": "the device count or topology",
+    "compression": "zstandard importable in one process only",
+    "custom_hook": "jax's cache-key custom_hook returns another string",
 }
 
 

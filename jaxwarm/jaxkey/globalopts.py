@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from jaxwarm.core.environment import HASHED_NAMES
+from jaxwarm.core.environment import HASHED_NAMES, variable_of
 
 # jax.config options that change the traced program or its compile options (where this jax
 # has them; PGLE's two empty the first compile's command buffers), and the environment
@@ -39,20 +39,30 @@ def snapshot() -> dict[str, str]:
     return values
 
 
-def differences(prewarm: dict[str, str], this: dict[str, str], job: str = "run") -> list[str]:
-    """`<option> differs: prewarm <value>, <job> <value>` for each option both recorded with
-    different values (an option one side's jax does not have is no difference). Pure."""
-    return [f"{name} differs: prewarm {_shown(prewarm[name])}, {job} {_shown(this[name])}"
-            for name in (*OPTIONS, *ENVIRONMENT)
+def differing(prewarm: dict[str, str], this: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(name, prewarm's value, this value) for each option both recorded with different
+    values (an option one side's jax does not have is no difference). Pure."""
+    return [(name, prewarm[name], this[name]) for name in (*OPTIONS, *ENVIRONMENT)
             if name in prewarm and name in this and prewarm[name] != this[name]]
 
 
-def _shown(value: str) -> str:
+def differences(prewarm: dict[str, str], this: dict[str, str], job: str = "run") -> list[str]:
+    """`<option> differs: prewarm <value>, <job> <value>` for each `differing` option."""
+    return [f"{name} differs: prewarm {shown(before)}, {job} {shown(now)}"
+            for name, before, now in differing(prewarm, this)]
+
+
+def variable(name: str) -> str:
+    """The environment variable a setting is given to a job by: JAX_* for a jax option
+    (the config's `jax:`), the variable itself for one of `ENVIRONMENT`."""
+    return variable_of(name) if name.startswith("jax_") else name
+
+
+def shown(value: str) -> str:
     return value if value else "(unset)"
 
 
 def options_line(function: str, lines: list[str]) -> str:
     """The training job's one line for a prewarmed function that missed under other global
-    settings."""
-    return (f"{MISS_PREFIX} for {function} (it missed): {'; '.join(lines)}; the step "
-            f"factory must apply the same process-global JAX settings as the trainer")
+    settings (the report's headline says whether they changed since the prewarm)."""
+    return f"{MISS_PREFIX} for {function} (it missed): {'; '.join(lines)}"

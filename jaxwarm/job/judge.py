@@ -29,7 +29,7 @@ from jaxwarm.jaxkey.predict import KeyNotComputed, KeyPrediction, predict_key
 from jaxwarm.jaxkey.versions import UnsupportedJaxVersion
 from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.start.gpu import mocked_topology
-from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, say
+from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, launch_fingerprint, say
 from jaxwarm.specs import warn_risky_inputs
 from jaxwarm.step import CompileTarget, lower_target
 from jaxwarm.store.cachestore import CacheStore
@@ -88,6 +88,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
 
     if jax.process_index() == 0:
         store = open_store(config.cache.dir)
+        found = launch_fingerprint(config.run_dir, job)
         decisions = [judge(target, store, run=config.run.name,
                            max_size=config.cache.max_size,
                            signature=recorder.signature(target.prediction.module_name)
@@ -96,7 +97,7 @@ def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
                            recheck_missed=repair is not None,
                            inputs=recorder.lowered_inputs(target.prediction.module_name,
                                                           target.lowered)
-                           if target.prediction else None)
+                           if target.prediction else None, fingerprint=found)
                      for target in targets]
         if repair is not None:
             repair(store, decisions)

@@ -181,6 +181,7 @@ def main() -> int:
     decisions = decide(targets, config, recorder, job="this prewarm",
                        repair=lambda store, found: repair(config, store, found))
     cold = [decision.target for decision in decisions if not decision.warm]
+    recorder.report.judged_warm = len(decisions) - len(cold)  # its row counts them
     log.info("%s", f"compiling {', '.join(t.name for t in cold)}" if cold else
              "every function is WARM: nothing to compile")
     store = open_store(config.cache.dir)

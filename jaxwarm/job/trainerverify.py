@@ -7,7 +7,11 @@ hears the key of each compile its own lowering gives (`jaxwarm.jaxkey.lookup.wat
 The first lookup of each function this run's prewarm compiled is judged as verify judges
 (`jaxwarm.job.warm.judge`); the process ends once the last one's key is known, before
 that function compiles, or at the time limit (`init_budget_s`, from the trainer's start)
-with one line. Until then it compiles nothing it can avoid and writes nothing into the
+with one line. It never lets the trainer train: at the key of the first prewarmed step (a
+function its prewarm recorded as a step), whose dispatch follows its compile, it ends too,
+and what was not looked up by then is UNKNOWN (first called after the first step), unless
+`--until-all-looked-up` lets the trainer run on (it then trains and writes its outputs).
+Until then it compiles nothing it can avoid and writes nothing into the
 cache dir: a WARM prewarmed function it needs on the way (an init) loads (where the cache
 has no size cap, whose LRU stamps a load); anything else it needs on the way, a COLD init
 included, compiles without the cache, its time part of the cost. Process 0 answers for the
@@ -22,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from jaxwarm.core.config import Config
@@ -29,7 +34,7 @@ from jaxwarm.core.environment import VERIFY_INVOCATION
 from jaxwarm.core.errors import EXIT_ERROR, ConfigError
 from jaxwarm.core.files import atomic_write, make_dirs
 from jaxwarm.core.jsonio import dumps
-from jaxwarm.core.records import VERIFY, Verdict, VerifyResult, not_looked_up
+from jaxwarm.core.records import AFTER_FIRST_STEP, VERIFY, Verdict, VerifyResult, not_looked_up
 from jaxwarm.core.rundir import verify_result_path
 from jaxwarm.jaxkey.globalopts import snapshot as global_options
 from jaxwarm.jaxkey.kvstore import KVStore, StoreError
@@ -38,7 +43,14 @@ from jaxwarm.jaxkey.predict import KeyPrediction
 from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.start.jaximport import arm_verify_limit, on_verify_limit
 from jaxwarm.job.start.pinned import config_from_env
-from jaxwarm.job.warm import LoweredTarget, WarmDecision, judge, say
+from jaxwarm.job.warm import (
+    LoweredTarget,
+    WarmDecision,
+    fingerprint_keys,
+    judge,
+    launch_fingerprint,
+    say,
+)
 from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
@@ -57,11 +69,15 @@ def write_result(path: Path, verdicts: list[Verdict], trainer_s: float | None = 
 
 class TrainerWatch:
     """verify --trainer in the trainer's process: the prewarmed functions still to hear
-    of, the answers so far, and the end (module docstring)."""
+    of, which of them are steps (the first one's key is the last thing heard before the
+    first step runs, unless `until_all`), the answers so far, and the end (module
+    docstring)."""
 
-    def __init__(self, config: Config, recorder: InitRecorder, prewarmed: set[str]) -> None:
+    def __init__(self, config: Config, recorder: InitRecorder, prewarmed: set[str],
+                 steps: Collection[str] = (), until_all: bool = False) -> None:
         self.config, self.recorder = config, recorder
         self.pending = set(prewarmed)
+        self.steps, self.until_all = steps, until_all
         self.verdicts: list[Verdict] = []
         self.lock = threading.Lock()
         # A hit may load only where JAX's LRU (a size cap) would not stamp its access time.
@@ -85,13 +101,20 @@ class TrainerWatch:
             max_size=self.config.cache.max_size,
             signature=self.recorder.signature(found.module_name),
             process_count=jax.process_count(), job=VERIFY,
-            inputs=self.recorder.inputs(found.module_name))
+            inputs=self.recorder.inputs(found.module_name),
+            fingerprint=launch_fingerprint(self.config.run_dir, VERIFY))
         if jax.process_index() == 0:
             say(decision)
         with self.lock:
             self.verdicts.append(self.verdict(decision))
             done = not self.pending
-        if done:
+            stop = not done and not self.until_all and found.module_name in self.steps
+            if stop:  # the step's dispatch follows its compile: nothing of it runs
+                self.verdicts += not_looked_up(
+                    list(self.pending), f"{AFTER_FIRST_STEP} ({found.module_name}), which "
+                    f"verify --trainer stops before; --until-all-looked-up runs the trainer on "
+                    f"to it (it trains and writes its outputs)", unknown=True)
+        if done or stop:
             self.end(0)  # the launcher prints the answer and its cost
         return decision.warm and self.may_load
 
@@ -134,8 +157,9 @@ class TrainerWatch:
                 f"{self.config.init_budget_s:g} s): the trainer had not looked up {names}; "
                 f"their answer is unknown")
         with self.lock:
-            self.verdicts += not_looked_up(list(self.pending), "unknown: the trainer had not "
-                                                               "looked it up at the time limit")
+            self.verdicts += not_looked_up(list(self.pending), "the trainer had not looked it "
+                                                               "up at the time limit",
+                                           unknown=True)
         self.end(EXIT_ERROR, line)
 
     def at_exit(self) -> None:
@@ -167,17 +191,23 @@ class TrainerWatch:
         os._exit(code)
 
 
-def watch_trainer(recorder: InitRecorder) -> None:
+def watch_trainer(recorder: InitRecorder, until_all: bool = False) -> None:
     """Start verify --trainer in this process (the trainer's, under its recorder): what
-    this run's prewarm compiled is read from the cache's manifest; none is one line."""
+    this run's prewarm compiled (else another run's: `Manifest.compared_functions`) is read
+    from the cache's manifest, with which of them are steps; none is one line.
+    `until_all`: past the first step."""
     config = config_from_env()
-    prewarmed = {entry.function
-                 for entry in open_store(config.cache.dir).run_entries(config.run.name)}
+    store = open_store(config.cache.dir)
+    manifest = store.manifest(strict=False)
+    same = fingerprint_keys(store, launch_fingerprint(config.run_dir, VERIFY))
+    prewarmed = manifest.compared_functions(config.run.name, same)
+    compared = manifest.compared(config.run.name, same)
+    steps = {name for name in prewarmed if compared[name].is_step}
     if not prewarmed:
         raise ConfigError(f"{config.source}: verify --trainer: the cache {config.cache.dir} "
-                          f"records no prewarm of run {config.run.name!r}: it answers for the "
-                          f"functions a prewarm compiled (run `jaxwarm prewarm` first)")
-    watch = TrainerWatch(config, recorder, prewarmed)
+                          f"records no prewarm: it answers for the functions a prewarm "
+                          f"compiled (run `jaxwarm prewarm` first)")
+    watch = TrainerWatch(config, recorder, prewarmed, steps, until_all)
     watch_keys(watch.on_key)
     atexit.register(watch.at_exit)
     on_verify_limit(watch.on_time_limit)

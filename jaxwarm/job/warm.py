@@ -11,14 +11,24 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.inputdiff import input_differences
-from jaxwarm.core.records import FunctionRecord, InputSignature, Verdict
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import (
+    VERIFY,
+    Fingerprint,
+    FunctionRecord,
+    InputSignature,
+    PrewarmDecision,
+    Verdict,
+)
+from jaxwarm.core.rundir import prewarm_decision_path, verify_fingerprint_path
 from jaxwarm.jaxkey.predict import KeyPrediction
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import MISSED_NOTE, WarmCheck
-from jaxwarm.store.misses import MissContext
+from jaxwarm.store.misses import MissContext, changed_variables
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +75,34 @@ class WarmDecision:
                        explanation=self.why, components=prediction.components)
 
 
+def launch_fingerprint(run_dir: str | Path, job: str) -> Fingerprint | None:
+    """This job's fingerprint as the login node computed it: a verify's own, else its
+    launch's (the prewarm decision); None where it is not on record."""
+    if job == VERIFY:
+        return read_record(Fingerprint, verify_fingerprint_path(run_dir))
+    decision = read_record(PrewarmDecision, prewarm_decision_path(run_dir))
+    return decision.fingerprint if decision is not None else None
+
+
+def fingerprint_keys(store: CacheStore, found: Fingerprint | None) -> frozenset[str]:
+    """The keys the recorded prewarm of fingerprint `found` left: a miss is compared with
+    that prewarm before other runs' (`Manifest.compared`); none where either is unknown."""
+    record = store.prewarms().get(found.digest) if found is not None else None
+    return frozenset(record.keys) if record is not None else frozenset()
+
+
 def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, max_size: int = -1,
           signature: str | None = None, process_count: int | None = None,
           job: str = "verify", recheck_missed: bool = False,
-          inputs: InputSignature | None = None) -> WarmDecision:
+          inputs: InputSignature | None = None,
+          fingerprint: Fingerprint | None = None) -> WarmDecision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
-    whole manifest, to explain the miss against the same target (`run` first, then the same
-    layout; `signature` tells functions of one name apart) and, with its `inputs`, says
-    which differ from those of the run's prewarm of it, as a training job does: a WARM
-    decision costs a check of its entry."""
+    whole manifest, to explain the miss against the same target and, with its `inputs`,
+    says which differ from those of the prewarm of it a training job would compare with
+    (`Manifest.compared`: the run's, else that of this job's `fingerprint`, else the
+    newest; `signature` tells functions of one name apart), and which settings changed
+    since that prewarm (its fingerprint against this one): a WARM decision costs a check
+    of its entry."""
     if target.prediction is None:
         return WarmDecision(target, False, ["its key could not be predicted"])
     prediction = target.prediction
@@ -83,17 +112,19 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             if check.missed else []
     elif check.problem == "missing":
         manifest = store.manifest(strict=False)
-        prewarmed = next((e.inputs for e in manifest.for_run(run or "")
-                          if e.function == prediction.module_name), None)
+        prewarm = manifest.compared(run, fingerprint_keys(store, fingerprint)).get(
+            prediction.module_name)
         missed = FunctionRecord(
             prediction.module_name, prediction.key, hit=False,
             components=prediction.components, signature=signature,
             global_options=target.global_options,
-            input_changes=None if prewarmed is None or inputs is None
-            else input_differences(prewarmed, inputs))
+            input_changes=None if prewarm is None or prewarm.inputs is None or inputs is None
+            else input_differences(prewarm.inputs, inputs))
         why = store.explain_miss(missed, manifest, MissContext(
             run=run, job=job, process_count=process_count, max_size=max_size,
-            xla_flags=os.environ.get("XLA_FLAGS", "")))
+            xla_flags=os.environ.get("XLA_FLAGS", ""), prewarm=prewarm,
+            changed=None if prewarm is None else
+            changed_variables(store.prewarms(), prewarm.key, fingerprint)))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)

@@ -82,15 +82,21 @@ def moved_cache_dir(report: InitReport) -> bool:
     return report.cache_dir != given
 
 
+def fingerprinted_decision(run_dir: str | Path | None) -> PrewarmDecision | None:
+    """The latest launch's prewarm decision, with its fingerprint (None: not on record)."""
+    if run_dir is None:
+        return None
+    path = prewarm_decision_path(run_dir)
+    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    return decision if decision is not None and decision.fingerprint is not None else None
+
+
 def since_prewarm(run_dir: str | Path | None, store: CacheStore, key: str) -> list[str] | None:
     """What changed between the prewarm that left the entry `key` and the latest launch of
     the run, as their fingerprints say (`fingerprint.differences`): [] when the launch ran
     under the prewarm's own fingerprint (it ran that prewarm, or relied on it), None when
     either fingerprint is unknown."""
-    if run_dir is None:
-        return None
-    path = prewarm_decision_path(run_dir)
-    decision = read_record(PrewarmDecision, path) if path.is_file() else None
+    decision = fingerprinted_decision(run_dir)
     if decision is None or decision.fingerprint is None:
         return None
     record = next((r for r in reversed(store.prewarms().values()) if key in r.keys),

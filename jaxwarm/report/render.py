@@ -13,13 +13,14 @@ from pathlib import Path
 
 from jaxwarm.core.environment import size_cap
 from jaxwarm.core.records import (
+    AFTER_FIRST_STEP,
     COMPILE,
     FIRST_STEP,
     LOAD,
     NOT_LOOKED_UP,
-    OPTIONS_DIFFER,
     ORDER,
     OTHER,
+    PREWARM_FORGOTTEN,
     RANKS,
     SETTING_CHANGED,
     TRAIN,
@@ -35,6 +36,7 @@ from jaxwarm.core.words import plural, ranges
 from jaxwarm.jaxkey.entryformat import split_key
 from jaxwarm.report.read import (
     PrewarmedFunctions,
+    fingerprinted_decision,
     fold,
     fold_phases,
     moved_cache_dir,
@@ -43,7 +45,7 @@ from jaxwarm.report.read import (
 )
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import Manifest, ManifestEntry
-from jaxwarm.store.misses import MissContext
+from jaxwarm.store.misses import MissContext, changed_variables
 
 
 def short_key(key: str | None) -> str:
@@ -82,7 +84,8 @@ def did(report: InitReport) -> str:
     if report.job == VERIFY:
         return "predicted keys, compiled nothing" if not report.lookups else \
             f"looked up {report.lookups}, {report.hits} in the cache"
-    return f"compiled {report.misses}, {report.hits} already in the cache"
+    # What it judged WARM it never looked up; a target that hit at its compile was WARM too.
+    return f"{report.misses} compiled, {report.judged_warm + report.hits} already WARM"
 
 
 def _outcome(fn: FunctionRecord) -> str:
@@ -155,7 +158,8 @@ def function_lines(group: list[InitReport], targets: PrewarmedFunctions, thresho
                      f"(not prewarmed, not stored), {_span([sum(s.small) for s in shown])} s "
                      f"in all; --all lists them")
     for warning in group[0].warnings:
-        lines.append(f"  WARNING {where.rstrip()}: {warning.text}")
+        if warning.kind != PREWARM_FORGOTTEN:  # the headline's line, not the process's doing
+            lines.append(f"  WARNING {where.rstrip()}: {warning.text}")
     return lines
 
 
@@ -259,20 +263,39 @@ def _target_phases(report: InitReport,
     return found
 
 
+def named_totals(report: InitReport) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Seconds per init phase of one process, with "other" split as the init ledger named
+    it: what it named of the trainer's own code (its imports by package, `import maxtext`,
+    and its modules) is TRAINER_INIT, with those owners largest first; "other" keeps only
+    what nothing names (jaxwarm's own bookkeeping, what no sample saw)."""
+    totals = phase_totals(report)
+    owners = sorted(((p.function, p.seconds) for p in report.phases
+                     if p.phase == OTHER and p.function and p.function != JAXWARM),
+                    key=lambda item: -item[1])
+    named = sum(seconds for _, seconds in owners)
+    if named > 0.0:
+        totals[TRAINER_INIT] = named
+        totals[OTHER] = totals.get(OTHER, 0.0) - named
+    return totals, owners
+
+
 def warm_start_lines(reports: list[InitReport]) -> list[str]:
     """Which phase dominates the latest warm start: the training attempt whose process 0
-    loaded every prewarmed function it looked up from the cache (`InitReport.label`)."""
+    loaded every prewarmed function it looked up from the cache (`InitReport.label`); the
+    trainer's own init by what the ledger named (`named_totals`)."""
     starts = [r for r in reports if r.job == TRAIN and r.process_index == 0 and r.phases
               and r.label == "warm" and r.time_to_first_step_s]
     if not starts:
         return []
     start = max(starts, key=lambda r: r.restart_count)
-    totals = phase_totals(start)
+    totals, owners = named_totals(start)
     ranked = sorted(totals.items(), key=lambda item: -item[1])
     (top, seconds), rest = ranked[0], ranked[1:]
     total = sum(totals.values())
+    named = "".join(f", {name} {value:.2f} s" for name, value in owners[:3]) + \
+        (", ..." if len(owners) > 3 else "") if top == TRAINER_INIT else ""
     lines = [f"warm start (train r{start.restart_count} p0): {total:.2f} s to the first step, "
-             f"most of it {top} ({seconds:.2f} s, {100 * seconds / total:.0f}%); then "
+             f"most of it {top} ({seconds:.2f} s, {100 * seconds / total:.0f}%{named}); then "
              + ", ".join(f"{name} {value:.2f} s" for name, value in rest if value >= 0.005)]
     if top == FIRST_STEP:
         peers = [r for r in reports if r.job == TRAIN and r.restart_count == start.restart_count
@@ -283,6 +306,12 @@ def warm_start_lines(reports: list[InitReport]) -> list[str]:
             lines.append(f"  the first step's collectives wait for every process: process "
                          f"{slowest.process_index} compiled for {compiled:.2f} s")
     return lines
+
+
+# The init ledger's name for jaxwarm's own code (`jaxwarm.job.record.ledger.package_of`), and
+# what the headline calls what it named of the trainer's (`named_totals`).
+JAXWARM = "jaxwarm"
+TRAINER_INIT = "the trainer's own init"
 
 
 def stage_lines(attempt: list[InitReport]) -> list[str]:
@@ -346,8 +375,9 @@ def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: Ca
     lines: list[str] = [f"train restart {latest}, process 0: {label}"] if label else []
     said: list[str] = []
     for report in attempt:
+        # A setting that differs from the prewarm's is said by the miss's own why line.
         said += [w.text for w in report.warnings if w.kind == RANKS or (
-            report.process_index == 0 and w.kind in (SETTING_CHANGED, OPTIONS_DIFFER))]
+            report.process_index == 0 and w.kind in (SETTING_CHANGED, PREWARM_FORGOTTEN))]
         if report.process_index != 0:
             continue
         for fn in report.functions:
@@ -366,14 +396,8 @@ def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: Ca
             if moved_cache_dir(report):
                 lines.append(f"  why: this process looked its entries up in "
                              f"{report.cache_dir}, the trainer's cache dir (below)")
-            prewarmed = _prewarmed_entry(fn, manifest, run)
-            lines.extend(f"  why: {line}" for line in store.explain_miss(fn, manifest, MissContext(
-                run=run, process_count=report.process_count,
-                max_size=size_cap(report.environment),
-                xla_flags=report.environment.get("XLA_FLAGS"),
-                looked_in=report.cache_dir if moved_cache_dir(report) else None,
-                since_prewarm=None if prewarmed is None else
-                since_prewarm(run_dir, store, prewarmed.key))))
+            lines.extend(f"  why: {line}"
+                         for line in _why(fn, report, manifest, run, store, run_dir))
     others = [r.process_index for r in attempt if r.process_index != 0]
     if others and not any(r.hits for r in attempt if r.process_index != 0):
         which = plural(len(others), "process", "processes")
@@ -390,6 +414,22 @@ def summarize(reports: list[InitReport], manifest: Manifest, run: str, store: Ca
     return lines
 
 
+def _why(fn: FunctionRecord, report: InitReport, manifest: Manifest, run: str,
+         store: CacheStore, run_dir: str | Path | None) -> list[str]:
+    """Why process 0 missed `fn`, against the prewarm the job compared it with, with what
+    the launch's fingerprint saw change since that prewarm."""
+    prewarmed = _prewarmed_entry(fn, manifest, run)
+    decision = fingerprinted_decision(run_dir)
+    return store.explain_miss(fn, manifest, MissContext(
+        run=run, process_count=report.process_count, max_size=size_cap(report.environment),
+        xla_flags=report.environment.get("XLA_FLAGS"),
+        looked_in=report.cache_dir if moved_cache_dir(report) else None,
+        since_prewarm=None if prewarmed is None else
+        since_prewarm(run_dir, store, prewarmed.key), prewarm=prewarmed,
+        changed=None if prewarmed is None or decision is None else
+        changed_variables(store.prewarms(), prewarmed.key, decision.fingerprint)))
+
+
 def pgle_line(fn: FunctionRecord, restart: int) -> str:
     """A target's PGLE-optimized executable (jaxwarm.jaxkey.pgle): JAX's second compile,
     with the profile of the first steps, or its load at a restart in place of both."""
@@ -402,7 +442,10 @@ def pgle_line(fn: FunctionRecord, restart: int) -> str:
 
 
 def _prewarmed_entry(fn: FunctionRecord, manifest: Manifest, run: str) -> ManifestEntry | None:
-    """The run's newest prewarm of the function `fn` is a lookup of."""
+    """The prewarm the job compared the lookup `fn` with (perhaps another run's), else the
+    run's newest prewarm of the function."""
+    if fn.compared_with is not None and fn.compared_with in manifest:
+        return manifest[fn.compared_with]
     return next((e for e in manifest.for_run(run) if e.function == fn.name), None)
 
 
@@ -491,13 +534,15 @@ def missing_train_report(reports: list[InitReport]) -> list[str]:
 
 
 def format_verdicts(verdicts: list[Verdict]) -> list[str]:
-    """verify's answer per function: WARM or COLD, the key, the cost, and why when cold."""
+    """verify's answer per function: WARM, COLD or UNKNOWN (verify --trainer: not looked up
+    before it stopped), the key, the cost, and why when not warm."""
     lines = []
     for v in verdicts:
         cost = f"lowering {v.lower_s:.2f} s + key {1e3 * v.predict_s:.1f} ms" \
             if v.reached_s is None else f"the trainer looked it up at {v.reached_s:.2f} s"
         cost = "" if v.key == NOT_LOOKED_UP else f"  ({cost})"  # no key, no cost: why says
-        lines.append(f"{'WARM' if v.warm else 'COLD'}  {v.function}  {v.key}{cost}")
+        state = "UNKNOWN" if v.unknown else "WARM" if v.warm else "COLD"
+        lines.append(f"{state}  {v.function}  {v.key}{cost}")
         lines.extend(f"      why: {line}" for line in v.explanation)
     return lines
 
@@ -506,6 +551,11 @@ def trainer_cost(result: VerifyResult) -> str:
     """What verify --trainer's answer cost: the trainer's time from its start to its last
     prewarmed function's lookup, or, when it ended before it looked some up, to its end."""
     unheard = [v.function for v in result.functions if v.key == NOT_LOOKED_UP]
+    if unheard and all(v.explanation[0].startswith(AFTER_FIRST_STEP)
+                       for v in result.functions if v.key == NOT_LOOKED_UP):
+        return (f"verify --trainer: {result.trainer_s:.2f} s of the trainer's run, stopped "
+                f"before its first step ran (no step, none of its outputs); "
+                f"{', '.join(unheard)} unknown")
     if unheard:
         return (f"verify --trainer: the trainer ended {result.trainer_s:.2f} s after its "
                 f"start, before it looked up {', '.join(unheard)}")
@@ -525,7 +575,8 @@ def with_cache_check(verdicts: list[Verdict], bad: dict[str, str]) -> list[Verdi
 
 
 def attempt_summaries(reports: list[InitReport]) -> list[str]:
-    """One line per attempt of the training job (restart 0, 1, ...), from process 0."""
+    """One line per attempt of the training job (restart 0, 1, ...), from process 0, and
+    one for a prewarm record its miss made the run forget."""
     lines = []
     for r in reports:
         if r.job == TRAIN and r.process_index == 0:
@@ -535,4 +586,6 @@ def attempt_summaries(reports: list[InitReport]) -> list[str]:
             lines.append(f"attempt r{r.restart_count}: {r.label or 'no lookup'}; {r.hits} "
                          f"hit(s) of {r.lookups} lookup(s) on process 0, compile "
                          f"{r.backend_compile_s:.2f} s, {step}")
+            lines += [f"attempt r{r.restart_count}: {w.text}" for w in r.warnings
+                      if w.kind == PREWARM_FORGOTTEN]
     return lines

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,38 @@ class Manifest(dict[str, ManifestEntry]):
                                        or entry.created > latest[entry.function].created):
                 latest[entry.function] = entry
         return sorted(latest.values(), key=lambda e: e.function)
+
+    def compared(self, run: str | None,
+                 same_fingerprint: Collection[str] = ()) -> dict[str, ManifestEntry]:
+        """For each function name a prewarm recorded, the one prewarm a lookup of that name
+        is compared with: run `run`'s newest; else the newest of another run whose prewarm
+        ran under this launch's fingerprint (`same_fingerprint`: the keys its record left);
+        else the newest of any run. A relaunch under a new run name on a warm cache is the
+        common case of the last two: its misses are said against the prewarm it would
+        have used."""
+        chosen: dict[str, ManifestEntry] = {}
+        for entry in self.values():
+            best = chosen.get(entry.function)
+            if best is None or _preference(entry, run, same_fingerprint) > \
+                    _preference(best, run, same_fingerprint):
+                chosen[entry.function] = entry
+        return chosen
+
+    def compared_functions(self, run: str, same_fingerprint: Collection[str] = ()) -> set[str]:
+        """The functions of the prewarm a run is compared with as a whole (`verify --trainer`
+        waits for their lookups): its own, else the run's whose prewarm had this fingerprint,
+        else the newest prewarm's run (`compared`'s order); none: no prewarm at all."""
+        if not self:
+            return set()
+        best = max(self.values(), key=lambda e: _preference(e, run, same_fingerprint))
+        owner = run if best.used_by(run) else best.run
+        return {entry.function for entry in self.values() if entry.used_by(owner)}
+
+
+def _preference(entry: ManifestEntry, run: str | None,
+                same_fingerprint: Collection[str]) -> tuple[bool, bool, float]:
+    return (run is not None and entry.used_by(run), entry.key in same_fingerprint,
+            entry.created)
 
 
 class ManifestError(UserError, ValueError):

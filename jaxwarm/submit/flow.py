@@ -33,7 +33,7 @@ from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, ConfigError
 from jaxwarm.core.files import atomic_write
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import PREWARM, TRAIN, Fingerprint, PrewarmDecision, differences, listed
-from jaxwarm.core.rundir import prewarm_decision_path, unfinished
+from jaxwarm.core.rundir import prewarm_decision_path, unfinished, verify_fingerprint_path
 from jaxwarm.core.words import duration, human_size, plural
 from jaxwarm.jaxkey.doctor import selfcheck
 from jaxwarm.store.cachestore import CacheStore
@@ -49,7 +49,13 @@ from jaxwarm.submit.jobs import (
     verify_job,
     verify_trainer_job,
 )
-from jaxwarm.submit.prepare import holding_run_dir, prepare_cache, resolve_run, write_run_dir
+from jaxwarm.submit.prepare import (
+    holding_run_dir,
+    keep_earlier_reports,
+    prepare_cache,
+    resolve_run,
+    write_run_dir,
+)
 from jaxwarm.submit.results import print_report, print_verdicts
 
 log = logging.getLogger(__name__)
@@ -73,8 +79,10 @@ class Request:
     prewarm: str = AUTO
     check_cache: bool = True
     wait: bool = False
-    # verify --trainer: ask the trainer's own code, not the step factory.
+    # verify --trainer: ask the trainer's own code, not the step factory; `until_all`: past
+    # the trainer's first step, until every prewarmed function is looked up.
     trainer: bool = False
+    until_all: bool = False
 
 
 def launch(request: Request, backend: Backend[H]) -> int:
@@ -96,6 +104,7 @@ def launch(request: Request, backend: Backend[H]) -> int:
         for run in runs:
             config = run.config
             run, store = pinned_store(run, backend)
+            keep_earlier_reports(config.run_dir)
             # The entries it finds bad are quarantined here, so a job compiles them again;
             # verify only says them.
             prepare_cache(config, store, request.check_cache, repair=True)
@@ -118,14 +127,20 @@ def verify(request: Request, backend: Backend[H]) -> int:
     beside its verdicts, the cache is checked but not repaired, no prewarm is decided. Exit 0
     when every function is warm, EXIT_COLD when one is not, EXIT_ERROR when the job gave no
     answer."""
+    if request.until_all and not request.trainer:
+        raise ConfigError("verify: --until-all-looked-up goes with --trainer (it lets the "
+                          "trainer run past its first step)")
     [config] = checked_configs(request, backend)
     config, pinned = resolve_run(config, verify=True)
-    run = Run(config, pinned, [verify_trainer_job(config, pinned) if request.trainer
-                               else verify_job(config, pinned)])
+    run = Run(config, pinned, [verify_trainer_job(config, pinned, request.until_all)
+                               if request.trainer else verify_job(config, pinned)])
     say_dropped([run])
     with holding([run], backend):
         run, store = pinned_store(run, backend)
         bad = prepare_cache(config, store, request.check_cache, repair=False)
+        # Its misses are said against a prewarm of this fingerprint first, as a launch's.
+        atomic_write(verify_fingerprint_path(config.run_dir),
+                     dumps(fingerprint(config, pinned, backend.name), indent=1) + "\n")
         # Beside the verify job: is the key prediction its verdicts rest on exact here?
         # verify --trainer predicts nothing (it hears the keys JAX computes): no check.
         with nullcontext() if request.trainer else selfcheck(run.jobs[0].env) as check:

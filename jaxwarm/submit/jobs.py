@@ -38,7 +38,7 @@ from jaxwarm.core.gputarget import mock_environment
 from jaxwarm.core.moved import moved_module
 from jaxwarm.core.records import PREWARM, TRAIN, VERIFY
 from jaxwarm.jaxkey.versions import refuse_key_change, version_problem
-from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER
+from jaxwarm.job.start.jaximport import BOOTSTRAP_DIR, VERIFY_TRAINER, VERIFY_UNTIL_ALL
 
 log = logging.getLogger(__name__)
 
@@ -372,11 +372,13 @@ def train_job(config: Config, config_path: str | Path) -> JobSpec:
     return JobSpec(TRAIN, entry.argv, with_bootstrap(env) if entry.bootstrap else env)
 
 
-def verify_trainer_job(config: Config, config_path: str | Path) -> JobSpec:
+def verify_trainer_job(config: Config, config_path: str | Path,
+                       until_all: bool = False) -> JobSpec:
     """`jaxwarm verify --trainer`: the training job's entrypoint, argv and environment, as
-    the verify job: it runs up to the lookup of each prewarmed function
-    (`jaxwarm.job.verify`)."""
+    the verify job: it runs up to the lookup of each prewarmed function, or of the first
+    step's, whichever comes first; `until_all`: of each (`jaxwarm.job.trainerverify`)."""
     train = train_job(config, config_path)
+    until = {VERIFY_UNTIL_ALL: "1"} if until_all else {}
     return JobSpec(VERIFY, train.argv, {**train.env, VERIFY_TRAINER: f"{config.init_budget_s!r}",
-                                        VERIFY_INVOCATION: uuid.uuid4().hex},
+                                        VERIFY_INVOCATION: uuid.uuid4().hex, **until},
                    config.init_budget_s)

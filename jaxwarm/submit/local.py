@@ -41,7 +41,7 @@ from jaxwarm.core.files import atomic_write, fresh_file, is_held, make_dirs, rea
 from jaxwarm.core.gputarget import gpus_here, job_topology, no_gpu
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState, LocalLaunch
-from jaxwarm.core.rundir import local_jobs_path, lock_path, log_path, report_path
+from jaxwarm.core.rundir import has_checkpoint, local_jobs_path, lock_path, log_path, report_path
 from jaxwarm.core.words import duration, human_size
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.job.start.task import killed_by
@@ -70,6 +70,8 @@ class JobResult:
     problem: str | None = None
     # The one error line the failed process said (a job's `jaxwarm: error: ...`), if any.
     error: str | None = None
+    # Whether the run dir held a checkpoint when it ended: what a relaunch may resume from.
+    checkpointed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -286,7 +288,7 @@ class LocalJob:
             if self.echo_of_0 is not None else None
         if dropped is not None:
             log.warning("%s: %s", self.job.name, dropped)
-        return result
+        return dataclasses.replace(result, checkpointed=has_checkpoint(self.run_dir))
 
     def _wait_processes(self) -> JobResult:
         while True:
@@ -336,15 +338,19 @@ AFTER_A_STOP = {
     PREWARM: "relaunch the same command: its prewarm compiles only what is not cached yet",
     VERIFY: "it gave no answer; run the verify again",
 }
+NO_CHECKPOINT = ("relaunch the same command to run it again (no checkpoint in the run dir: it "
+                 "starts over unless the trainer keeps its own)")
 
 
 def outcome(result: JobResult) -> Outcome:
     if result.problem is not None:
         return Outcome(result.name, False, result.problem, 1)
     if result.signal_received is not None:
+        # A resume is promised only where the run dir holds a checkpoint to resume from.
+        after = AFTER_A_STOP[result.name] if result.name != TRAIN or result.checkpointed \
+            else NO_CHECKPOINT
         return Outcome(result.name, False,
-                       f"{result.name} stopped after a forwarded signal; "
-                       f"{AFTER_A_STOP[result.name]}",
+                       f"{result.name} stopped after a forwarded signal; {after}",
                        128 + result.signal_received)
     if not result.ok:
         # A job that rejected its input (config, step factory) exits 2, and so does jaxwarm.

@@ -14,7 +14,13 @@ from pathlib import Path
 from jaxwarm.core.config import Config, config_digest, pinned_text
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import atomic_write, locked, make_dirs, read_capped
-from jaxwarm.core.rundir import lock_path, pinned_config, verify_config
+from jaxwarm.core.rundir import (
+    earlier_reports_dir,
+    lock_path,
+    pinned_config,
+    reports_dir,
+    verify_config,
+)
 from jaxwarm.core.words import plural
 from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
@@ -52,6 +58,24 @@ def refuse_small_cap(config: Config) -> None:
                           f"less than the {need} bytes of the {len(entries)} entries run "
                           f"{config.run.name!r} prewarms; JAX would evict them to stay under "
                           f"it and the run would miss. Raise it (or -1: no cap)")
+
+
+def keep_earlier_reports(run_dir: Path) -> Path | None:
+    """Before a launch's jobs write their init reports: the earlier launch's, under the same
+    names (`train-r0-p0.json`), moved aside into the next numbered dir
+    (`rundir.earlier_reports_dir`), never overwritten. Where they went; None: none."""
+    found = [path for path in reports_dir(run_dir).glob("*.json") if path.is_file()]
+    if not found:
+        return None
+    launch = 1
+    while earlier_reports_dir(run_dir, launch).exists():
+        launch += 1
+    kept = earlier_reports_dir(run_dir, launch)
+    make_dirs(kept)
+    for path in found:
+        path.rename(kept / path.name)
+    log.info("the earlier launch's init reports are kept in %s", kept)
+    return kept
 
 
 def write_run_dir(config: Config, pinned: Path | None = None) -> str:

@@ -13,7 +13,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from train import Settings, batch_sharding, make_functions, make_mesh, parse
+from train import Settings, batch_sharding, make_eval, make_functions, make_mesh, parse
 
 from jaxwarm import CompileTarget, Config, StepBundle, seed_spec, trainer_argv
 
@@ -27,9 +27,12 @@ def bundle(settings: Settings) -> StepBundle:
                                                           sharding=leaf.sharding), state)
     batch = jax.ShapeDtypeStruct((settings.batch, settings.d_model),
                                  jnp.dtype(settings.dtype), sharding=batch_sharding(mesh))
-    return StepBundle(targets=(CompileTarget("init", init, (seed_spec(),), is_step=False),
-                               CompileTarget("train_step", train_step, (state, batch))),
-                      mesh=mesh)
+    targets = (CompileTarget("init", init, (seed_spec(),), is_step=False),
+               CompileTarget("train_step", train_step, (state, batch)))
+    if settings.eval_at:  # called after that step only
+        targets += (CompileTarget("eval_step", make_eval(mesh), (state, batch),
+                                  is_step=False),)
+    return StepBundle(targets=targets, mesh=mesh)
 
 
 def from_argv(config: Config, mesh: None) -> StepBundle:

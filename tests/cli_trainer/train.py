@@ -1,9 +1,13 @@
-"""`python train.py [--d-model N] [--batch N] [--dtype D] [--no-donate] [--steps N]`: a
-trainer with its own command line, as real ones are written, and the cheapest there is.
+"""`python train.py [--d-model N] [--batch N] [--dtype D] [--no-donate] [--steps N]
+[--eval-at N] [--checkpoint-dir DIR]`: a trainer with its own command line, as real ones
+are written, and the cheapest there is.
 
 A linear layer trained on random rows: `jit_init` makes the state, `jit_train_step` (the state
 donated unless --no-donate) trains it on a batch sharded over every device of its own mesh,
-on one process or several (it joins jax.distributed itself).
+on one process or several (it joins jax.distributed itself). With --eval-at N it evaluates
+the state once, after step N (`jit_eval_step`: a function first called long after the first
+step, as real trainers' eval and decode are), and with --checkpoint-dir it saves the state
+there after every step.
 It knows nothing of jaxwarm; its settings live in its flags only, so an adapter reads them
 with `parse` from the argv jaxwarm hands it (tests/cli_trainer/adapter.py).
 """
@@ -30,6 +34,8 @@ class Settings:
     dtype: str = "float32"
     donate: bool = True
     steps: int = 1
+    eval_at: int = 0
+    checkpoint_dir: str = ""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=Settings.dtype)
     parser.add_argument("--no-donate", dest="donate", action="store_false")
     parser.add_argument("--steps", type=int, default=Settings.steps)
+    parser.add_argument("--eval-at", type=int, default=Settings.eval_at)
+    parser.add_argument("--checkpoint-dir", default=Settings.checkpoint_dir)
     return parser
 
 
@@ -75,6 +83,14 @@ def make_functions(settings: Settings, mesh: Mesh) -> tuple[Any, Any]:
                     out_shardings=(replicated, replicated)))
 
 
+def make_eval(mesh: Mesh) -> Any:
+    """The jitted `eval_step(state, batch) -> loss`."""
+    def eval_step(state: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.abs(batch @ state["w"] + state["b"] - batch))
+
+    return jax.jit(eval_step, out_shardings=NamedSharding(mesh, P()))
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P("data"))
 
@@ -95,6 +111,12 @@ def main() -> int:
         batch = jax.make_array_from_process_local_data(batch_sharding(mesh), rows)
         state, loss = train_step(state, batch)
         print(f"step {step + 1} loss {float(loss):.5f}", flush=True)
+        if settings.checkpoint_dir:
+            os.makedirs(settings.checkpoint_dir, exist_ok=True)
+            np.savez(os.path.join(settings.checkpoint_dir, f"step-{step + 1}.npz"),
+                     **{name: np.asarray(leaf) for name, leaf in state.items()})
+        if step + 1 == settings.eval_at:
+            print(f"eval {float(make_eval(mesh)(state, batch)):.5f}", flush=True)
     return 0
 
 

@@ -129,14 +129,16 @@ class Found(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Prewarmed:
-    """What a training job knows of one function its run prewarmed (the manifest's newest
-    entry of the name): the abstract signature and inputs it was lowered with (None: not
-    recorded), whether it is a step, and the run whose prewarm compiled it."""
+    """What a training job knows of one function a prewarm compiled (the manifest's entry a
+    lookup of the name is compared with: `jaxwarm.store.manifest.Manifest.compared`):
+    the abstract signature and inputs it was lowered with (None: not recorded), whether it
+    is a step, the run whose prewarm compiled it, and its key."""
 
     signature: str | None
     inputs: InputSignature | None
     is_step: bool
     run: str
+    key: str
 
 
 class _CaptureFilter(logging.Filter):
@@ -187,8 +189,9 @@ class InitRecorder:
         # The global JAX settings each prewarmed function (by name) was lowered under: a miss
         # of one of them under other settings is said as the settings that differ.
         self.prewarmed_options: dict[str, dict[str, str]] = {}
-        # This run's prewarmed functions, by name: a lookup of one is marked prewarmed, and
-        # a miss of one says how its inputs differ (`_compare_with_prewarm`).
+        # The prewarmed functions, by name (this run's, else another run's): a lookup of one
+        # is marked prewarmed, and a miss of one says how its inputs differ
+        # (`_compare_with_prewarm`).
         self.prewarmed: dict[str, Prewarmed] = {}
         self._matched: set[str] = set()  # names looked up with the prewarmed signature
         # The functions whose inputs are read at their compile (None: all, as the prewarm
@@ -409,8 +412,9 @@ class InitRecorder:
         return record
 
     def _compare_with_prewarm(self, record: FunctionRecord) -> None:
-        """Mark a lookup of a function this run prewarmed, and say how the inputs of one
-        that missed differ from the prewarm's (none: the program does).
+        """Mark a lookup of a function a prewarm compiled (`prewarmed`), with the prewarm it
+        is compared with, and say how the inputs of one that missed differ from the
+        prewarm's (none: the program does).
 
         Which lookup of the name is the prewarmed function: the one with the prewarmed
         signature; until one has come, the first with other inputs (the step called with
@@ -427,11 +431,11 @@ class InitRecorder:
                 for earlier in self.report.functions:
                     if earlier.name == name and earlier.prewarmed:
                         earlier.prewarmed, earlier.input_changes = False, None
-            record.prewarmed = True
+                        earlier.compared_with = None
         elif name in self._matched or any(earlier.name == name and earlier.prewarmed
                                           for earlier in self.report.functions):
             return
-        record.prewarmed = True
+        record.prewarmed, record.compared_with = True, prewarmed.key
         if record.hit or prewarmed.inputs is None:
             return
         now = self._read_inputs(name)

@@ -28,6 +28,7 @@ from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import append_line
 from jaxwarm.core.jsonio import dumps, read_record
 from jaxwarm.core.records import (
+    PREWARM_FORGOTTEN,
     SETTING_CHANGED,
     TRAIN,
     EntryMissed,
@@ -50,6 +51,7 @@ from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.mlperf import MlperfLog, MlperfUnavailable
 from jaxwarm.job.record.recorder import InitRecorder, Prewarmed
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
+from jaxwarm.job.warm import fingerprint_keys, launch_fingerprint
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import Manifest, ManifestEntry
 from jaxwarm.store.security import DirIdentity
@@ -164,7 +166,9 @@ class Books:
         manifest = manifest_of(self.store)
         self.entries = tuple(manifest.for_run(self.config.run.name))
         if self.job == TRAIN:
-            watch_prewarmed(self.config, recorder, manifest)
+            watch_prewarmed(self.config, recorder, manifest,
+                            fingerprint_keys(self.store,
+                                             launch_fingerprint(self.config.run_dir, TRAIN)))
 
     def ranks_bound(self, recorder: InitRecorder) -> None:
         """After the manifest: the ranks' meeting is bounded by the compile times it
@@ -255,7 +259,9 @@ class Books:
         """Process 0 of a training job: a prewarmed function it missed under another key
         voids the prewarm record its launch trusted (`forget_missed_prewarms`)."""
         if recorder.report.process_index == 0 and self.job == TRAIN:
-            forget_missed_prewarms(self.config, self.store, recorder.report)
+            forgot = forget_missed_prewarms(self.config, self.store, recorder.report)
+            if forgot is not None:  # the store's own line is in the job's log already
+                recorder.add_warning(forgot, quiet=True)
 
     def mlperf_stopped(self, recorder: InitRecorder) -> None:
         """`init_stop` and `run_start`, dated where the first step's first execution began
@@ -338,26 +344,30 @@ def manifest_of(store: CacheStore) -> Manifest:
         return Manifest()
 
 
-def watch_prewarmed(config: Config, recorder: InitRecorder, manifest: Manifest) -> None:
+def watch_prewarmed(config: Config, recorder: InitRecorder, manifest: Manifest,
+                    same_fingerprint: frozenset[str] = frozenset()) -> None:
     """What a training job takes from the prewarm manifest. For a trainer that does not call
     mark_first_step(): the steps any run's prewarm compiled on this layout (same name and
     signature: a run warm from another run's entries, or a cold run of a step prewarmed
     before, is timed by the same function as this run's own prewarm), and, with none, a
-    guess (`Found.LARGEST_INPUTS`). And this run's prewarmed functions: a lookup of one is
+    guess (`Found.LARGEST_INPUTS`). And every prewarmed function, each with the one prewarm
+    a lookup of it is compared with (`Manifest.compared`: this run's, else the prewarm of
+    this launch's fingerprint, `same_fingerprint`, else the newest): a lookup of one is
     marked prewarmed (a step's, with other inputs, still ends the first step), and a miss
     of one is compared with the inputs and the global JAX settings the prewarm lowered it
-    with (`InitRecorder._compare_with_prewarm`)."""
+    with (`InitRecorder._compare_with_prewarm`), so a relaunch under a new run name names
+    its misses too. `run_prewarmed` counts this run's own."""
     recorder.guess_first_step = True
     recorder.step_functions = {
         (e.function, e.signature): e.run for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count}
-    own = manifest.for_run(config.run.name)
-    recorder.prewarmed_options = {e.function: e.global_options for e in own
+    compared = list(manifest.compared(config.run.name, same_fingerprint).values())
+    recorder.prewarmed_options = {e.function: e.global_options for e in compared
                                   if e.global_options}
-    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run)
-                          for e in own}
-    recorder.inputs_of = {e.function for e in own if e.inputs is not None}
-    recorder.report.run_prewarmed = len(recorder.prewarmed)
+    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run, e.key)
+                          for e in compared}
+    recorder.inputs_of = {e.function for e in compared if e.inputs is not None}
+    recorder.report.run_prewarmed = len(manifest.for_run(config.run.name))
 
 
 def job_usage(config: Config, report: InitReport) -> JobUsage:
@@ -448,20 +458,22 @@ def publish_at_exit(config: Config, store: CacheStore, staging: Staging,
         log.warning("jaxwarm: publishing from %s at exit: %s", staging.dir, exc)
 
 
-def forget_missed_prewarms(config: Config, store: CacheStore, report: InitReport) -> None:
+def forget_missed_prewarms(config: Config, store: CacheStore,
+                           report: InitReport) -> ReportWarning | None:
     """Process 0 of a job launched under a recorded prewarm's fingerprint looked one of
     that prewarm's functions up under another key: what the login node's fingerprint
     promised does not hold (a GPU driver, a module imported by a computed name). Forget
     that record, so the next launch with this fingerprint runs its prewarm job again. (A
-    launch under another fingerprint that misses is no news: its decision said so.)"""
+    launch under another fingerprint that misses is no news: its decision said so.) What
+    was forgotten is said in one line, for the report (the launch's output, status)."""
     path = prewarm_decision_path(config.run_dir)
     decision = read_record(PrewarmDecision, path)
     if decision is None or decision.fingerprint is None:
-        return
+        return None
     digest = decision.fingerprint.digest
     record = store.prewarms().get(digest)
     if record is None:
-        return
+        return None
     promised = {function_of(key): key for key in record.keys}
     for function in report.functions:
         key = promised.get(function.name)
@@ -469,4 +481,8 @@ def forget_missed_prewarms(config: Config, store: CacheStore, report: InitReport
             store.forget_prewarm(digest, key,
                                  f"{function.name} missed under key {function.key}, not the "
                                  f"prewarmed {key}")
-            return
+            return ReportWarning(PREWARM_FORGOTTEN, (
+                f"prewarm record of run {record.run!r} forgotten: {function.name} missed its "
+                f"prewarmed key, which this fingerprint promised; the next launch with it "
+                f"prewarms again"))
+    return None

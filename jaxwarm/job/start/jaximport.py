@@ -45,6 +45,9 @@ RECORDER_PID = "JAXWARM_RECORDER_PID"
 # Set by `jaxwarm verify --trainer` to its time limit (init_budget_s, s): the trainer runs
 # only up to its prewarmed lookups, or to the limit.
 VERIFY_TRAINER = "JAXWARM_VERIFY_TRAINER"
+# Set by `verify --trainer --until-all-looked-up`: the trainer runs on past its first step
+# (which verify --trainer otherwise stops before) until each prewarmed function is looked up.
+VERIFY_UNTIL_ALL = "JAXWARM_VERIFY_UNTIL_ALL"
 # What verify --trainer's time limit runs, once the trainer's watch is installed: its answer.
 _at_verify_limit: list[Callable[[], None]] = []
 _verify_timer: list[threading.Timer] = []
@@ -86,7 +89,8 @@ def install_now() -> None:
         if os.environ.get(VERIFY_TRAINER):  # jaxwarm verify --trainer (jaxwarm.job.verify)
             from jaxwarm.core.records import VERIFY
             from jaxwarm.job.trainerverify import watch_trainer
-            watch_trainer(install_recorder(job=VERIFY))
+            watch_trainer(install_recorder(job=VERIFY),
+                          until_all=bool(os.environ.get(VERIFY_UNTIL_ALL)))
         else:
             install_recorder()
     except Exception as exc:  # one line, never a traceback from a hook

@@ -38,7 +38,7 @@ from bench.common import (
     BenchError,
     machine,
     publish,
-    read_json,
+    read_report,
     run_spec,
     table,
 )
@@ -85,10 +85,10 @@ def measure(layers: int, disk_mib: int = DD_MIB) -> dict[str, Any]:
         work = Path(tmp)
         config, pinned = pin_config(load_config(LLAMA, overrides(work, layers)))
         cold = run_spec(prewarm_job(config, pinned))
-        report = read_json(report_path(config.run_dir, PREWARM, 0, 0))
-        compiled = {fn["name"]: fn for fn in report["functions"]}
-        if STEP not in compiled or compiled[STEP]["hit"]:
-            raise BenchError(f"the prewarm did not compile {STEP}: {report['functions']}")
+        report = read_report(report_path(config.run_dir, PREWARM, 0, 0))
+        compiled = {fn.name: fn for fn in report.functions}
+        if STEP not in compiled or compiled[STEP].hit:
+            raise BenchError(f"the prewarm did not compile {STEP}: {report.functions}")
         entry = next(e for e in open_store(config.cache.dir).manifest().values()
                      if e.function == STEP)
         env = merge_environment(dict(os.environ), job_environment(config, pinned))
@@ -99,14 +99,14 @@ def measure(layers: int, disk_mib: int = DD_MIB) -> dict[str, Any]:
     read_s = entry.size / (read_mb_s * 1e6) if entry.size else 0.0
     limit = read_s + loaded["decompress_s"] + loaded["deserialize_s"]
     return {"layers": layers, "lower_s": entry.lower_s,
-            "cold_compile_s": compiled[STEP]["seconds"], "prewarm_wall_s": cold.wall_s,
+            "cold_compile_s": compiled[STEP].seconds, "prewarm_wall_s": cold.wall_s,
             "prewarm_rss_mb": cold.peak_rss_mb, "entry_bytes": entry.size,
             "warm_load_s": loaded["retrieval_s"], "payload_bytes": loaded["payload_bytes"],
             "disk_read_mb_s": read_mb_s, "read_s": read_s,
             "decompress_s": loaded["decompress_s"], "deserialize_s": loaded["deserialize_s"],
             "limit_s": limit, "warm_over_limit": loaded["retrieval_s"] / limit,
             "load_log": loaded["log"],
-            "warm_over_cold": loaded["retrieval_s"] / compiled[STEP]["seconds"]}
+            "warm_over_cold": loaded["retrieval_s"] / compiled[STEP].seconds}
 
 
 def load(env: dict[str, str]) -> dict[str, Any]:

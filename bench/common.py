@@ -16,7 +16,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 
 from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import InitReport
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.prepare import pin_config
 
@@ -90,6 +93,59 @@ def run_process(argv: Sequence[str], env: dict[str, str],
     return Finished(wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A launch run to its end: each process's exit status and output (empty where it went
+    to a log), and the wall time from the first spawn to the last exit."""
+
+    returncodes: list[int]
+    outputs: list[str]
+    wall_s: float
+
+
+def run_launch(argv: Sequence[str], envs: Sequence[dict[str, str] | None] = (None,), *,
+               cwd: Path = REPO, log: Path | None = None,
+               during: Callable[[list[subprocess.Popen[str]]], None] | None = None,
+               check: bool = True, timeout: float | None = PROCESS_TIMEOUT_S) -> Launched:
+    """`argv` run in `cwd` once per environment in `envs`, all at once, to the last exit: a
+    launch (`jaxwarm launch`, one process) or a job's ranks started by hand (one each).
+    `during(processes)` acts on them while they run (samples them, signals them). Their
+    output goes to `log`, to be read while they run, or to a file each (a pipe per rank read
+    one after the other could fill and stop a rank), kept. With `check`, a process that
+    failed is a BenchError with the end of its output; past `timeout`, every one is killed."""
+    with ExitStack() as files:
+        shared = files.enter_context(log.open("w")) if log is not None else None
+        sinks = [shared or files.enter_context(tempfile.TemporaryFile("w+")) for _ in envs]
+        start = time.perf_counter()
+        procs = [subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=sink, stderr=subprocess.STDOUT, text=True)
+                 for env, sink in zip(envs, sinks, strict=True)]
+        try:
+            if during is not None:
+                during(procs)
+            end = None if timeout is None else time.monotonic() + timeout
+            codes = [proc.wait(None if end is None else max(0.0, end - time.monotonic()))
+                     for proc in procs]
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{' '.join(argv[:4])} ran past {timeout:g} s") from None
+        finally:
+            for proc in procs:  # still running only when `during` failed or time ran out
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        wall_s = time.perf_counter() - start
+        outputs = []
+        for sink in sinks:
+            sink.seek(0)
+            outputs.append("" if sink is shared else sink.read())
+    failed = [index for index, code in enumerate(codes) if code != 0]
+    if check and failed:
+        raise BenchError(f"{len(failed)} of {len(procs)} processes of {' '.join(argv[:4])} "
+                         f"failed (exit {codes[failed[0]]}):\n"
+                         f"{outputs[failed[0]][-4000:] or f'its output: {log}'}")
+    return Launched(codes, outputs, wall_s)
+
+
 def run_spec(job: JobSpec) -> Finished:
     """A job's argv with the environment the local runner gives it."""
     return run_process(job.argv, merge_environment(dict(os.environ), job.env))
@@ -118,6 +174,22 @@ def bench_config(work: Path, name: str, overrides: Iterable[str] = ()) -> tuple[
     config = load_config(DEMO, [*LAYOUT_OVERRIDES, f"run.name={name}", f"run.out_dir={work}",
                                 f"cache.dir={work / 'cache'}", *overrides])
     return pin_config(config)
+
+
+def read_report(path: Path) -> InitReport:
+    """The init report of a job the benchmark ran, typed (`jaxwarm.core.jsonio.read_record`);
+    without one the figures would be of nothing, so it is an error."""
+    report = read_record(InitReport, path)
+    if report is None:
+        raise BenchError(f"{path}: no readable init report (the job's log says why)")
+    return report
+
+
+def first_step_s(report: InitReport) -> float:
+    """A job's time to first step: a job that ran no step measured nothing."""
+    if report.time_to_first_step_s is None:
+        raise BenchError(f"{report.label}: no first step")
+    return report.time_to_first_step_s
 
 
 def read_json(path: Path) -> Any:

@@ -70,7 +70,7 @@ from bench.common import (
     TINY_STEP,
     BenchError,
     cpu_model,
-    read_json,
+    read_report,
     with_xla_flag,
     write_json,
 )
@@ -78,9 +78,10 @@ from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import job_environment
 from jaxwarm.core.errors import say
 from jaxwarm.core.gputarget import gpus_here
-from jaxwarm.core.records import TRAIN
-from jaxwarm.core.rundir import report_path, verify_result_path
+from jaxwarm.core.records import TRAIN, FunctionRecord, InitReport, Verdict
+from jaxwarm.core.rundir import metrics_path, report_path, verify_result_path
 from jaxwarm.jaxkey.components import differing_components
+from jaxwarm.report.read import load_verdicts
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
@@ -152,22 +153,21 @@ def run(job: JobSpec, config: Config) -> None:
                          f"its log {result.log_tail[-3000:]}")
 
 
-def step_record(config: Config, process: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+def step_record(config: Config, process: int = 0) -> tuple[InitReport, FunctionRecord]:
     """A training job's init report of one process, and the step's record in it."""
     path = report_path(config.run_dir, TRAIN, 0, process)
-    report = read_json(path)
-    found = [fn for fn in report["functions"] if fn["name"] == STEP]
+    report = read_report(path)
+    found = [fn for fn in report.functions if fn.name == STEP]
     if not found:
         raise BenchError(f"{path}: no lookup of {STEP}")
     return report, found[-1]
 
 
-def verdict(config: Config) -> dict[str, Any]:
+def verdict(config: Config) -> Verdict:
     """The verify job's verdict of the step: process 0's, the run's."""
-    path = verify_result_path(config.run_dir)
-    found = [v for v in read_json(path)["functions"] if v["function"] == STEP]
+    found = [v for v in load_verdicts(config.run_dir).functions if v.function == STEP]
     if not found:
-        raise BenchError(f"{path}: no verdict of {STEP}")
+        raise BenchError(f"{verify_result_path(config.run_dir)}: no verdict of {STEP}")
     return found[-1]
 
 
@@ -194,26 +194,26 @@ def reference(ctx: Context) -> dict[str, Any]:
     after_config, after_pinned = ctx.pin("reference-verify-again", layout)
     run(verify_job(after_config, after_pinned), after_config)
     after = verdict(after_config)
-    equal = before["key"] == written.key and LocalStore(cache).has_entry(before["key"])
-    return {"verify_before": "WARM" if before["warm"] else "COLD",
-            "predicted_key": before["key"], "written_key": written.key,
+    equal = before.key == written.key and LocalStore(cache).has_entry(before.key)
+    return {"verify_before": "WARM" if before.warm else "COLD",
+            "predicted_key": before.key, "written_key": written.key,
             "key_equals_file": equal, "prewarm_compile_s": written.compile_s,
-            "train_hit": step["hit"], "train_key": step["key"],
-            "retrieval_s": step["seconds"] if step["hit"] else None,
-            "time_to_first_step_s": report["time_to_first_step_s"],
-            "verify_after": "WARM" if after["warm"] else "COLD",
-            "passed": equal and step["hit"] and after["warm"] and not before["warm"]}
+            "train_hit": step.hit, "train_key": step.key,
+            "retrieval_s": step.seconds if step.hit else None,
+            "time_to_first_step_s": report.time_to_first_step_s,
+            "verify_after": "WARM" if after.warm else "COLD",
+            "passed": equal and step.hit and after.warm and not before.warm}
 
 
 def cold_vs_warm(ctx: Context) -> dict[str, Any]:
     cache, autotuned = ctx.work / "cold-cache", ctx.work / "autotune-only-cache"
     size = () if ctx.dry_run else (*BIG, *ctx.size)
 
-    def trainer(name: str, cache_dir: Path, hit: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    def trainer(name: str, cache_dir: Path, hit: bool) -> tuple[InitReport, FunctionRecord]:
         return train_once(ctx, name, [*size, f"cache.dir={cache_dir}"], hit)
 
     cold_report, cold = trainer("cold", cache, hit=False)
-    entry_bytes = LocalStore(cache).entry_size(cold["key"])
+    entry_bytes = LocalStore(cache).entry_size(str(cold.key))
     warm_report, warm = trainer("warm", cache, hit=True)
     # A new cache with XLA's autotune results of the cold run and no JAX entry: the compile
     # runs again, without autotuning what the sub-cache holds.
@@ -224,28 +224,28 @@ def cold_vs_warm(ctx: Context) -> dict[str, Any]:
                              if path.is_file())
     _, retuned = trainer("autotune-only", autotuned, hit=False)
     return {"size": dict(item.removeprefix("step.args.").split("=", 1) for item in size),
-            "cold_compile_s": cold["seconds"], "warm_retrieval_s": warm["seconds"],
-            "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
+            "cold_compile_s": cold.seconds, "warm_retrieval_s": warm.seconds,
+            "retrieval_pct_of_compile": 100 * warm.seconds / cold.seconds,
             "entry_bytes": entry_bytes,
-            "cold_first_step_s": cold_report["time_to_first_step_s"],
-            "warm_first_step_s": warm_report["time_to_first_step_s"],
-            "compile_at_least_30_s": cold["seconds"] >= LONG_COMPILE_S,
+            "cold_first_step_s": cold_report.time_to_first_step_s,
+            "warm_first_step_s": warm_report.time_to_first_step_s,
+            "compile_at_least_30_s": cold.seconds >= LONG_COMPILE_S,
             "autotune_cache_files": autotune_files,
-            "compile_with_autotune_cache_s": retuned["seconds"],
-            "autotune_cache_saves_s": cold["seconds"] - retuned["seconds"]}
+            "compile_with_autotune_cache_s": retuned.seconds,
+            "autotune_cache_saves_s": cold.seconds - retuned.seconds}
 
 
 def train_once(ctx: Context, name: str, overrides: Sequence[str],
-               hit: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+               hit: bool) -> tuple[InitReport, FunctionRecord]:
     """The trainer on one GPU as run `name`: its init report and the step's first record,
     which must hit (or miss) as `hit` says."""
     config, pinned = ctx.pin(name, [*ONE, *overrides])
     run(train_job(config, pinned), config)
     report, _ = step_record(config)
-    step = next(fn for fn in report["functions"] if fn["name"] == STEP)
-    if step["hit"] != hit:
+    step = next(fn for fn in report.functions if fn.name == STEP)
+    if step.hit != hit:
         raise BenchError(f"{name}: expected {STEP} to {'hit' if hit else 'miss'}, it did "
-                         f"not (key {step['key']})")
+                         f"not (key {step.key})")
     return report, step
 
 
@@ -260,11 +260,11 @@ def load_profile(ctx: Context) -> dict[str, Any]:
                 f"cache.dir={cache}"]
         _, cold = train_once(ctx, f"load-{layers}-cold", size, hit=False)
         warm_report, warm = train_once(ctx, f"load-{layers}-warm", size, hit=True)
-        sizes.append({"layers": layers, "compile_s": cold["seconds"],
-                      "retrieval_s": warm["seconds"],
-                      "retrieval_pct_of_compile": 100 * warm["seconds"] / cold["seconds"],
-                      "entry_bytes": LocalStore(cache).entry_size(cold["key"]),
-                      "warm_first_step_s": warm_report["time_to_first_step_s"]})
+        sizes.append({"layers": layers, "compile_s": cold.seconds,
+                      "retrieval_s": warm.seconds,
+                      "retrieval_pct_of_compile": 100 * warm.seconds / cold.seconds,
+                      "entry_bytes": LocalStore(cache).entry_size(str(cold.key)),
+                      "warm_first_step_s": warm_report.time_to_first_step_s})
     return {"sizes": sizes, "breakdown": None}
 
 
@@ -280,14 +280,14 @@ def warm_requeue(ctx: Context) -> dict[str, Any]:
     resumed_report, resumed = train_once(ctx, "requeue", [*layout, f"train.steps={2 * steps}",
                                                           f"train.checkpoint_every={steps}"],
                                          hit=True)
-    metrics = ctx.work / "runs" / "requeue" / "metrics.jsonl"
+    metrics = metrics_path(ctx.work / "runs" / "requeue")
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     # Resumed, not started again: each step logged once, the second run's from steps + 1.
     every_step = logged == list(range(1, 2 * steps + 1))
-    return {"steps_before": steps, "steps_after": steps, "resumed_hit": resumed["hit"],
-            "every_step_logged": every_step, "passed": resumed["hit"] and every_step,
-            "cold_first_step_s": cold_report["time_to_first_step_s"],
-            "resumed_first_step_s": resumed_report["time_to_first_step_s"]}
+    return {"steps_before": steps, "steps_after": steps, "resumed_hit": resumed.hit,
+            "every_step_logged": every_step, "passed": resumed.hit and every_step,
+            "cold_first_step_s": cold_report.time_to_first_step_s,
+            "resumed_first_step_s": resumed_report.time_to_first_step_s}
 
 
 def pgle(ctx: Context) -> dict[str, Any]:
@@ -299,9 +299,9 @@ def pgle(ctx: Context) -> dict[str, Any]:
     layout = [f"cache.dir={cache}", "pgle.enabled=true", "pgle.profiling_runs=3",
               "train.steps=6"]
     first_report, _ = train_once(ctx, "pgle-first", layout, hit=False)
-    compiles = [{"key": fn["key"], "hit": fn["hit"], "seconds": fn["seconds"],
-                 "pgle_optimized": fn["pgle_optimized"]}
-                for fn in first_report["functions"] if fn["name"] == STEP]
+    compiles = [{"key": fn.key, "hit": fn.hit, "seconds": fn.seconds,
+                 "pgle_optimized": fn.pgle_optimized}
+                for fn in first_report.functions if fn.name == STEP]
     if ctx.dry_run:
         config, pinned = ctx.pin("pgle-first", [*ONE, *layout])
         done = subprocess.run([sys.executable, "-m", "bench.profiled_compile"], cwd=REPO,
@@ -315,9 +315,9 @@ def pgle(ctx: Context) -> dict[str, Any]:
                        if ctx.dry_run else "JAX's profiler",
             "first_run": compiles,
             "second_compile_s": second[0]["seconds"] if second else None,
-            "restart_key": restart["key"], "restart_hit": restart["hit"],
-            "restart_loaded_pgle_optimized": restart["pgle_optimized"],
-            "passed": restart["pgle_optimized"] and (ctx.dry_run or bool(second))}
+            "restart_key": restart.key, "restart_hit": restart.hit,
+            "restart_loaded_pgle_optimized": restart.pgle_optimized,
+            "passed": restart.pgle_optimized and (ctx.dry_run or bool(second))}
 
 
 def mock(ctx: Context) -> dict[str, Any]:
@@ -334,20 +334,20 @@ def mock(ctx: Context) -> dict[str, Any]:
     run(JobSpec(TRAIN, [sys.executable, "-m", "bench.compile_only"],
                 job_environment(real_config, real_pinned)), real_config)
     predicted = verdict(verify_config)  # process 0 decides for the run
-    ranks = []
+    ranks, differing = [], set()
     for process in range(real_config.topology.num_processes):
         _, step = step_record(real_config, process)
-        ranks.append({"process": process, "key": step["key"], "hit": step["hit"],
-                      "differing_components": differing_components(entry.components,
-                                                                   step["components"])})
-    differing = sorted({name for rank in ranks for name in rank["differing_components"]})
+        differs = differing_components(entry.components, step.components)
+        differing.update(differs)
+        ranks.append({"process": process, "key": step.key, "hit": step.hit,
+                      "differing_components": differs})
     return {"mocked": entry.mock_topology is not None, "mock_topology": entry.mock_topology,
             "prewarm_key": entry.key, "prewarm_compile_s": entry.compile_s,
             "prewarm_process_count": entry.process_count,
-            "verify": "WARM" if predicted["warm"] else "COLD", "verify_key": predicted["key"],
-            "verify_why": predicted["explanation"], "ranks": ranks,
+            "verify": "WARM" if predicted.warm else "COLD", "verify_key": predicted.key,
+            "verify_why": predicted.explanation, "ranks": ranks,
             "hit_on_every_rank": all(rank["hit"] for rank in ranks),
-            "differing_components": differing}
+            "differing_components": sorted(differing)}
 
 
 def agreement(ctx: Context) -> dict[str, Any]:

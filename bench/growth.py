@@ -50,10 +50,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.chart import save_figure
-from bench.common import DEMO, FAST_STEP, REPO, BenchError, machine, publish, read_json, table
+from bench.common import DEMO, FAST_STEP, BenchError, machine, publish, read_json, run_launch, table
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
-from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PREWARM, TRAIN, InitReport
 from jaxwarm.core.rundir import pinned_config, report_path
 from jaxwarm.job.start.place import process_variables
 from jaxwarm.submit.local import free_port
@@ -129,18 +130,15 @@ def high_water_mb(pid: int) -> float | None:
     return None
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, dict[str, list[float]]]:
+def run(argv: list[str]) -> tuple[float, dict[str, list[float]]]:
     """Run a command to its end; its wall time and the peak RSS of its processes by kind."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    memory = PeakMemory(proc.pid)
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
-    wall = time.perf_counter() - start
-    peaks = memory.stop()
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(argv[:4])} exited {proc.returncode}:\n{out[-4000:]}")
-    return wall, peaks
+    memory: list[PeakMemory] = []
+    try:
+        done = run_launch(argv, during=lambda procs: memory.append(PeakMemory(procs[0].pid)),
+                          timeout=TIMEOUT_S)
+    finally:
+        peaks = memory[0].stop() if memory else {}
+    return done.wall_s, peaks
 
 
 def cli(*args: str) -> list[str]:
@@ -157,23 +155,10 @@ def by_hand(work: Path, ranks: int, runs: str) -> dict[str, Any]:
     out = work / runs / "first-step"
     argv = [sys.executable, "-m", TRAINER, str(pinned_config(work / "prewarm" / "demo")),
             str(out)]
-    start = time.perf_counter()
-    procs = []
-    for index in range(ranks):
-        place = {k: v for k, v in process_variables(coordinator, ranks, index, "").items()
-                 if not k.startswith("JAXWARM_")} if ranks > 1 else {}
-        procs.append(subprocess.Popen(argv, cwd=REPO, env={**base, **place},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True))
-    failed = []
-    for proc in procs:
-        _, err = proc.communicate(timeout=TIMEOUT_S)
-        if proc.returncode != 0:
-            failed.append(err[-2000:])
-    wall = time.perf_counter() - start
-    if failed:
-        raise BenchError(f"{len(failed)} plain trainer(s) failed:\n{failed[0]}")
-    return {"wall_s": wall, **first_steps(out, ranks)}
+    places = [{k: v for k, v in process_variables(coordinator, ranks, index, "").items()
+               if not k.startswith("JAXWARM_")} if ranks > 1 else {} for index in range(ranks)]
+    done = run_launch(argv, [{**base, **place} for place in places], timeout=TIMEOUT_S)
+    return {"wall_s": done.wall_s, **first_steps(out, ranks)}
 
 
 def first_steps(out: Path, ranks: int) -> dict[str, Any]:
@@ -185,9 +170,9 @@ def first_steps(out: Path, ranks: int) -> dict[str, Any]:
 def lock_waits(run_dir: Path, job: str, ranks: int) -> float:
     total = 0.0
     for process in range(ranks):
-        path = report_path(run_dir, job, 0, process)
-        if path.exists():
-            total += sum(read_json(path).get("lock_wait_s", {}).values())
+        report = read_record(InitReport, report_path(run_dir, job, 0, process))
+        if report is not None:
+            total += sum(report.lock_wait_s.values())
     return total
 
 

@@ -23,13 +23,14 @@ from bench.common import (
     BenchError,
     bench_config,
     machine,
-    read_json,
     run_spec,
     table,
     verdict,
     write_json,
 )
-from jaxwarm.core.rundir import verify_result_path
+from jaxwarm.core.records import Verdict
+from jaxwarm.report.read import load_verdicts
+from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, verify_job
 from testing.legs import LEGS, ready
 
@@ -61,20 +62,20 @@ def measure(python: str, repeat: int) -> list[Row]:
         work = Path(tmp)
         config, pinned = bench_config(work, "prewarm", OVERRIDES)
         run_spec(with_python(prewarm_job(config, pinned), python))
-        samples: dict[str, list[dict]] = {}
+        samples: dict[str, list[Verdict]] = {}
         for index in range(repeat):
             config, pinned = bench_config(work, f"verify{index}", OVERRIDES)
             run_spec(with_python(verify_job(config, pinned), python))
-            for item in read_json(verify_result_path(config.run_dir))["functions"]:
-                if not item["warm"]:
-                    raise BenchError(f"{python}: verify says {item['function']} is COLD "
+            for item in load_verdicts(config.run_dir).functions:
+                if not item.warm:
+                    raise BenchError(f"{python}: verify says {item.function} is COLD "
                                      f"right after the prewarm")
-                samples.setdefault(item["function"], []).append(item)
-        entries = read_json(work / "cache" / "jaxwarm-manifest.json")["entries"]
-        jax_version = next(iter(entries.values()))["jax_version"]
+                samples.setdefault(item.function, []).append(item)
+        entries = open_store(str(work / "cache")).manifest()
+        jax_version = next(iter(entries.values())).jax_version
     return [Row(jax_version, python, function,
-                statistics.median(s["lower_s"] for s in items),
-                1e3 * statistics.median(s["predict_s"] for s in items), len(items))
+                statistics.median(s.lower_s for s in items),
+                1e3 * statistics.median(s.predict_s for s in items), len(items))
             for function, items in samples.items()]
 
 

@@ -31,7 +31,6 @@ phase (a run stopped early keeps the phases it finished). `--phases` runs some o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -43,7 +42,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, FAST_STEP, REPO, machine, table, write_json
+from bench.common import DEMO, FAST_STEP, REPO, machine, run_launch, table, write_json
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import TRAIN, InitReport
+from jaxwarm.core.rundir import log_path, metrics_path, report_paths
+from jaxwarm.submit.slurm import read_jobs
 from testing.procs import run_processes
 
 KILLED_RANK = 5
@@ -139,13 +142,11 @@ class Scale:
         sampler.start()
         start = time.monotonic()
         log = self.work / f"{name}.log"
-        with log.open("w") as sink:
-            process = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                       text=True)
-            if during is not None:
-                during(process, phase)
-            phase.exit_code = process.wait()
-        phase.wall_s = time.monotonic() - start
+        # No timeout: a phase of many ranks compiles for as long as it takes; a failed
+        # launch is a figure (the kill phases fail on purpose).
+        done = run_launch(argv, log=log, check=False, timeout=None,
+                          during=None if during is None else lambda procs: during(procs[0], phase))
+        phase.exit_code, phase.wall_s = done.returncodes[0], done.wall_s
         sampler.done.set()
         sampler.join()
         phase.line = failure_line(log.read_text(errors="replace"))
@@ -157,20 +158,19 @@ class Scale:
     def read_reports(self, phase: Phase, since: float) -> None:
         """The newest training attempt's reports, if this phase wrote them."""
         started = time.time() - (time.monotonic() - since)
-        reports = []
-        for path in (self.run_dir / "reports").glob("train-r*-p*.json"):
-            if path.stat().st_mtime >= started:
-                reports.append(json.loads(path.read_text()))
+        reports = [report for name, path in report_paths(self.run_dir)
+                   if name.job == TRAIN and path.stat().st_mtime >= started
+                   and (report := read_record(InitReport, path)) is not None]
         if not reports:
             return
-        latest = max(r["restart_count"] for r in reports)
-        reports = [r for r in reports if r["restart_count"] == latest]
-        steps = [r["time_to_first_step_s"] for r in reports if r["time_to_first_step_s"]]
-        first = next((r for r in reports if r["process_index"] == 0), None)
-        phase.first_step_p0_s = first and first["time_to_first_step_s"]
-        phase.hits_p0 = first and first["hits"]
+        latest = max(r.restart_count for r in reports)
+        reports = [r for r in reports if r.restart_count == latest]
+        steps = [r.time_to_first_step_s for r in reports if r.time_to_first_step_s]
+        first = next((r for r in reports if r.process_index == 0), None)
+        phase.first_step_p0_s = None if first is None else first.time_to_first_step_s
+        phase.hits_p0 = None if first is None else first.hits
         phase.first_step_max_s = max(steps, default=None)
-        phase.rank_wait_max_s = max((r.get("ranks_wait_s", 0.0) for r in reports), default=None)
+        phase.rank_wait_max_s = max((r.ranks_wait_s for r in reports), default=None)
 
     def kill_when(self, job: str, marker: str):
         """A `during` that SIGKILLs rank KILLED_RANK's job process once its log of this
@@ -203,25 +203,22 @@ class Scale:
 
     def job_log(self, job: str, rank: int) -> Path | None:
         if not self.args.slurm:
-            return self.run_dir / "logs" / f"{job}-p{rank}.log"
-        jobs = json.loads((self.run_dir / "slurm" / "jobs.json").read_text()) \
-            if (self.run_dir / "slurm" / "jobs.json").exists() else []
-        ids = [j for j in jobs if j["name"] == job]
-        return Path(ids[-1]["log_dir"]) / f"{ids[-1]['job_id']}_{rank}_log.out" if ids else None
+            return log_path(self.run_dir, job, rank)
+        ids = [j for j in read_jobs(self.run_dir) if j.name == job]
+        return ids[-1].log_path(rank) if ids else None
 
     def requeue_after(self, steps: int):
         """A `during` that stops the training job once it logged `steps` steps past where it
         started: SIGTERM to the local launcher, SLURM's warning signal to a SLURM job."""
         def during(process: subprocess.Popen[str], phase: Phase) -> None:
-            metrics = self.run_dir / "metrics.jsonl"
+            metrics = metrics_path(self.run_dir)
             start = len(metrics.read_text().splitlines()) if metrics.exists() else 0
             while process.poll() is None and (
                     not metrics.exists() or len(metrics.read_text().splitlines()) < start + steps):
                 time.sleep(0.5)
             if self.args.slurm:
-                jobs = json.loads((self.run_dir / "slurm" / "jobs.json").read_text())
-                train = [j for j in jobs if j["name"] == "train"][-1]
-                subprocess.run(["scancel", "--signal=USR2", train["job_id"]], check=False)
+                train = [j for j in read_jobs(self.run_dir) if j.name == TRAIN][-1]
+                subprocess.run(["scancel", "--signal=USR2", train.job_id], check=False)
             else:
                 process.send_signal(signal.SIGTERM)
         return during

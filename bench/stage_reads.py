@@ -36,7 +36,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, REPO, BenchError, machine, publish, read_json, table
+from bench.common import DEMO, REPO, BenchError, machine, publish, read_report, run_launch, table
+from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryformat import CACHE_SUFFIX
 from jaxwarm.store.store import LocalStore
@@ -78,13 +79,9 @@ class ReadCounter:
         self.inotify.close()
 
 
-def cli(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    if result.returncode != 0:
-        raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
-                         f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    return result.stdout
+def cli(*args: str) -> None:
+    """`jaxwarm ARGS...`; a failure is a BenchError."""
+    run_launch([sys.executable, "-m", "jaxwarm", *args], timeout=LAUNCH_TIMEOUT_S)
 
 
 def overrides(work: Path, nodes: int) -> list[str]:
@@ -102,20 +99,20 @@ def warm_start(work: Path, nodes: int, name: str, stage: str | None) -> dict[str
         cli("launch", str(DEMO), "--slurm", "--wait", "--no-prewarm", "--no-check-cache",
             f"run.out_dir={work / name}", *overrides(work, nodes), *extra)
     wall = time.perf_counter() - started
-    reports = [read_json(report_path(work / name / "demo", "train", 0, process))
+    reports = [read_report(report_path(work / name / "demo", TRAIN, 0, process))
                for process in range(nodes)]
     sizes = {key: LocalStore(cache).entry_size(key) for key in counter.reads}
-    stagers = [r["stage"] for r in reports if r.get("stage") and r["stage"]["stager"]]
+    stagers = [r.stage for r in reports if r.stage is not None and r.stage.stager]
     return {"reads": sum(counter.reads.values()),
             "bytes": sum(sizes[key] * count for key, count in counter.reads.items()),
             "by_entry": dict(counter.reads), "wall_s": wall,
-            "hits_p0": reports[0]["hits"],
-            "first_step_s": [r["time_to_first_step_s"] for r in reports],
-            "jax_dirs": sorted({r["cache_dir"] for r in reports}),
-            "copied": sum(len(s["copied"]) + len(s["replaced"]) for s in stagers),
-            "reused": sum(len(s["reused"]) for s in stagers),
-            "fallbacks": [r["stage"]["fallback"] for r in reports
-                          if r.get("stage") and r["stage"]["fallback"]]}
+            "hits_p0": reports[0].hits,
+            "first_step_s": [r.time_to_first_step_s for r in reports],
+            "jax_dirs": sorted({r.cache_dir for r in reports}),
+            "copied": sum(len(s.copied) + len(s.replaced) for s in stagers),
+            "reused": sum(len(s.reused) for s in stagers),
+            "fallbacks": [r.stage.fallback for r in reports
+                          if r.stage is not None and r.stage.fallback]}
 
 
 def measure(nodes: int, starts: int) -> dict[str, Any]:

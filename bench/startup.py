@@ -58,6 +58,7 @@ from bench.common import (
     machine,
     publish,
     read_json,
+    run_launch,
     table,
 )
 from jaxwarm.core.jsonio import to_json
@@ -175,14 +176,9 @@ def workload(name: str, layers: int) -> Trainer:
 
 
 def cli(*args: str, env: dict[str, str], python: Path = Path(sys.executable),
-        cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+        cwd: Path = REPO) -> None:
     """`jaxwarm ARGS...` run by `python` in `cwd`; a failure is a BenchError."""
-    result = subprocess.run([str(python), "-m", "jaxwarm", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=3600)
-    if result.returncode != 0:
-        raise BenchError(f"jaxwarm {' '.join(args[:2])} exited {result.returncode}:\n"
-                         f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return result
+    run_launch([str(python), "-m", "jaxwarm", *args], (env,), cwd=cwd, timeout=3600)
 
 
 def train_report(run_dir: Path) -> InitReport:

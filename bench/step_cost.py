@@ -25,15 +25,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from bench.common import (
     BenchError,
     Check,
     Finished,
     bench_config,
+    first_step_s,
     per_layer,
-    read_json,
+    read_report,
     run_process,
     run_spec,
     table,
@@ -41,12 +42,14 @@ from bench.common import (
 )
 from jaxwarm.core.config import Config
 from jaxwarm.core.environment import job_environment, merge_environment
-from jaxwarm.core.records import TRAIN
+from jaxwarm.core.records import TRAIN, FunctionRecord, InitReport
 from jaxwarm.core.rundir import report_path, verify_result_path
+from jaxwarm.report.read import load_verdicts
 from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
 STEP = "jit_train_step"
+R = TypeVar("R")
 OVERRIDES = ("cache.min_compile_time_secs=0", "train.checkpoint_every=0")
 
 
@@ -83,22 +86,22 @@ PREWARM_RSS = Target("prewarm peak RSS", "prewarm_rss_ratio", 0.5,
 TARGETS = (LOAD, VERIFY, PREWARM_WALL, PREWARM_RSS)
 
 
-def function_record(records: list[dict[str, Any]], name_key: str, warm_key: str,
-                    warm: bool, where: Path) -> dict[str, Any]:
-    """The step's entry in a report or verify result; it must be the expected hit or miss,
-    or the figure would be of something else than the benchmark says."""
-    matches = [record for record in records if record[name_key] == STEP]
-    if not matches or matches[-1][warm_key] != warm:
+def expected(matches: list[R], is_warm: Callable[[R], bool], warm: bool, where: Path) -> R:
+    """The step's last record among `matches` (a report's lookups or a verify result's
+    verdicts of STEP); it must be the expected hit or miss, or the figure would be of
+    something else than the benchmark says."""
+    if not matches or is_warm(matches[-1]) != warm:
         raise BenchError(f"{where}: expected {STEP} to be {'warm' if warm else 'cold'}, "
                          f"got {matches[-1:] or 'no record'}")
     return matches[-1]
 
 
-def init_report(config: Config, warm: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def init_report(config: Config, warm: bool) -> tuple[InitReport, FunctionRecord]:
     """The training job's init report and the step's record in it."""
     path = report_path(config.run_dir, TRAIN, 0, 0)
-    report = read_json(path)
-    return report, function_record(report["functions"], "name", "hit", warm, path)
+    report = read_report(path)
+    return report, expected([fn for fn in report.functions if fn.name == STEP],
+                            lambda fn: fn.hit, warm, path)
 
 
 def bare_environment(config: Config, pinned: Path) -> dict[str, str]:
@@ -122,9 +125,9 @@ def measure(layers: int) -> dict[str, float]:
         cold_config, cold = job("cold", train_job, "cache")
         cold_report, cold_step = init_report(cold_config, warm=False)
         verify_config, _ = job("verify", verify_job, "cache")
-        result_path = verify_result_path(verify_config.run_dir)
-        verified = function_record(read_json(result_path)["functions"], "function", "warm",
-                                   True, result_path)
+        verified = expected([v for v in load_verdicts(verify_config.run_dir).functions
+                             if v.function == STEP], lambda v: v.warm, True,
+                            verify_result_path(verify_config.run_dir))
         warm_config, warm = job("warm", train_job, "cache")
         warm_report, warm_step = init_report(warm_config, warm=True)
         _, prewarm = job("prewarm", prewarm_job, "prewarm-cache")
@@ -133,16 +136,16 @@ def measure(layers: int) -> dict[str, float]:
                            bare_environment(bare_config, bare_pinned))
         return {
             "layers": layers,
-            "lower_s": verified["lower_s"],
-            "verify_extra_ms": 1e3 * verified["predict_s"],
-            "cold_compile_s": cold_step["seconds"],
-            "warm_load_s": warm_step["seconds"],
-            "cold_first_step_s": cold_report["time_to_first_step_s"],
-            "warm_first_step_s": warm_report["time_to_first_step_s"],
-            "entry_kb": (open_store(cold_config.cache.dir).entry_size(cold_step["key"])
+            "lower_s": verified.lower_s,
+            "verify_extra_ms": 1e3 * verified.predict_s,
+            "cold_compile_s": cold_step.seconds,
+            "warm_load_s": warm_step.seconds,
+            "cold_first_step_s": first_step_s(cold_report),
+            "warm_first_step_s": first_step_s(warm_report),
+            "entry_kb": (open_store(cold_config.cache.dir).entry_size(str(cold_step.key))
                          or 0) / 1024,
-            "cold_init_compile_s": cold_report["backend_compile_s"],
-            "warm_init_retrieval_s": warm_report["retrieval_s"],
+            "cold_init_compile_s": cold_report.backend_compile_s,
+            "warm_init_retrieval_s": warm_report.retrieval_s,
             "cold_train_wall_s": cold.wall_s,
             "warm_train_wall_s": warm.wall_s,
             "cold_train_rss_mb": cold.peak_rss_mb,

@@ -27,9 +27,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, BenchError, machine, publish, read_json, table
+from bench.common import DEMO, BenchError, machine, publish, table
 from bench.growth import by_hand, cli, kind_of, overrides, run, with_jaxwarm
-from jaxwarm.core.records import TRAIN
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import TRAIN, InitReport
 from jaxwarm.core.rundir import report_path
 
 RANKS = 32
@@ -92,11 +93,10 @@ def sampling(work: Path, runs: str, ranks: int) -> dict[str, int | float]:
     """What the ledger's samples were and cost, summed over the training job's ranks."""
     samples, cost = 0, 0.0
     for process in range(ranks):
-        path = report_path(work / runs / "demo", TRAIN, 0, process)
-        taken = read_json(path).get("sampling") if path.exists() else None
-        if taken:
-            samples += taken["samples"]
-            cost += taken["cost_s"]
+        report = read_record(InitReport, report_path(work / runs / "demo", TRAIN, 0, process))
+        if report is not None and report.sampling is not None:
+            samples += report.sampling.samples
+            cost += report.sampling.cost_s
     return {"samples": samples, "cost_s": cost}
 
 

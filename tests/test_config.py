@@ -28,11 +28,13 @@ from jaxwarm.core.entryargv import trainer_argv
 from jaxwarm.core.environment import PINNED_DIGEST
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import Fingerprint, differences
+from jaxwarm.core.rundir import logs_dir
+from jaxwarm.core.yamlio import YAML_MAX_DEPTH
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
 from jaxwarm.submit.prepare import pin_config
-from tests.conftest import DEMO, REPO, Cli
+from tests.conftest import DEMO, REPO, Cli, run_cli
 from tests.hostile import assert_refused, snapshot
 
 
@@ -134,7 +136,7 @@ def test_missing_entrypoint_command_is_reported_before_anything_runs(tmp_path: P
                      f"cache.dir={tmp_path / 'cache'}", "entrypoint.command=[no-such-trainer]")
     assert result.returncode == 2
     assert "entrypoint.command: 'no-such-trainer' was not found on PATH" in result.stderr
-    assert not (tmp_path / "runs" / "demo" / "logs").exists()
+    assert not logs_dir(tmp_path / "runs" / "demo").exists()
 
 
 def test_missing_config_file(cli: Cli) -> None:
@@ -289,9 +291,63 @@ def test_the_node_budget_names_aliases_only_when_there_are_some(
         load_config(laughs)
 
 
+@pytest.mark.hostile
+@pytest.mark.parametrize("character", ["\u2028", "\u2029", "\x85", "\x9b", "\u202e", "\u2066"])
+def test_unicode_controls_are_refused_like_ascii_ones(tmp_path: Path, character: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        # YAML's double-quoted escape puts the very character in the value (a raw NEL in a
+        # plain scalar is a line break to YAML, folded into a space before jaxwarm sees it).
+        load_config(DEMO, [f'run.name="demo\\u{ord(character):04x}x"', f"run.out_dir={tmp_path}"])
+    message = str(caught.value)
+    assert "run.name: expected a single line without control characters" in message
+    assert message.isascii(), message  # the line itself shows the character escaped
+
+
+ATTACKS = {
+    "run.out_dir=\"runs\\n#SBATCH --wrap=touch /tmp/pwned\"": "run.out_dir",
+    "slurm.extra={\"gres\\n\": x}": "slurm.extra.'gres\\n'",
+    "env={\"FOO\\n\": x}": "env.'FOO\\n'",
+    "env={FOO: \"x\\ntouch /tmp/pwned\"}": "env.FOO",
+    "slurm.partition=\"gpu\\n\"": "slurm.partition",
+    "run.name=\"demo\\r\"": "run.name",
+    "cache.dir=\"/tmp/c\\n\"": "cache.dir",
+    "entrypoint.args=[\"--x\\u0000\"]": "entrypoint.args[0]",
+    "xla_flags=[\"--xla_foo\\t\"]": "xla_flags[0]",
+    "jax={jax_foo: \"a\\nb\"}": "jax.jax_foo",
+    "step.factory=\"jaxwarm.step:f\\n\"": "step.factory",
+    "mesh.axes={\"data\\n\": 1, fsdp: 8}": "mesh.axes.'data\\n'",
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+@pytest.mark.parametrize("override", sorted(ATTACKS))
+def test_control_characters_are_refused_wherever_they_would_reach_a_script(
+        tmp_path: Path, override: str) -> None:
+    before = snapshot(tmp_path)
+    for command in (["render", str(DEMO), f"run.out_dir={tmp_path}", override, "--job", "train"],
+                    ["launch", str(DEMO), "--local", f"cache.dir={tmp_path / 'c'}", override]):
+        result = run_cli(*command)
+        assert_refused(result, f"{ATTACKS[override]}: expected a single line without control")
+    assert snapshot(tmp_path) == before
+
+
 def test_an_empty_cache_dir_is_not_the_working_directory() -> None:
     with pytest.raises(ConfigError, match="cache.dir: expected a directory path, got an empty"):
         load_config(DEMO, ["cache.dir="])
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_an_empty_cache_dir_never_means_the_working_directory(tmp_path: Path) -> None:
+    users = tmp_path / "build-cache"
+    users.write_text("the user's build cache\n")
+    before = snapshot(tmp_path)
+    assert_refused(run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                           "cache.dir=", cwd=tmp_path), "cache.dir: expected a directory path")
+    assert_refused(run_cli("cache", "verify", str(DEMO), "cache.dir=", cwd=tmp_path),
+                   "cache.dir: expected a directory path")
+    assert snapshot(tmp_path) == before
 
 
 def test_mesh_axes_are_optional_when_the_factory_builds_the_mesh() -> None:
@@ -444,3 +500,102 @@ def test_the_fingerprint_has_the_trainers_command_line_where_the_factory_reads_i
     demo = fingerprint(load_config(DEMO), tmp_path / "run", "local")
     assert fingerprint(load_config(DEMO, ["entrypoint.args=[--steps, '3']"]),
                        tmp_path / "run", "local") == demo
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_run_name_that_climbs_out_is_refused_and_the_users_config_survives(
+        tmp_path: Path) -> None:
+    users = tmp_path / "config.yaml"
+    users.write_text("my own config\n")
+    (tmp_path / "runs").mkdir()
+    before = snapshot(tmp_path)
+    for name in ("..", ".", "a/../..", "/etc"):
+        result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                         f"cache.dir={tmp_path / 'cache'}", f"run.name={name}")
+        assert_refused(result, "run.name: expected one path component")
+    assert snapshot(tmp_path) == before
+
+
+def laughs(levels: int) -> str:
+    """A 'billion laughs': each anchor lists the previous one nine times."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for n in range(1, levels + 1):
+        lines.append(f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 9) + "]")
+    return "\n".join(lines)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(("text", "line", "fragment"), [
+    (f"x:\n{laughs(9)}\nrun:\n  name: *l9\n", None, "expands to more than"),
+    ("x: " + "[" * 500 + "]" * 500 + "\n", 1, f"nested more than {YAML_MAX_DEPTH} levels"),
+    ("x: " + "[" * 100_000 + "]" * 100_000 + "\n", 1, "nested more than"),
+    ("".join("  " * i + f"k{i}:\n" for i in range(300)) + "  " * 300 + "v\n", None,
+     "nested more than"),
+    ("run:\n  name: a\ncache:\n  dir: /one\nstep:\n  factory: m:f\ncache:\n  dir: /two\n", 7,
+     "duplicate key 'cache' (first at line 3)"),
+])
+def test_yaml_that_expands_nests_or_repeats_is_one_line(tmp_path: Path, text: str,
+                                                        line: int | None,
+                                                        fragment: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    message = str(caught.value)
+    assert message.startswith(f"{config}:{line or ''}"), message
+    assert fragment in message and "\n" not in message
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    body = DEMO.read_text().replace("step:\n", f"{laughs(9)}\nstep:\n", 1)
+    config.write_text(body.replace("args:\n", "args:\n    vocab_size: *l9\n", 1))
+    before = snapshot(tmp_path)
+    assert_refused(run_cli("cache", "stats", str(config), f"run.out_dir={tmp_path / 'runs'}",
+                           f"cache.dir={tmp_path / 'cache'}"), str(config), "expands to more than")
+    assert snapshot(tmp_path) == before
+
+
+def refused(tmp_path: Path, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(DEMO, [f"run.out_dir={tmp_path / 'runs'}", *overrides])
+    return str(caught.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(("override", "fragment"), [
+    ("jax.jax_compilation_cache_dir=/elsewhere", "set cache.dir instead"),
+    ("jax.jax_compilation_cache_max_size=10", "set cache.max_size instead"),
+    ("jax.jax_persistent_cache_min_compile_time_secs=0",
+     "set cache.min_compile_time_secs instead"),
+    ("jax.jax_enable_pgle=true", "the pgle section owns this option"),
+    ("jax.jax_compilation_cache_expect_pgle=true", "set pgle.expect instead"),
+    ("pgle.profiling_runs=0", "pgle.profiling_runs: expected a positive integer, got 0"),
+    ("env.JAX_COMPILATION_CACHE_DIR=/elsewhere", "jaxwarm sets this variable itself"),
+    ("cache.dir=.", "would mean the working directory"),
+    ("cache.dir=./", "would mean the working directory"),
+    ("cache.dir=sub/..", "would mean the working directory"),
+    ("cache.dir=file:///tmp/x", "got a file:// URL"),
+    ("cache.dir=http://host/x", "got a http:// URL"),
+])
+def test_every_other_way_to_a_cache_dir_is_one_line(tmp_path: Path, override: str,
+                                                      fragment: str) -> None:
+    message = refused(tmp_path, override)
+    assert message.startswith(f"{DEMO}: ") and fragment in message, message
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_jax_section_cache_dir_is_refused_by_render_and_launch(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    before = snapshot(tmp_path)
+    for command in (("render", "--job", "train"), ("launch", "--local", "--no-prewarm")):
+        result = run_cli(command[0], str(DEMO), *command[1:], f"run.out_dir={tmp_path / 'runs'}",
+                         f"jax.jax_compilation_cache_dir={open_dir / 'cache'}")
+        assert_refused(result, "jax.jax_compilation_cache_dir", "set cache.dir instead")
+    assert snapshot(tmp_path) == before

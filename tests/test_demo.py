@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.common import TINY_STEP
-from jaxwarm.core.rundir import earlier_reports_dir, report_path
+from jaxwarm.core.rundir import checkpoints_dir, earlier_reports_dir, logs_dir, report_path
+from jaxwarm.store.store import LocalStore, open_store
 from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
@@ -84,9 +85,8 @@ def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
     assert "warm start (train r0 p0): " in result.stdout
     assert "init phases (seconds from process start to the first step" in result.stdout
 
-    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())
-    assert step["key"] in manifest["entries"]
-    assert (cache / f"{step['key']}-cache").is_file()
+    assert step["key"] in open_store(str(cache)).manifest()
+    assert LocalStore(cache).entry_path(step["key"]).is_file()
     assert "jit_train_step: HIT on process 0" in result.stdout
 
     table = run_cli("report", str(run_dir))
@@ -153,7 +153,7 @@ def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
     assert first["hits"] == 0 and first["backend_compile_s"] > 0
     assert first["first_step_from"] == "trainer"
     assert first["time_to_first_step_s"] > first["backend_compile_s"]
-    shutil.rmtree(run_dir / "checkpoints")
+    shutil.rmtree(checkpoints_dir(run_dir))
 
     warm = run_cli("launch", *args)
     assert warm.returncode == 0, warm.stderr[-3000:]
@@ -203,4 +203,4 @@ def test_a_missing_entrypoint_function_stops_the_launch_before_any_job(tmp_path:
     assert result.returncode == 2
     assert "entrypoint.function: module 'json'" in result.stderr
     assert "defines no 'no_such_function'" in result.stderr
-    assert not (tmp_path / "runs" / "demo" / "logs").exists()
+    assert not logs_dir(tmp_path / "runs" / "demo").exists()

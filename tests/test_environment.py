@@ -1,8 +1,8 @@
-"""The job environment: one canonical cache path string for every job, however it is named."""
+"""The job environment: one canonical cache path string for every job, however it is named,
+and no other (the shell's cache dir never reaches a job)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -16,7 +16,10 @@ from jaxwarm.core.environment import (
     key_variable,
     merge_environment,
 )
-from jaxwarm.job.start.pinned import config_from_env
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import VERIFY, InitReport
+from jaxwarm.core.rundir import report_path
+from jaxwarm.job.start.pinned import config_from_env, resolve_paths
 from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
 from jaxwarm.submit.prepare import pin_config
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
@@ -164,6 +167,15 @@ def test_a_launch_names_the_shell_s_xla_flags_it_drops(tmp_path: Path) -> None:
     assert named == ["jaxwarm: the shell's XLA_FLAGS is not passed on to the jobs: jaxwarm "
                      "gives every job its own (set them in the config's xla_flags, jax or "
                      "env section)"], result.stderr[-3000:]
-    job_env = json.loads((tmp_path / "runs" / "demo" / "reports" / "verify-r0-p0.json")
-                         .read_text())["environment"]
+    report = read_record(InitReport, report_path(tmp_path / "runs" / "demo", VERIFY, 0, 0))
+    assert report is not None
+    job_env = report.environment
     assert "fast_math" not in job_env["XLA_FLAGS"]
+
+
+@pytest.mark.hostile
+def test_the_shell_cache_dir_never_reaches_a_job(tmp_path: Path) -> None:
+    config = resolve_paths(load_config(DEMO, [f"cache.dir={tmp_path / 'cache'}"]))
+    merged = merge_environment({"JAX_COMPILATION_CACHE_DIR": "/attacker", "HOME": "/h"},
+                               job_environment(config, tmp_path / "c.yaml"))
+    assert merged["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache")

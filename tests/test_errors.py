@@ -1,14 +1,21 @@
-"""The one way jaxwarm ends on bad input: one line, the exit code of its kind."""
+"""The one way jaxwarm ends on bad input: one line, the exit code of its kind; and a closed
+stdout ends the CLI quietly."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
 
 from jaxwarm.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ConfigError, run_main
 from jaxwarm.core.files import LockTimeout
+from jaxwarm.store.store import LocalStore
+from tests.conftest import REPO
+from tests.hostile import key
 
 
 def raising(exc: BaseException):
@@ -54,3 +61,24 @@ def test_the_reference_trainer_ends_through_the_same_formatter(
     err = capsys.readouterr().err
     assert err.startswith("jaxwarm: error: ") and "missing.yaml" in err
     assert len(err.splitlines()) == 1
+
+
+def in_shell(*args: str, stdout_to: str = "") -> subprocess.CompletedProcess[str]:
+    command = f'"$0" -m jaxwarm "$@" {stdout_to}'
+    return subprocess.run(["bash", "-o", "pipefail", "-c", command, sys.executable, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    entry = zlib.compress(bytes(4) + b"x" * 64)
+    for n in range(3000):  # far more output than a pipe holds
+        LocalStore(cache).entry_path(key(n)).write_bytes(entry)
+    for extra in ([], ["--json"]):
+        result = in_shell("cache", "ls", str(cache), *extra, stdout_to="| head -1")
+        assert result.stderr == "", result.stderr[-2000:]
+        assert len(result.stdout.splitlines()) == 1
+        assert result.returncode == 141

@@ -17,7 +17,7 @@ import pytest
 
 from jaxwarm.core.config import load_config
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.rundir import verify_config
+from jaxwarm.core.rundir import log_path, pinned_config, traceback_path, verify_config
 from jaxwarm.step import FactoryError, build_step
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
 
@@ -116,12 +116,36 @@ def test_every_job_ends_with_the_one_line(tmp_path: Path, factory: Path,
     assert line in result.stderr.splitlines()[-1], result.stderr[-3000:]
     job = "train" if command[0] == "launch" else command[0]
     run_dir = tmp_path / "runs" / "demo"
-    log = (run_dir / "logs" / f"{job}-p0.log").read_text()
+    log = log_path(run_dir, job, 0).read_text()
     # A job reads the config pinned for it (a verify's own, beside the run's), and names the
     # user's file it was pinned from, then the copy in brackets.
-    pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
+    pinned = verify_config(run_dir) if job == "verify" else pinned_config(run_dir)
     assert log.splitlines()[-1] == f"jaxwarm: error: {DEMO} [{pinned}]: {line}"
     assert "Traceback" not in log + result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_job_with_a_missing_factory_function_ends_with_one_line(tmp_path: Path) -> None:
+    """The launcher's static check cannot see every module (no source); the job's own
+    error is one line, not a traceback per process."""
+    import subprocess
+    import sys
+
+    from jaxwarm.core.config import load_config
+    from jaxwarm.submit.prepare import pin_config
+    from testing.jaxproc import jax_env
+
+    config, pinned = pin_config(load_config(DEMO, [
+        f"run.out_dir={tmp_path}", f"cache.dir={tmp_path / 'c'}",
+        "step.factory=jaxwarm.step:no_such", "topology.processes_per_node=1",
+        "topology.devices_per_process=1", "mesh.axes={data: 1}"]))
+    result = subprocess.run([sys.executable, "-m", "jaxwarm.job.verify"], capture_output=True,
+                            text=True, timeout=120,
+                            env={**jax_env(1), "JAXWARM_CONFIG": str(pinned)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "step.factory: module 'jaxwarm.step' has no function 'no_such'" in result.stderr
 
 
 @pytest.mark.e2e
@@ -141,13 +165,13 @@ def test_a_factory_that_raises_is_one_line_and_its_traceback_s_log_in_every_comm
                                   (("verify", "--trainer"), "verify", "train")]:
         result = run_cli(*command, *common, f"step.factory={raising}")
         assert result.returncode == 2, result.stderr[-3000:]
-        pinned = verify_config(run_dir) if job == "verify" else run_dir / "config.yaml"
-        traceback_log = run_dir / "logs" / f"{builder}-p0-traceback.log"
+        pinned = verify_config(run_dir) if job == "verify" else pinned_config(run_dir)
+        traceback_log = traceback_path(run_dir, builder, 0)
         line = (f"{DEMO} [{pinned}]: step.factory: {raising} raised UnrecognizedFlagError: "
                 f"Unknown command line flag 'd_model' (its traceback: {traceback_log})")
         assert result.stderr.splitlines()[-1].endswith(
             f": {job} failed: process 0 exited with 2: {line}"), command
-        log = (run_dir / "logs" / f"{job}-p0.log").read_text()
+        log = log_path(run_dir, job, 0).read_text()
         assert log.splitlines()[-1] == f"jaxwarm: error: {line}"
         assert "Traceback" not in result.stderr + log
         told = traceback_log.read_text()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.records import PREWARM
+from jaxwarm.core.rundir import log_path
 from tests.conftest import DEMO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -52,7 +54,7 @@ def test_the_factory_s_own_mesh_is_the_one_used_and_printed(tmp_path: Path) -> N
     own = args(tmp_path, "mesh.axes=null", "step.args={own_mesh: true}")
     prewarmed = run_cli("prewarm", *own)
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    log = (tmp_path / "runs" / "demo" / "logs" / "prewarm-p0.log").read_text()
+    log = log_path(tmp_path / "runs" / "demo", PREWARM, 0).read_text()
     assert "mesh {'stage': 2, 'fsdp': 2}" in log, log[-3000:]
     warm = run_cli("verify", *own)
     assert warm.returncode == 0 and warm.stdout.startswith("WARM  jit_step"), \

@@ -1,7 +1,12 @@
-"""The file primitives: no torn file and no temp litter, and no lock waited on forever."""
+"""The file primitives: no torn file and no temp litter, no lock waited on forever, modes that
+follow the dir (private or the group's), and a failed write (a full disk) that names the file
+and what was being written."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -11,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core import files
-from jaxwarm.core.files import LockTimeout, atomic_write, lock_waits, locked
+from jaxwarm.core.files import LockTimeout, atomic_write, lock_waits, locked, make_dir, modes_in
+from jaxwarm.store.store import LocalStore
+from tests.conftest import run_cli
+from tests.hostile import assert_refused, key
 
 
 def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
@@ -61,7 +69,7 @@ def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path,
     """What the init report says a process waited for jaxwarm's locks. The holder lets go
     from inside this process's retry loop, at its first pause after a failed try (no sleep
     orders the two), so at least that one retry (50 ms) was waited."""
-    lock = tmp_path / "jaxwarm-usage.jsonl.lock"
+    lock = tmp_path / "usage-log.lock"
     holder = hold(lock, "usage log")
     before = lock_waits().get("usage log", 0.0)
     pause, released = time.sleep, threading.Event()
@@ -85,3 +93,53 @@ def test_time_waited_for_a_lock_is_counted_by_kind(tmp_path: Path,
     with locked(tmp_path / "k.lock", "compile of jit_step-abc"):
         pass
     assert "compile" in lock_waits()
+
+
+@pytest.mark.hostile
+def test_modes_follow_the_dir(tmp_path: Path) -> None:
+    private = make_dir(tmp_path / "private")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700 and modes_in(private)[0] == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2770)
+    inner = make_dir(shared / "locks")
+    assert stat.S_IMODE(inner.stat().st_mode) == 0o2770 and modes_in(shared)[0] == 0o660
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 1 MiB tmpfs under tmp_path, filled up by the test; unmounted after."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+                      capture_output=True, check=False).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def fill(directory: Path) -> None:
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_full_disk_names_the_file_being_written(full_disk: Path) -> None:
+    cache = full_disk / "cache"
+    cache.mkdir(mode=0o700)
+    LocalStore(cache).entry_path(key(1)).write_bytes(b"torn")
+    fill(full_disk)
+    result = run_cli("cache", "verify", str(cache))
+    line = assert_refused(result, "No space left on device while writing the note")
+    assert "jaxwarm bug" not in line and str(cache) in line

@@ -1,15 +1,20 @@
 """The launch flow with a fake backend (no process starts), in submitit's style: what the
 flow checks, holds and writes before a backend sees the jobs, what it hands the backend,
-and how outcomes become exit codes. Also the SLURM job script, against a golden file, what
-a SLURM submission hands sbatch (sbatch mocked, as submitit's own tests do), how the SLURM
-watcher reads sacct (fixture output), and which task a failed SLURM job is blamed on (a
-real run's log lines)."""
+and how outcomes become exit codes; and, as a user's `jaxwarm` command meets them (e2e), the
+run dir's checks: nothing is written before every check passed, one launch per run dir,
+`render` writes nothing over a run, a size cap below the run's entries is refused. Also the
+SLURM job script, against a golden file and with hostile config strings in it, what a SLURM
+submission hands sbatch (sbatch mocked, as submitit's own tests do), how the SLURM watcher
+reads sacct (fixture output), and which task a failed SLURM job is blamed on (a real run's
+log lines)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,21 +29,29 @@ from jaxwarm.core.errors import EXIT_ERROR, EXIT_FAILED, ConfigError
 from jaxwarm.core.files import LockTimeout, locked
 from jaxwarm.core.records import PREWARM, TRAIN, VERIFY, LocalJobState
 from jaxwarm.core.rundir import (
+    checkpoints_dir,
     earlier_reports_dir,
     lock_path,
+    log_path,
     metrics_path,
     pinned_config,
     report_path,
+    reports_dir,
+    slurm_dir,
     submitted_jobs_path,
     verify_config,
 )
+from jaxwarm.store.manifest import ManifestEntry
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit import flow
 from jaxwarm.submit.backend import Outcome, Run, recorded_backend
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.local import JobResult, LocalBackend, outcome, record_states
+from jaxwarm.submit.prepare import pin_config
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
-from tests.conftest import DEMO
+from tests.conftest import DEMO, run_cli
+from tests.hostile import assert_refused, key, snapshot
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -132,6 +145,96 @@ def test_a_busy_run_dir_is_refused_before_anything_is_written(tmp_path: Path) ->
     assert not pinned_config(tmp_path / "runs" / "demo").exists()
 
 
+def overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return [f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}", *extra]
+
+
+def pinned_run(tmp_path: Path) -> Path:
+    """A run dir as an earlier launch left it: its pinned config is what requeued jobs read."""
+    config, pinned = pin_config(load_config(DEMO, overrides(tmp_path)))
+    return config.run_dir
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_launch_refused_after_loading_leaves_the_pinned_config_alone(tmp_path: Path) -> None:
+    run_dir = pinned_run(tmp_path)
+    before = snapshot(tmp_path)
+    result = run_cli("launch", str(DEMO), "--local",
+                     *overrides(tmp_path, "entrypoint.command=[no-such-trainer]",
+                                "train.steps=99"))
+    assert_refused(result, "entrypoint.command: 'no-such-trainer' was not found")
+    assert snapshot(tmp_path) == before
+    assert "steps: 99" not in pinned_config(run_dir).read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_render_writes_nothing_over_a_run(tmp_path: Path) -> None:
+    run_dir = pinned_run(tmp_path)
+    pinned = pinned_config(run_dir).read_bytes()
+    before = snapshot(tmp_path)
+    for job in ("prewarm", "train"):
+        result = run_cli("render", str(DEMO), *overrides(tmp_path, "train.steps=99"),
+                         "--job", job)
+        assert_refused(result, "is pinned to other values")
+    assert snapshot(tmp_path) == before
+    # The run's own config renders, and its pinned config stays as it was.
+    same = run_cli("render", str(DEMO), *overrides(tmp_path), "--job", "train")
+    assert same.returncode == 0 and "#SBATCH" in same.stdout, same.stderr
+    assert pinned_config(run_dir).read_bytes() == pinned
+    # A new run dir gets what its script needs to run under plain sbatch, and no more.
+    fresh = tmp_path / "fresh"
+    result = run_cli("render", str(DEMO), f"run.out_dir={fresh}", f"cache.dir={fresh}/c",
+                     "--job", "train")
+    assert result.returncode == 0, result.stderr
+    assert pinned_config(fresh / "demo").is_file()
+    assert slurm_dir(fresh / "demo", TRAIN).is_dir()
+    assert not reports_dir(fresh / "demo").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    run_dir = pinned_run(tmp_path)
+    # This test process plays the first launch: it holds the run dir's lock, as a launch does
+    # for its whole life.
+    with locked(lock_path(run_dir), "run dir"):
+        before = snapshot(tmp_path)
+        for command in ("launch", "prewarm", "verify"):
+            result = run_cli(command, str(DEMO), "--local", *overrides(tmp_path, "train.steps=99"))
+            assert_refused(result, f"run dir {run_dir} is in use by pid {os.getpid()} on ")
+        assert snapshot(tmp_path) == before
+    assert not checkpoints_dir(run_dir).exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_two_configs_of_one_prewarm_cannot_share_a_run_dir(tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(DEMO.read_text())
+    result = run_cli("prewarm", str(DEMO), str(other), "--local", *overrides(tmp_path))
+    assert_refused(result, f"run dir {tmp_path / 'runs' / 'demo'} is also the run dir of")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    LocalStore(cache).record_entries([
+        ManifestEntry(function=f"jit_f{n}", key=key(n), run="demo", config=str(DEMO),
+                      compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
+                      process_count=1, sha256="0" * 64, size=1000) for n in (1, 2)])
+    before = snapshot(tmp_path)
+    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={cache}", "cache.max_size=1500")
+    assert_refused(result, "cache.max_size: 1500 bytes is less than the 2000 bytes of the 2 "
+                           "entries run 'demo' prewarms")
+    assert snapshot(tmp_path) == before
+
+
 def test_bad_input_is_refused_before_the_backend_is_asked(tmp_path: Path) -> None:
     backend = FakeBackend()
     with pytest.raises(ConfigError, match="only 'prewarm' takes several"):
@@ -205,7 +308,7 @@ def test_status_reads_the_latest_launch_s_backend(tmp_path: Path,
     run_dir = tmp_path / "runs" / "demo"
     with pytest.raises(ConfigError, match="no jobs recorded for this run dir"):
         commands.status(run_dir, recorded_backend(run_dir))
-    log = str(run_dir / "logs" / "prewarm-p0.log")
+    log = str(log_path(run_dir, PREWARM, 0))
     run_dir.mkdir(parents=True)
     record_states(run_dir, [
         LocalJobState("prewarm", "COMPLETED", 2, log, 100.0, 112.5, 0),
@@ -262,6 +365,27 @@ def test_the_rendered_train_script_matches_the_golden_file() -> None:
     if os.environ.get("JAXWARM_UPDATE_GOLDEN"):
         golden.write_text(script)
     assert script == golden.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.hostile
+def test_what_is_allowed_arrives_quoted_one_line_per_directive(tmp_path: Path) -> None:
+    odd = tmp_path / "my runs; $(touch pwned) 'x'"
+    result = run_cli("render", str(DEMO), f"run.out_dir={odd}", f"cache.dir={tmp_path / 'c'}",
+                     "env={SAFE: \"$(touch pwned); `id` 'q'\"}", "slurm.extra={gres: gpu:8}",
+                     "--job", "train")
+    assert result.returncode == 0, result.stderr
+    script = result.stdout
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert all(line.startswith("#SBATCH --") for line in directives)
+    output, = [line for line in directives if line.startswith("#SBATCH --output=")]
+    assert output == "#SBATCH --output=" + shlex.quote(
+        f"{odd / 'demo' / 'slurm' / 'train'}/%j_0_log.out")
+    assert "export SAFE=" + shlex.quote("$(touch pwned); `id` 'q'") in script
+    # The setup lines run in a real shell without running anything from the config.
+    setup = [line for line in script.splitlines() if line.startswith("export ")]
+    subprocess.run(["bash", "-c", "\n".join(setup)], cwd=tmp_path, check=True)
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_the_slurm_watcher_reads_state_reason_and_restarts_from_one_sacct_call() -> None:

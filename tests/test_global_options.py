@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import TRAIN, InitReport
+from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import open_store
 from tests.conftest import run_cli
 from tests.test_launch_forms import FORMS, write_config
 
@@ -25,9 +29,8 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
 
     prewarmed = run_cli("prewarm", str(config), "--local")
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
-    entry, = manifest["entries"].values()
-    assert entry["global_options"]["jax_default_prng_impl"] == "threefry2x32"
+    entry, = open_store(str(tmp_path / "cache")).manifest().values()
+    assert entry.global_options["jax_default_prng_impl"] == "threefry2x32"
 
     verified = run_cli("verify", str(config), "--local", "step.args={prng: unsafe_rbg}")
     assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
@@ -36,9 +39,9 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
 
     launched = run_cli("launch", str(config), "--local", "--no-prewarm")
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
-    train = json.loads((tmp_path / "runs" / "forms" / "reports" / "train-r0-p0.json")
-                       .read_text())
-    assert any(NAMED.format(job="run") in w["text"] for w in train["warnings"]), train["warnings"]
+    train = read_record(InitReport, report_path(tmp_path / "runs" / "forms", TRAIN, 0, 0))
+    assert train is not None
+    assert any(NAMED.format(job="run") in w.text for w in train.warnings), train.warnings
     assert NAMED.format(job="run") in launched.stdout
 
     shown = run_cli("report", str(tmp_path / "runs" / "forms"))

@@ -28,6 +28,7 @@ import pytest
 
 from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.versions import cache_path_in_key
+from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, REPO, Leg, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS
 from tests.keycase import VARIATIONS, case_dir
@@ -141,7 +142,8 @@ def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
     assert trained == [True, two_processes(leg)]
     warm = ok(demo["warm"])
     key = warm_key(warm)
-    assert (demo["cache"] / f"{key}-cache").is_file(), "verify's key is not the file JAX wrote"
+    assert LocalStore(demo["cache"]).entry_path(key).is_file(), \
+        "verify's key is not the file JAX wrote"
     assert f"key prediction exact on jax {leg.jax}" in warm
 
 
@@ -168,7 +170,7 @@ def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
     else:
         ok(imported)
     warm = ok(cli(leg, "verify", *demo_args(leg, tmp, moved, *portable)))
-    assert (moved / f"{warm_key(warm)}-cache").is_file()
+    assert LocalStore(moved).entry_path(warm_key(warm)).is_file()
 
 
 def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, demo: dict[str, Any],
@@ -194,4 +196,5 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, demo: dict[s
     assert {fn["name"] for fn in report["functions"] if fn["hit"]} == \
         {"jit_train_step", "jit_init_state"}, out[-3000:]
     for key in report["stage"]["copied"]:
-        assert (stage / f"{key}-cache").read_bytes() == (cache / f"{key}-cache").read_bytes()
+        assert LocalStore(stage).entry_path(key).read_bytes() == \
+            LocalStore(cache).entry_path(key).read_bytes()

@@ -148,7 +148,7 @@ def check_case(variation: str, pre: dict[str, Any], run: dict[str, Any], cache: 
     assert pre["prediction"]["components"] == pre["observed"]["components"]
     assert not pre["observed"]["hit"], "the prewarm's cache was not empty"
     entry = LocalStore(cache).manifest()[pre["observed"]["key"]]
-    assert (cache / f"{entry.key}-cache").is_file()
+    assert LocalStore(cache).entry_path(entry.key).is_file()
 
     verdict, observed = run["verdict"], run["observed"]
     # Judging lowered and predicted only: no cache lookup, no backend compile.

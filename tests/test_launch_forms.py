@@ -21,6 +21,7 @@ import pytest
 from jaxwarm.core.errors import EXIT_ERROR
 from jaxwarm.core.records import SETTING_CHANGED
 from jaxwarm.core.rundir import report_path
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import with_bootstrap
 from tests.conftest import REPO, run_cli
 
@@ -199,7 +200,7 @@ def test_without_enforce_a_miss_names_the_dir_the_process_used(tmp_path: Path) -
     report = json.loads(report_path(tmp_path / "runs" / "forms", "train", 0, 0).read_text())
     assert report["cache_dir"] == str(own)
     step, = [fn for fn in report["functions"] if fn["name"] == "jit_tiny_step"]
-    assert not step["hit"] and (cache / f"{step['key']}-cache").is_file()
+    assert not step["hit"] and LocalStore(cache).entry_path(step["key"]).is_file()
     assert "jit_tiny_step: MISS on process 0" in launched.stdout
     assert f"why: this process looked its entries up in {own}, the trainer's cache dir" \
         in launched.stdout

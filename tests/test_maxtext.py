@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.records import SETTING_CHANGED
-from jaxwarm.core.rundir import report_path
+from jaxwarm.core.records import PREWARM, SETTING_CHANGED, TRAIN
+from jaxwarm.core.rundir import log_path, report_path, report_paths
+from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
 from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
@@ -94,8 +95,8 @@ def run(leg: Leg, tmp: Path, *overrides: str, verify: bool) -> dict[str, Any]:
     done["launch"] = ok(launch)
     done["log"] = launch.stderr
     run_dir = tmp / "runs" / "maxtext"
-    done["reports"] = [json.loads(path.read_text()) for path in
-                       sorted(run_dir.glob("reports/train-r0-p*.json"))]
+    done["reports"] = [json.loads(path.read_text()) for name, path in report_paths(run_dir)
+                       if (name.job, name.restart) == (TRAIN, 0)]
     done["p0"] = json.loads(report_path(run_dir, "train", 0, 0).read_text())
     return done
 
@@ -114,7 +115,7 @@ def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
     for name in ("jit_train_step", "jit__lambda"):
         found = [fn for fn in p0["functions"] if fn["name"] == name]
         assert found and all(fn["hit"] for fn in found), (name, p0["functions"])
-        assert any(f"{fn['key']}-cache" in os.listdir(cache) for fn in found)
+        assert any(LocalStore(cache).entry_path(fn["key"]).is_file() for fn in found)
     assert p0["time_to_first_step_s"] is not None and p0["time_to_first_step_s"] > 0
     assert p0["cache_dir"] == str(cache)
     own = tmp / "maxtext-own-cache"
@@ -134,7 +135,7 @@ def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
         done["verify --trainer"], done["verify --trainer"]
     assert_hit_in_jaxwarm_s_cache(done, tmp_path)
     assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
-        (tmp_path / "runs" / "maxtext" / "logs" / "prewarm-p0.log").read_text()
+        log_path(tmp_path / "runs" / "maxtext", PREWARM, 0).read_text()
 
 
 def test_maxtext_hits_on_two_processes(leg: Leg, tmp_path: Path) -> None:

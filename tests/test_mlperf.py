@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.jsonio import read_record
+from jaxwarm.core.records import PREWARM, TRAIN, InitReport
+from jaxwarm.core.rundir import log_path, mlperf_log_path, report_path
 from jaxwarm.job.record.mlperf import INIT_KEYS, MlperfLog, check_init, init_rules
 from tests.conftest import DEMO, FAST_STEP, run_cli
 
@@ -27,7 +30,7 @@ def test_the_checker_runs_the_packages_own_init_rule_with_the_budget(tmp_path: P
     rules = init_rules(1800, "6.1.0")
     assert [rule["KEY"]["NAME"] for rule in rules if "KEY" in rule] == list(INIT_KEYS)
     assert "s['compile_time_mins'] = 30.0" in rules[0]["BEGIN"]["CODE"]
-    path = tmp_path / "mlperf-r0.log"
+    path = mlperf_log_path(tmp_path, 0)
     now = time.time()  # one clock reading: the 4 s between the lines do not depend on load
     lines = MlperfLog(path, now - 5)
     lines.stop(now - 1)
@@ -40,7 +43,7 @@ def test_the_checker_runs_the_packages_own_init_rule_with_the_budget(tmp_path: P
 
 
 def test_a_second_init_stop_fails_the_check(tmp_path: Path) -> None:
-    path = tmp_path / "mlperf-r0.log"
+    path = mlperf_log_path(tmp_path, 0)
     lines = MlperfLog(path, time.time() - 5)
     lines.stop(time.time() - 2)
     lines.stop(time.time() - 1)
@@ -55,21 +58,22 @@ def test_a_launched_run_logs_init_lines_the_checker_passes(tmp_path: Path) -> No
     result = run_cli("launch", *args, "train.steps=1")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
-    log = (run_dir / "mlperf-r0.log").read_text()
+    log = mlperf_log_path(run_dir, 0).read_text()
     assert mllog_keys(log) == ["init_start", "init_stop", "run_start"]
-    assert mllog_keys((run_dir / "logs" / "train-p0.log").read_text()) == mllog_keys(log)
-    assert TOKEN not in (run_dir / "logs" / "train-p1.log").read_text()  # process 0 only
-    assert TOKEN not in (run_dir / "logs" / "prewarm-p0.log").read_text()
-    check = check_init(run_dir / "mlperf-r0.log", 1800)
+    assert mllog_keys(log_path(run_dir, TRAIN, 0).read_text()) == mllog_keys(log)
+    assert TOKEN not in log_path(run_dir, TRAIN, 1).read_text()  # process 0 only
+    assert TOKEN not in log_path(run_dir, PREWARM, 0).read_text()
+    check = check_init(mlperf_log_path(run_dir, 0), 1800)
     assert check.ok, check.messages
-    report = json.loads((run_dir / "reports" / "train-r0-p0.json").read_text())
-    assert 0 < check.init_s < report["time_to_first_step_s"]  # init ends before the step
+    report = read_record(InitReport, report_path(run_dir, TRAIN, 0, 0))
+    assert report is not None and report.time_to_first_step_s is not None
+    assert 0 < check.init_s < report.time_to_first_step_s  # init ends before the step
     assert "training 6.1.0 init rule, 1800 s budget: pass" in result.stdout
 
     # The same run resumed with an init budget it cannot keep: MLPerf's checker fails it.
     over = run_cli("launch", *args, "--no-prewarm", "train.steps=2", "init_budget_s=0.5")
     assert over.returncode == 0, over.stderr[-3000:]
-    check = check_init(run_dir / "mlperf-r0.log", 0.5)
+    check = check_init(mlperf_log_path(run_dir, 0), 0.5)
     assert not check.ok and check.init_s > 0.5
     assert "0.5 s budget: FAIL: CHECK for 'init_stop' failed" in over.stdout
 

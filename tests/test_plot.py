@@ -14,7 +14,8 @@ import pytest
 
 from jaxwarm.cli.main import main
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.records import ORDER
+from jaxwarm.core.records import ORDER, TRAIN
+from jaxwarm.core.rundir import pinned_config, report_path
 from jaxwarm.report.plot import _pyplot, draw, plot_init, size_px
 from jaxwarm.report.read import PrewarmedFunctions, fold_phases, load_reports
 from jaxwarm.store.store import LocalStore
@@ -50,10 +51,10 @@ def test_the_picture_is_a_png_of_one_bar_per_process_outcome(tmp_path: Path) -> 
 def test_identical_processes_fold_into_one_bar_of_their_median(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(RUN, run)
-    (run / "reports" / "train-r0-p2.json").unlink()  # the fixture's malformed one
-    one = (run / "reports" / "train-r0-p1.json").read_text()
+    report_path(run, TRAIN, 0, 2).unlink()  # the fixture's malformed one
+    one = report_path(run, TRAIN, 0, 1).read_text()
     for process in (2, 3):
-        (run / "reports" / f"train-r0-p{process}.json").write_text(
+        report_path(run, TRAIN, 0, process).write_text(
             one.replace('"process_index": 1', f'"process_index": {process}'))
     bars = fold_phases(load_reports(run), PrewarmedFunctions.of(LocalStore(CACHE).manifest()))
     assert [label for label, _ in bars] == [
@@ -88,7 +89,7 @@ def pinned_run(tmp_path: Path) -> Path:
     """The fixture run with a pinned config that points at the fixture cache."""
     run = tmp_path / "run"
     shutil.copytree(RUN, run)
-    (run / "config.yaml").write_text(
+    pinned_config(run).write_text(
         f"run: {{name: demo}}\ncache: {{dir: {CACHE}}}\nmesh: {{axes: {{data: 1}}}}\n"
         f"step: {{factory: 'jaxwarm.workload.chunkwise:make_train_step'}}\n"
         f"entrypoint: {{command: [jaxwarm-train]}}\n")

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.records import OVER_CAP, UNUSED, USED
+from jaxwarm.core.records import OVER_CAP, TRAIN, UNUSED, USED
+from jaxwarm.core.rundir import report_path
 from jaxwarm.job.prefetch import Prefetch
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
@@ -57,8 +58,7 @@ class Prewarmed:
         runs = tmp / "runs"
         result = cli(self.python, "launch", *demo(runs, cache), "--no-prewarm", *overrides)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        report: dict[str, Any] = json.loads(
-            (runs / "demo" / "reports" / "train-r0-p0.json").read_text())
+        report: dict[str, Any] = json.loads(report_path(runs / "demo", TRAIN, 0, 0).read_text())
         report["headline"], report["log"] = result.stdout, result.stderr
         return report
 
@@ -251,8 +251,8 @@ def test_an_entry_swapped_after_the_checks_is_not_read_by_jax(
             and "JAX's lookup of it is a miss" in line]
     assert len(said) == 1, report["log"][-3000:]
     assert f"not a regular file ({kind}), put there since the job's checks; quarantined " \
-           f"(moved to {cache / 'jaxwarm-quarantine'}" in said[0]
-    [moved] = [path for path in (cache / "jaxwarm-quarantine").iterdir()
+           f"(moved to {LocalStore(cache).quarantine_dir}" in said[0]
+    [moved] = [path for path in LocalStore(cache).quarantine_dir.iterdir()
                if not path.name.endswith(".json")]
     assert moved.is_symlink() if plant == "link" else stat.S_ISFIFO(moved.lstat().st_mode)
     # The report says why the step missed: its entry was quarantined, not pruned or deleted.
@@ -270,7 +270,7 @@ def test_the_cap_bounds_the_inflation_itself(tmp_path: Path) -> None:
     key = f"jit_train_step-{'ab' * 32}"
     squeeze = zlib.compressobj(1)
     block = bytes(1 << 20)
-    with (tmp_path / f"{key}-cache").open("wb") as entry:
+    with LocalStore(tmp_path).entry_path(key).open("wb") as entry:
         for _ in range(1024):
             entry.write(squeeze.compress(block))
         entry.write(squeeze.flush())

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import PrewarmDecision
-from jaxwarm.core.rundir import prewarm_decision_path, report_path
+from jaxwarm.core.records import PREWARM, PrewarmDecision
+from jaxwarm.core.rundir import log_path, prewarm_decision_path, report_path
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
@@ -72,7 +72,7 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     skipped = decision(run_dir)
     assert not skipped.prewarm and "matches the prewarm of run 'first'" in skipped.why
     assert "2 entries are intact" in skipped.why
-    assert not (run_dir / "logs" / "prewarm-p0.log").exists()
+    assert not log_path(run_dir, PREWARM, 0).exists()
     assert not report_path(run_dir, "prewarm", 0, 0).exists()
     assert step_hit(run_dir)
     assert "prewarm job: skipped (--prewarm auto): the fingerprint" in second.stdout

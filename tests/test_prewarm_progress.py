@@ -5,7 +5,6 @@ prewarm run twice, the second on an emptied cache whose manifest is kept, shows 
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from jaxwarm.core.rundir import prewarm_progress_path
 from jaxwarm.core.words import duration
 from jaxwarm.job.progress import last_compile, progress_line
 from jaxwarm.store.manifest import ManifestEntry
-from jaxwarm.store.store import LocalStore
+from jaxwarm.store.store import LocalStore, open_store
 from testing.procs import wait_until
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
@@ -59,8 +58,8 @@ def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> 
     assert "compiling jit_train_step (1 of 2; no earlier compile of it on this layout)" \
         in first.stderr
     cache, run_dir = tmp_path / "cache", tmp_path / "runs" / "demo"
-    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())["entries"]
-    step = next(key for key, e in manifest.items() if e["function"] == "jit_train_step")
+    manifest = open_store(str(cache)).manifest()
+    step = next(key for key, e in manifest.items() if e.function == "jit_train_step")
     for entry_file in cache.glob("*-cache"):  # the manifest stays
         entry_file.unlink()
     eta = (r"compiling jit_train_step \(1 of 2; last time [0-9.]+ s on this layout; "

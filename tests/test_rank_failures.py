@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.rundir import log_path, submitted_jobs_path
 from testing.procs import run_processes, wait_until
 from tests.conftest import DEMO, REPO, ranks_layout, run_cli
 
@@ -44,7 +45,7 @@ def kill_rank_when(launcher: subprocess.Popen[str], run_dir: Path, job: str, ran
                    marker: str) -> tuple[str, float]:
     """SIGKILL the job process of `rank` once its log shows `marker` (it is then lowering
     or compiling); the launch's stderr, and how long the launch took to end after it."""
-    log = run_dir / "logs" / f"{job}-p{rank}.log"
+    log = log_path(run_dir, job, rank)
     try:
         assert wait_until(lambda: log.exists() and marker in log.read_text(errors="replace"),
                           timeout=600), \
@@ -149,7 +150,7 @@ def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_until(lambda: any(job.name == "train" for job in read_jobs(run_dir))
-                          if (run_dir / "slurm" / "jobs.json").exists() else False, timeout=600)
+                          if submitted_jobs_path(run_dir).exists() else False, timeout=600)
         [train] = [job for job in read_jobs(run_dir) if job.name == "train"]
         log = train.log_path(3)
         assert wait_until(lambda: log.exists() and "chunkwise step:" in log.read_text(),

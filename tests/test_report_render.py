@@ -39,7 +39,13 @@ from jaxwarm.core.records import (
     Verdict,
     VerifyResult,
 )
-from jaxwarm.core.rundir import ReportName, first_steps_path, parse_report_path, report_path
+from jaxwarm.core.rundir import (
+    ReportName,
+    first_steps_path,
+    parse_report_path,
+    report_path,
+    verify_result_path,
+)
 from jaxwarm.jaxkey.logs import input_elements
 from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
 from jaxwarm.report.render import (
@@ -212,7 +218,7 @@ def test_verdicts_render_warm_and_cold_with_why(tmp_path: Path) -> None:
     assert lines[0] == f"WARM  jit_train_step  {STEP}  (lowering 0.37 s + key 8.0 ms)"
     assert lines[1].startswith("COLD  jit_init_state  jit_init_state-dddd")
     assert lines[2].startswith("      why: prewarmed as jit_init_state-cccc")
-    broken = tmp_path / "verify" / "p0.json"
+    broken = verify_result_path(tmp_path)
     broken.parent.mkdir()
     broken.write_text('{"process_index": 0, "functions": [{"function": 3}]}')
     with pytest.raises(ConfigError, match=r"p0.json: functions\[0\].function: expected a string"):
@@ -255,7 +261,7 @@ def test_report_json_is_standard_and_round_trips(tmp_path: Path,
     with caplog.at_level(logging.WARNING, "jaxwarm"):
         assert [(r.job, r.process_index) for r in load_reports(run)] == \
             [("prewarm", 0), ("prewarm", 1), ("train", 1)]
-    assert any("train-r0-p0.json" in m and "NaN" in m for m in caplog.messages)
+    assert any(str(path) in m and "NaN" in m for m in caplog.messages)
 
 
 def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
@@ -276,11 +282,12 @@ def test_a_bad_usage_line_is_skipped_with_its_file_and_line(
     assert [type(r).__name__ for r in records] == ["JobUsage", "EntryPruned", "EntryChecked"]
     history = store.histories()[STEP]
     assert (history.sha256, history.written_by) == ("f" * 64, "demo (train r0)")
-    skipped = [m for m in caplog.messages if "jaxwarm-usage.jsonl" in m]
+    usage_log = str(store.usage_file)
+    skipped = [m for m in caplog.messages if usage_log in m]
     for number, why in ((2, "expected a mapping"), (3, "missing required key 'key'"),
                         (4, "event: expected one of checked, quarantined, pruned"),
                         (5, "functions[0].name: expected a string"), (6, "not valid JSON")):
-        assert any(f"jaxwarm-usage.jsonl:{number}: " in m and why in m for m in skipped), \
+        assert any(f"{usage_log}:{number}: " in m and why in m for m in skipped), \
             (number, skipped)
     assert [r.used_by for r in rows] == [["demo (train r0)"]]
     assert (stats.jobs_recorded, stats.lookups, stats.hits) == (1, 1, 0)

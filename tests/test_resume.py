@@ -20,6 +20,7 @@ from typing import IO
 import pytest
 
 from bench.common import TINY_STEP
+from jaxwarm.core.rundir import checkpoints_dir, metrics_path
 from tests.conftest import DEMO, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,7 @@ PAUSED = "train.step_pause_s=0.5"
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    path = run_dir / "metrics.jsonl"
+    path = metrics_path(run_dir)
     if not path.exists():
         return {}
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
@@ -77,7 +78,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     stderr = "".join(lines)
     assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "forwarding SIGTERM" in stderr and "checkpointed at step" in stderr
-    checkpoints = sorted((run_dir / "checkpoints").glob("*/meta/metadata"))
+    checkpoints = sorted(checkpoints_dir(run_dir).glob("*/meta/metadata"))
     assert len(checkpoints) == 1
     stopped_at = json.loads(checkpoints[0].read_text())["step"]
     assert 3 <= stopped_at < STEPS

@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from jaxwarm.core.rundir import log_path
+from jaxwarm.core.records import PREWARM, TRAIN
+from jaxwarm.core.rundir import (
+    checkpoints_dir,
+    local_jobs_path,
+    lock_path,
+    log_path,
+    logs_dir,
+    pinned_config,
+    report_path,
+    reports_dir,
+)
 from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, snapshot
 from tests.users import as_user, two_users
@@ -37,8 +47,9 @@ def test_a_new_run_dir_and_its_dirs_are_made_private_whatever_the_umask(
         assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
 
 
-@pytest.mark.parametrize("planted", ["logs/train-p0.log", "config.yaml", "launch.lock",
-                                     "reports/train-r0-p0.json", "local-jobs.json"])
+@pytest.mark.parametrize("planted", [str(path) for path in (
+    log_path(".", TRAIN, 0), pinned_config("."), lock_path("."), report_path(".", TRAIN, 0, 0),
+    local_jobs_path("."))])
 def test_a_link_planted_in_the_run_dir_is_refused_and_never_followed(
         tmp_path: Path, cli: Cli, planted: str) -> None:
     render = cli("render", str(DEMO), *args(tmp_path), "--job", "train")
@@ -62,20 +73,20 @@ def test_the_trainers_checkpoints_may_be_a_link(tmp_path: Path, cli: Cli) -> Non
     elsewhere = tmp_path / "scratch"
     elsewhere.mkdir()
     (tmp_path / "runs" / "demo").mkdir(parents=True)
-    (tmp_path / "runs" / "demo" / "checkpoints").symlink_to(elsewhere)
+    checkpoints_dir(tmp_path / "runs" / "demo").symlink_to(elsewhere)
     result = cli("render", str(DEMO), *args(tmp_path), "--job", "train")
     assert result.returncode == 0, result.stderr
 
 
 def test_a_run_dir_others_may_write_is_refused(tmp_path: Path, cli: Cli) -> None:
     run_dir = tmp_path / "runs" / "demo"
-    (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "logs").chmod(0o777)
+    logs_dir(run_dir).mkdir(parents=True)
+    logs_dir(run_dir).chmod(0o777)
     before = snapshot(tmp_path)
     result = cli("launch", str(DEMO), "--local", *args(tmp_path))
-    assert_refused(result, f"run.name: {run_dir / 'logs'} is writable by every user (mode "
+    assert_refused(result, f"run.name: {logs_dir(run_dir)} is writable by every user (mode "
                            f"0777); refusing to use this run dir")
-    (run_dir / "logs").chmod(0o700)
+    logs_dir(run_dir).chmod(0o700)
     (tmp_path / "runs").chmod(0o777)  # a parent: whoever may rename in it swaps the run dir
     result = cli("launch", str(DEMO), "--local", *args(tmp_path))
     assert_refused(result, f"run.out_dir: parent {tmp_path / 'runs'} is writable by every "
@@ -123,8 +134,8 @@ def test_a_run_dir_another_user_prepared_is_refused_and_their_links_never_follow
     planted = as_user(attacker, base, "-c",
                       "umask 000 && mkdir -p pub/runs/victim/logs pub/victim && "
                       "chmod 0777 pub/runs/victim/logs pub/victim && "
-                      f"ln -s {precious} pub/runs/victim/logs/prewarm-p0.log && "
-                      f"ln -s {precious} pub/runs/victim/logs/train-p0.log",
+                      f"ln -s {precious} {log_path('pub/runs/victim', PREWARM, 0)} && "
+                      f"ln -s {precious} {log_path('pub/runs/victim', TRAIN, 0)}",
                       command=("/bin/sh",))
     assert planted.returncode == 0, planted.stderr
     uid = pwd.getpwnam(attacker).pw_uid
@@ -133,8 +144,8 @@ def test_a_run_dir_another_user_prepared_is_refused_and_their_links_never_follow
     own.mkdir(parents=True)
     for made in (own.parent, own):
         shutil.chown(made, victim)
-    (own / "reports").mkdir(mode=0o755)
-    shutil.chown(own / "reports", attacker)
+    reports_dir(own).mkdir(mode=0o755)
+    shutil.chown(reports_dir(own), attacker)
     cache = f"cache.dir={home / 'cache'}"
     before = snapshot(base)
     for command in ("launch", "verify", "prewarm"):

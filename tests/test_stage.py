@@ -29,7 +29,7 @@ from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import locked
 from jaxwarm.core.jsonio import dumps
 from jaxwarm.core.records import Staging
-from jaxwarm.core.rundir import report_path, stage_note_path
+from jaxwarm.core.rundir import report_path, stage_note_path, stage_notes_dir
 from jaxwarm.jaxkey.versions import staging_problem
 from jaxwarm.job.stage import node_cache_dir, stage_node, wait_for_note
 from jaxwarm.job.start.place import Place
@@ -425,5 +425,5 @@ def test_under_slurm_one_process_per_node_stages(tmp_path: Path) -> None:
         assert all(s["fallback"] is None for s in stages)
     assert len({stages[0]["dir"] for stages in by_node.values()}) == 2  # a dir per node
     assert PREWARMED <= hits(reports[0])
-    notes = sorted(p.name for p in (tmp_path / "runs" / "demo" / "stage").iterdir())
+    notes = sorted(p.name for p in stage_notes_dir(tmp_path / "runs" / "demo").iterdir())
     assert [name.rsplit("-", 1)[1] for name in notes] == ["n0.json", "n1.json"]

@@ -1,13 +1,11 @@
 """The cache store's pure parts and small questions: prune policy, usage history (through a
-store), dir safety, bundle refusals, size/age parsing, the environment rules for size caps and
-remote dirs, and what a remote store answers."""
+store), size/age parsing, the environment rules for size caps and remote dirs, and what a
+remote store answers. (Dir safety: tests/test_security.py; bundles: tests/test_bundle.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -24,16 +22,13 @@ from jaxwarm.core.records import (
     parse_usage_line,
 )
 from jaxwarm.jaxkey.entryformat import function_of, split_key
-from jaxwarm.jaxkey.versions import JaxVersions
 from jaxwarm.job.start.pinned import resolve_paths
-from jaxwarm.store.bundle import BundleMeta
 from jaxwarm.store.cachestore import RemoteDirError
 from jaxwarm.store.entries import Entry
 from jaxwarm.store.integrity import IntegrityCheck
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.misses import MissContext
 from jaxwarm.store.prune import Pruning
-from jaxwarm.store.security import Trust
 from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import prewarm_job, train_job, verify_job
 from jaxwarm.submit.prepare import pin_config
@@ -80,56 +75,6 @@ def test_usage_history_tracks_last_writer_and_voids_checksums_on_quarantine(
     rewritten = store.histories()
     assert rewritten["jit_f-1"].sha256 == "bb"
     assert rewritten["jit_f-1"].written_by == "r (train r1)"
-
-
-def stat_result(mode: int, uid: int, gid: int) -> os.stat_result:
-    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, gid, 0, 0, 0, 0))
-
-
-def test_dir_safety_rules() -> None:
-    me, shared = Trust(uid=1000, gid=None), Trust(uid=1000, gid=500)
-    assert me.dir_problem(stat_result(0o700, 1000, 1000)) is None
-    assert "writable by every user" in me.dir_problem(stat_result(0o777, 1000, 1000))
-    assert "not by you" in me.dir_problem(stat_result(0o700, 1001, 1001))
-    # Shared on purpose: another member's dir is fine if it belongs to the trusted group...
-    assert shared.dir_problem(stat_result(0o2770, 1001, 500)) is None
-    # ...but not another group's, and never a world-writable one.
-    assert "trusted group" in shared.dir_problem(stat_result(0o2770, 1001, 501))
-    assert shared.dir_problem(stat_result(0o2777, 1001, 500)) is not None
-    assert me.parent_problem(stat_result(0o1777, 0, 0)) is None  # /tmp: sticky
-    assert me.parent_problem(stat_result(0o777, 0, 0)) is not None
-    # A group-writable parent lets every member swap the dir, unless the group is trusted.
-    assert "cache.trusted_group" in me.parent_problem(stat_result(0o2775, 0, 500))
-    assert shared.parent_problem(stat_result(0o2775, 0, 500)) is None
-    # Its owner may always rename in it: root, you, or a member of the trusted group only.
-    assert me.parent_problem(stat_result(0o755, 1000, 1000)) is None
-    assert "owned by uid 1001" in me.parent_problem(stat_result(0o755, 1001, 1001))
-    assert "owned by uid 1001" in me.parent_problem(stat_result(0o1777, 1001, 0))
-    assert shared.parent_problem(stat_result(0o2770, 1001, 500)) is None
-    assert "owned by uid 1001" in shared.parent_problem(stat_result(0o755, 1001, 501))
-
-
-def meta(**changes: object) -> BundleMeta:
-    base = BundleMeta(version=1, jax_version="0.10.2", jaxlib_version="0.10.2",
-                      platform="cpu", cache_dir="/a/cache", xla_caches="none", created=0.0,
-                      entries={})
-    return dataclasses.replace(base, **changes)
-
-
-def test_bundle_refusals_name_what_would_make_every_entry_miss(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # jax < 0.11, where the cache path is in the key (tests/test_jax_guard.py: 0.11 on).
-    monkeypatch.setattr("jaxwarm.store.bundle.required", lambda: JaxVersions("0.10.2", "0.10.2"))
-    config = load_config(DEMO, ["cache.dir=/b/cache", "cache.xla_caches=none"])
-    assert meta().refusal(config) is None
-    assert "jax 0.0.1" in meta(jax_version="0.0.1").refusal(config)
-    assert "platform gpu" in meta(platform="gpu").refusal(config)
-    bound = meta(xla_caches="xla_gpu_per_fusion_autotune_cache_dir")
-    assert "include the cache path /a/cache" in bound.refusal(config)
-    assert bound.refusal(dataclasses.replace(
-        config, cache=dataclasses.replace(config.cache, dir="/a/cache"))) is None
-    with_autotune = load_config(DEMO, ["cache.dir=/b/cache"])
-    assert "puts the cache path in every key" in meta().refusal(with_autotune)
 
 
 def test_a_key_names_its_function() -> None:

@@ -1,28 +1,30 @@
-"""The cache store end to end: concurrent writers, restarts, corruption, unsafe dirs,
-bundles and pruning, with real jaxwarm jobs and real JAX processes on real files."""
+"""The cache store end to end: concurrent writers, restarts, torn and corrupt entries,
+odd files under an entry's name, and pruning (file times from the future, entries in
+flight, a size cap while JAX writes), with real jaxwarm jobs and real JAX processes on real
+files, and the `jaxwarm cache` commands. (Bundles: tests/test_bundle.py; the cache dir's
+safety: tests/test_security.py.)"""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import threading
+import time
 import zlib
 from pathlib import Path
 
 import pytest
 
 from bench.common import LEGACY_CPU_FUSION
-from jaxwarm.core.config import load_config
+from jaxwarm.core.files import locked
 from jaxwarm.core.rundir import report_path
-from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC
+from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC, encode_atime
 from jaxwarm.store.store import LocalStore
-from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
-from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
+from tests.conftest import DEMO, run_cli, with_xla_flag
+from tests.hostile import key, snapshot, write_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -154,115 +156,74 @@ def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
     assert not LocalStore(cache).quarantine_dir.exists()
 
 
-def test_corrupt_entries_are_quarantined_and_the_next_run_rewrites_them(
-        tmp_path: Path) -> None:
+def entries_by_function(cache: Path) -> dict[str, str]:
+    """The key of each entry in `cache`, by function."""
+    return {entry.function: entry.key for entry in LocalStore(cache).scan(histories={})}
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+@pytest.mark.hostile
+def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: Path) -> None:
+    """A torn entry is never WARM: verify, the pre-run check and the prewarm's own warm check
+    all go through `integrity.warm_problem`; a torn or corrupt entry is quarantined (by the
+    prewarm, `cache verify` or the launch's own check) and compiled afresh by the next
+    prewarm or run. (`cache verify` on each kind of damage: tests/test_integrity.py.)"""
     cache = tmp_path / "cache"
-    assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *TINY)))
-    key = step_record(init_report(tmp_path, job="prewarm"))["key"]
+    first = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
+    assert first.returncode == 0, output(first)[-3000:]
     store = LocalStore(cache)
-    entry = store.entry_path(key)
-    intact = entry.read_bytes()
-    # A quarantine leaves the same state whatever the damage (the entry moved aside, its
-    # record void), so one run after the last shows what the next run after any of them
-    # does. Before that the intact bytes go back, unrecorded like a copied-in entry: the
-    # flipped bit, which only the recorded checksum can tell, comes first, while the
-    # prewarm's record holds; a truncated or zeroed entry fails the full read either way.
-    for how in ("flipped", "truncated", "zeroed"):
-        if not entry.exists():
-            entry.write_bytes(intact)
-        corrupt(entry, how)
-        found = run_cli("cache", "verify", str(cache))
-        assert found.returncode == 1, found.stdout + found.stderr
-        assert f"QUARANTINED {key}" in found.stdout
-        assert not entry.exists()
+    key = entries_by_function(cache)["jit_train_step"]
+    step = store.entry_path(key)
+
+    # Recorded entry, torn (a kill -9 mid-write): the quick size check catches it.
+    truncate(step)
+    verdict = run_cli("verify", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
+    assert verdict.returncode == 1, output(verdict)[-3000:]
+    assert "COLD  jit_train_step" in verdict.stdout and "(torn)" in verdict.stdout
+    assert "WARM  jit_init_state" in verdict.stdout
+    again = run_cli("prewarm", *job_args(tmp_path, cache, *TINY), "--no-check-cache")
+    assert again.returncode == 0, output(again)[-3000:]
+    assert "COLD  train_step" in output(again) and "WARM  init_state" in output(again)
+    assert store.entry_problem(key, store.manifest()[key].sha256) is None
+
+    # Unrecorded entry, torn: nobody knows its size, so it gets the full check.
+    store.manifest_file.write_text(json.dumps({"version": 1, "entries": {}}))
+    store.usage_file.unlink()
+    init = entries_by_function(cache)["jit_init_state"]
+    truncate(store.entry_path(init))
+    third = run_cli("prewarm", *job_args(tmp_path, cache, *TINY))
+    assert third.returncode == 0, output(third)[-3000:]
+    assert "COLD  init_state" in output(third) and "does not decompress" in output(third)
+    assert store.entry_problem(init) is None
+    assert store.quarantined() == 2
+
+    # One bit flipped inside the executable, recompressed: only the checksum the third
+    # prewarm recorded (it pinned the intact step entry) can tell. `cache verify`
+    # quarantines it, and the next run recompiles it and records it.
+    corrupt(step, "flipped")
+    found = run_cli("cache", "verify", str(cache))
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert f"QUARANTINED {key}" in found.stdout
+    assert not step.exists()
     assert len(list(store.quarantine_dir.glob(f"{key}-cache.*[0-9]"))) >= 1
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
     assert_ok(run)
     assert not step_record(init_report(tmp_path, "after"))["hit"]
-    assert entry.is_file()  # rewritten, and recorded, by the run that recompiled
+    assert step.is_file()  # rewritten, and recorded, by the run that recompiled
     assert_ok(run_cli("cache", "verify", str(cache)))
     # Without `cache verify`, the launch's own check catches it before the job starts.
-    corrupt(entry, "flipped")
+    corrupt(step, "flipped")
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm"))
     assert_ok(run)
     assert f"quarantined {key}" in run.stderr
     assert "cache check:" in run.stderr
-
-
-def test_unsafe_cache_dirs_are_refused_before_anything_runs(tmp_path: Path, cli: Cli) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    refused = cli("launch", *job_args(tmp_path, shared, *TINY))
-    assert refused.returncode == 2
-    line, = refused.stderr.strip().splitlines()
-    assert "cache.dir" in line and "writable by every user" in line and str(DEMO) in line
-    assert not (tmp_path / "runs" / "demo" / "reports").exists()
-    if os.geteuid() != 0:
-        foreign = Path("/usr")  # owned by root, not by this user
-    else:
-        foreign = tmp_path / "foreign"
-        foreign.mkdir(mode=0o770)
-        os.chown(foreign, 65534, 0)
-    refused = cli("launch", *job_args(tmp_path, foreign, *TINY))
-    assert refused.returncode == 2
-    assert "not by you" in refused.stderr and "cache.trusted_group" in refused.stderr
-    if os.geteuid() == 0:
-        # Shared on purpose: another member owns it, the config trusts its group.
-        trusted = cli("render", *config_args(tmp_path, foreign, *TINY, "cache.trusted_group=root"),
-                      "--job", "train")
-        assert_ok(trusted)
-    new = tmp_path / "new-cache"
-    pin_config(load_config(DEMO, config_args(tmp_path, new, *TINY)[1:]))
-    assert new.stat().st_mode & 0o777 == 0o700
-
-
-def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
-    portable = ("cache.xla_caches=none",)
-    source, target = tmp_path / "source-cache", tmp_path / "target-cache"
-    assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, *portable)))
-    bundle = tmp_path / "demo-bundle.tar"
-    exported = run_cli("cache", "export", *config_args(tmp_path, source, *TINY, *portable),
-                       "-o", str(bundle))
-    assert_ok(exported)
-    assert "exported 2 entries" in exported.stdout and "portable" in exported.stdout
-    elsewhere = config_args(tmp_path, target, *TINY, *portable, run="elsewhere")
-    imported = run_cli("cache", "import", str(bundle), *elsewhere)
-    assert_ok(imported)
-    assert "imported 2 entries" in imported.stdout
-    run = run_cli("launch", *elsewhere, "--local", "--no-prewarm")
-    assert_ok(run)
-    assert step_record(init_report(tmp_path, "elsewhere"))["hit"]
-    # The imported entries keep their checksums: `cache verify` checks them.
-    checked = run_cli("cache", "verify", str(target))
-    assert_ok(checked)
-    assert "against a recorded checksum" in checked.stdout
-
-    # A bundle whose keys hold its cache path cannot hit anywhere else: refused.
-    pinned_to_path = tmp_path / "path-bound.tar"
-    assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, run="bound")))
-    assert_ok(run_cli("cache", "export", *config_args(tmp_path, source, *TINY, run="bound"),
-                      "-o", str(pinned_to_path)))
-    third = config_args(tmp_path, tmp_path / "third", *TINY)
-    refused = run_cli("cache", "import", str(pinned_to_path), *third)
-    assert refused.returncode == 2 and "include the cache path" in refused.stderr
-
-    # Another jax version: refused, and nothing is added.
-    other_version = tmp_path / "other-jax.tar"
-    with tarfile.open(bundle) as tar, tarfile.open(other_version, "w") as out:
-        for member in tar.getmembers():
-            data = tar.extractfile(member).read()
-            if member.name == "jaxwarm-bundle.json":
-                meta = json.loads(data)
-                meta["jax_version"] = "0.0.1"
-                data = json.dumps(meta).encode()
-                member.size = len(data)
-            out.addfile(member, io.BytesIO(data))
-    empty = tmp_path / "empty-cache"
-    refused = run_cli("cache", "import", str(other_version),
-                      *config_args(tmp_path, empty, *TINY, *portable))
-    assert refused.returncode == 2 and "jax 0.0.1" in refused.stderr
-    assert not list(empty.glob(f"*{CACHE_SUFFIX}"))
 
 
 # Writes entries of distinct keys: COUNT of them, or (given a STOP file) until it appears;
@@ -304,7 +265,7 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
                    capture_output=True, timeout=300)
     assert not list(cache.glob(f"*{ATIME_SUFFIX}"))
     # Room for the prewarm's own entries (a smaller cap is a FAILED prewarm: JAX would
-    # evict them, tests/test_hostile_clamp.py); the writer below fills it beyond that.
+    # evict them, tests/test_prewarm.py); the writer below fills it beyond that.
     cap = 512 * 1024
     capped = (*TINY, f"cache.max_size={cap}")
     assert_ok(run_cli("prewarm", *job_args(tmp_path, cache, *capped)))
@@ -328,3 +289,100 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
     assert all(store.entry_problem(e.key) is None for e in store.scan(histories={}))  # not torn
     assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
     assert sum(e.size for e in store.scan(histories={})) <= 64 * 1024
+
+
+def odd_key(c: str) -> str:
+    """A valid JAX key whose digest is the hex digit `c` repeated."""
+    return f"jit_{c}-{c * 64}"
+
+
+def odd_cache(tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    store = LocalStore(cache)
+    store.entry_path(odd_key("a")).mkdir()  # a directory
+    os.mkfifo(store.entry_path(odd_key("b")))  # would block a plain read forever
+    store.entry_path(odd_key("c")).symlink_to("/dev/zero")  # would be read until MemoryError
+    (cache / "x-cache").mkdir()  # not even named like an entry
+    store.entry_path(odd_key("d")).write_bytes(zlib.compress(bytes(4) + b"x" * 100))
+    return cache
+
+
+@pytest.mark.hostile
+def test_odd_files_are_skipped_with_a_line_and_left_alone(tmp_path: Path) -> None:
+    cache = odd_cache(tmp_path)
+    store = LocalStore(cache)
+    before = snapshot(cache)
+    for command in (["ls"], ["stats"], ["verify"], ["prune", "--max-size", "100G"]):
+        result = run_cli("cache", command[0], str(cache), *command[1:], timeout=60)
+        assert result.returncode == 0, (command, result.stderr)
+        assert "Traceback" not in result.stderr
+        for c, kind in (("a", "a directory"), ("b", "a FIFO"), ("c", "a symlink")):
+            entry = store.entry_path(odd_key(c))
+            assert f"skipping {entry}: {kind}, not a JAX entry" in result.stderr
+        assert "x-cache" not in result.stderr + result.stdout
+    verified = run_cli("cache", "verify", str(cache))
+    assert "1 entries checked" in verified.stdout and "1 intact" in verified.stdout
+    after = snapshot(cache)
+    assert {k: v for k, v in after.items() if not k.startswith("jaxwarm-")} == before
+
+
+@pytest.mark.hostile
+def test_cache_verify_touches_only_files_named_like_entries(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    named = "jit_f-" + "b" * 64
+    cache.mkdir(mode=0o700)
+    (cache / "build-cache").write_text("not an entry\n")
+    (cache / "notes-cache").write_bytes(b"garbage")
+    LocalStore(cache).entry_path(named).write_bytes(b"torn")
+    result = run_cli("cache", "verify", str(cache))
+    assert result.returncode == 1, result.stderr
+    assert f"QUARANTINED {named}" in result.stdout
+    assert (cache / "build-cache").read_text() == "not an entry\n"
+    assert (cache / "notes-cache").read_bytes() == b"garbage"
+
+
+HOUR = 3600.0
+
+
+@pytest.mark.hostile
+def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
+        tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    now = time.time()
+    future = write_entry(cache, 1, now + 10 * 365 * 86400)
+    hour_old = write_entry(cache, 2, now - HOUR)
+    fresh = write_entry(cache, 3, now)
+    crafted = write_entry(cache, 4, now - HOUR)  # its atime file claims a use in 2100
+    LocalStore(cache).atime_path(key(4)).write_bytes(encode_atime(int(4.1e18)))
+    result = run_cli("cache", "prune", str(cache), "--older-than", "30m")
+    assert result.returncode == 0, result.stderr
+    assert "pruned 3 entries" in result.stdout
+    assert fresh.exists() and not future.exists() and not hour_old.exists()
+    assert not crafted.exists()
+    future = write_entry(cache, 1, now + 10 * 365 * 86400)
+    result = run_cli("cache", "prune", str(cache), "--max-size", str(fresh.stat().st_size))
+    assert result.returncode == 0, result.stderr
+    assert fresh.exists() and not future.exists()
+
+
+@pytest.mark.hostile
+def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    key = "jit_train_step-" + "c" * 64
+    store = LocalStore(cache)
+    entry = store.entry_path(key)
+    entry.write_bytes(zlib.compress(bytes(4) + b"x" * 4000))
+    lock = store.writer_lock_path(key)
+    lock.parent.mkdir(mode=0o700)
+    # This test process plays the prewarm that wrote the entry and has not recorded it yet.
+    with locked(lock, f"compile of {key}"):
+        for extra in ([], ["--include-pinned"]):
+            pruned = run_cli("cache", "prune", str(cache), "--max-size", "1", *extra)
+            assert pruned.returncode == 0, pruned.stderr
+            assert "pruned 0 entries" in pruned.stdout
+            assert entry.is_file()
+    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    assert "pruned 1 entry" in pruned.stdout and not entry.exists()

@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.files import locked
-from jaxwarm.core.rundir import report_path, step_reached
-from jaxwarm.store.store import LocalStore
+from jaxwarm.core.rundir import (
+    checkpoints_dir,
+    metrics_path,
+    pinned_config,
+    report_path,
+    step_reached,
+)
+from jaxwarm.store.store import LocalStore, open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
 from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
 from tests.slurm_cluster import (
@@ -110,8 +116,8 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
     first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     cache = tmp_path / "cache"
-    manifest = json.loads((cache / "jaxwarm-manifest.json").read_text())["entries"]
-    step = next(key for key, e in manifest.items() if e["function"] == "jit_train_step")
+    manifest = open_store(str(cache)).manifest()
+    step = next(key for key, e in manifest.items() if e.function == "jit_train_step")
     for entry_file in cache.glob("*-cache"):  # an emptied cache; the manifest stays
         entry_file.unlink()
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
@@ -171,9 +177,9 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
     assert "got SIGUSR2, forwarding SIGUSR1" in log and "requeueing job" in log
     assert "resumed from checkpoint at step" in log
     assert "not requeueing job" in log
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in metrics_path(run_dir).read_text().splitlines()]
     assert {m["restart"] for m in metrics} == {0, 1}
-    checkpoints = sorted((run_dir / "checkpoints").glob("*/meta/metadata"))
+    checkpoints = sorted(checkpoints_dir(run_dir).glob("*/meta/metadata"))
     assert checkpoints
 
 
@@ -184,7 +190,7 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
     job_id = train.job_id
-    metrics = run_dir / "metrics.jsonl"
+    metrics = metrics_path(run_dir)
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 600,
              "the first training steps", train)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
@@ -200,7 +206,7 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
 
 def logged_in_attempt(run_dir: Path, restart: int) -> bool:
     """Whether that attempt of the training job has logged a step in the run's metrics."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = metrics_path(run_dir)
     return metrics.exists() and any(json.loads(line).get("restart") == restart
                                     for line in metrics.read_text().splitlines())
 
@@ -374,8 +380,8 @@ def test_several_configs_prewarm_as_one_job_array(tmp_path: Path) -> None:
     first_job = read_jobs(tmp_path / "runs" / "demo")[0].job_id
     second_job = read_jobs(tmp_path / "runs" / "second")[0].job_id
     assert first_job.split("_")[0] == second_job.split("_")[0]  # one array, two tasks
-    manifest = json.loads((tmp_path / "cache" / "jaxwarm-manifest.json").read_text())
-    assert {e["run"] for e in manifest["entries"].values()} == {"demo", "second"}
+    manifest = open_store(str(tmp_path / "cache")).manifest()
+    assert {e.run for e in manifest.values()} == {"demo", "second"}
     for run in ("demo", "second"):
         assert report(tmp_path / "runs" / run, 0, "prewarm")["environment"][
-            "JAXWARM_CONFIG"] == str(tmp_path / "runs" / run / "config.yaml")
+            "JAXWARM_CONFIG"] == str(pinned_config(tmp_path / "runs" / run))

@@ -49,14 +49,19 @@ def lock_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "launch.lock"
 
 
+def logs_dir(run_dir: str | Path) -> Path:
+    """The local runner's job logs (a SLURM job's are in its `slurm_dir`)."""
+    return Path(run_dir) / "logs"
+
+
 def log_path(run_dir: str | Path, job: str, process: int) -> Path:
-    return Path(run_dir) / "logs" / f"{job}-p{process}.log"
+    return logs_dir(run_dir) / f"{job}-p{process}.log"
 
 
 def traceback_path(run_dir: str | Path, job: str, process: int) -> Path:
     """The traceback of what the step factory raised in that process: kept out of the
     process's log, which the terminal shows, and named by the one line it ends with."""
-    return Path(run_dir) / "logs" / f"{job}-p{process}-traceback.log"
+    return logs_dir(run_dir) / f"{job}-p{process}-traceback.log"
 
 
 def reports_dir(run_dir: str | Path) -> Path:
@@ -100,6 +105,14 @@ def parse_report_path(path: str | Path) -> ReportName | None:
     if match is None:
         return None
     return ReportName(match["job"], int(match["restart"]), int(match["process"]))
+
+
+def report_paths(run_dir: str | Path) -> list[tuple[ReportName, Path]]:
+    """Every init report file of the run with whose report it is, in run order (verify,
+    prewarm, train; then attempt, then process); other files there are not reports."""
+    found = [(name, path) for path in reports_dir(run_dir).glob("*.json")
+             if (name := parse_report_path(path)) is not None]
+    return sorted(found, key=lambda item: item[0].order)
 
 
 def verify_result_path(run_dir: str | Path) -> Path:
@@ -148,10 +161,14 @@ def submitted_jobs_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "slurm" / "jobs.json"
 
 
+def stage_notes_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "stage"
+
+
 def stage_note_path(run_dir: str | Path, attempt: str, node: int) -> Path:
     """What one node's staging of the cache did in one attempt of the training job
     (`jaxwarm.job.start.place.Place.attempt`): the node's other processes wait for it."""
-    return Path(run_dir) / "stage" / f"{attempt}-n{node}.json"
+    return stage_notes_dir(run_dir) / f"{attempt}-n{node}.json"
 
 
 def join_note_path(run_dir: str | Path, attempt: str, process: int) -> Path:

@@ -30,9 +30,8 @@ from jaxwarm.core.records import (
 )
 from jaxwarm.core.rundir import (
     first_steps_path,
-    parse_report_path,
     prewarm_decision_path,
-    reports_dir,
+    report_paths,
     verify_result_path,
 )
 from jaxwarm.core.words import ranges
@@ -46,12 +45,8 @@ FIRST_STEPS_CAP = 16 << 20
 def load_reports(run_dir: str | Path) -> list[InitReport]:
     """Every readable report of a run, in job, restart, process order; an unreadable or
     malformed one is skipped with one line naming it (`jsonio.read_record`)."""
-    found = []
-    for path in reports_dir(run_dir).glob("*.json"):
-        name = parse_report_path(path)
-        if name is not None and (report := read_record(InitReport, path)) is not None:
-            found.append((name.order, report))
-    return [report for _, report in sorted(found, key=lambda item: item[0])]
+    return [report for _, path in report_paths(run_dir)
+            if (report := read_record(InitReport, path)) is not None]
 
 
 def load_verdicts(run_dir: str | Path, invocation: str) -> VerifyResult | None:

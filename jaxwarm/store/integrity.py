@@ -13,6 +13,7 @@ as it parsed it), which binds them to its dir.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -251,8 +252,11 @@ def quarantine(store: LocalStore, check: IntegrityCheck, say: bool = True) -> Pa
     said in a line unless the caller says it (`say`)."""
     folder = make_dir(store.quarantine_dir)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    destination = folder / f"{check.key}-cache.{stamp}"
     with store.jax_lock():
+        # A second quarantine of the key within the second (an entry replaced and found bad
+        # again) gets a name of its own: the first one's copy and note stay.
+        destination = next(candidate for n in itertools.count(1) if not (candidate := folder / (
+            f"{check.key}-cache.{stamp}" + (f"-{n}" if n > 1 else ""))).exists())
         if not remove_entry(store, check.key, destination):
             return None
     atomic_write(destination.with_suffix(destination.suffix + ".json"),

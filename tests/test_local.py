@@ -1,10 +1,12 @@
-"""Class 5 of issue 17: every process ends. A trainer that never reaches its first step is
-stopped (train.first_step_timeout_s); one that ignores SIGTERM/SIGINT is killed after the
-grace period; a trainer behind a shell wrapper that does not `exec` is signalled with the
-wrapper, and a SIGKILLed launcher leaves no orphan; a training job that exits 0 before its
-configured steps is reported unfinished with the step reached; a supervisor sleeps while
-its command runs (no wake-ups a second per rank) and still sees it end. No JAX: the trainers here
-are small Python loops behind `sh -c`, run by the real launcher and supervisor."""
+"""The local backend (jaxwarm/submit/local.py) and the supervisor of each of its processes
+(jaxwarm/submit/supervise.py) against hostile trainers (class 5 of issue 17): every process
+ends. A trainer that never reaches its first step is stopped (train.first_step_timeout_s);
+one that ignores SIGTERM/SIGINT is killed after the grace period; a trainer behind a shell
+wrapper that does not `exec` is signalled with the wrapper, and a SIGKILLed launcher leaves
+no orphan; a training job that exits 0 before its configured steps is reported unfinished
+with the step reached; a supervisor sleeps while its command runs (no wake-ups a second per
+rank) and still sees it end. No JAX: the trainers here are small Python loops behind
+`sh -c`, run by the real launcher and supervisor."""
 
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import local_jobs_path, log_path, metrics_path
 from testing.procs import alive, run_processes, wait_until
 from tests.conftest import DEMO, ONE_PROCESS, REPO
 from tests.hostile import snapshot
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
 
 # Writes its pid, then loops; with IGNORE it ignores SIGTERM and SIGINT.
 SLEEPER = r'''
@@ -152,7 +156,7 @@ def test_a_killed_launcher_leaves_no_orphan_that_ignores_sigterm(tmp_path: Path)
 
 def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> None:
     """Exit 0 at step 3 of 10 (what a trainer does after its requeues ran out)."""
-    metrics = tmp_path / "runs" / "demo" / "metrics.jsonl"
+    metrics = metrics_path(tmp_path / "runs" / "demo")
     command = f"echo '{{\"step\": 3, \"loss\": 1.0}}' >> {metrics}"
     before = snapshot(REPO / "configs")
     result = subprocess.run(launch_args(tmp_path, command, "train.steps=10"), cwd=REPO,
@@ -361,11 +365,12 @@ def test_a_full_disk_under_the_run_dir_is_one_line_and_the_output_still_drains(
     assert "Traceback" not in launched.stderr
     [dropped] = [line for line in launched.stderr.splitlines() if "could not be written" in line]
     assert dropped.startswith("jaxwarm: train: ") and dropped.endswith(
-        f"of process 0's output could not be written to its log {small_disk}/demo/logs/"
-        f"train-p0.log: No space left on device; they were echoed here only"), dropped
-    assert f"jaxwarm: {small_disk}/demo/local-jobs.json: No space left on device while " \
+        f"of process 0's output could not be written to its log "
+        f"{log_path(small_disk / 'demo', TRAIN, 0)}: No space left on device; they were echoed "
+        f"here only"), dropped
+    assert f"jaxwarm: {local_jobs_path(small_disk / 'demo')}: No space left on device while " \
            f"writing the local launch's job states (how train ended); rewrote it in place" \
         in launched.stderr, launched.stderr[-3000:]
-    record = json.loads((small_disk / "demo" / "local-jobs.json").read_text())
+    record = json.loads(local_jobs_path(small_disk / "demo").read_text())
     assert [job["state"] for job in record["jobs"]] == ["COMPLETED"], record
     assert snapshot(REPO / "configs") == before

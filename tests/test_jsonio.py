@@ -1,10 +1,12 @@
-"""Class 1 of issue 28: every state file jaxwarm reads back is read within a bound. Each kind
-(init reports, the prewarm decision, the first-step log, MLPerf logs, the submitted jobs, the
-pinned config in a run dir; the manifest, the usage log and atime files in a cache; the
-prewarm records, verify's result and a lock's holder note) planted as a link to /dev/zero, a
-FIFO, a directory, a (sparse) file one byte over its cap, and JSON nested 100,000 deep: the
-command ends, names the file and why in one line, goes on with the rest where the file is
-one among many, and changes nothing.
+"""jaxwarm's state files read back (the readers of jaxwarm.core.jsonio, on the bounded reads
+of jaxwarm.core.files) against hostile files (class 1 of issue 28): every state file jaxwarm
+reads back is read within a bound. Each kind (init reports, the prewarm decision, the
+first-step log, MLPerf logs, the submitted jobs, the pinned config in a run dir; the
+manifest, the usage log and atime files in a cache; the prewarm records, verify's result and
+a lock's holder note) planted as a link to /dev/zero, a FIFO, a directory, a (sparse) file
+one byte over its cap, and JSON nested 100,000 deep: the command ends, names the file and
+why in one line, goes on with the rest where the file is one among many, and changes
+nothing.
 
 The commands run as a user runs them, in a process of their own: a regression that read
 /dev/zero or opened a FIFO would otherwise take the test runner's memory or hang it. The
@@ -30,6 +32,17 @@ import pytest
 
 from jaxwarm.core.files import HOLDER_CAP, RefusedFile, describe_holder
 from jaxwarm.core.jsonio import JSON_MAX_DEPTH, RECORD_CAP
+from jaxwarm.core.records import TRAIN
+from jaxwarm.core.rundir import (
+    first_steps_path,
+    mlperf_log_path,
+    pinned_config,
+    prewarm_decision_path,
+    report_path,
+    reports_dir,
+    submitted_jobs_path,
+    verify_result_path,
+)
 from jaxwarm.core.yamlio import CONFIG_CAP
 from jaxwarm.job.record.mlperf import MLPERF_LOG_CAP
 from jaxwarm.report.read import FIRST_STEPS_CAP, load_verdicts
@@ -40,7 +53,7 @@ from jaxwarm.store.store import LocalStore
 from jaxwarm.store.usage import USAGE_CAP
 from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Far longer than any of these commands takes; reached only by a command that hangs.
@@ -110,9 +123,10 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = jaxwarm("render", str(DEMO), f"run.out_dir={root / 'runs'}",
                      f"cache.dir={root / 'cache'}", "report.mlperf=true", "--job", "train")
     assert result.returncode == 0, result.stderr
-    shutil.copytree(FIXTURES / "run" / "reports", root / "runs" / "demo" / "reports")
-    shutil.copy(FIXTURES / "cache" / "jaxwarm-manifest.json", root / "cache")
-    (root / "cache" / f"{KEY}-cache").write_bytes(zlib.compress(bytes(4) + bytes(200)))
+    shutil.copytree(reports_dir(FIXTURES / "run"), reports_dir(root / "runs" / "demo"))
+    cache = LocalStore(root / "cache")
+    shutil.copy(LocalStore(FIXTURES / "cache").manifest_file, cache.manifest_file)
+    cache.entry_path(KEY).write_bytes(zlib.compress(bytes(4) + bytes(200)))
     return root
 
 
@@ -120,33 +134,34 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tree(template: Path, tmp_path: Path) -> Path:
     """A copy of the template, its pinned config pointing at the copy."""
     shutil.copytree(template, tmp_path / "t", symlinks=True)
-    pinned = tmp_path / "t" / "runs" / "demo" / "config.yaml"
+    pinned = pinned_config(tmp_path / "t" / "runs" / "demo")
     pinned.write_text(pinned.read_text().replace(str(template), str(tmp_path / "t")))
     return tmp_path / "t"
 
 
-# name -> (path under the tree, cap, the text nested 100,000 deep, the command, whether the
-# command goes on (exit 0 with a `skipping` or `reading it as empty` line) or refuses (exit 2
-# with one error line: the file is the one it answers from), what it still shows).
+# name -> (where the file is, of the run dir and the cache, cap, the text nested 100,000
+# deep, the command, whether the command goes on (exit 0 with a `skipping` or `reading it as
+# empty` line) or refuses (exit 2 with one error line: the file is the one it answers from),
+# what it still shows).
 RUN, CACHE = "{run}", "{cache}"
-KINDS: dict[str, tuple[str, int, str, list[str], bool, str]] = {
-    "init report": (f"{RUN}/reports/train-r0-p0.json", RECORD_CAP, DEEP,
+KINDS: dict[str, tuple[Callable[[Path, LocalStore], Path], int, str, list[str], bool, str]] = {
+    "init report": (lambda run, _: report_path(run, TRAIN, 0, 0), RECORD_CAP, DEEP,
                     ["report", RUN], True, "prewarm  0        0-1"),
-    "prewarm decision": (f"{RUN}/prewarm-decision.json", RECORD_CAP, DEEP,
+    "prewarm decision": (lambda run, _: prewarm_decision_path(run), RECORD_CAP, DEEP,
                          ["report", RUN], True, "train    0        1"),
-    "first-step log": (f"{RUN}/first-steps.jsonl", FIRST_STEPS_CAP, DEEP,
+    "first-step log": (lambda run, _: first_steps_path(run), FIRST_STEPS_CAP, DEEP,
                        ["report", RUN], True, "train    0        1"),
-    "MLPerf log": (f"{RUN}/mlperf-r0.log", MLPERF_LOG_CAP, ":::MLLOG " + DEEP,
+    "MLPerf log": (lambda run, _: mlperf_log_path(run, 0), MLPERF_LOG_CAP, ":::MLLOG " + DEEP,
                    ["report", RUN], True, "train    0        1"),
-    "manifest, in a report": (f"{CACHE}/jaxwarm-manifest.json", MANIFEST_CAP, DEEP,
+    "manifest, in a report": (lambda _, cache: cache.manifest_file, MANIFEST_CAP, DEEP,
                               ["report", RUN], True, "train    0        1"),
-    "manifest, in cache ls": (f"{CACHE}/jaxwarm-manifest.json", MANIFEST_CAP, DEEP,
+    "manifest, in cache ls": (lambda _, cache: cache.manifest_file, MANIFEST_CAP, DEEP,
                               ["cache", "ls", CACHE], False, ""),
-    "usage log": (f"{CACHE}/jaxwarm-usage.jsonl", USAGE_CAP, DEEP,
+    "usage log": (lambda _, cache: cache.usage_file, USAGE_CAP, DEEP,
                   ["cache", "ls", CACHE], True, "jit_f1"),
-    "submitted jobs": (f"{RUN}/slurm/jobs.json", RECORD_CAP, DEEP,
+    "submitted jobs": (lambda run, _: submitted_jobs_path(run), RECORD_CAP, DEEP,
                        ["status", RUN], False, ""),
-    "pinned config": (f"{RUN}/config.yaml", CONFIG_CAP, "x: " + DEEP,
+    "pinned config": (lambda run, _: pinned_config(run), CONFIG_CAP, "x: " + DEEP,
                       ["report", RUN], False, ""),
 }
 
@@ -160,7 +175,7 @@ def absolute(tree: Path, text: str) -> str:
 def test_a_hostile_state_file_is_named_in_one_line_and_the_command_goes_on(
         tree: Path, kind: str, attack: str) -> None:
     where, cap, deep, argv, goes_on, still_shown = KINDS[kind]
-    path = Path(absolute(tree, where))
+    path = where(tree / "runs" / "demo", LocalStore(tree / "cache"))
     why = plant(path, attack, cap, deep)
     before = state(tree)
     result = jaxwarm(*(absolute(tree, arg) for arg in argv))
@@ -181,7 +196,7 @@ def test_a_hostile_state_file_is_named_in_one_line_and_the_command_goes_on(
 
 @pytest.mark.parametrize("attack", ("/dev/zero link", "FIFO", "directory", "oversize"))
 def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str) -> None:
-    path = tree / "cache" / f"{KEY}-atime"
+    path = LocalStore(tree / "cache").atime_path(KEY)
     why = plant(path, attack, ATIME_CAP, "")
     before = state(tree)
     result = jaxwarm("cache", "ls", str(tree / "cache"))
@@ -197,7 +212,7 @@ def test_a_planted_usage_log_is_never_appended_to_and_prune_goes_on(
         tree: Path, attack: str) -> None:
     """Prune records what it removed in the usage log: planted as a link to a file of
     yours, that file is not written through; as a FIFO or a dir, nothing waits on it."""
-    path = tree / "cache" / "jaxwarm-usage.jsonl"
+    path = LocalStore(tree / "cache").usage_file
     yours = tree / "yours.txt"
     yours.write_text("precious\n")
     if attack == "link to your file":
@@ -211,7 +226,7 @@ def test_a_planted_usage_log_is_never_appended_to_and_prune_goes_on(
     named = [line for line in result.stderr.splitlines() if str(path) in line]
     assert named == [f"jaxwarm: skipping {path}: {why}"], result.stderr
     assert yours.read_text() == "precious\n"
-    assert not (tree / "cache" / f"{KEY}-cache").exists()
+    assert not LocalStore(tree / "cache").entry_path(KEY).exists()
 
 
 def guarded(call: Callable[[], Any]) -> Any:
@@ -249,7 +264,7 @@ def test_hostile_prewarm_records_make_the_launch_prewarm_with_one_line(
 
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_a_hostile_verify_result_is_one_line_naming_it(tree: Path, attack: str) -> None:
-    path = tree / "runs" / "demo" / "verify" / "p0.json"
+    path = verify_result_path(tree / "runs" / "demo")
     why = plant(path, attack, RECORD_CAP, DEEP)
     with pytest.raises((RefusedFile, ValueError)) as raised:
         guarded(lambda: load_verdicts(tree / "runs" / "demo", ""))
@@ -258,7 +273,7 @@ def test_a_hostile_verify_result_is_one_line_naming_it(tree: Path, attack: str) 
 
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_a_hostile_holder_note_names_nobody(tree: Path, attack: str) -> None:
-    lock = tree / "cache" / "jaxwarm-manifest.json.lock"
+    lock = Path(f"{LocalStore(tree / 'cache').manifest_file}.lock")
     plant(lock.with_name(lock.name + ".holder"), attack, HOLDER_CAP, DEEP)
     assert "did not record itself" in guarded(lambda: describe_holder(lock))
 
@@ -272,9 +287,10 @@ def test_a_launch_goes_on_past_hostile_state_files_in_its_cache(tmp_path: Path) 
     cache.mkdir(mode=0o700)
     yours = tmp_path / "yours.txt"
     yours.write_text("precious\n")
-    os.mkfifo(cache / "jaxwarm-prewarms.json")
-    (cache / "jaxwarm-manifest.json").symlink_to("/dev/zero")
-    (cache / "jaxwarm-usage.jsonl").symlink_to(yours)
+    store = LocalStore(cache)
+    os.mkfifo(store.prewarms_file)
+    store.manifest_file.symlink_to("/dev/zero")
+    store.usage_file.symlink_to(yours)
     result = subprocess.run(
         [sys.executable, "-m", "jaxwarm", "launch", str(DEMO), "--local",
          f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", "train.steps=1",
@@ -283,10 +299,10 @@ def test_a_launch_goes_on_past_hostile_state_files_in_its_cache(tmp_path: Path) 
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert "Traceback" not in out and "jaxwarm bug" not in out, out[-3000:]
-    for line in (f"{cache / 'jaxwarm-prewarms.json'}: not a regular file (a FIFO); every "
+    for line in (f"{store.prewarms_file}: not a regular file (a FIFO); every "
                  f"launch runs its prewarm",
-                 f"skipping {cache / 'jaxwarm-usage.jsonl'}: not a regular file (a symlink)",
-                 f"{cache / 'jaxwarm-manifest.json'}: not a regular file (a symlink); reading "
+                 f"skipping {store.usage_file}: not a regular file (a symlink)",
+                 f"{store.manifest_file}: not a regular file (a symlink); reading "
                  f"it as empty"):
         # Once from the launcher (each job's processes say it once more in their logs).
         assert result.stderr.count(f"jaxwarm: {line}\n") == 1, (line, result.stderr[-3000:])

@@ -1,27 +1,35 @@
-"""Class 4 of issue 17: integrity that repairs itself. A same-size bit flip in an entry
+"""Entry integrity (jaxwarm/store/integrity.py): the quick and the full check, quarantine, and
+integrity that repairs itself (class 4 of issue 17). A same-size bit flip in an entry
 another run recorded passes the quick (size) check; once a training job misses it, the miss
 is in the usage log, `verify` says "WARM by size, but a previous run missed it", and the
 next prewarm's warm check reads it in full, so it is quarantined and compiled again. The
 check itself writes nothing (verify's); recording a full check is the prewarm's. An entry
-whose writer lock is held is being written: left alone by every check. The manifest
-records every run that uses a key, old manifests included. Real files, no JAX."""
+whose writer lock is held is being written: left alone by every check. `cache verify`
+quarantines an entry damaged the ways disks and interrupted writes do, and reads a zlib bomb
+in blocks (class 1 of issue 17). Real files; no JAX."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import time
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
-from jaxwarm.core.config import load_config
+import pytest
+
 from jaxwarm.core.files import locked
-from jaxwarm.core.records import EntryMissed, FunctionRecord, InitReport
+from jaxwarm.core.records import EntryMissed
+from jaxwarm.store.entries import MIN_PAYLOAD_CAP
 from jaxwarm.store.integrity import BEING_WRITTEN, IntegrityCheck
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
-from tests.conftest import DEMO
+from tests.conftest import REPO, Cli
+from tests.hostile import entry_bytes, key, zlib_bomb
+from tests.test_store_commands import corrupt
+
+pytestmark = pytest.mark.hostile
+
 
 KEY = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
 
@@ -83,25 +91,6 @@ def test_an_intact_missed_entry_is_checked_once_and_trusted_again(tmp_path: Path
     assert store.entry_path(KEY).exists()
 
 
-def test_a_training_miss_on_a_present_entry_is_recorded(tmp_path: Path) -> None:
-    from jaxwarm.job.start.books import note_missed_entries
-    store = a_cache(tmp_path)
-    cache = store.path
-    recorded(store)
-    old = time.time() - 60
-    os.utime(store.entry_path(KEY), (old, old))
-    config = load_config(DEMO, [f"cache.dir={cache}", f"run.out_dir={tmp_path}"])
-    report = InitReport(job="train", restart_count=0, process_index=0, process_count=1,
-                        cache_dir=str(cache), init_budget_s=1.0,
-                        functions=[FunctionRecord(name="jit_train_step", key=KEY, hit=False),
-                                   FunctionRecord(name="jit_init", key=KEY.replace(
-                                       "train_step", "init"), hit=False)])
-    note_missed_entries(config, store, store, report, since=time.time())
-    assert store.warm_check(KEY).missed
-    lines = store.usage_file.read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["event"] == "missed"  # only the present one
-
-
 def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     """Prewarm A holds KEY's writer lock while JAX writes it (0 bytes so far)."""
     store = a_cache(tmp_path)
@@ -114,22 +103,57 @@ def test_an_entry_being_written_is_never_quarantined(tmp_path: Path) -> None:
     assert store.warm_check(KEY).problem == "empty file (a torn or interrupted write)"
 
 
-def test_the_manifest_records_every_run_that_uses_a_key(tmp_path: Path) -> None:
+def test_cache_verify_quarantines_an_entry_flipped_truncated_or_zeroed(tmp_path: Path,
+                                                                      cli: Cli) -> None:
+    """The flipped bit (recompressed: the stream stays valid) comes first, while the
+    entry's record holds its checksum, which alone can tell; a truncated or zeroed entry,
+    back unrecorded after a quarantine, fails the full read. (A real prewarm's entries go
+    through the same in tests/test_store_commands.py's torn-entry story.)"""
     store = a_cache(tmp_path)
-    first = recorded(store, run="a")
-    store.uses_entries([first], "b")
-    manifest = store.manifest()
-    assert [e.key for e in manifest.for_run("b")] == [KEY]
-    assert manifest[KEY].run == "a" and manifest[KEY].runs == ["b"]
-    store.record_entries([first])  # a rewrite by run a (after a quarantine) keeps b
-    assert store.manifest()[KEY].runs == ["b"]
+    recorded(store)
+    entry = store.entry_path(KEY)
+    intact = entry.read_bytes()
+    for how in ("flipped", "truncated", "zeroed"):
+        if not entry.exists():
+            entry.write_bytes(intact)
+        corrupt(entry, how)
+        found = cli("cache", "verify", str(store.path))
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert f"QUARANTINED {KEY}" in found.stdout
+        assert not entry.exists()
+    # Three quarantines of one key, within a second or not: each kept under its own name.
+    assert store.quarantined() == 3
 
 
-def test_a_manifest_without_runs_still_reads(tmp_path: Path) -> None:
-    store = a_cache(tmp_path)
-    recorded(store, run="a")
-    data = json.loads(store.manifest_file.read_text())
-    del data["entries"][KEY]["runs"]  # as an older jaxwarm wrote it
-    store.manifest_file.write_text(json.dumps(data))
-    manifest = store.manifest()
-    assert manifest[KEY].runs == [] and manifest.for_run("a")[0].key == KEY
+def test_the_digest_of_a_streamed_check_is_the_file_digest(tmp_path: Path) -> None:
+    """The full check hashes what it decompresses: a recorded checksum still catches a flip."""
+    store = LocalStore(tmp_path)
+    store.entry_path(key(1)).write_bytes(entry_bytes(1))
+    good_sum = hashlib.sha256(entry_bytes(1)).hexdigest()
+    assert store.entry_problem(key(1), good_sum) is None
+    assert "sha256 differs" in store.entry_problem(key(1), "0" * 64)
+
+
+def verify_under_ulimit(cache: Path, kib: int) -> subprocess.CompletedProcess[str]:
+    command = f'ulimit -v {kib} && exec "$0" -m jaxwarm cache verify "$1"'
+    return subprocess.run(["bash", "-c", command, sys.executable, str(cache)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.e2e
+def test_verify_quarantines_a_zlib_bomb_and_reads_entries_in_blocks(tmp_path: Path) -> None:
+    """Under a 1 GB address-space limit (less than the 4 GiB + 1 one read used to ask for,
+    and than the bomb's payload), verify still checks every entry and names the bomb."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    store = LocalStore(cache)
+    store.entry_path(key(1)).write_bytes(entry_bytes(1))
+    store.entry_path(key(7)).write_bytes(zlib_bomb())
+    result = verify_under_ulimit(cache, 1_000_000)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "jaxwarm bug" not in result.stderr
+    assert f"QUARANTINED {key(7)}: decompresses to more than {MIN_PAYLOAD_CAP} bytes" \
+        in result.stdout
+    assert "2 entries checked" in result.stdout and "1 intact, 1 quarantined" in result.stdout
+    assert store.entry_path(key(1)).read_bytes() == entry_bytes(1)
+    assert not store.entry_path(key(7)).exists()

@@ -20,8 +20,8 @@ PROFILE = b"a profile, as PGLE's profiler gives one on a GPU"
 
 
 def main() -> int:
-    from jaxwarm.job.judge import lower_targets
     from jaxwarm.job.start.pinned import config_from_env
+    from jaxwarm.job.warm import lower_targets
     from jaxwarm.step import build_step
 
     config = config_from_env()

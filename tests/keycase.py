@@ -267,8 +267,7 @@ def _run(side: Side, cache_dir: str, recorder) -> dict:
     import jax
     import numpy as np
 
-    from jaxwarm.job.judge import predicted
-    from jaxwarm.job.warm import judge
+    from jaxwarm.job.warm import judge, predicted
     from jaxwarm.store.store import open_store
 
     report = recorder.report

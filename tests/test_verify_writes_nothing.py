@@ -1,5 +1,5 @@
 """`jaxwarm verify` writes nothing into the cache dir: the warm decision it shares with the
-prewarm (`jaxwarm.job.judge`) only reads, and what its checks find is repaired by the next
+prewarm (`jaxwarm.job.warm`) only reads, and what its checks find is repaired by the next
 prewarm. Checked on a warm cache holding the two entries that call for a repair: an intact
 entry no manifest or usage line records (verify reads it in full) and an entry a job missed
 (verify says so), with two processes (process 0's decision reaches the other without a

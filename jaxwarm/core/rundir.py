@@ -116,7 +116,7 @@ def report_paths(run_dir: str | Path) -> list[tuple[ReportName, Path]]:
 
 
 def verify_result_path(run_dir: str | Path) -> Path:
-    """The verify job's verdicts: process 0 decides for the run (`jaxwarm.job.judge`)."""
+    """The verify job's verdicts: process 0 decides for the run (`jaxwarm.job.warm`)."""
     return Path(run_dir) / VERIFY / "p0.json"
 
 

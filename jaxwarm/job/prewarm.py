@@ -2,7 +2,7 @@
 
 It builds the step through the same factory, mesh and environment as the trainer, from
 abstract inputs only (no parameters materialized, no data read, no step executed), and
-verifies before it compiles, by the same decision as `jaxwarm verify` (`jaxwarm.job.judge`,
+verifies before it compiles, by the same decision as `jaxwarm verify` (`jaxwarm.job.warm`,
 process 0's, broadcast): a function whose predicted key is already in the cache is WARM and
 left alone, so a warm relaunch costs imports and lowering, not a compile, on every backend.
 The others are `lower().compile()`d so that process 0 writes the cache entries. Unlike
@@ -30,14 +30,13 @@ from jaxwarm.core.config import Config
 from jaxwarm.core.errors import EXIT_FAILED, EXIT_OK
 from jaxwarm.core.records import PREWARM, FunctionRecord, InputSignature, PrewarmProgress
 from jaxwarm.jaxkey.entryformat import function_of
-from jaxwarm.job.judge import decide, lower_targets
 from jaxwarm.job.progress import compiling, finished, last_compile, progress_file
 from jaxwarm.job.record.reads import FactoryReads
 from jaxwarm.job.record.recorder import InitRecorder, module_name
 from jaxwarm.job.start.gpu import mocked_topology
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env
-from jaxwarm.job.warm import LoweredTarget, WarmDecision
+from jaxwarm.job.warm import LoweredTarget, WarmDecision, decide, lower_targets
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import open_store

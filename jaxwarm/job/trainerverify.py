@@ -44,6 +44,7 @@ from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.start.jaximport import arm_verify_limit, on_verify_limit
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.warm import (
+    Asker,
     LoweredTarget,
     WarmDecision,
     fingerprint_keys,
@@ -97,12 +98,11 @@ class TrainerWatch:
         looked_in = jax.config.jax_compilation_cache_dir or self.config.cache.dir
         decision = judge(
             LoweredTarget(found.module_name, None, 0.0, found, global_options=global_options()),
-            open_store(str(looked_in)), run=self.config.run.name,
-            max_size=self.config.cache.max_size,
+            open_store(str(looked_in)),
+            Asker(self.config.run.name, VERIFY, jax.process_count(),
+                  self.config.cache.max_size, launch_fingerprint(self.config.run_dir, VERIFY)),
             signature=self.recorder.signature(found.module_name),
-            process_count=jax.process_count(), job=VERIFY,
-            inputs=self.recorder.inputs(found.module_name),
-            fingerprint=launch_fingerprint(self.config.run_dir, VERIFY))
+            inputs=self.recorder.inputs(found.module_name))
         if jax.process_index() == 0:
             say(decision)
         with self.lock:

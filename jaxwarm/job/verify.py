@@ -1,7 +1,7 @@
 """`python -m jaxwarm.job.verify`: will the run hit the cache? Answered without compiling.
 
 Each process of the run's layout builds the step through the same factory and lowers it;
-the answer is the warm decision the prewarm job makes too (`jaxwarm.job.judge`): JAX's own key
+the answer is the warm decision the prewarm job makes too (`jaxwarm.job.warm`): JAX's own key
 for each target (`jaxwarm.jaxkey.predict`), WARM when the cache dir holds an intact entry
 under it, a COLD one explained by the key components that differ from a prewarm of the same
 target. Process 0 decides for the run and writes it (`verify/p0.json`). Verify writes
@@ -18,10 +18,10 @@ import sys
 
 from jaxwarm.core.records import VERIFY
 from jaxwarm.core.rundir import verify_result_path
-from jaxwarm.job.judge import decide, lower_targets
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.job.trainerverify import write_result
+from jaxwarm.job.warm import decide, lower_targets
 
 log = logging.getLogger(__name__)
 

@@ -1,19 +1,35 @@
-"""One target's warm decision from its entry (`judge`), shared by every job that answers
-WARM or COLD: the prewarm and verify jobs (`jaxwarm.job.judge`, which lowers the targets through
-the step factory and broadcasts process 0's answer) and `verify --trainer`, which judges
-the keys the trainer's own lowering gives (`jaxwarm.job.trainerverify`). It writes
-nothing: a WARM decision costs a check of its entry, a COLD one reads the manifest to
-explain the miss against the same target.
+"""The one warm decision: will each compile target hit? Every job that answers WARM or COLD
+asks it here: the prewarm and verify jobs, which lower the run's targets through the step
+factory (`lower_targets`) and decide for the run (`decide`), and `verify --trainer`, which
+judges the keys the trainer's own lowering gives (`jaxwarm.job.trainerverify`); a target's
+answer from its entry is `judge`.
+
+Both jobs lower the run's targets the same way (`lower_targets`: the risky-input warnings,
+`lower()` inside the target's context, JAX's own key for it) and decide the same way
+(`decide`): process 0 checks each target's entry (`CacheStore.warm_check`), explains a COLD
+one against the manifest (`CacheStore.explain_miss`), and broadcasts WARM or COLD to every
+process (`jaxwarm.jaxkey.agree`: through jax.distributed's key-value store, since a
+collective would itself be compiled into the cache). Process 0 decides because its verdict
+is the run's: on GPU every rank shares its key, and ranks that compile while others load can
+wait on each other forever; on CPU only process 0 can hit.
+
+The decision writes nothing: `jaxwarm verify` leaves the cache dir as it found it. What the
+checks call for (quarantining a torn entry, pinning an intact entry nobody recorded,
+recording a full check and which run uses an entry) is the prewarm job's alone: it hands
+`decide` its `repair`, which process 0 runs on the same checks before the broadcast.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxwarm.core.config import Config
 from jaxwarm.core.inputdiff import input_differences
 from jaxwarm.core.jsonio import read_record
 from jaxwarm.core.records import (
@@ -25,10 +41,18 @@ from jaxwarm.core.records import (
     Verdict,
 )
 from jaxwarm.core.rundir import prewarm_decision_path, verify_fingerprint_path
-from jaxwarm.jaxkey.predict import KeyPrediction
+from jaxwarm.jaxkey.agree import broadcast_flags
+from jaxwarm.jaxkey.globalopts import snapshot as global_options
+from jaxwarm.jaxkey.predict import KeyNotComputed, KeyPrediction, predict_key
+from jaxwarm.jaxkey.versions import UnsupportedJaxVersion
+from jaxwarm.job.record.recorder import InitRecorder
+from jaxwarm.job.start.gpu import mocked_topology
+from jaxwarm.specs import warn_risky_inputs
+from jaxwarm.step import CompileTarget, lower_target
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import MISSED_NOTE, WarmCheck
 from jaxwarm.store.misses import MissContext, changed_variables
+from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +115,22 @@ def fingerprint_keys(store: CacheStore, found: Fingerprint | None) -> frozenset[
     return frozenset(record.keys) if record is not None else frozenset()
 
 
-def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, max_size: int = -1,
-          signature: str | None = None, process_count: int | None = None,
-          job: str = "verify", recheck_missed: bool = False,
-          inputs: InputSignature | None = None,
-          fingerprint: Fingerprint | None = None) -> WarmDecision:
+@dataclass(frozen=True)
+class Asker:
+    """Who asks for a decision: a COLD answer is explained as that job's miss would be (its
+    run's prewarm first, its processes, its cache's size cap, the launch's fingerprint;
+    None: not known)."""
+
+    run: str | None = None
+    job: str = "verify"
+    process_count: int | None = None
+    max_size: int = -1
+    fingerprint: Fingerprint | None = None
+
+
+def judge(target: LoweredTarget, store: CacheStore, asker: Asker = Asker(), *,
+          signature: str | None = None, recheck_missed: bool = False,
+          inputs: InputSignature | None = None) -> WarmDecision:
     """One target's decision from its entry, with nothing written. Only a COLD one reads the
     whole manifest, to explain the miss against the same target and, with its `inputs`,
     says which differ from those of the prewarm of it a training job would compare with
@@ -112,7 +147,7 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             if check.missed else []
     elif check.problem == "missing":
         manifest = store.manifest(strict=False)
-        prewarm = manifest.compared(run, fingerprint_keys(store, fingerprint)).get(
+        prewarm = manifest.compared(asker.run, fingerprint_keys(store, asker.fingerprint)).get(
             prediction.module_name)
         missed = FunctionRecord(
             prediction.module_name, prediction.key, hit=False,
@@ -121,10 +156,10 @@ def judge(target: LoweredTarget, store: CacheStore, *, run: str | None = None, m
             input_changes=None if prewarm is None or prewarm.inputs is None or inputs is None
             else input_differences(prewarm.inputs, inputs))
         why = store.explain_miss(missed, manifest, MissContext(
-            run=run, job=job, process_count=process_count, max_size=max_size,
-            xla_flags=os.environ.get("XLA_FLAGS", ""), prewarm=prewarm,
-            changed=None if prewarm is None else
-            changed_variables(store.prewarms(), prewarm.key, fingerprint)))
+            run=asker.run, job=asker.job, process_count=asker.process_count,
+            max_size=asker.max_size, xla_flags=os.environ.get("XLA_FLAGS", ""),
+            prewarm=prewarm, changed=None if prewarm is None else
+            changed_variables(store.prewarms(), prewarm.key, asker.fingerprint)))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)
@@ -136,3 +171,78 @@ def say(decision: WarmDecision) -> None:
              decision.target.key)
     for line in decision.why:
         log.info("      why: %s", line)
+
+
+
+def predicted(name: str, lowered: Any, lower_s: float, *, strict: bool = True,
+              compiler_options: dict[str, Any] | None = None,
+              is_step: bool = True) -> LoweredTarget:
+    """A lowered function with its predicted key. `strict` (verify, whose answer is the
+    key) lets a failed prediction through; otherwise (the prewarm) it is said in one line
+    and the target is compiled without the key cross-check."""
+    start = time.perf_counter()
+    try:
+        prediction: KeyPrediction | None = predict_key(lowered, compiler_options)
+    except (UnsupportedJaxVersion, KeyNotComputed) as exc:
+        if strict:
+            raise
+        log.warning("%s; prewarming without the key cross-check", exc)
+        prediction = None
+    return LoweredTarget(name, lowered, lower_s, prediction, time.perf_counter() - start, is_step,
+                  compiler_options, global_options())
+
+
+def lower_targets(targets: list[CompileTarget], source: str, *,
+                  strict: bool = True) -> list[LoweredTarget]:
+    """Lower each target the way both jobs do, and predict its key (see `predicted`)."""
+    lowered = []
+    for target in targets:
+        warn_risky_inputs(target.args, target.name, target.kwargs, target.uncommitted)
+        start = time.perf_counter()
+        item = lower_target(target, source)
+        lowered.append(predicted(target.name, item, time.perf_counter() - start, strict=strict,
+                                 compiler_options=target.compiler_options,
+                                 is_step=target.is_step))
+    return lowered
+
+
+Repair = Callable[[CacheStore, list[WarmDecision]], None]
+
+# How long the other processes wait for process 0's decision: its checks read entries in
+# full where they must (big ones take minutes) and its repairs wait on the manifest's lock.
+DECISION_TIMEOUT_S = 3600.0
+
+
+def decide(targets: list[LoweredTarget], config: Config, recorder: InitRecorder,
+           *, job: str, repair: Repair | None = None) -> list[WarmDecision]:
+    """The run's decision for every target, the same on every process: process 0 judges
+    (and, for the prewarm, `repair`s from its checks), then broadcasts. Each process logs
+    the answer; process 0 says why, with the target's signature and inputs as the job's
+    `recorder` saw them lowered."""
+    import jax
+
+    if jax.process_index() == 0:
+        store = open_store(config.cache.dir)
+        asker = Asker(config.run.name, job, jax.process_count(), config.cache.max_size,
+                      launch_fingerprint(config.run_dir, job))
+        decisions = [judge(target, store, asker,
+                           signature=recorder.signature(target.prediction.module_name)
+                           if target.prediction else None,
+                           recheck_missed=repair is not None,
+                           inputs=recorder.lowered_inputs(target.prediction.module_name,
+                                                          target.lowered)
+                           if target.prediction else None)
+                     for target in targets]
+        if repair is not None:
+            repair(store, decisions)
+    else:
+        decisions = [WarmDecision(target, False) for target in targets]
+    # A mocked prewarm is one process: the others JAX counts are its mock, nobody to tell.
+    warm = [d.warm for d in decisions] if mocked_topology() else broadcast_flags(
+        [d.warm for d in decisions], what="warm-decision", timeout_s=DECISION_TIMEOUT_S)
+    if jax.process_index() != 0:
+        decisions = [WarmDecision(d.target, flag) for d, flag in zip(decisions, warm, strict=True)]
+    for decision in decisions:
+        say(decision)
+    return decisions
+

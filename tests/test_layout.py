@@ -281,11 +281,6 @@ def test_every_module_is_named_in_the_architecture_doc() -> None:
 # Rooms with one job: what outgrows these has become two jobs (submitit's pylint allows a
 # function 6 arguments; a record or a small context object passes more).
 MODULE_LINES, FUNCTION_LINES, PARAMETERS = 600, 80, 8
-# Files being split by another House 4 change as this test lands; each entry goes when its
-# split does (the test says so), and the set ends empty.
-STILL_BEING_SPLIT = {
-    "jaxwarm/job/record/recorder.py",  # the first-step finder out of InitRecorder
-}
 
 
 def oversized(path: Path) -> list[str]:
@@ -322,9 +317,6 @@ def test_the_size_reader_counts_lines_and_parameters(tmp_path: Path) -> None:
 
 def test_no_module_or_function_outgrows_its_room() -> None:
     """No module over 600 lines, no function over 80 lines or with more than 8 parameters,
-    in the whole package (the files still being split aside, and only while they are)."""
+    in the whole package."""
     found = {str(path.relative_to(REPO)): oversized(path) for path in package_sources()}
-    assert {place: what for place, what in found.items()
-            if what and place not in STILL_BEING_SPLIT} == {}
-    assert sorted(place for place in STILL_BEING_SPLIT if not found.get(place)) == [], \
-        "split: take it off STILL_BEING_SPLIT"
+    assert {place: what for place, what in found.items() if what} == {}

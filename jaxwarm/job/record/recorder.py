@@ -8,7 +8,6 @@ through only what would have been shown anyway, so recording adds no output.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import os
@@ -63,7 +62,7 @@ from jaxwarm.jaxkey.logs import (
 )
 from jaxwarm.jaxkey.pgle import pgle_components, watch_pgle_keys
 from jaxwarm.jaxkey.predict import in_probe
-from jaxwarm.job.record.ledger import spacing
+from jaxwarm.job.record.firststep import FirstStepFinder, Found
 from jaxwarm.job.record.phases import PhaseClock, Span, wrap_distributed_initialize
 
 if TYPE_CHECKING:
@@ -71,9 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FIRST_STEP_POLL_S = 0.005
-# At exit, how long a watcher may still take to see the execution it waits on end.
-WATCHER_JOIN_S = 60.0
 
 
 def module_name(label: str) -> str:
@@ -111,20 +107,6 @@ def process_start_time() -> float:
     except Exception:  # not installed, or no start time on this system
         log.debug("no process start time on this system: timing from now")
         return time.time()
-
-
-class Found(enum.IntEnum):
-    """How the first step's end was found, from least to best founded: a better-founded
-    finding replaces a worse one, whenever it comes."""
-
-    NONE = 0
-    # No prewarm of a step on record: the function with the largest inputs is taken for the
-    # step (the train step takes the whole state; init and eval take less), and replaced by
-    # a later one with larger inputs.
-    LARGEST_INPUTS = 1
-    # A function a prewarm (of any run, on this layout) recorded as a step.
-    PREWARMED_STEP = 2
-    TRAINER = 3  # mark_first_step()
 
 
 @dataclass(frozen=True)
@@ -202,25 +184,9 @@ class InitRecorder:
         # when asked (a miss, the prewarm's record): a hit costs nothing.
         self._modules: dict[str, Any] = {}
         self._inputs: dict[str, InputSignature] = {}
-        # When the trainer never calls mark_first_step(): (name, abstract signature) of the
-        # functions a prewarm recorded as steps, with the run whose prewarm recorded it,
-        # whose first execution ends the first step (as does that of a lookup marked as
-        # one of this run's prewarmed steps, whatever its inputs); and whether, until one of
-        # them has, the function with the largest inputs is taken for the step (a training
-        # job).
-        self.step_functions: dict[tuple[str, str | None], str] = {}
-        self.guess_first_step = False
-        self._input_elements: dict[str, int] = {}
-        self._found = Found.NONE
-        self._watching_step = False
-        self._guess: tuple[int, int] = (0, -1)  # (serial, input elements) of the candidate
+        # When the trainer never calls mark_first_step(), jaxwarm finds its first step.
+        self.first_step = FirstStepFinder(self)
         self._init_ended = False
-        self._marking = threading.Lock()
-        self._watchers: list[threading.Thread] = []
-        self._closing = threading.Event()
-        # The threads now waiting at a ranks' meeting (`waiting_for_ranks`), and their end.
-        self._meeting: set[int] = set()
-        self._met = threading.Condition()
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -262,16 +228,12 @@ class InitRecorder:
     def waiting_for_ranks(self, function: str) -> Iterator[None]:
         """The calling thread waits at the ranks' meeting after compiling `function`: the
         wait goes into the report and its phases, and a first-step watcher of a program this
-        thread compiled pauses meanwhile (`_wait_first_execution`)."""
-        thread, start = threading.get_ident(), time.time()
-        with self._met:
-            self._meeting.add(thread)
+        thread compiled pauses meanwhile (`FirstStepFinder.meeting`)."""
+        start = time.time()
         try:
-            yield
+            with self.first_step.meeting():
+                yield
         finally:
-            with self._met:
-                self._meeting.discard(thread)
-                self._met.notify_all()
             end = time.time()
             with self._lock:
                 self.report.ranks_wait_s += end - start
@@ -337,7 +299,7 @@ class InitRecorder:
             elif event == EVENT_BACKEND_COMPILE:
                 record = self._finish_function(str(kwargs.get("fun_name", "?")), duration)
         if event == EVENT_BACKEND_COMPILE:
-            self._maybe_watch_first_step(record)
+            self.first_step.watch(record)
 
     def on_span(self, event: str, start: float, end: float, **kwargs: Any) -> None:
         """JAX's time span of a trace, lowering or backend compile (or cache load): what
@@ -385,7 +347,7 @@ class InitRecorder:
                 name = module_name(match["name"])
                 self._signatures[name] = signature_of(match["avals"])
                 self._avals[name] = match["avals"]
-                self._input_elements[name] = input_elements(match["avals"])
+                self.first_step.input_elements[name] = input_elements(match["avals"])
 
     def _opened_cache(self) -> None:
         """At the first lookup JAX opens its cache dir, and keeps it for the process: that
@@ -478,126 +440,30 @@ class InitRecorder:
 
     # -- milestones ---------------------------------------------------------------------------
 
-    def _first_step_candidate(self, record: FunctionRecord) -> tuple[Found, str] | None:
-        """Whether the end of this function's first execution would be the first step, how
-        well founded that is, and how to say it (`first_step_from`)."""
-        name = record.name
-        with self._lock:
-            if self._found >= Found.PREWARMED_STEP or self._watching_step:
-                return None
-            run = next((run for (known, signature), run in self.step_functions.items()
-                        if name == known and signature in (None, record.signature)), None)
-            own = self.prewarmed.get(name)
-            if run is None and record.prewarmed and own is not None and own.is_step:
-                run = own.run
-            if run is not None:
-                self._watching_step = True
-                return Found.PREWARMED_STEP, (f"the first execution of {name}, a step the "
-                                              f"prewarm of run {run!r} recorded")
-            size = self._input_elements.get(name, 0)
-            if not self.guess_first_step or size <= self._guess[1]:
-                return None
-            self._guess = (self._guess[0] + 1, size)
-            why = "no prewarmed step has run yet" if self.step_functions else \
-                "no prewarm of a step on record"
-            return Found.LARGEST_INPUTS, (
-                f"the first execution of {name}, the function with the largest inputs so far "
-                f"({why}; mark_first_step() says it exactly)")
-
-    def _maybe_watch_first_step(self, record: FunctionRecord) -> None:
-        """Wait for the first execution of the function just compiled when it ends the first
-        step (`_first_step_candidate`), for a trainer that never calls mark_first_step().
-
-        The compile just finished returns to a call that executes the function at once, so
-        the arrays that appear after it are its outputs (or the transfers of its inputs,
-        then its outputs); its execution has ended when they are ready.
-        """
-        candidate = self._first_step_candidate(record)
-        if candidate is None:
-            return
-        import jax
-
-        before = {id(array) for array in jax.live_arrays()}
-        watcher = threading.Thread(target=self._wait_first_execution,
-                                   args=(*candidate, record.name, self._guess[0], before,
-                                         threading.get_ident()),
-                                   name="jaxwarm-first-step", daemon=True)
-        self._watchers.append(watcher)
-        watcher.start()
-
-    def _superseded(self, found: Found, serial: int) -> bool:
-        return self._found > found or (found == Found.LARGEST_INPUTS and
-                                       serial != self._guess[0])
-
-    def _wait_first_execution(self, found: Found, source: str, name: str, serial: int,
-                              before: set[int], compiler: int) -> None:
-        """Poll for the arrays of the function's first execution, except while the thread
-        that compiled it waits at the ranks' meeting: the program cannot run before that
-        ends, and the meeting can last as long as the slowest rank's compile (tens of
-        seconds at 32 ranks on this machine, where 200 polls a second cost every rank CPU that
-        the others' compiles needed)."""
-        import jax
-
-        fresh: list[Any] = []
-        start = time.monotonic()
-        while not fresh:
-            if self._superseded(found, serial) or self._closing.is_set():
-                return  # the trainer said, a better-founded candidate came, or the end
-            with self._met:
-                self._met.wait_for(lambda: compiler not in self._meeting or
-                                   self._closing.is_set())
-            # On CPU a call may execute before it returns (its arrays appear only then, after
-            # a collective has waited for every rank): polls spaced with the wait.
-            time.sleep(spacing(FIRST_STEP_POLL_S, time.monotonic() - start))
-            fresh = [a for a in jax.live_arrays() if id(a) not in before]
-        # One more look: the call may transfer uncommitted inputs just before it dispatches.
-        time.sleep(FIRST_STEP_POLL_S)
-        before.update(id(array) for array in fresh)
-        fresh += [a for a in jax.live_arrays() if id(a) not in before]
-        for array in fresh:
-            try:
-                array.block_until_ready()
-            except RuntimeError:
-                # Donated to (or deleted by) a call since it appeared, e.g. a state the
-                # trainer's step consumed: it was ready, or that call would not have run.
-                continue
-        self._mark(found, source, serial, name)
-
     def mark_first_step(self) -> None:
         """Call once the first train step has finished (after block_until_ready).
 
         The trainer's own call wins over the time jaxwarm detected, whichever came first.
         """
-        self._mark(Found.TRAINER, "trainer")
+        self.first_step.mark(Found.TRAINER, "trainer")
 
-    def _mark(self, found: Found, source: str, serial: int = 0,
-              function: str | None = None) -> None:
-        """The first step ends now (with the first execution of `function`, when jaxwarm
-        detected it): said once by the trainer or a prewarmed step, while a guess
-        (`Found.LARGEST_INPUTS`) is replaced by a later one with larger inputs."""
-        # One mark at a time, the books' included: the trainer's and a watcher's may come at
-        # once, and what the books record must end with the one that stands.
-        with self._marking:
-            with self._lock:
-                if self._superseded(found, serial) or \
-                        (self._found == found and found != Found.LARGEST_INPUTS):
-                    return
-                self._found = found
-                now = time.time()
-                self.report.time_to_first_step_s = now - self.start_time
-                self.report.first_step_from = source
-                steps = {name for name, _ in self.step_functions}
-            phases = self.clock.finish(now, self.first_step_of(function, steps),
-                                       final=found != Found.LARGEST_INPUTS)
-            with self._lock:
-                self.report.phases = phases
-            self.write()
-            if self.books is not None:
-                self.books.first_step(self)
-        if found != Found.LARGEST_INPUTS:
-            self._end_init()
+    def first_step_found(self, now: float, source: str, steps: set[str], *,
+                         final: bool) -> None:
+        """The first step ended at `now` (`FirstStepFinder.mark`), after the compile or load
+        of `steps` (every function when empty): into the report, its phases and the books."""
+        with self._lock:
+            self.report.time_to_first_step_s = now - self.start_time
+            self.report.first_step_from = source
+        # A job that runs no step (prewarm, verify) has no first step to end its phases.
+        phases = self.clock.finish(now, steps if self.report.job == TRAIN else None,
+                                   final=final)
+        with self._lock:
+            self.report.phases = phases
+        self.write()
+        if self.books is not None:
+            self.books.first_step(self)
 
-    def _end_init(self) -> None:
+    def end_init(self) -> None:
         """Init is over: the books' `init_over` runs, once. After a guessed first step it
         waits for a better-founded one, or the end of the process (`close`): a later
         function with larger inputs would still replace the guess."""
@@ -613,21 +479,9 @@ class InitRecorder:
         """At the end of the process: stop waiting for first executions (a watcher still
         inside JAX when the interpreter ends would abort the process), end init if only a
         guess found the first step, and write the report."""
-        self._closing.set()
-        with self._met:
-            self._met.notify_all()
-        for watcher in self._watchers:
-            watcher.join(timeout=WATCHER_JOIN_S)
-        self._end_init()
+        self.first_step.close()
+        self.end_init()
         return self.write()
-
-    def first_step_of(self, function: str | None, steps: set[str]) -> set[str] | None:
-        """The functions whose compile or load ends before the first step: the one whose
-        first execution was detected, else the prewarmed steps (every function when none
-        is known); None for a job that runs no step (prewarm, verify)."""
-        if self.report.job != TRAIN:
-            return None
-        return {function} if function is not None else steps
 
     def write(self) -> Path | None:
         """Write the report; not before the process knows its index (a wrapped trainer that

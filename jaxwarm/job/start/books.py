@@ -357,10 +357,9 @@ def watch_prewarmed(config: Config, recorder: InitRecorder, manifest: Manifest,
     of one is compared with the inputs and the global JAX settings the prewarm lowered it
     with (`InitRecorder._compare_with_prewarm`), so a relaunch under a new run name names
     its misses too. `run_prewarmed` counts this run's own."""
-    recorder.guess_first_step = True
-    recorder.step_functions = {
+    recorder.first_step.expect({
         (e.function, e.signature): e.run for e in manifest.values()
-        if e.is_step and e.process_count == recorder.report.process_count}
+        if e.is_step and e.process_count == recorder.report.process_count})
     compared = list(manifest.compared(config.run.name, same_fingerprint).values())
     recorder.prewarmed_options = {e.function: e.global_options for e in compared
                                   if e.global_options}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxwarm.core.config import load_config
+from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.records import PREWARM, TRAIN
 from jaxwarm.core.rundir import (
     checkpoints_dir,
@@ -25,6 +27,7 @@ from jaxwarm.core.rundir import (
     report_path,
     reports_dir,
 )
+from jaxwarm.store.security import check_run_dir
 from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, snapshot
 from tests.users import as_user, two_users
@@ -66,6 +69,24 @@ def test_a_link_planted_in_the_run_dir_is_refused_and_never_followed(
         assert_refused(result, f"run.name: {link} is a symlink (to {yours}): jaxwarm never "
                                f"writes through a link")
     assert snapshot(tmp_path) == before
+
+
+def test_submitits_link_beside_its_submission_script_is_its_own(tmp_path: Path) -> None:
+    """submitit names each job's submission script by a link beside it in the run's SLURM
+    folder (`.submission_file_<id>.sh` -> `<job id>_submission.sh`): a link to a file in the
+    same dir reaches nothing outside it, and a second launch of the run passes the check; a
+    link out of the dir, or to a dir, is still refused."""
+    config = load_config(DEMO, args(tmp_path))
+    folder = Path(config.run_dir) / "slurm" / "train"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(config.run_dir, 0o700)
+    os.chmod(Path(config.run_dir) / "slurm", 0o700)
+    (folder / "69_submission.sh").write_text("#!/bin/bash\n")
+    (folder / ".submission_file_ab12.sh").symlink_to(folder / "69_submission.sh")
+    check_run_dir(config)
+    (folder / "out.sh").symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(ConfigError, match="is a symlink"):
+        check_run_dir(config)
 
 
 def test_the_trainers_checkpoints_may_be_a_link(tmp_path: Path, cli: Cli) -> None:

@@ -215,7 +215,7 @@ def check_run_dir(config: Config) -> None:
                 if directory == run_dir and entry.name in TRAINER_DIRS:
                     continue
                 info = entry.stat(follow_symlinks=False)
-                if stat.S_ISLNK(info.st_mode):
+                if stat.S_ISLNK(info.st_mode) and not link_beside(Path(entry.path)):
                     problem = (f"is {file_kind(info.st_mode)} (to "
                                f"{os.readlink(entry.path)}): jaxwarm never writes through a "
                                f"link; remove it")
@@ -229,6 +229,18 @@ def check_run_dir(config: Config) -> None:
         raise ConfigError(f"{config.source}: run.name: {run_dir} {problem}; refusing to use "
                           f"this run dir (jobs read their config and jaxwarm writes its logs "
                           f"and records there)")
+
+
+def link_beside(link: Path) -> bool:
+    """Is `link` a link to a regular file beside it, in the same dir? submitit names each
+    job's submission script by a link of its own there (`.submission_file_<id>.sh` ->
+    `<job id>_submission.sh`, in the run's `slurm/` folder): such a link reaches nothing
+    outside the dir it is in, whose owner and modes are checked."""
+    target = Path(os.path.normpath(link.parent / os.readlink(link)))
+    try:
+        return target.parent == link.parent and stat.S_ISREG(target.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def prepare_run_dir(config: Config) -> Path:

@@ -104,7 +104,9 @@ def launch(request: Request, backend: Backend[H]) -> int:
         for run in runs:
             config = run.config
             run, store = pinned_store(run, backend)
-            keep_earlier_reports(config.run_dir)
+            # `jaxwarm prewarm` runs no training job: the run's training reports stay.
+            keep_earlier_reports(config.run_dir,
+                                 (PREWARM,) if request.command == PREWARM else None)
             # The entries it finds bad are quarantined here, so a job compiles them again;
             # verify only says them.
             prepare_cache(config, store, request.check_cache, repair=True)

@@ -18,7 +18,7 @@ from jaxwarm.core.rundir import (
     earlier_reports_dir,
     lock_path,
     pinned_config,
-    reports_dir,
+    report_paths,
     verify_config,
 )
 from jaxwarm.core.words import plural
@@ -60,11 +60,13 @@ def refuse_small_cap(config: Config) -> None:
                           f"it and the run would miss. Raise it (or -1: no cap)")
 
 
-def keep_earlier_reports(run_dir: Path) -> Path | None:
-    """Before a launch's jobs write their init reports: the earlier launch's, under the same
-    names (`train-r0-p0.json`), moved aside into the next numbered dir
-    (`rundir.earlier_reports_dir`), never overwritten. Where they went; None: none."""
-    found = [path for path in reports_dir(run_dir).glob("*.json") if path.is_file()]
+def keep_earlier_reports(run_dir: Path, jobs: tuple[str, ...] | None = None) -> Path | None:
+    """Before a launch's jobs write their init reports: the earlier launch's (of `jobs`'
+    kinds; None: every kind), under the same names (`train-r0-p0.json`), moved aside into
+    the next numbered dir (`rundir.earlier_reports_dir`), never overwritten. Where they
+    went; None: none."""
+    found = [path for name, path in report_paths(run_dir)
+             if path.is_file() and (jobs is None or name.job in jobs)]
     if not found:
         return None
     launch = 1

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.config import Config, load_config
-from jaxwarm.core.environment import merge_environment
+from jaxwarm.core.environment import VERIFY_INVOCATION, merge_environment
 from jaxwarm.core.jsonio import read_record
-from jaxwarm.core.records import InitReport
+from jaxwarm.core.records import InitReport, VerifyResult
+from jaxwarm.core.rundir import verify_result_path
+from jaxwarm.report.read import load_verdicts
 from jaxwarm.submit.jobs import JobSpec
 from jaxwarm.submit.prepare import pin_config
 
@@ -144,6 +146,14 @@ def run_launch(argv: Sequence[str], envs: Sequence[dict[str, str] | None] = (Non
                          f"failed (exit {codes[failed[0]]}):\n"
                          f"{outputs[failed[0]][-4000:] or f'its output: {log}'}")
     return Launched(codes, outputs, wall_s)
+
+
+def verify_answer(config: Config, job: JobSpec) -> VerifyResult:
+    """What the verify job `job` answered for its run: the result of its own invocation."""
+    result = load_verdicts(config.run_dir, job.env[VERIFY_INVOCATION])
+    if result is None:
+        raise BenchError(f"{verify_result_path(config.run_dir)}: the verify job wrote no answer")
+    return result
 
 
 def run_spec(job: JobSpec) -> Finished:

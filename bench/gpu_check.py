@@ -71,6 +71,7 @@ from bench.common import (
     BenchError,
     cpu_model,
     read_report,
+    verify_answer,
     with_xla_flag,
     write_json,
 )
@@ -81,7 +82,6 @@ from jaxwarm.core.gputarget import gpus_here
 from jaxwarm.core.records import TRAIN, FunctionRecord, InitReport, Verdict
 from jaxwarm.core.rundir import metrics_path, report_path, verify_result_path
 from jaxwarm.jaxkey.components import differing_components
-from jaxwarm.report.read import load_verdicts
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
@@ -163,9 +163,9 @@ def step_record(config: Config, process: int = 0) -> tuple[InitReport, FunctionR
     return report, found[-1]
 
 
-def verdict(config: Config) -> Verdict:
+def verdict(config: Config, job: JobSpec) -> Verdict:
     """The verify job's verdict of the step: process 0's, the run's."""
-    found = [v for v in load_verdicts(config.run_dir).functions if v.function == STEP]
+    found = [v for v in verify_answer(config, job).functions if v.function == STEP]
     if not found:
         raise BenchError(f"{verify_result_path(config.run_dir)}: no verdict of {STEP}")
     return found[-1]
@@ -183,8 +183,9 @@ def reference(ctx: Context) -> dict[str, Any]:
     cache = ctx.work / "reference-cache"
     layout = [*ONE, f"cache.dir={cache}"]
     before_config, before_pinned = ctx.pin("reference-verify", layout)
-    run(verify_job(before_config, before_pinned), before_config)
-    before = verdict(before_config)
+    before_job = verify_job(before_config, before_pinned)
+    run(before_job, before_config)
+    before = verdict(before_config, before_job)
     prewarm_config, prewarm_pinned = ctx.pin("reference-prewarm", layout)
     run(prewarm_job(prewarm_config, prewarm_pinned), prewarm_config)
     written = prewarmed(cache)
@@ -192,8 +193,9 @@ def reference(ctx: Context) -> dict[str, Any]:
     run(train_job(train_config, train_pinned), train_config)
     report, step = step_record(train_config)
     after_config, after_pinned = ctx.pin("reference-verify-again", layout)
-    run(verify_job(after_config, after_pinned), after_config)
-    after = verdict(after_config)
+    after_job = verify_job(after_config, after_pinned)
+    run(after_job, after_config)
+    after = verdict(after_config, after_job)
     equal = before.key == written.key and LocalStore(cache).has_entry(before.key)
     return {"verify_before": "WARM" if before.warm else "COLD",
             "predicted_key": before.key, "written_key": written.key,
@@ -329,11 +331,12 @@ def mock(ctx: Context) -> dict[str, Any]:
     run(prewarm_job(prewarm_config, prewarm_pinned), prewarm_config)
     entry = prewarmed(cache)
     verify_config, verify_pinned = ctx.pin("mock-verify", layout)
-    run(verify_job(verify_config, verify_pinned), verify_config)
+    verify_spec = verify_job(verify_config, verify_pinned)
+    run(verify_spec, verify_config)
     real_config, real_pinned = ctx.pin("mock-real", layout)
     run(JobSpec(TRAIN, [sys.executable, "-m", "bench.compile_only"],
                 job_environment(real_config, real_pinned)), real_config)
-    predicted = verdict(verify_config)  # process 0 decides for the run
+    predicted = verdict(verify_config, verify_spec)  # process 0 decides for the run
     ranks, differing = [], set()
     for process in range(real_config.topology.num_processes):
         _, step = step_record(real_config, process)

@@ -26,10 +26,10 @@ from bench.common import (
     run_spec,
     table,
     verdict,
+    verify_answer,
     write_json,
 )
 from jaxwarm.core.records import Verdict
-from jaxwarm.report.read import load_verdicts
 from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, verify_job
 from testing.legs import LEGS, ready
@@ -65,8 +65,9 @@ def measure(python: str, repeat: int) -> list[Row]:
         samples: dict[str, list[Verdict]] = {}
         for index in range(repeat):
             config, pinned = bench_config(work, f"verify{index}", OVERRIDES)
-            run_spec(with_python(verify_job(config, pinned), python))
-            for item in load_verdicts(config.run_dir).functions:
+            spec = with_python(verify_job(config, pinned), python)
+            run_spec(spec)
+            for item in verify_answer(config, spec).functions:
                 if not item.warm:
                     raise BenchError(f"{python}: verify says {item.function} is COLD "
                                      f"right after the prewarm")

@@ -39,12 +39,12 @@ from bench.common import (
     run_spec,
     table,
     verdict,
+    verify_answer,
 )
 from jaxwarm.core.config import Config
 from jaxwarm.core.environment import job_environment, merge_environment
 from jaxwarm.core.records import TRAIN, FunctionRecord, InitReport
 from jaxwarm.core.rundir import report_path, verify_result_path
-from jaxwarm.report.read import load_verdicts
 from jaxwarm.store.store import open_store
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 
@@ -116,16 +116,19 @@ def measure(layers: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="jaxwarm-bench-") as tmp:
         work = Path(tmp)
 
+        specs: dict[str, JobSpec] = {}
+
         def job(name: str, make: Callable[[Config, Path], JobSpec],
                 cache: str) -> tuple[Config, Finished]:
             config, pinned = bench_config(work, name, [f"step.args.n_layers={layers}",
                                                        f"cache.dir={work / cache}", *OVERRIDES])
-            return config, run_spec(make(config, pinned))
+            specs[name] = make(config, pinned)
+            return config, run_spec(specs[name])
 
         cold_config, cold = job("cold", train_job, "cache")
         cold_report, cold_step = init_report(cold_config, warm=False)
         verify_config, _ = job("verify", verify_job, "cache")
-        verified = expected([v for v in load_verdicts(verify_config.run_dir).functions
+        verified = expected([v for v in verify_answer(verify_config, specs["verify"]).functions
                              if v.function == STEP], lambda v: v.warm, True,
                             verify_result_path(verify_config.run_dir))
         warm_config, warm = job("warm", train_job, "cache")

@@ -57,7 +57,8 @@ MOVED: dict[str, str] = {
     f"{_P}.bootstrap": "jaxwarm.job.start.jobstart",
     f"{_P}.jobstart": "jaxwarm.job.start.jobstart",
     f"{_P}.job": "jaxwarm.job.prewarm",
-    **{f"{_P}.{m}": f"jaxwarm.job.{m}" for m in ("judge", "progress", "verify")},
+    **{f"{_P}.{m}": f"jaxwarm.job.{m}" for m in ("progress", "verify")},
+    f"{_P}.judge": "jaxwarm.job.warm",  # the one warm decision
     # What an adapter imports.
     f"{_P}.step": "jaxwarm.step",
     f"{_P}.specs": "jaxwarm.specs",

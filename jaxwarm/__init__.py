@@ -1,8 +1,9 @@
 """jaxwarm: prewarm, verify and operate JAX's persistent compilation cache for training jobs.
 
-The one import package. `jaxwarm.launcher` is the submit side and what every side shares,
-`jaxwarm.prewarm` the jobs, the step protocol and the reference trainer
-(docs/architecture.md). What an adapter or a trainer needs is exported here:
+The one import package, in floors (docs/architecture.md): `core` (what every side shares),
+`jaxkey` (JAX's internals), `store` (the cache dir), `submit`, `job` (what runs inside a job),
+`report`, `cli` on top. What an adapter or a trainer needs is exported here (the names are
+held by tests/test_layout.py):
 
     from jaxwarm import CompileTarget, StepBundle, trainer_argv
 

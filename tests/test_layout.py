@@ -12,11 +12,13 @@ its exports are imported on first use.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import re
 import subprocess
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -320,3 +322,55 @@ def test_no_module_or_function_outgrows_its_room() -> None:
     in the whole package."""
     found = {str(path.relative_to(REPO)): oversized(path) for path in package_sources()}
     assert {place: what for place, what in found.items() if what} == {}
+
+
+# The public API of jaxwarm 0.2.0: what a user's code imports, the console scripts, and every
+# CLI command with its options. A change here is a change users see: it needs a CHANGELOG
+# entry (and, for a name that goes, a version bump and the one-line hint of core/moved.py).
+EXPORTED = ["CompileTarget", "Config", "StepBundle", "build_mesh", "build_step",
+            "config_from_env", "enable_cache", "initialize", "load_config", "seed_spec",
+            "sharded_specs", "step_args", "trainer_argv", "warn_risky_inputs"]
+CONSOLE_SCRIPTS = {"jaxwarm": "jaxwarm.cli.main:main",
+                   "jaxwarm-train": "jaxwarm.workload.trainer:main"}
+CLI = {
+    "": ["--verbose", "--version", "-v"],
+    "cache": [],
+    "cache export": ["--all", "--output", "-o"],
+    "cache import": ["--max-bytes"],
+    "cache ls": ["--json"],
+    "cache prune": ["--include-pinned", "--max-size", "--older-than"],
+    "cache stats": ["--json"],
+    "cache verify": [],
+    "doctor": [],
+    "launch": ["--local", "--no-check-cache", "--no-prewarm", "--prewarm", "--slurm", "--wait"],
+    "prewarm": ["--local", "--no-check-cache", "--slurm", "--wait"],
+    "render": ["--job"],
+    "report": ["--all", "--json", "--plot"],
+    "status": [],
+    "verify": ["--local", "--no-check-cache", "--slurm", "--trainer", "--until-all-looked-up"],
+}
+
+
+def cli_options(parser: argparse.ArgumentParser, command: str = "") -> dict[str, list[str]]:
+    """Every command of the CLI (`cache ls`: a subcommand) -> its options, sorted."""
+    found = {command: sorted(option for action in parser._actions
+                             for option in action.option_strings
+                             if option not in ("-h", "--help"))}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update(cli_options(sub, f"{command} {name}".strip()))
+    return found
+
+
+def test_the_public_api_stays_as_released() -> None:
+    """House moves keep what users write working: `from jaxwarm import ...`, the console
+    scripts `pip install` makes, and every CLI command and flag (the layout moved every
+    module in 0.2.0; none of these changed)."""
+    import jaxwarm
+    from jaxwarm.cli.main import build_parser
+
+    assert jaxwarm.__all__ == EXPORTED
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"] == \
+        CONSOLE_SCRIPTS
+    assert cli_options(build_parser()) == CLI

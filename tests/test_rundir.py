@@ -1,4 +1,4 @@
-"""The run dir under the cache dir's trust rule (`store.security.check_run_dir`): jaxwarm makes
+"""The run dir under the cache dir's trust rule (`core.trust.check_run_dir`): jaxwarm makes
 it with safe modes; one another user owns or may write (or swap, through a parent), or that
 holds a planted link, is refused in one line before anything is written, and nothing is
 ever written through a link there."""
@@ -27,7 +27,7 @@ from jaxwarm.core.rundir import (
     report_path,
     reports_dir,
 )
-from jaxwarm.store.security import check_run_dir
+from jaxwarm.core.trust import check_run_dir
 from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, snapshot
 from tests.users import as_user, two_users

@@ -1,4 +1,5 @@
-"""The cache dir's safety (jaxwarm/store/security.py): one cache-dir policy that nothing
+"""The cache dir's safety (jaxwarm/store/security.py, under the trust rule of
+jaxwarm/core/trust.py): one cache-dir policy that nothing
 bypasses (classes 2 and 3 of issue 17). A dir anyone else may write, or whose parent lets
 anyone else swap it, is refused with one line before anything is written: writable by
 group without `cache.trusted_group`, a parent writable by every user or by a group without
@@ -29,7 +30,7 @@ from jaxwarm.core.config import load_config
 from jaxwarm.core.errors import ConfigError
 from jaxwarm.core.files import GROUP_DIR
 from jaxwarm.core.rundir import reports_dir
-from jaxwarm.store.security import Trust
+from jaxwarm.core.trust import Trust
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env

@@ -30,7 +30,7 @@ PINNED_CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
 # The trainer's own dirs in a run dir: what is in them is the trainer's (orbax makes and
 # renames its step dirs there), and one may be a link to a bigger file system; the run-dir
-# check (`store.security.check_run_dir`) does not walk them.
+# check (`core.trust.check_run_dir`) does not walk them.
 TRAINER_DIRS = (CHECKPOINTS,)
 
 

@@ -51,7 +51,7 @@ from jaxwarm.specs import warn_risky_inputs
 from jaxwarm.step import CompileTarget, lower_target
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.integrity import MISSED_NOTE, WarmCheck
-from jaxwarm.store.misses import MissContext, changed_variables
+from jaxwarm.store.misses import MissContext
 from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def judge(target: LoweredTarget, store: CacheStore, asker: Asker = Asker(), *,
             run=asker.run, job=asker.job, process_count=asker.process_count,
             max_size=asker.max_size, xla_flags=os.environ.get("XLA_FLAGS", ""),
             prewarm=prewarm, changed=None if prewarm is None else
-            changed_variables(store.prewarms(), prewarm.key, asker.fingerprint)))
+            store.changed_variables(prewarm.key, asker.fingerprint)))
     else:
         why = [f"its entry is in the cache but would not load: {check.problem}"]
     return WarmDecision(target, check.warm, why, check)

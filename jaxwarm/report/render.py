@@ -45,7 +45,7 @@ from jaxwarm.report.read import (
 )
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import Manifest, ManifestEntry
-from jaxwarm.store.misses import MissContext, changed_variables
+from jaxwarm.store.misses import MissContext
 
 
 def short_key(key: str | None) -> str:
@@ -427,7 +427,7 @@ def _why(fn: FunctionRecord, report: InitReport, manifest: Manifest, run: str,
         since_prewarm=None if prewarmed is None else
         since_prewarm(run_dir, store, prewarmed.key), prewarm=prewarmed,
         changed=None if prewarmed is None or decision is None else
-        changed_variables(store.prewarms(), prewarmed.key, decision.fingerprint)))
+        store.changed_variables(prewarmed.key, decision.fingerprint)))
 
 
 def pgle_line(fn: FunctionRecord, restart: int) -> str:

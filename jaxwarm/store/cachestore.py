@@ -30,7 +30,7 @@ from pathlib import Path
 
 from jaxwarm.core.config import CacheConfig, Config
 from jaxwarm.core.errors import UserError
-from jaxwarm.core.records import FunctionRecord, PrewarmRecord, UsageRecord
+from jaxwarm.core.records import Fingerprint, FunctionRecord, PrewarmRecord, UsageRecord
 from jaxwarm.store.bundle import BundleMeta
 from jaxwarm.store.entries import Entry
 from jaxwarm.store.integrity import (
@@ -41,7 +41,7 @@ from jaxwarm.store.integrity import (
     WarmCheck,
 )
 from jaxwarm.store.manifest import Manifest, ManifestEntry
-from jaxwarm.store.misses import MissContext, explain_miss
+from jaxwarm.store.misses import MissContext, changed_variables, explain_miss
 from jaxwarm.store.security import DirIdentity
 from jaxwarm.store.staging import Staged
 from jaxwarm.store.usage import KeyHistory
@@ -312,3 +312,9 @@ class CacheStore(ABC):
         prewarm of the same target in `manifest` (this dir's, as the caller read it), where
         it missed (`context`): `jaxwarm.store.misses.explain_miss`."""
         return explain_miss(self, missed, manifest, context or MissContext())
+
+    def changed_variables(self, key: str, now: Fingerprint | None) -> set[str] | None:
+        """The key environment variables that differ between the newest recorded prewarm
+        that left `key` and the fingerprint `now` (`jaxwarm.store.misses.changed_variables`);
+        None where either is unknown (a remote dir records no prewarms)."""
+        return changed_variables(self.prewarms(), key, now)

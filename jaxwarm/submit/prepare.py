@@ -21,11 +21,11 @@ from jaxwarm.core.rundir import (
     report_paths,
     verify_config,
 )
+from jaxwarm.core.trust import check_run_dir, prepare_run_dir
 from jaxwarm.core.words import plural
 from jaxwarm.core.yamlio import CONFIG_CAP, load_yaml
 from jaxwarm.job.start.pinned import resolve_paths
 from jaxwarm.store.cachestore import CacheStore
-from jaxwarm.store.security import check_run_dir, prepare_run_dir
 from jaxwarm.store.store import open_store
 
 log = logging.getLogger(__name__)

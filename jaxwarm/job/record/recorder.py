@@ -217,6 +217,20 @@ class InitRecorder:
         if self.books is not None:
             self.books.bound(self)
 
+    def expect_prewarmed(self, prewarmed: dict[str, Prewarmed],
+                         options: dict[str, dict[str, str]], run_prewarmed: int) -> None:
+        """What a training job takes from the prewarm manifest, before its first lookup: the
+        prewarmed functions by name (a lookup of one is marked prewarmed, a miss of one is
+        compared with it), the global JAX settings each was lowered under (`options`), and
+        how many of the entries are this run's own (`run_prewarmed`). Only those functions'
+        inputs are read at their compile."""
+        with self._lock:
+            self.prewarmed = dict(prewarmed)
+            self.prewarmed_options = {name: opts for name, opts in options.items() if opts}
+            self.inputs_of = {name for name, known in prewarmed.items()
+                              if known.inputs is not None}
+            self.report.run_prewarmed = run_prewarmed
+
     def add_warning(self, warning: ReportWarning, quiet: bool = False) -> None:
         """Into the report, and (unless `quiet`: already said) the job log."""
         with self._lock:

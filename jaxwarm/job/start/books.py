@@ -361,12 +361,10 @@ def watch_prewarmed(config: Config, recorder: InitRecorder, manifest: Manifest,
         (e.function, e.signature): e.run for e in manifest.values()
         if e.is_step and e.process_count == recorder.report.process_count})
     compared = list(manifest.compared(config.run.name, same_fingerprint).values())
-    recorder.prewarmed_options = {e.function: e.global_options for e in compared
-                                  if e.global_options}
-    recorder.prewarmed = {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run, e.key)
-                          for e in compared}
-    recorder.inputs_of = {e.function for e in compared if e.inputs is not None}
-    recorder.report.run_prewarmed = len(manifest.for_run(config.run.name))
+    recorder.expect_prewarmed(
+        {e.function: Prewarmed(e.signature, e.inputs, e.is_step, e.run, e.key) for e in compared},
+        {e.function: e.global_options for e in compared},
+        run_prewarmed=len(manifest.for_run(config.run.name)))
 
 
 def job_usage(config: Config, report: InitReport) -> JobUsage:

@@ -135,4 +135,4 @@ def test_the_reference_trainers_other_is_split_by_owner(tmp_path: Path) -> None:
     assert sampling["samples"] > 0 and sampling["cost_s"] >= 0
     assert sampling["interval_s"] == INTERVAL_S
     table = run_cli("report", str(run)).stdout
-    assert "train   r0 p0  other: " in table and "of CPU)" in table
+    assert "train   r0 p0  init ledger: " in table and "of CPU)" in table

@@ -47,7 +47,13 @@ from jaxwarm.core.rundir import (
     verify_result_path,
 )
 from jaxwarm.jaxkey.logs import input_elements
-from jaxwarm.report.read import PrewarmedFunctions, load_first_steps, load_reports, load_verdicts
+from jaxwarm.report.read import (
+    PrewarmedFunctions,
+    fold_owners,
+    load_first_steps,
+    load_reports,
+    load_verdicts,
+)
 from jaxwarm.report.render import (
     attempt_summaries,
     did,
@@ -502,3 +508,12 @@ def test_the_warm_start_names_the_trainer_s_own_init_as_the_ledger_did(tmp_path:
         "warm start (train r0 p0): 7.23 s to the first step, most of it the trainer's own "
         "init (4.68 s, 65%, import maxtext 3.71 s, import pathwaysutils 0.57 s, maxtext.train "
         "0.40 s); then imports 1.20 s, other 0.55 s, cache load 0.50 s, first step 0.30 s"]
+    # The phase table (and --plot, from the same folded rows) says the same: a column of its
+    # own for the trainer's init, "other" only for what nothing named.
+    table = phase_table([warm], PrewarmedFunctions.of({}))
+    header = table[table.index(next(line for line in table if line.startswith("processes")))]
+    assert "the trainer's own init" in header
+    row = next(line for line in table if line.startswith("train r0 p0"))
+    assert row.split()[-3:] == ["4.68", "0.55", "7.23"]
+    assert fold_owners([warm], PrewarmedFunctions.of({})) == [
+        {"import maxtext": 3.71, "import pathwaysutils": 0.57, "maxtext.train": 0.4}]

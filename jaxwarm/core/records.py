@@ -117,13 +117,13 @@ LOWER = "lower"  # jaxpr to MLIR module (JAX's jaxpr_to_mlir_module_duration)
 COMPILE = "compile"  # XLA backend compile on a miss (JAX's backend_compile_duration)
 LOAD = "cache load"  # the same span on a hit: lookup, read, deserialization
 PREDICT = "key prediction"  # jaxwarm's key probe (verify, the prewarm's warm check)
-# At the ranks' meetings (jaxwarm.job.ranks): waiting for ranks that still compile
-RANKS_WAIT = "waiting for ranks"
+RANKS_WAIT = "waiting for ranks"  # at the ranks' meetings (job.ranks), for ranks compiling
 FIRST_STEP = "first step"  # from the end of the step's compile or load to the first step
 OTHER = "other"  # what no timer covers: the trainer's own Python work, data, checkpoints
+TRAINER_INIT = "the trainer's own init"  # shown: "other" the ledger named (report.read)
 # The order phases are shown in: roughly the order they happen.
 ORDER = (IMPORTS, DISTRIBUTED, TRACE, LOWER, PREDICT, COMPILE, LOAD, RANKS_WAIT, FIRST_STEP,
-         OTHER)
+         TRAINER_INIT, OTHER)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.records import ORDER, InitReport
+from jaxwarm.core.records import ORDER, TRAINER_INIT, InitReport
 from jaxwarm.report.read import PrewarmedFunctions, fold_owners, fold_phases
 
 # Pixels: 100 per inch. The height grows with the bars so that labels never overlap.
@@ -30,7 +30,7 @@ LEGEND_ROW_PX = 16
 COLORS = {"imports": "#9e9e9e", "distributed": "#8d6e63", "trace": "#42a5f5",
           "lower": "#1565c0", "key prediction": "#ab47bc", "compile": "#e53935",
           "cache load": "#43a047", "waiting for ranks": "#6d4c41", "first step": "#ffb300",
-          "other": "#e0e0e0"}
+          "the trainer's own init": "#80cbc4", "other": "#e0e0e0"}
 
 
 # Roughly how wide one character of the owners' 6-point text is, in pixels.
@@ -39,19 +39,21 @@ OWNER_CHAR_PX = 3.6
 
 def _name_owners(axes: Any, rows: list[int], bars: list[tuple[str, dict[str, float]]],
                  owners: list[dict[str, float]], limit: float, width_px: int) -> None:
-    """Inside each bar's "other", its largest owners, as many as fit."""
+    """Inside each bar's "the trainer's own init", its largest owners, as many as fit."""
     px_per_s = width_px * 0.67 / limit  # the axes take 67% of the width (subplots_adjust)
     for row, (_, phases), named in zip(rows, bars, owners, strict=True):
-        other = phases.get("other", 0.0)
+        own = phases.get(TRAINER_INIT, 0.0)
+        # Where the segment's middle is: the phases before it, in ORDER, then half of it.
+        middle = sum(v for n, v in phases.items() if ORDER.index(n) < ORDER.index(TRAINER_INIT))
+        middle += own / 2
         text = ""
         for name, seconds in named.items():
             longer = f"{text}, {name} {seconds:.1f}" if text else f"{name} {seconds:.1f} s"
-            if len(longer) * OWNER_CHAR_PX > other * px_per_s:
+            if len(longer) * OWNER_CHAR_PX > own * px_per_s:
                 break
             text = longer
         if text:
-            axes.text(sum(phases.values()) - other / 2, row, text, ha="center", va="center",
-                      fontsize=6)
+            axes.text(middle, row, text, ha="center", va="center", fontsize=6)
 
 
 def size_px(bars: int) -> tuple[int, int]:
@@ -102,9 +104,9 @@ def plot_init(reports: list[InitReport], targets: PrewarmedFunctions, budget_s: 
 
 def draw(plt: Any, bars: list[tuple[str, dict[str, float]]], budget_s: float | None,
          title: str, owners: list[dict[str, float]] | None = None) -> Any:
-    """The figure of the bars (label, seconds by phase); with `owners` (the init ledger's
-    owners of "other", per bar), the largest are named inside the bar's "other"; the init
-    budget as a line, unless None (a benchmark's launches, which set none of their own)."""
+    """The figure of the bars (label, seconds by phase); with `owners` (what the init ledger
+    named of the trainer's own init, per bar), the largest are named inside its segment; the
+    init budget as a line, unless None (a benchmark's launches, which set none of their own)."""
     width, height = size_px(len(bars))
     figure, axes = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     labels = [label for label, _ in bars]

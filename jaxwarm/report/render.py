@@ -24,6 +24,7 @@ from jaxwarm.core.records import (
     RANKS,
     SETTING_CHANGED,
     TRAIN,
+    TRAINER_INIT,
     USED,
     VERIFY,
     FirstStep,
@@ -42,6 +43,7 @@ from jaxwarm.report.read import (
     moved_cache_dir,
     phase_totals,
     since_prewarm,
+    trainer_owners,
 )
 from jaxwarm.store.cachestore import CacheStore
 from jaxwarm.store.manifest import Manifest, ManifestEntry
@@ -245,7 +247,7 @@ def ledger_lines(report: InitReport) -> list[str]:
                      f"{sum(seconds for _, seconds in owners[LEDGER_OWNERS:]):.2f}")
     unsampled = sum(p.seconds for p in report.phases if p.phase == OTHER and not p.function)
     cost = report.sampling
-    return [f"  {_where([report])}  other: " + " + ".join(shown) + f" + unsampled "
+    return [f"  {_where([report])}  init ledger: " + " + ".join(shown) + f" + unsampled "
             f"{unsampled:.2f}" + (f" ({cost.samples} samples, {cost.interval_s * 1000:g} ms "
                                   f"apart at first, {cost.cost_s:.3f} s of CPU)"
                                   if cost is not None else "")]
@@ -263,32 +265,16 @@ def _target_phases(report: InitReport,
     return found
 
 
-def named_totals(report: InitReport) -> tuple[dict[str, float], list[tuple[str, float]]]:
-    """Seconds per init phase of one process, with "other" split as the init ledger named
-    it: what it named of the trainer's own code (its imports by package, `import maxtext`,
-    and its modules) is TRAINER_INIT, with those owners largest first; "other" keeps only
-    what nothing names (jaxwarm's own bookkeeping, what no sample saw)."""
-    totals = phase_totals(report)
-    owners = sorted(((p.function, p.seconds) for p in report.phases
-                     if p.phase == OTHER and p.function and p.function != JAXWARM),
-                    key=lambda item: -item[1])
-    named = sum(seconds for _, seconds in owners)
-    if named > 0.0:
-        totals[TRAINER_INIT] = named
-        totals[OTHER] = totals.get(OTHER, 0.0) - named
-    return totals, owners
-
-
 def warm_start_lines(reports: list[InitReport]) -> list[str]:
     """Which phase dominates the latest warm start: the training attempt whose process 0
     loaded every prewarmed function it looked up from the cache (`InitReport.label`); the
-    trainer's own init by what the ledger named (`named_totals`)."""
+    trainer's own init by what the ledger named (`trainer_owners`)."""
     starts = [r for r in reports if r.job == TRAIN and r.process_index == 0 and r.phases
               and r.label == "warm" and r.time_to_first_step_s]
     if not starts:
         return []
     start = max(starts, key=lambda r: r.restart_count)
-    totals, owners = named_totals(start)
+    totals, owners = phase_totals(start), trainer_owners(start)
     ranked = sorted(totals.items(), key=lambda item: -item[1])
     (top, seconds), rest = ranked[0], ranked[1:]
     total = sum(totals.values())
@@ -306,12 +292,6 @@ def warm_start_lines(reports: list[InitReport]) -> list[str]:
             lines.append(f"  the first step's collectives wait for every process: process "
                          f"{slowest.process_index} compiled for {compiled:.2f} s")
     return lines
-
-
-# The init ledger's name for jaxwarm's own code (`jaxwarm.job.record.ledger.package_of`), and
-# what the headline calls what it named of the trainer's (`named_totals`).
-JAXWARM = "jaxwarm"
-TRAINER_INIT = "the trainer's own init"
 
 
 def stage_lines(attempt: list[InitReport]) -> list[str]:

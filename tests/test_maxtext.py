@@ -134,6 +134,13 @@ def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
     assert f"WARM  jit_train_step  {key}  (the trainer looked it up at" in \
         done["verify --trainer"], done["verify --trainer"]
     assert_hit_in_jaxwarm_s_cache(done, tmp_path)
+    # The warm start's headline names MaxText's own init by what the init ledger saw: its
+    # import, whether or not it is the largest phase; the phase table gives it a column.
+    headline = next(line for line in done["launch"].splitlines()
+                    if line.startswith("warm start (train r0 p0)"))
+    assert "the trainer's own init" in headline and "import maxtext" in headline, headline
+    assert re.search(r"^processes .*the trainer's own init +other +total$", done["launch"],
+                     re.MULTILINE), done["launch"]
     assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
         log_path(tmp_path / "runs" / "maxtext", PREWARM, 0).read_text()
 

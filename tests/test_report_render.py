@@ -515,5 +515,10 @@ def test_the_warm_start_names_the_trainer_s_own_init_as_the_ledger_did(tmp_path:
     assert "the trainer's own init" in header
     row = next(line for line in table if line.startswith("train r0 p0"))
     assert row.split()[-3:] == ["4.68", "0.55", "7.23"]
+    # Where it is not the largest phase, the headline still names its largest part.
+    slow_load = dataclasses.replace(warm, phases=[*phases, InitPhase(LOAD, 6.0)],
+                                    time_to_first_step_s=13.23)
+    assert "then the trainer's own init 4.68 s (import maxtext 3.71 s), imports" in \
+        warm_start_lines([slow_load])[0]
     assert fold_owners([warm], PrewarmedFunctions.of({})) == [
         {"import maxtext": 3.71, "import pathwaysutils": 0.57, "maxtext.train": 0.4}]

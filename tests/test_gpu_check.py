@@ -101,7 +101,7 @@ def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(tmp_path: Path)
     stdout, checks = dry_run(tmp_path, ROUND_2)
     assert all(checks[name]["status"] == "ran" for name in ROUND_2), checks
     sizes = checks["load_profile"]["sizes"]
-    assert [size["layers"] for size in sizes] == [1, 2, 3]
+    assert [size["layers"] for size in sizes] == [1, 2]
     for size in sizes:
         assert size["compile_s"] > 0 and size["retrieval_s"] > 0 and size["entry_bytes"] > 0
     assert checks["load_profile"]["breakdown"] is None  # a profiler on the GPU gives it

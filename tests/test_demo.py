@@ -14,7 +14,7 @@ import pytest
 from bench.common import TINY_STEP
 from jaxwarm.core.rundir import checkpoints_dir, earlier_reports_dir, logs_dir, report_path
 from jaxwarm.store.store import LocalStore, open_store
-from tests.conftest import DEMO, ONE_PROCESS, run_cli, with_xla_flag
+from tests.conftest import DEMO, ONE_PROCESS, Cli, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     return Launched(result, root / "runs" / "demo", root / "cache")
 
 
-def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
+def test_prewarm_then_train_hits_on_process_0(launched: Launched, cli: Cli) -> None:
     result, run_dir, cache = launched.result, launched.run_dir, launched.cache
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -89,10 +89,10 @@ def test_prewarm_then_train_hits_on_process_0(launched: Launched) -> None:
     assert LocalStore(cache).entry_path(step["key"]).is_file()
     assert "jit_train_step: HIT on process 0" in result.stdout
 
-    table = run_cli("report", str(run_dir))
+    table = cli("report", str(run_dir))
     assert table.returncode == 0
     assert "jit_train_step" in table.stdout and "HIT" in table.stdout
-    listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
+    listed = json.loads(cli("report", str(run_dir), "--json").stdout)
     assert [(r["job"], r["process_index"]) for r in listed] == \
         [("prewarm", 0), ("prewarm", 1), ("train", 0), ("train", 1)]
     assert "COLD  train_step" in result.stderr
@@ -135,7 +135,8 @@ def test_clean_cache_without_prewarm_misses(tmp_path: Path) -> None:
 
 
 def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
-                                                                launched: Launched) -> None:
+                                                                launched: Launched,
+                                                                cli: Cli) -> None:
     """jaxwarm-train calls mark_first_step(): its time to first step is there cold and warm,
     and the report shows both launches. Cold: --no-prewarm with an XLA flag the prewarm did
     not have, so the step misses, and the training job says why. Warm: the prewarmed config,
@@ -182,10 +183,10 @@ def test_cold_and_warm_launches_of_a_run_are_timed_side_by_side(tmp_path: Path,
     assert "nothing to train: the run's checkpoint is at step 1" in again.stderr
     assert "train restart 0, process 0: no step run" in again.stdout, again.stdout
     assert line in again.stdout.splitlines(), again.stdout
-    listed = json.loads(run_cli("report", str(run_dir), "--json").stdout)
+    listed = json.loads(cli("report", str(run_dir), "--json").stdout)
     assert [(r["label"], r["first_step_s"]) for r in listed if r["job"] == "train"] == \
         [("no step run", None)] * 2, listed
-    status = run_cli("status", str(run_dir)).stdout
+    status = cli("status", str(run_dir)).stdout
     assert "attempt r0: no step run; " in status and status.rstrip().endswith(
         "no first step"), status
 
@@ -199,10 +200,11 @@ def test_failing_entrypoint_fails_the_launch_with_its_log_tail(tmp_path: Path) -
     assert "TypeError" in result.stderr
 
 
-def test_a_missing_entrypoint_function_stops_the_launch_before_any_job(tmp_path: Path) -> None:
-    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                     f"cache.dir={tmp_path / 'cache'}",
-                     "entrypoint={function: 'json:no_such_function'}")
+def test_a_missing_entrypoint_function_stops_the_launch_before_any_job(tmp_path: Path,
+                                                                       cli: Cli) -> None:
+    result = cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                 f"cache.dir={tmp_path / 'cache'}",
+                 "entrypoint={function: 'json:no_such_function'}")
     assert result.returncode == 2
     assert "entrypoint.function: module 'json'" in result.stderr
     assert "defines no 'no_such_function'" in result.stderr

@@ -373,7 +373,7 @@ def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
 
 
 @pytest.mark.hostile
-def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
+def test_prune_never_removes_an_entry_in_flight(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = "jit_train_step-" + "c" * 64
@@ -385,9 +385,9 @@ def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
     # This test process plays the prewarm that wrote the entry and has not recorded it yet.
     with locked(lock, f"compile of {key}"):
         for extra in ([], ["--include-pinned"]):
-            pruned = run_cli("cache", "prune", str(cache), "--max-size", "1", *extra)
+            pruned = cli("cache", "prune", str(cache), "--max-size", "1", *extra)
             assert pruned.returncode == 0, pruned.stderr
             assert "pruned 0 entries" in pruned.stdout
             assert entry.is_file()
-    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    pruned = cli("cache", "prune", str(cache), "--max-size", "1")
     assert "pruned 1 entry" in pruned.stdout and not entry.exists()

@@ -15,6 +15,7 @@ import json
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from jaxwarm.store.bundle import BUNDLE_META, BundleMeta
 from jaxwarm.store.entries import CACHE_SUFFIX
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, Cli, run_cli
 from tests.hostile import assert_refused, entry_bytes, key, snapshot, zlib_bomb
 from tests.test_store_commands import (
     TINY,
@@ -81,9 +82,17 @@ def good(n: int) -> tuple[str, bytes]:
     return f"entries/{key(n)}-cache", entry_bytes(n)
 
 
-def import_into(tmp_path: Path, bundle: Path):
-    return run_cli("cache", "import", str(bundle), str(DEMO), f"run.out_dir={tmp_path / 'runs'}",
+# import_into(TMP_PATH, BUNDLE): `jaxwarm cache import BUNDLE` into TMP_PATH/cache.
+Importer = Callable[[Path, Path], subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def import_into(cli: Cli) -> Importer:
+    """The import in this process (conftest's `cli`): it starts no job and imports no JAX."""
+    def call(tmp_path: Path, bundle: Path) -> subprocess.CompletedProcess[str]:
+        return cli("cache", "import", str(bundle), str(DEMO), f"run.out_dir={tmp_path / 'runs'}",
                    f"cache.dir={tmp_path / 'cache'}", "cache.xla_caches=none")
+    return call
 
 
 @pytest.fixture
@@ -138,7 +147,7 @@ def hostile_bundles(tmp_path: Path, victim: Path) -> dict[str, tuple[dict, list,
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_hostile_bundles_are_refused_with_one_line_and_nothing_is_written(
-        tmp_path: Path, victim: Path) -> None:
+        tmp_path: Path, victim: Path, import_into: Importer) -> None:
     (tmp_path / "cache").mkdir(mode=0o700)
     for name, (metadata, members, fragment) in hostile_bundles(tmp_path, victim).items():
         bundle = write_bundle(tmp_path / "b.tar", metadata, members)
@@ -157,7 +166,7 @@ def test_hostile_bundles_are_refused_with_one_line_and_nothing_is_written(
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_good_bundle_publishes_every_entry_with_its_atime_file_and_no_temp_file(
-        tmp_path: Path) -> None:
+        tmp_path: Path, import_into: Importer) -> None:
     bundle = write_bundle(tmp_path / "b.tar", meta({key(n): item(entry_bytes(n))
                                                     for n in (1, 2, 3)}),
                           [good(1), good(2), good(3)])
@@ -173,7 +182,8 @@ def test_a_good_bundle_publishes_every_entry_with_its_atime_file_and_no_temp_fil
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_the_same_bundle_twice_imports_nothing_new_and_says_so(tmp_path: Path) -> None:
+def test_the_same_bundle_twice_imports_nothing_new_and_says_so(
+        tmp_path: Path, import_into: Importer) -> None:
     bundle = write_bundle(tmp_path / "b.tar", meta({key(n): item(entry_bytes(n), record(n))
                                                     for n in (1, 2)}), [good(1), good(2)])
     first = import_into(tmp_path, bundle)
@@ -190,7 +200,7 @@ def test_the_same_bundle_twice_imports_nothing_new_and_says_so(tmp_path: Path) -
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
-        tmp_path: Path) -> None:
+        tmp_path: Path, import_into: Importer) -> None:
     """The target holds entry 1 with its prewarm's record; a bundle brings entry 2 with a
     record that names entry 1's key (another checksum, size, run): refused, nothing written,
     and entry 1's record is the one its prewarm wrote."""
@@ -213,7 +223,7 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
-        tmp_path: Path) -> None:
+        tmp_path: Path, import_into: Importer) -> None:
     holes = tmp_path.parent / f"{tmp_path.name}-sparse"
     holes.mkdir()
     member = holes / "entries" / f"{key(1)}-cache"
@@ -237,7 +247,8 @@ def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_member_claiming_more_than_the_file_holds_is_refused(tmp_path: Path) -> None:
+def test_a_member_claiming_more_than_the_file_holds_is_refused(
+        tmp_path: Path, import_into: Importer) -> None:
     bundle = write_bundle(tmp_path / "b.tar", meta({key(1): item(entry_bytes(1))}), [good(1)])
     with tarfile.open(bundle) as tar:
         cut = tar.getmember(f"entries/{key(1)}-cache").offset_data + 4
@@ -252,7 +263,7 @@ def test_a_member_claiming_more_than_the_file_holds_is_refused(tmp_path: Path) -
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_compressed_bundle_is_refused_unread(tmp_path: Path) -> None:
+def test_a_compressed_bundle_is_refused_unread(tmp_path: Path, import_into: Importer) -> None:
     """A 60 KB gzip that would expand to 64 MiB of tar: refused by its first bytes."""
     bundle = tmp_path / "bomb.tar.gz"
     with gzip.open(bundle, "wb") as out:
@@ -265,7 +276,7 @@ def test_a_compressed_bundle_is_refused_unread(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_an_import_beyond_the_limit_needs_max_bytes(tmp_path: Path) -> None:
+def test_an_import_beyond_the_limit_needs_max_bytes(tmp_path: Path, cli: Cli) -> None:
     entries = {key(n): item(entry_bytes(n)) for n in (1, 2)}
     bundle = write_bundle(tmp_path / "b.tar", meta(entries), [good(1), good(2)])
     total = sum(e["size"] for e in entries.values())
@@ -273,17 +284,17 @@ def test_an_import_beyond_the_limit_needs_max_bytes(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
     args = ("cache", "import", str(bundle), str(DEMO), f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", "cache.xla_caches=none")
-    assert_refused(run_cli(*args, "--max-bytes", str(total - 1)), str(bundle),
+    assert_refused(cli(*args, "--max-bytes", str(total - 1)), str(bundle),
                    f"{total} bytes", "--max-bytes")
     assert snapshot(tmp_path) == before
-    result = run_cli(*args, "--max-bytes", str(total))
+    result = cli(*args, "--max-bytes", str(total))
     assert result.returncode == 0, result.stderr
     assert "imported 2 entries" in result.stdout
 
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_zlib_bomb_in_a_bundle_is_refused(tmp_path: Path) -> None:
+def test_a_zlib_bomb_in_a_bundle_is_refused(tmp_path: Path, import_into: Importer) -> None:
     bomb = key(7)
     bundle = write_bundle(tmp_path / "b.tar", meta({key(1): item(entry_bytes(1)),
                                                     bomb: item(zlib_bomb())}),
@@ -318,34 +329,34 @@ def test_bundle_refusals_name_what_would_make_every_entry_miss(
 
 
 @pytest.mark.e2e
-def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
+def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path, cli: Cli) -> None:
     portable = ("cache.xla_caches=none",)
     source, target = tmp_path / "source-cache", tmp_path / "target-cache"
     assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, *portable)))
     bundle = tmp_path / "demo-bundle.tar"
-    exported = run_cli("cache", "export", *config_args(tmp_path, source, *TINY, *portable),
-                       "-o", str(bundle))
+    exported = cli("cache", "export", *config_args(tmp_path, source, *TINY, *portable),
+                   "-o", str(bundle))
     assert_ok(exported)
     assert "exported 2 entries" in exported.stdout and "portable" in exported.stdout
     elsewhere = config_args(tmp_path, target, *TINY, *portable, run="elsewhere")
-    imported = run_cli("cache", "import", str(bundle), *elsewhere)
+    imported = cli("cache", "import", str(bundle), *elsewhere)
     assert_ok(imported)
     assert "imported 2 entries" in imported.stdout
     run = run_cli("launch", *elsewhere, "--local", "--no-prewarm")
     assert_ok(run)
     assert step_record(init_report(tmp_path, "elsewhere"))["hit"]
     # The imported entries keep their checksums: `cache verify` checks them.
-    checked = run_cli("cache", "verify", str(target))
+    checked = cli("cache", "verify", str(target))
     assert_ok(checked)
     assert "against a recorded checksum" in checked.stdout
 
     # A bundle whose keys hold its cache path cannot hit anywhere else: refused.
     pinned_to_path = tmp_path / "path-bound.tar"
     assert_ok(run_cli("prewarm", *job_args(tmp_path, source, *TINY, run="bound")))
-    assert_ok(run_cli("cache", "export", *config_args(tmp_path, source, *TINY, run="bound"),
-                      "-o", str(pinned_to_path)))
+    assert_ok(cli("cache", "export", *config_args(tmp_path, source, *TINY, run="bound"),
+                  "-o", str(pinned_to_path)))
     third = config_args(tmp_path, tmp_path / "third", *TINY)
-    refused = run_cli("cache", "import", str(pinned_to_path), *third)
+    refused = cli("cache", "import", str(pinned_to_path), *third)
     assert refused.returncode == 2 and "include the cache path" in refused.stderr
 
     # Another jax version: refused, and nothing is added.
@@ -360,7 +371,7 @@ def test_bundle_round_trip_into_an_empty_cache_then_hit(tmp_path: Path) -> None:
                 member.size = len(data)
             out.addfile(member, io.BytesIO(data))
     empty = tmp_path / "empty-cache"
-    refused = run_cli("cache", "import", str(other_version),
-                      *config_args(tmp_path, empty, *TINY, *portable))
+    refused = cli("cache", "import", str(other_version),
+                  *config_args(tmp_path, empty, *TINY, *portable))
     assert refused.returncode == 2 and "jax 0.0.1" in refused.stderr
     assert not list(empty.glob(f"*{CACHE_SUFFIX}"))

@@ -34,7 +34,7 @@ from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.submit.fingerprint import fingerprint, step_sources
 from jaxwarm.submit.jobs import check_modules, job_import_path
 from jaxwarm.submit.prepare import pin_config
-from tests.conftest import DEMO, REPO, Cli, run_cli
+from tests.conftest import DEMO, REPO, Cli
 from tests.hostile import assert_refused, snapshot
 
 
@@ -323,11 +323,11 @@ ATTACKS = {
 @pytest.mark.hostile
 @pytest.mark.parametrize("override", sorted(ATTACKS))
 def test_control_characters_are_refused_wherever_they_would_reach_a_script(
-        tmp_path: Path, override: str) -> None:
+        tmp_path: Path, override: str, cli: Cli) -> None:
     before = snapshot(tmp_path)
     for command in (["render", str(DEMO), f"run.out_dir={tmp_path}", override, "--job", "train"],
                     ["launch", str(DEMO), "--local", f"cache.dir={tmp_path / 'c'}", override]):
-        result = run_cli(*command)
+        result = cli(*command)
         assert_refused(result, f"{ATTACKS[override]}: expected a single line without control")
     assert snapshot(tmp_path) == before
 
@@ -339,13 +339,15 @@ def test_an_empty_cache_dir_is_not_the_working_directory() -> None:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_an_empty_cache_dir_never_means_the_working_directory(tmp_path: Path) -> None:
+def test_an_empty_cache_dir_never_means_the_working_directory(
+        tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     users = tmp_path / "build-cache"
     users.write_text("the user's build cache\n")
     before = snapshot(tmp_path)
-    assert_refused(run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                           "cache.dir=", cwd=tmp_path), "cache.dir: expected a directory path")
-    assert_refused(run_cli("cache", "verify", str(DEMO), "cache.dir=", cwd=tmp_path),
+    monkeypatch.chdir(tmp_path)
+    assert_refused(cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                       "cache.dir="), "cache.dir: expected a directory path")
+    assert_refused(cli("cache", "verify", str(DEMO), "cache.dir="),
                    "cache.dir: expected a directory path")
     assert snapshot(tmp_path) == before
 
@@ -505,14 +507,14 @@ def test_the_fingerprint_has_the_trainers_command_line_where_the_factory_reads_i
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_run_name_that_climbs_out_is_refused_and_the_users_config_survives(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     users = tmp_path / "config.yaml"
     users.write_text("my own config\n")
     (tmp_path / "runs").mkdir()
     before = snapshot(tmp_path)
     for name in ("..", ".", "a/../..", "/etc"):
-        result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                         f"cache.dir={tmp_path / 'cache'}", f"run.name={name}")
+        result = cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={tmp_path / 'cache'}", f"run.name={name}")
         assert_refused(result, "run.name: expected one path component")
     assert snapshot(tmp_path) == before
 
@@ -549,13 +551,14 @@ def test_yaml_that_expands_nests_or_repeats_is_one_line(tmp_path: Path, text: st
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path) -> None:
+def test_billion_laughs_in_step_args_ends_at_once_through_the_cli(tmp_path: Path,
+                                                                  cli: Cli) -> None:
     config = tmp_path / "c.yaml"
     body = DEMO.read_text().replace("step:\n", f"{laughs(9)}\nstep:\n", 1)
     config.write_text(body.replace("args:\n", "args:\n    vocab_size: *l9\n", 1))
     before = snapshot(tmp_path)
-    assert_refused(run_cli("cache", "stats", str(config), f"run.out_dir={tmp_path / 'runs'}",
-                           f"cache.dir={tmp_path / 'cache'}"), str(config), "expands to more than")
+    assert_refused(cli("cache", "stats", str(config), f"run.out_dir={tmp_path / 'runs'}",
+                       f"cache.dir={tmp_path / 'cache'}"), str(config), "expands to more than")
     assert snapshot(tmp_path) == before
 
 
@@ -589,13 +592,14 @@ def test_every_other_way_to_a_cache_dir_is_one_line(tmp_path: Path, override: st
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_jax_section_cache_dir_is_refused_by_render_and_launch(tmp_path: Path) -> None:
+def test_a_jax_section_cache_dir_is_refused_by_render_and_launch(tmp_path: Path,
+                                                                 cli: Cli) -> None:
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o777)
     open_dir.chmod(0o777)
     before = snapshot(tmp_path)
     for command in (("render", "--job", "train"), ("launch", "--local", "--no-prewarm")):
-        result = run_cli(command[0], str(DEMO), *command[1:], f"run.out_dir={tmp_path / 'runs'}",
-                         f"jax.jax_compilation_cache_dir={open_dir / 'cache'}")
+        result = cli(command[0], str(DEMO), *command[1:], f"run.out_dir={tmp_path / 'runs'}",
+                     f"jax.jax_compilation_cache_dir={open_dir / 'cache'}")
         assert_refused(result, "jax.jax_compilation_cache_dir", "set cache.dir instead")
     assert snapshot(tmp_path) == before

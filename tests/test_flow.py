@@ -50,7 +50,7 @@ from jaxwarm.submit.local import JobResult, LocalBackend, outcome, record_states
 from jaxwarm.submit.prepare import pin_config
 from jaxwarm.submit.sbatch import render
 from jaxwarm.submit.slurm import SlurmBackend, read_jobs, submit_jobs, watcher
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, Cli
 from tests.hostile import assert_refused, key, snapshot
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -157,12 +157,13 @@ def pinned_run(tmp_path: Path) -> Path:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_launch_refused_after_loading_leaves_the_pinned_config_alone(tmp_path: Path) -> None:
+def test_a_launch_refused_after_loading_leaves_the_pinned_config_alone(
+        tmp_path: Path, cli: Cli) -> None:
     run_dir = pinned_run(tmp_path)
     before = snapshot(tmp_path)
-    result = run_cli("launch", str(DEMO), "--local",
-                     *overrides(tmp_path, "entrypoint.command=[no-such-trainer]",
-                                "train.steps=99"))
+    result = cli("launch", str(DEMO), "--local",
+                 *overrides(tmp_path, "entrypoint.command=[no-such-trainer]",
+                            "train.steps=99"))
     assert_refused(result, "entrypoint.command: 'no-such-trainer' was not found")
     assert snapshot(tmp_path) == before
     assert "steps: 99" not in pinned_config(run_dir).read_text()
@@ -170,23 +171,23 @@ def test_a_launch_refused_after_loading_leaves_the_pinned_config_alone(tmp_path:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_render_writes_nothing_over_a_run(tmp_path: Path) -> None:
+def test_render_writes_nothing_over_a_run(tmp_path: Path, cli: Cli) -> None:
     run_dir = pinned_run(tmp_path)
     pinned = pinned_config(run_dir).read_bytes()
     before = snapshot(tmp_path)
     for job in ("prewarm", "train"):
-        result = run_cli("render", str(DEMO), *overrides(tmp_path, "train.steps=99"),
-                         "--job", job)
+        result = cli("render", str(DEMO), *overrides(tmp_path, "train.steps=99"),
+                     "--job", job)
         assert_refused(result, "is pinned to other values")
     assert snapshot(tmp_path) == before
     # The run's own config renders, and its pinned config stays as it was.
-    same = run_cli("render", str(DEMO), *overrides(tmp_path), "--job", "train")
+    same = cli("render", str(DEMO), *overrides(tmp_path), "--job", "train")
     assert same.returncode == 0 and "#SBATCH" in same.stdout, same.stderr
     assert pinned_config(run_dir).read_bytes() == pinned
     # A new run dir gets what its script needs to run under plain sbatch, and no more.
     fresh = tmp_path / "fresh"
-    result = run_cli("render", str(DEMO), f"run.out_dir={fresh}", f"cache.dir={fresh}/c",
-                     "--job", "train")
+    result = cli("render", str(DEMO), f"run.out_dir={fresh}", f"cache.dir={fresh}/c",
+                 "--job", "train")
     assert result.returncode == 0, result.stderr
     assert pinned_config(fresh / "demo").is_file()
     assert slurm_dir(fresh / "demo", TRAIN).is_dir()
@@ -195,14 +196,15 @@ def test_render_writes_nothing_over_a_run(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(
+        tmp_path: Path, cli: Cli) -> None:
     run_dir = pinned_run(tmp_path)
     # This test process plays the first launch: it holds the run dir's lock, as a launch does
     # for its whole life.
     with locked(lock_path(run_dir), "run dir"):
         before = snapshot(tmp_path)
         for command in ("launch", "prewarm", "verify"):
-            result = run_cli(command, str(DEMO), "--local", *overrides(tmp_path, "train.steps=99"))
+            result = cli(command, str(DEMO), "--local", *overrides(tmp_path, "train.steps=99"))
             assert_refused(result, f"run dir {run_dir} is in use by pid {os.getpid()} on ")
         assert snapshot(tmp_path) == before
     assert not checkpoints_dir(run_dir).exists()
@@ -210,17 +212,17 @@ def test_a_second_launch_of_a_busy_run_dir_is_refused_naming_the_first(tmp_path:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_two_configs_of_one_prewarm_cannot_share_a_run_dir(tmp_path: Path) -> None:
+def test_two_configs_of_one_prewarm_cannot_share_a_run_dir(tmp_path: Path, cli: Cli) -> None:
     other = tmp_path / "other.yaml"
     other.write_text(DEMO.read_text())
-    result = run_cli("prewarm", str(DEMO), str(other), "--local", *overrides(tmp_path))
+    result = cli("prewarm", str(DEMO), str(other), "--local", *overrides(tmp_path))
     assert_refused(result, f"run dir {tmp_path / 'runs' / 'demo'} is also the run dir of")
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> None:
+def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     LocalStore(cache).record_entries([
@@ -228,8 +230,8 @@ def test_a_size_cap_below_the_prewarmed_entries_is_refused(tmp_path: Path) -> No
                       compile_s=1.0, lower_s=0.1, written=True, jax_version="0.10.2",
                       process_count=1, sha256="0" * 64, size=1000) for n in (1, 2)])
     before = snapshot(tmp_path)
-    result = run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                     f"cache.dir={cache}", "cache.max_size=1500")
+    result = cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                 f"cache.dir={cache}", "cache.max_size=1500")
     assert_refused(result, "cache.max_size: 1500 bytes is less than the 2000 bytes of the 2 "
                            "entries run 'demo' prewarms")
     assert snapshot(tmp_path) == before
@@ -369,11 +371,11 @@ def test_the_rendered_train_script_matches_the_golden_file() -> None:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_what_is_allowed_arrives_quoted_one_line_per_directive(tmp_path: Path) -> None:
+def test_what_is_allowed_arrives_quoted_one_line_per_directive(tmp_path: Path, cli: Cli) -> None:
     odd = tmp_path / "my runs; $(touch pwned) 'x'"
-    result = run_cli("render", str(DEMO), f"run.out_dir={odd}", f"cache.dir={tmp_path / 'c'}",
-                     "env={SAFE: \"$(touch pwned); `id` 'q'\"}", "slurm.extra={gres: gpu:8}",
-                     "--job", "train")
+    result = cli("render", str(DEMO), f"run.out_dir={odd}", f"cache.dir={tmp_path / 'c'}",
+                 "env={SAFE: \"$(touch pwned); `id` 'q'\"}", "slurm.extra={gres: gpu:8}",
+                 "--job", "train")
     assert result.returncode == 0, result.stderr
     script = result.stdout
     directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]

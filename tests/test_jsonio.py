@@ -8,8 +8,11 @@ one byte over its cap, and JSON nested 100,000 deep: the command ends, names the
 why in one line, goes on with the rest where the file is one among many, and changes
 nothing.
 
-The commands run as a user runs them, in a process of their own: a regression that read
-/dev/zero or opened a FIFO would otherwise take the test runner's memory or hang it. The
+The commands start no job and import no JAX, so they run in this process (conftest's `cli`:
+the exit code and lines a user sees, the log lines as the CLI writes them), each inside
+`guarded`: a regression that opened a FIFO fails the test instead of hanging the run, and one
+that read /dev/zero meets a bound on this process's memory instead of taking the machine's.
+The launch runs as a user runs it, in processes of its own under the same memory bound. The
 timeout is a guard against a hang, not a measure of speed."""
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from jaxwarm.store.manifest import MANIFEST_CAP
 from jaxwarm.store.prewarms import PREWARMS_CAP
 from jaxwarm.store.store import LocalStore
 from jaxwarm.store.usage import USAGE_CAP
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, Cli, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
 
@@ -63,6 +66,7 @@ MEMORY_GUARD = 4 << 30
 DEEP = "[" * 100_000 + "]" * 100_000
 KEY = f"jit_f1-{hashlib.sha256(b'1').hexdigest()}"
 ATTACKS = ("/dev/zero link", "FIFO", "directory", "oversize", "deep nesting")
+Ran = subprocess.CompletedProcess[str]
 
 
 def plant(path: Path, attack: str, cap: int, deep: str) -> str:
@@ -109,10 +113,51 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_GUARD, MEMORY_GUARD))
 
 
-def jaxwarm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jaxwarm", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          preexec_fn=_limits, env={**os.environ, "PATH": os.defpath})
+def guarded(call: Callable[[], Any]) -> Any:
+    """`call()` in a thread that may not take longer than HANG_GUARD_S, while this process may
+    map no more than MEMORY_GUARD beyond what it maps now: a reader that blocked on a FIFO
+    fails the test instead of hanging the run, and one that read /dev/zero into memory ends
+    in a MemoryError instead of taking the machine's memory."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+
+    mapped = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
+                      if line.startswith("VmSize:")).split()[1]) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    bound = mapped + MEMORY_GUARD
+    resource.setrlimit(resource.RLIMIT_AS,
+                       (bound if hard == resource.RLIM_INFINITY else min(bound, hard), hard))
+    try:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(HANG_GUARD_S)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert not thread.is_alive(), f"still reading after {HANG_GUARD_S} s"
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+@pytest.fixture
+def jaxwarm(cli: Cli, caplog: pytest.LogCaptureFixture) -> Callable[..., Ran]:
+    """`jaxwarm ARGS...` in this process, `guarded`, its stderr as a user sees it: the error
+    lines, then the log lines the CLI writes there (INFO and up, `jaxwarm: MESSAGE`)."""
+
+    def call(*args: str) -> Ran:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            result: Ran = guarded(lambda: cli(*args))
+        logged = "".join(f"jaxwarm: {record.getMessage()}\n" for record in caplog.records)
+        result.stderr += logged
+        return result
+
+    return call
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +165,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run dir (its pinned config pins report.mlperf and the cache below) with the init
     reports of tests/fixtures, and a cache with one entry and the fixtures' manifest."""
     root = tmp_path_factory.mktemp("state")
-    result = jaxwarm("render", str(DEMO), f"run.out_dir={root / 'runs'}",
+    result = run_cli("render", str(DEMO), f"run.out_dir={root / 'runs'}",
                      f"cache.dir={root / 'cache'}", "report.mlperf=true", "--job", "train")
     assert result.returncode == 0, result.stderr
     shutil.copytree(reports_dir(FIXTURES / "run"), reports_dir(root / "runs" / "demo"))
@@ -173,7 +218,7 @@ def absolute(tree: Path, text: str) -> str:
 @pytest.mark.parametrize("attack", ATTACKS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_hostile_state_file_is_named_in_one_line_and_the_command_goes_on(
-        tree: Path, kind: str, attack: str) -> None:
+        tree: Path, kind: str, attack: str, jaxwarm: Callable[..., Ran]) -> None:
     where, cap, deep, argv, goes_on, still_shown = KINDS[kind]
     path = where(tree / "runs" / "demo", LocalStore(tree / "cache"))
     why = plant(path, attack, cap, deep)
@@ -195,7 +240,8 @@ def test_a_hostile_state_file_is_named_in_one_line_and_the_command_goes_on(
 
 
 @pytest.mark.parametrize("attack", ("/dev/zero link", "FIFO", "directory", "oversize"))
-def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str) -> None:
+def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str,
+                                                       jaxwarm: Callable[..., Ran]) -> None:
     path = LocalStore(tree / "cache").atime_path(KEY)
     why = plant(path, attack, ATIME_CAP, "")
     before = state(tree)
@@ -209,7 +255,7 @@ def test_a_hostile_atime_file_is_skipped_with_one_line(tree: Path, attack: str) 
 
 @pytest.mark.parametrize("attack", ("link to your file", "FIFO", "directory"))
 def test_a_planted_usage_log_is_never_appended_to_and_prune_goes_on(
-        tree: Path, attack: str) -> None:
+        tree: Path, attack: str, jaxwarm: Callable[..., Ran]) -> None:
     """Prune records what it removed in the usage log: planted as a link to a file of
     yours, that file is not written through; as a FIFO or a dir, nothing waits on it."""
     path = LocalStore(tree / "cache").usage_file
@@ -227,26 +273,6 @@ def test_a_planted_usage_log_is_never_appended_to_and_prune_goes_on(
     assert named == [f"jaxwarm: skipping {path}: {why}"], result.stderr
     assert yours.read_text() == "precious\n"
     assert not LocalStore(tree / "cache").entry_path(KEY).exists()
-
-
-def guarded(call: Callable[[], Any]) -> Any:
-    """`call()` in a thread that may not take longer than HANG_GUARD_S: a reader that
-    blocked on a FIFO fails the test instead of hanging the run."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive(), f"still reading after {HANG_GUARD_S} s"
-    if "error" in result:
-        raise result["error"]
-    return result.get("value")
 
 
 @pytest.mark.parametrize("attack", ATTACKS)

@@ -23,7 +23,7 @@ from jaxwarm.core.records import SETTING_CHANGED
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import with_bootstrap
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, Cli, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -118,11 +118,11 @@ def test_shell_script_that_execs_python(tmp_path: Path, shared_cache: Path) -> N
 
 
 def test_a_function_that_needs_more_than_argv_is_refused_before_any_job(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     (tmp_path / "needy.py").write_text("def main(argv, config):\n    pass\n")
     config = write_config(tmp_path, tmp_path / "cache", {"function": "needy:main"},
                           [FORMS, tmp_path])
-    result = run_cli("launch", str(config), "--local", "--no-prewarm")
+    result = cli("launch", str(config), "--local", "--no-prewarm")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "entrypoint.function: needy:main" in result.stderr
     assert "needs 2 argument(s) (argv, config)" in result.stderr

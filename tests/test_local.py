@@ -24,7 +24,7 @@ import pytest
 from jaxwarm.core.records import TRAIN
 from jaxwarm.core.rundir import local_jobs_path, log_path, metrics_path
 from testing.procs import alive, run_processes, wait_until
-from tests.conftest import DEMO, ONE_PROCESS, REPO
+from tests.conftest import DEMO, ONE_PROCESS, REPO, Cli
 from tests.hostile import snapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.hostile]
@@ -154,7 +154,7 @@ def test_a_killed_launcher_leaves_no_orphan_that_ignores_sigterm(tmp_path: Path)
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> None:
+def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path, cli: Cli) -> None:
     """Exit 0 at step 3 of 10 (what a trainer does after its requeues ran out)."""
     metrics = metrics_path(tmp_path / "runs" / "demo")
     command = f"echo '{{\"step\": 3, \"loss\": 1.0}}' >> {metrics}"
@@ -165,12 +165,10 @@ def test_a_trainer_that_stops_early_is_reported_unfinished(tmp_path: Path) -> No
     assert "train: training is unfinished: it stopped at step 3 of 10" in result.stderr
     assert snapshot(REPO / "configs") == before
     # `jaxwarm report`, which cannot tell whether a job still runs, says what was logged.
-    report = subprocess.run([sys.executable, "-m", "jaxwarm", "report", str(metrics.parent)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    report = cli("report", str(metrics.parent))
     assert report.returncode == 0, report.stderr[-3000:]
     assert "train: training is unfinished: its last logged step is 3 of 10" in report.stdout
-    status = subprocess.run([sys.executable, "-m", "jaxwarm", "status", str(metrics.parent)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    status = cli("status", str(metrics.parent))
     assert status.returncode == 0, status.stderr[-3000:]
     assert "train: training is unfinished: it stopped at step 3 of 10" in status.stdout
 

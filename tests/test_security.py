@@ -34,7 +34,7 @@ from jaxwarm.core.trust import Trust
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.prepare import pin_config
 from testing.jaxproc import jax_env
-from tests.conftest import DEMO, FAST_STEP, Cli, run_cli
+from tests.conftest import DEMO, FAST_STEP, Cli
 from tests.hostile import assert_refused, snapshot
 from tests.test_store_commands import TINY, assert_ok, config_args, job_args
 from tests.users import as_user, two_users
@@ -67,35 +67,37 @@ def test_dir_safety_rules() -> None:
     assert "owned by uid 1001" in shared.parent_problem(stat_result(0o755, 1001, 501))
 
 
-def launch(tmp_path: Path, cache: str | Path, *extra: str, cwd: Path | None = None):
-    return run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                   f"cache.dir={cache}", *extra, cwd=cwd)
+def launch(cli: Cli, tmp_path: Path, cache: str | Path) -> subprocess.CompletedProcess[str]:
+    """A launch of the demo with its cache at `cache`, in this process: each one here is
+    refused before any job starts."""
+    return cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+               f"cache.dir={cache}")
 
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_group_writable_cache_dir_needs_a_trusted_group(tmp_path: Path) -> None:
+def test_a_group_writable_cache_dir_needs_a_trusted_group(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(0o775)
     before = snapshot(tmp_path)
-    assert_refused(launch(tmp_path, cache), "cache.dir", "is writable by group",
+    assert_refused(launch(cli, tmp_path, cache), "cache.dir", "is writable by group",
                    "cache.trusted_group")
-    assert_refused(run_cli("cache", "ls", str(cache)), "is writable by group")
+    assert_refused(cli("cache", "ls", str(cache)), "is writable by group")
     assert snapshot(tmp_path) == before
 
 
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_symlink_into_a_world_writable_parent_is_refused_by_the_launcher(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     open_dir = tmp_path / "open"
     (open_dir / "real-cache").mkdir(parents=True, mode=0o700)
     open_dir.chmod(0o777)  # no sticky bit: anyone may swap real-cache
     link = tmp_path / "cache-link"
     link.symlink_to(open_dir / "real-cache")
     before = snapshot(tmp_path)
-    assert_refused(launch(tmp_path, link), f"cache.dir: parent {open_dir}",
+    assert_refused(launch(cli, tmp_path, link), f"cache.dir: parent {open_dir}",
                    "writable by every user")
     assert snapshot(tmp_path) == before
 
@@ -110,7 +112,7 @@ def groups_of_root() -> tuple[int, int]:
 @pytest.mark.hostile
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a dir another group")
 def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     trusted, other = groups_of_root()
     parent = tmp_path / "team"
     parent.mkdir()
@@ -124,8 +126,7 @@ def test_a_group_writable_parent_needs_the_sticky_bit_or_the_trusted_group(
     assert f"parent {parent} is writable by group {other} without the sticky bit" \
         in str(caught.value)
     before = snapshot(tmp_path)
-    assert_refused(run_cli("launch", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                           f"cache.dir={cache}"), f"parent {parent}", "sticky bit")
+    assert_refused(launch(cli, tmp_path, cache), f"parent {parent}", "sticky bit")
     assert snapshot(tmp_path) == before
     parent.chmod(0o3775)  # sticky: only the owner may rename what it owns
     assert LocalStore(cache).check(config.cache, "c.yaml") is not None
@@ -142,11 +143,11 @@ READ_ONLY = Path("/proc/sys")  # a read-only mount, even for root
 @pytest.mark.e2e
 @pytest.mark.hostile
 @pytest.mark.skipif(os.access(READ_ONLY, os.W_OK), reason="no read-only mount to test on")
-def test_a_read_only_cache_dir_is_one_line_before_any_job(tmp_path: Path) -> None:
+def test_a_read_only_cache_dir_is_one_line_before_any_job(tmp_path: Path, cli: Cli) -> None:
     before = snapshot(tmp_path)
     for command in ("launch", "prewarm", "verify"):
-        result = run_cli(command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
-                         f"cache.dir={READ_ONLY / 'jax-cache'}")
+        result = cli(command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+                     f"cache.dir={READ_ONLY / 'jax-cache'}")
         assert_refused(result, "cache.dir", f"cannot be created: {READ_ONLY} read-only for you")
     assert snapshot(tmp_path) == before
 

@@ -23,7 +23,7 @@ from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC, encode_atime
 from jaxwarm.store.store import LocalStore
 from testing.jaxproc import jax_env
-from tests.conftest import DEMO, run_cli, with_xla_flag
+from tests.conftest import DEMO, Cli, run_cli, with_xla_flag
 from tests.hostile import key, snapshot, write_entry
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +34,8 @@ pytestmark = pytest.mark.e2e
 TINY = ("topology.processes_per_node=1", "topology.devices_per_process=2",
         "mesh.axes={data: 1, fsdp: 2}", "step.args.n_layers=1", "cache.min_compile_time_secs=0",
         with_xla_flag(LEGACY_CPU_FUSION), "train.steps=2", "train.checkpoint_every=0")
+# How often the concurrent writers' reader reads the manifest and lists the cache.
+READ_EVERY_S = 0.05
 
 
 def config_args(tmp_path: Path, cache: Path, *extra: str, run: str = "demo") -> list[str]:
@@ -79,7 +81,7 @@ def corrupt(path: Path, how: str) -> None:
             path.write_bytes(zlib.compress(bytes(payload)))
 
 
-def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) -> None:
+def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     # Two prewarm the same step, two each a different one (d_ff differs), all at once. Each
     # race needs no more: the same-step pair takes turns on one compile, and three writers
@@ -89,13 +91,15 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     store = LocalStore(cache)
 
     def reader() -> None:
-        while not stop.is_set():
+        # The manifest and `cache ls` (in this process) read every READ_EVERY_S while the
+        # writers run: many reads during each write, without a tight loop taking a core.
+        while not stop.wait(READ_EVERY_S):
             try:
                 store.manifest()  # raises on a torn manifest
                 seen["manifest_reads"] += 1
             except ValueError as exc:
                 errors.append(str(exc))
-            listed = run_cli("cache", "ls", str(cache))
+            listed = cli("cache", "ls", str(cache))
             if listed.returncode != 0:
                 errors.append(listed.stderr)
             seen["ls"] += 1
@@ -126,7 +130,7 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
             assert store.has_entry(function["key"])
             if not function["hit"]:
                 assert manifest[function["key"]].sha256
-    checked = run_cli("cache", "verify", str(cache))
+    checked = cli("cache", "verify", str(cache))
     assert_ok(checked)
     assert "0 quarantined" in checked.stdout
     assert all(store.entry_problem(e.key, manifest[e.key].sha256) is None
@@ -138,7 +142,7 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path) ->
     assert step_record(init_report(tmp_path, "w0"))["hit"]
 
 
-def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
+def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path, cli: Cli) -> None:
     """A cold launch and two relaunches: the second relaunch is the first to start from
     what a hit left in the cache (its usage record) and the first to drop a checkpoint
     (orbax keeps two); a later relaunch would meet the same state again."""
@@ -151,7 +155,7 @@ def test_relaunches_in_a_row_hit_and_corrupt_nothing(tmp_path: Path) -> None:
                                              "train.checkpoint_every=2"))
         assert_ok(result)
         hits.append(step_record(init_report(tmp_path))["hit"])
-        assert_ok(run_cli("cache", "verify", str(cache)))
+        assert_ok(cli("cache", "verify", str(cache)))
     assert hits == [False, True, True]
     assert not LocalStore(cache).quarantine_dir.exists()
 
@@ -170,7 +174,8 @@ def output(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.hostile
-def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: Path) -> None:
+def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: Path,
+                                                                     cli: Cli) -> None:
     """A torn entry is never WARM: verify, the pre-run check and the prewarm's own warm check
     all go through `integrity.warm_problem`; a torn or corrupt entry is quarantined (by the
     prewarm, `cache verify` or the launch's own check) and compiled afresh by the next
@@ -205,25 +210,24 @@ def test_torn_and_corrupt_entries_are_cold_quarantined_and_rewritten(tmp_path: P
     assert store.quarantined() == 2
 
     # One bit flipped inside the executable, recompressed: only the checksum the third
-    # prewarm recorded (it pinned the intact step entry) can tell. `cache verify`
-    # quarantines it, and the next run recompiles it and records it.
-    corrupt(step, "flipped")
-    found = run_cli("cache", "verify", str(cache))
-    assert found.returncode == 1, found.stdout + found.stderr
-    assert f"QUARANTINED {key}" in found.stdout
-    assert not step.exists()
-    assert len(list(store.quarantine_dir.glob(f"{key}-cache.*[0-9]"))) >= 1
-    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm", run="after"))
-    assert_ok(run)
-    assert not step_record(init_report(tmp_path, "after"))["hit"]
-    assert step.is_file()  # rewritten, and recorded, by the run that recompiled
-    assert_ok(run_cli("cache", "verify", str(cache)))
-    # Without `cache verify`, the launch's own check catches it before the job starts.
+    # prewarm recorded (it pinned the intact step entry) can tell. The launch's own check
+    # catches it before the job starts, and the run recompiles it and records it.
     corrupt(step, "flipped")
     run = run_cli("launch", *job_args(tmp_path, cache, *TINY, "--no-prewarm"))
     assert_ok(run)
     assert f"quarantined {key}" in run.stderr
     assert "cache check:" in run.stderr
+    assert not step_record(init_report(tmp_path))["hit"]
+    assert step.is_file()  # rewritten, and recorded, by the run that recompiled
+    assert_ok(cli("cache", "verify", str(cache)))
+    # Flipped again, without a launch: `cache verify` quarantines it, by the checksum the
+    # run recorded.
+    corrupt(step, "flipped")
+    found = cli("cache", "verify", str(cache))
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert f"QUARANTINED {key}" in found.stdout
+    assert not step.exists()
+    assert len(list(store.quarantine_dir.glob(f"{key}-cache.*[0-9]"))) >= 1
 
 
 # Writes entries of distinct keys: COUNT of them, or (given a STOP file) until it appears;
@@ -256,7 +260,8 @@ def writer_env(cache: Path, max_size: int) -> dict[str, str]:
             "JAX_COMPILATION_CACHE_MAX_SIZE": str(max_size)}
 
 
-def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: Path) -> None:
+def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: Path,
+                                                                      cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     # Entries from an uncapped writer have no atime files: a capped JAX writer would crash
@@ -278,7 +283,7 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
                               stderr=subprocess.STDOUT, text=True)
     for _ in range(4):
         next_write(writer)
-        assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
+        assert_ok(cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
     stop.touch()
     output = writer.communicate(timeout=300)[0]
     assert writer.returncode == 0, output[-3000:]
@@ -287,7 +292,7 @@ def test_prune_under_a_size_cap_while_jax_writes_leaves_no_torn_entry(tmp_path: 
     assert entries == atimes  # nothing half-deleted
     store = LocalStore(cache)
     assert all(store.entry_problem(e.key) is None for e in store.scan(histories={}))  # not torn
-    assert_ok(run_cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
+    assert_ok(cli("cache", "prune", str(cache), "--max-size", "64K", "--include-pinned"))
     assert sum(e.size for e in store.scan(histories={})) <= 64 * 1024
 
 
@@ -328,14 +333,14 @@ def test_odd_files_are_skipped_with_a_line_and_left_alone(tmp_path: Path) -> Non
 
 
 @pytest.mark.hostile
-def test_cache_verify_touches_only_files_named_like_entries(tmp_path: Path) -> None:
+def test_cache_verify_touches_only_files_named_like_entries(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     named = "jit_f-" + "b" * 64
     cache.mkdir(mode=0o700)
     (cache / "build-cache").write_text("not an entry\n")
     (cache / "notes-cache").write_bytes(b"garbage")
     LocalStore(cache).entry_path(named).write_bytes(b"torn")
-    result = run_cli("cache", "verify", str(cache))
+    result = cli("cache", "verify", str(cache))
     assert result.returncode == 1, result.stderr
     assert f"QUARANTINED {named}" in result.stdout
     assert (cache / "build-cache").read_text() == "not an entry\n"
@@ -347,7 +352,7 @@ HOUR = 3600.0
 
 @pytest.mark.hostile
 def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     now = time.time()
@@ -356,19 +361,19 @@ def test_future_times_neither_protect_an_entry_from_older_than_nor_from_lru(
     fresh = write_entry(cache, 3, now)
     crafted = write_entry(cache, 4, now - HOUR)  # its atime file claims a use in 2100
     LocalStore(cache).atime_path(key(4)).write_bytes(encode_atime(int(4.1e18)))
-    result = run_cli("cache", "prune", str(cache), "--older-than", "30m")
+    result = cli("cache", "prune", str(cache), "--older-than", "30m")
     assert result.returncode == 0, result.stderr
     assert "pruned 3 entries" in result.stdout
     assert fresh.exists() and not future.exists() and not hour_old.exists()
     assert not crafted.exists()
     future = write_entry(cache, 1, now + 10 * 365 * 86400)
-    result = run_cli("cache", "prune", str(cache), "--max-size", str(fresh.stat().st_size))
+    result = cli("cache", "prune", str(cache), "--max-size", str(fresh.stat().st_size))
     assert result.returncode == 0, result.stderr
     assert fresh.exists() and not future.exists()
 
 
 @pytest.mark.hostile
-def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
+def test_prune_never_removes_an_entry_in_flight(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = "jit_train_step-" + "c" * 64
@@ -380,9 +385,9 @@ def test_prune_never_removes_an_entry_in_flight(tmp_path: Path) -> None:
     # This test process plays the prewarm that wrote the entry and has not recorded it yet.
     with locked(lock, f"compile of {key}"):
         for extra in ([], ["--include-pinned"]):
-            pruned = run_cli("cache", "prune", str(cache), "--max-size", "1", *extra)
+            pruned = cli("cache", "prune", str(cache), "--max-size", "1", *extra)
             assert pruned.returncode == 0, pruned.stderr
             assert "pruned 0 entries" in pruned.stdout
             assert entry.is_file()
-    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    pruned = cli("cache", "prune", str(cache), "--max-size", "1")
     assert "pruned 1 entry" in pruned.stdout and not entry.exists()

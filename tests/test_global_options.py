@@ -14,14 +14,14 @@ from jaxwarm.core.jsonio import read_record
 from jaxwarm.core.records import TRAIN, InitReport
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.store import open_store
-from tests.conftest import run_cli
+from tests.conftest import Cli, run_cli
 from tests.test_launch_forms import FORMS, write_config
 
 NAMED = "jax_default_prng_impl differs: prewarm threefry2x32, {job} unsafe_rbg"
 
 
 @pytest.mark.e2e
-def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
+def test_a_planted_prng_difference_is_named(tmp_path: Path, cli: Cli) -> None:
     config = write_config(tmp_path, tmp_path / "cache", {"module": "tinytrain"}, [FORMS])
     data = json.loads(config.read_text())
     data["entrypoint"]["args"] += ["--prng", "unsafe_rbg"]  # the factory does not set it
@@ -44,7 +44,7 @@ def test_a_planted_prng_difference_is_named(tmp_path: Path) -> None:
     assert any(NAMED.format(job="run") in w.text for w in train.warnings), train.warnings
     assert NAMED.format(job="run") in launched.stdout
 
-    shown = run_cli("report", str(tmp_path / "runs" / "forms"))
+    shown = cli("report", str(tmp_path / "runs" / "forms"))
     assert NAMED.format(job="run") in shown.stdout, shown.stdout
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from jaxwarm.core.config import load_config
 from jaxwarm.store.store import LocalStore
-from tests.conftest import DEMO, REPO, run_cli
+from tests.conftest import DEMO, REPO, Cli, run_cli
 from tests.hostile import key, write_entry
 from tests.test_store_commands import TINY, job_args, output
 
@@ -33,7 +33,8 @@ def entries(cache: Path) -> dict[str, Path]:
 
 @pytest.mark.e2e
 @pytest.mark.hostile
-def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path: Path) -> None:
+def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path: Path,
+                                                                       cli: Cli) -> None:
     cache = tmp_path / "cache"
     killed = run_cli("prewarm", *job_args(tmp_path, cache, *TINY, DYING))
     assert killed.returncode != 0
@@ -44,7 +45,7 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
     record = store.manifest()[key]
     assert (record.size, record.written) == (path.stat().st_size, True)
     assert store.entry_problem(key, record.sha256) is None
-    pruned = run_cli("cache", "prune", str(cache), "--max-size", "1")
+    pruned = cli("cache", "prune", str(cache), "--max-size", "1")
     assert pruned.returncode == 0, pruned.stderr
     assert path.is_file()  # pinned by the manifest from the moment it was written
 
@@ -57,7 +58,7 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
     assert key.startswith("jit_train_step-")
     assert f"WARM  train_step  {key}" in again.stdout + again.stderr
     assert store.manifest()[key].sha256 == record.sha256
-    assert run_cli("cache", "prune", str(cache), "--max-size", "1").returncode == 0
+    assert cli("cache", "prune", str(cache), "--max-size", "1").returncode == 0
     assert path.is_file()
 
 

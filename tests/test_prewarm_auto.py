@@ -18,7 +18,7 @@ from jaxwarm.core.records import PREWARM, PrewarmDecision
 from jaxwarm.core.rundir import log_path, prewarm_decision_path, report_path
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli, with_xla_flag
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, Cli, run_cli, with_xla_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -34,41 +34,68 @@ def step_hit(run_dir: Path) -> bool:
     return [fn["hit"] for fn in report["functions"] if fn["name"] == "jit_train_step"][-1]
 
 
-def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
-           trains: bool = True, command: str = "launch",
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def launch_args(tmp_path: Path, name: str, *extra: str, trains: bool = True,
+                command: str = "launch") -> list[str]:
     """The demo on one process of 4 devices, its step the tiny one: what decides the prewarm
     depends neither on the number of processes nor on how long the step compiles, and each
     launch costs a fraction of the CPU. Every compile is cached, however fast. Where only
     the prewarm (its decision, its record) is checked, `trains=False` makes the training
     job `true`: the trainer is no part of the fingerprint, and a real one starts JAX.
-    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well. `env`:
-    variables exported in the launching shell."""
-    args = [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
+    `command="prewarm"`: `jaxwarm prewarm`, which records its fingerprint as well."""
+    return [command, str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", f"run.name={name}", "train.steps=1",
             *ONE_PROCESS, *FAST_STEP, *extra,
             *(() if trains else ("entrypoint.command=['true']",))]
+
+
+def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
+           trains: bool = True, command: str = "launch",
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`jaxwarm` run with `launch_args`, by `python` (this interpreter unless given); `env`:
+    variables exported in the launching shell."""
+    args = launch_args(tmp_path, name, *extra, trains=trains, command=command)
     if python is None:
         return run_cli(*args, env=env)
     return subprocess.run([python, "-m", "jaxwarm", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
-def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path: Path) -> None:
-    first = launch(tmp_path, "first", trains=False)
+@pytest.fixture(scope="module")
+def first_prewarm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demo's run `first` prewarmed (`trains=False`) in a dir of its own, and a copy of
+    that dir as the launch left it: one prewarm for the module's tests that start from it."""
+    root = tmp_path_factory.mktemp("first-prewarm")
+    work, pristine = root / "work", root / "pristine"
+    first = launch(work, "first", trains=False)
     assert first.returncode == 0, first.stderr[-3000:]
-    made = decision(tmp_path / "runs" / "first")
+    shutil.copytree(work, pristine, symlinks=True)
+    return work, pristine
+
+
+@pytest.fixture
+def prewarmed(first_prewarm: tuple[Path, Path]) -> Path:
+    """The dir of the run `first` (its `runs/` and `cache/`) as its prewarm left it, for a
+    test to launch in and change: restored from the copy before each test, at the same path
+    (the cache dir's path is part of the fingerprint)."""
+    work, pristine = first_prewarm
+    shutil.rmtree(work)
+    shutil.copytree(pristine, work, symlinks=True)
+    return work
+
+
+def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(prewarmed: Path) -> None:
+    made = decision(prewarmed / "runs" / "first")
     assert made.prewarm and made.mode == "auto"
     assert made.why.startswith("no completed prewarm has this fingerprint")
-    [record] = LocalStore(tmp_path / "cache").prewarms().values()
+    [record] = LocalStore(prewarmed / "cache").prewarms().values()
     assert record.fingerprint == made.fingerprint and record.run == "first"
     assert {key.rpartition("-")[0] for key in record.keys} == {"jit_train_step",
                                                                "jit_init_state"}
 
     # Same fingerprint (another run name, the same step): the training job alone, and it hits.
-    second = launch(tmp_path, "second")
+    second = launch(prewarmed, "second")
     assert second.returncode == 0, second.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "second"
+    run_dir = prewarmed / "runs" / "second"
     skipped = decision(run_dir)
     assert not skipped.prewarm and "matches the prewarm of run 'first'" in skipped.why
     assert "2 entries are intact" in skipped.why
@@ -78,27 +105,27 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(tmp_path:
     assert "prewarm job: skipped (--prewarm auto): the fingerprint" in second.stdout
 
     # always runs it anyway (it finds everything WARM); never does not.
-    always = launch(tmp_path, "always", "--prewarm", "always", trains=False)
-    assert always.returncode == 0 and decision(tmp_path / "runs" / "always").prewarm
+    always = launch(prewarmed, "always", "--prewarm", "always", trains=False)
+    assert always.returncode == 0 and decision(prewarmed / "runs" / "always").prewarm
     assert "every function is WARM: nothing to compile" in always.stderr
-    never = launch(tmp_path, "never", "--no-prewarm", trains=False)
-    assert never.returncode == 0 and decision(tmp_path / "runs" / "never").mode == "never"
+    never = launch(prewarmed, "never", "--no-prewarm", trains=False)
+    assert never.returncode == 0 and decision(prewarmed / "runs" / "never").mode == "never"
 
     # A changed config changes the fingerprint: the prewarm job runs, and says why.
-    changed = launch(tmp_path, "changed", with_xla_flag("--xla_cpu_enable_fast_math=true"))
+    changed = launch(prewarmed, "changed", with_xla_flag("--xla_cpu_enable_fast_math=true"))
     assert changed.returncode == 0, changed.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "changed")
+    chained = decision(prewarmed / "runs" / "changed")
     assert chained.prewarm and "environment: XLA_FLAGS differs" in chained.why
-    assert step_hit(tmp_path / "runs" / "changed")
+    assert step_hit(prewarmed / "runs" / "changed")
 
     # An entry the record promised is gone: the prewarm job runs again.
     for key in record.keys:
-        LocalStore(tmp_path / "cache").entry_path(key).unlink()
-    gone = launch(tmp_path, "gone")
+        LocalStore(prewarmed / "cache").entry_path(key).unlink()
+    gone = launch(prewarmed, "gone")
     assert gone.returncode == 0, gone.stderr[-3000:]
-    again = decision(tmp_path / "runs" / "gone")
+    again = decision(prewarmed / "runs" / "gone")
     assert again.prewarm and "missing" in again.why
-    assert step_hit(tmp_path / "runs" / "gone")
+    assert step_hit(prewarmed / "runs" / "gone")
 
 
 def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
@@ -147,12 +174,12 @@ def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path)
     assert step_hit(tmp_path / "runs" / "second")
 
 
-def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path) -> None:
+def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path, cli: Cli) -> None:
     """A file the factory reads natively, or looks for and may not find (a tokenizer's
     model, an optional override), is named in step.inputs: absent at the first launch, its
     appearance runs the prewarm; an 8 GiB one (sparse) is signed by one stat, not read, and
     the same file again keeps the prewarm."""
-    refused = launch(tmp_path, "refused", f"step.inputs=[{tmp_path}]", trains=False)
+    refused = cli(*launch_args(tmp_path, "refused", f"step.inputs=[{tmp_path}]", trains=False))
     assert refused.returncode == 2 and f"jaxwarm: error: {DEMO}: step.inputs: {tmp_path}: " \
         f"not a regular file (a directory); expected a regular file the launch can read" \
         in refused.stderr, refused.stderr[-3000:]
@@ -174,18 +201,18 @@ def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path) -> No
     assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
 
 
-def test_another_jax_version_chains_the_prewarm(tmp_path: Path) -> None:
+def test_another_jax_version_chains_the_prewarm(prewarmed: Path) -> None:
     leg = LEGS[0]
     if leg_python(leg)[0] is None or not ready(leg):
         pytest.skip(f"jax {leg.jax} leg not built (make legs)")
-    assert launch(tmp_path, "first", trains=False).returncode == 0
-    other = launch(tmp_path, "second", python=str(leg.python), trains=False)
+    other = launch(prewarmed, "second", python=str(leg.python), trains=False)
     assert other.returncode == 0, other.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "second")
+    chained = decision(prewarmed / "runs" / "second")
     assert chained.prewarm and f"jax 0.10.2 -> {leg.jax}" in chained.why
 
 
-def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path) -> None:
+def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path,
+                                                                 cli: Cli) -> None:
     # The factory imports its model by a computed name: the fingerprint does not reach it.
     source = tmp_path / "src"
     shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
@@ -212,7 +239,7 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     forgot = ("prewarm record of run 'first' forgotten: jit_train_step missed its prewarmed "
               "key, which this fingerprint promised; the next launch with it prewarms again")
     assert blind.stdout.count(forgot) == 1, blind.stdout
-    status = run_cli("status", str(tmp_path / "runs" / "blind"))
+    status = cli("status", str(tmp_path / "runs" / "blind"))
     assert f"attempt r0: {forgot}" in status.stdout, status.stdout
     # ...so the next launch with it runs the prewarm job again.
     again = launch(tmp_path, "again", *args, trains=False)
@@ -220,15 +247,14 @@ def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path)
     assert decision(tmp_path / "runs" / "again").prewarm
 
 
-def test_a_variable_the_jobs_inherit_enters_the_fingerprint(tmp_path: Path) -> None:
+def test_a_variable_the_jobs_inherit_enters_the_fingerprint(prewarmed: Path) -> None:
     # JAX hashes LIBTPU_INIT_ARGS into every key, on CPU too; jaxwarm passes it on to the
     # jobs from the launching shell. Exported after the prewarm, it must chain a prewarm.
-    assert launch(tmp_path, "first", trains=False).returncode == 0
-    exported = launch(tmp_path, "second", env={"LIBTPU_INIT_ARGS": "--xla_jaxwarm_test=1"})
+    exported = launch(prewarmed, "second", env={"LIBTPU_INIT_ARGS": "--xla_jaxwarm_test=1"})
     assert exported.returncode == 0, exported.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "second")
+    chained = decision(prewarmed / "runs" / "second")
     assert chained.prewarm and "environment: LIBTPU_INIT_ARGS differs" in chained.why
-    assert step_hit(tmp_path / "runs" / "second")
+    assert step_hit(prewarmed / "runs" / "second")
 
 
 def corrupt_in_place(entry: Path) -> None:
@@ -240,36 +266,34 @@ def corrupt_in_place(entry: Path) -> None:
 
 
 def test_an_entry_corrupted_without_changing_its_size_chains_the_prewarm(
-        tmp_path: Path) -> None:
-    assert launch(tmp_path, "first", trains=False).returncode == 0
-    [step] = [e for e in LocalStore(tmp_path / "cache").scan(histories={})
+        prewarmed: Path) -> None:
+    [step] = [e for e in LocalStore(prewarmed / "cache").scan(histories={})
               if e.function == "jit_train_step"]
     corrupt_in_place(step.path)
-    second = launch(tmp_path, "second")
+    second = launch(prewarmed, "second")
     assert second.returncode == 0, second.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "second")
+    chained = decision(prewarmed / "runs" / "second")
     assert chained.prewarm and f"entry {step.key}: " in chained.why
     assert "read in full; quarantined, so the prewarm compiles it again" in chained.why
-    assert step_hit(tmp_path / "runs" / "second")
+    assert step_hit(prewarmed / "runs" / "second")
 
 
 def test_without_the_full_check_a_same_size_corruption_is_a_miss_the_report_explains(
-        tmp_path: Path) -> None:
-    assert launch(tmp_path, "first", trains=False).returncode == 0
-    [step] = [e.path for e in LocalStore(tmp_path / "cache").scan(histories={})
+        prewarmed: Path, cli: Cli) -> None:
+    [step] = [e.path for e in LocalStore(prewarmed / "cache").scan(histories={})
               if e.function == "jit_train_step"]
     corrupt_in_place(step)
     # --no-check-cache: the launch trusts the quick check, and says so.
-    blind = launch(tmp_path, "blind", "--no-check-cache")
+    blind = launch(prewarmed, "blind", "--no-check-cache")
     assert blind.returncode == 0, blind.stderr[-3000:]
-    skipped = decision(tmp_path / "runs" / "blind")
+    skipped = decision(prewarmed / "runs" / "blind")
     assert not skipped.prewarm and "pass the quick check (size and first bytes only" in \
         skipped.why and "--no-check-cache" in skipped.why
-    assert not step_hit(tmp_path / "runs" / "blind")
-    report = run_cli("report", str(tmp_path / "runs" / "blind"))
+    assert not step_hit(prewarmed / "runs" / "blind")
+    report = cli("report", str(prewarmed / "runs" / "blind"))
     assert "why: its entry was in the cache, but JAX could not load it: " in report.stdout
     # The job recorded the miss: the next launch prewarms, replaces the entry, and hits.
-    again = launch(tmp_path, "again")
+    again = launch(prewarmed, "again")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert decision(tmp_path / "runs" / "again").prewarm
-    assert step_hit(tmp_path / "runs" / "again")
+    assert decision(prewarmed / "runs" / "again").prewarm
+    assert step_hit(prewarmed / "runs" / "again")

@@ -22,7 +22,7 @@ from jaxwarm.job.progress import last_compile, progress_line
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore, open_store
 from testing.procs import wait_until
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, Cli, run_cli
 
 
 def entry(key: str, compile_s: float, created: float, process_count: int = 2,
@@ -49,7 +49,7 @@ def test_the_eta_comes_from_the_last_compile_of_the_same_function_on_this_layout
 
 
 @pytest.mark.e2e
-def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> None:
+def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path, cli: Cli) -> None:
     # On one process, the step tiny: what the line says does not depend on either.
     args = ("prewarm", str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir={tmp_path / 'cache'}", *ONE_PROCESS, *FAST_STEP)
@@ -68,7 +68,7 @@ def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> 
 
     def shows_progress() -> bool:
         nonlocal seen
-        seen = run_cli("status", str(run_dir)).stdout
+        seen = cli("status", str(run_dir)).stdout
         return bool(re.search(eta + r", [0-9.]+ s elapsed", seen))
 
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
@@ -91,6 +91,6 @@ def test_a_second_prewarm_of_the_same_function_shows_its_eta(tmp_path: Path) -> 
     assert re.search(r"compiling jit_init_state \(2 of 2; last time", err)
     done = read_record(PrewarmProgress, prewarm_progress_path(run_dir))
     assert done is not None and done.done
-    after = run_cli("status", str(run_dir)).stdout
+    after = cli("status", str(run_dir)).stdout
     assert re.match(r"prewarm +local +COMPLETED +1 process\(es\), exit 0 after", after), after
     assert "compiling" not in after

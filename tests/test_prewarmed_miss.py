@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.rundir import report_path
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, Cli, run_cli
 from tests.test_cli_trainer import FLAGS, cli_args
 from tests.test_cli_trainer import RUN as CLI_RUN
 
@@ -61,26 +61,26 @@ def headline(stdout: str) -> list[str]:
     return stdout.split("\njob ")[0].splitlines()
 
 
-def labels(run_dir: Path) -> tuple[str, str]:
+def labels(run_dir: Path, cli: Cli) -> tuple[str, str]:
     """Process 0's label as `report --json` and the table's `start` column say it."""
     data = json.loads(report_path(run_dir, "train", 0, 0).read_text())
-    shown = run_cli("report", str(run_dir))
+    shown = cli("report", str(run_dir))
     row = next(line for line in shown.stdout.splitlines()
                if line.split()[:2] == ["train", "0"])
     return data["label"], row
 
 
-def test_a_warm_attempt_is_warm_everywhere(prewarmed: Prewarmed) -> None:
+def test_a_warm_attempt_is_warm_everywhere(prewarmed: Prewarmed, cli: Cli) -> None:
     assert prewarmed.result.returncode == 0, prewarmed.result.stderr[-3000:]
     lines = headline(prewarmed.result.stdout)
     assert "train restart 0, process 0: warm" in lines
-    label, row = labels(prewarmed.root / "warm" / "demo")
+    label, row = labels(prewarmed.root / "warm" / "demo", cli)
     assert label == "warm" and row.split()[-2:] == ["ok", "warm"]
     history = [line for line in lines if line.startswith("time to first step on process 0")]
     assert history and ": warm " in history[0]
 
 
-def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed) -> None:
+def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed, cli: Cli) -> None:
     stdout, run_dir = relaunch(prewarmed, "wide", "step.args.d_model=48")
     lines = headline(stdout)
     miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
@@ -93,14 +93,14 @@ def test_a_wider_model_names_the_input_that_differs(prewarmed: Prewarmed) -> Non
                                "since the prewarm: step differs")
     assert not lines[init + 2].startswith("  why: ")  # one cause, said once
     assert "train restart 0, process 0: cold" in lines
-    label, row = labels(run_dir)
+    label, row = labels(run_dir, cli)
     assert label == "cold" and row.endswith(" cold")
     table = stdout.splitlines()
     assert any(line.split()[3:5] == ["jit_train_step", "MISS"] and line.endswith("prewarmed")
                for line in table)
 
 
-def test_another_batch_is_partly_warm(prewarmed: Prewarmed) -> None:
+def test_another_batch_is_partly_warm(prewarmed: Prewarmed, cli: Cli) -> None:
     stdout, run_dir = relaunch(prewarmed, "batch", "step.args.global_batch=8")
     lines = headline(stdout)
     [partly] = [line for line in lines if line.startswith("train restart 0, process 0: ")]
@@ -110,11 +110,11 @@ def test_another_batch_is_partly_warm(prewarmed: Prewarmed) -> None:
     miss = lines.index(next(line for line in lines if line.startswith("jit_train_step: MISS")))
     assert lines[miss + 1] == ("  why: its inputs differ from the prewarmed ones: batch "
                                "i32[8,9] vs i32[16,9]")
-    label, row = labels(run_dir)
+    label, row = labels(run_dir, cli)
     assert label.startswith("partly warm (1 of 2") and row.endswith(label)
     history = next(line for line in lines if line.startswith("time to first step on process"))
     assert "attempts: partly warm (1 of 2 prewarmed functions hit" in history
-    status = run_cli("status", str(run_dir))
+    status = cli("status", str(run_dir))
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"attempt r0: {label}; " in status.stdout, status.stdout
 

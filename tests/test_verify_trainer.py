@@ -1,11 +1,12 @@
 """`jaxwarm verify --trainer` against what a real launch then observes: one prewarm of the
 CLI test trainer (tests/cli_trainer), then per case of a change matrix (the trainer's flags,
-its adapter's own copy of them, an XLA flag, the device count; alone and together) a verify
---trainer and a launch without prewarm, on the prewarmed cache (the same dir: before jax
-0.11 its path is part of the key), with a compile-time threshold no compile here reaches,
-so that no case's launch writes an entry another case could hit (the threshold is no part
-of the key). For every prewarmed function, WARM must be the launch's HIT and COLD its MISS.
-verify --trainer writes nothing into the cache dir, and says what it cost."""
+an XLA flag, the device count; alone and together) a verify --trainer (and one per way of
+the adapter's own copy of the flags, which the launch of the trainer does not read) and a
+launch without prewarm, on the prewarmed cache (the same dir: before jax 0.11 its path is
+part of the key), with a compile-time threshold no compile here reaches, so that no case's
+launch writes an entry another case could hit (the threshold is no part of the key). For
+every prewarmed function, WARM must be the launch's HIT and COLD its MISS. verify
+--trainer writes nothing into the cache dir, and says what it cost."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from jaxwarm.core.rundir import pinned_config, report_path, verify_config
 from testing.procs import alive
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, Cli, run_cli
 from tests.test_cli_trainer import FLAGS, RUN, TRAINER, cli_args
 from tests.test_verify_writes_nothing import snapshot
 
@@ -42,12 +43,14 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[bool, bool]]] = {
     "the device count": (FLAGS, ("topology.devices_per_process=4",), (False, False)),
     "device count and dtype": ((*FLAGS, "--dtype", "bfloat16"),
                                ("topology.devices_per_process=1",), (False, False)),
-    # The adapter's own copy in step.args: verify --trainer asks the trainer, not the copy.
-    "CLI only, adapter keeps a copy": (("--d-model", "24", "--batch", "4"),
-                                       ("step.factory=adapter:from_args",), (False, False)),
-    "CLI and the copy": (("--d-model", "24", "--batch", "4"),
-                         ("step.factory=adapter:from_args", "step.args={d_model: 24}"),
-                         (False, False)),
+}
+# More verify --trainer runs of a case's trainer, each with these overrides as well, that
+# the case's one launch answers too (the launch runs the trainer, whatever the factory): the
+# adapter that keeps its own copy in step.args, the copy unchanged or changed like the
+# trainer's flag; verify --trainer asks the trainer, not the copy.
+ALSO_VERIFIED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "width": (("step.factory=adapter:from_args",),
+              ("step.factory=adapter:from_args", "step.args={d_model: 24}")),
 }
 
 
@@ -66,12 +69,10 @@ def hits(tmp_path: Path) -> tuple[bool, bool]:
     return found["jit_init"], found["jit_train_step"]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_verify_trainer_agrees_with_the_launch(tmp_path: Path, prewarmed: Path,
-                                               case: str) -> None:
-    flags, overrides, expected = CASES[case]
-    args = [*cli_args(tmp_path, *flags), f"cache.dir={prewarmed}",
-            "cache.min_compile_time_secs=1000", *overrides]
+def verify_answers(prewarmed: Path, args: list[str], expected: tuple[bool, bool]
+                   ) -> tuple[bool, bool]:
+    """verify --trainer's answers for (jit_init, jit_train_step), WARM as True; it wrote
+    nothing into the prewarmed cache and said what it cost."""
     before = snapshot(prewarmed)
     verified = run_cli("verify", "--trainer", *args)
     assert verified.returncode == (0 if all(expected) else 1), \
@@ -83,12 +84,22 @@ def test_verify_trainer_agrees_with_the_launch(tmp_path: Path, prewarmed: Path,
             answered[line.split()[1]] = line.startswith("WARM")
     assert "verify --trainer: " in verified.stdout and "last prewarmed function's lookup" \
         in verified.stdout, verified.stdout
+    return answered["jit_init"], answered["jit_train_step"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verify_trainer_agrees_with_the_launch(tmp_path: Path, prewarmed: Path,
+                                               case: str) -> None:
+    flags, overrides, expected = CASES[case]
+    args = [*cli_args(tmp_path, *flags), f"cache.dir={prewarmed}",
+            "cache.min_compile_time_secs=1000", *overrides]
+    answers = [verify_answers(prewarmed, [*args, *more], expected)
+               for more in [(), *ALSO_VERIFIED.get(case, ())]]
 
     launched = run_cli("launch", "--no-prewarm", *args)
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     observed = hits(tmp_path)
-    assert (answered["jit_init"], answered["jit_train_step"]) == observed == expected, \
-        verified.stdout
+    assert all(answered == observed == expected for answered in answers), answers
 
 
 # Where a trainer blocks -> its command, the time limit, and the one line that ends it. The
@@ -250,7 +261,7 @@ def test_a_finished_run_is_said_as_that(finished_demo: list[str]) -> None:
         verified.stderr
 
 
-def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> None:
+def test_status_shows_the_launch_after_a_verify(finished_demo: list[str], cli: Cli) -> None:
     """`jaxwarm status` is about the run's latest launch: a local verify after it (the
     README's next step) leaves its jobs in the record, and its overrides out of the run's
     pinned config (which status and report read: more train.steps there would have them
@@ -261,9 +272,9 @@ def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> Non
     assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
     assert pinned_config(run_dir).read_bytes() == pinned
     assert "steps: 3" in verify_config(run_dir).read_text()
-    report = run_cli("report", str(run_dir))
+    report = cli("report", str(run_dir))
     assert report.returncode == 0 and "unfinished" not in report.stdout, report.stdout
-    status = run_cli("status", str(run_dir))
+    status = cli("status", str(run_dir))
     assert status.returncode == 0 and "unfinished" not in status.stdout, status.stdout
     jobs = [line.split()[:3] for line in status.stdout.splitlines() if " local " in line]
     assert jobs == [["prewarm", "local", "COMPLETED"], ["train", "local", "COMPLETED"]], \
@@ -273,22 +284,21 @@ def test_status_shows_the_launch_after_a_verify(finished_demo: list[str]) -> Non
 def test_two_processes_answer_for_process_0(tmp_path: Path) -> None:
     """Two processes of one device each (the trainer joins jax.distributed itself): process
     0's answers are the run's, and both processes end (process 0, which runs the
-    coordination service, last)."""
+    coordination service, last). Another batch: one WARM answer and one COLD, each the
+    launch's."""
     layout = ("topology.processes_per_node=2", "topology.devices_per_process=1",
               "cache.min_compile_time_secs=1000")
     prewarmed = run_cli("prewarm", *cli_args(tmp_path), "topology.processes_per_node=2",
                         "topology.devices_per_process=1")
     assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
-    for flags, expected in [(FLAGS, (True, True)), (("--batch", "8"), (True, False))]:
-        args = [*cli_args(tmp_path, *flags), *layout]
-        verified = run_cli("verify", "--trainer", *args)
-        assert verified.returncode == (0 if all(expected) else 1), \
-            verified.stdout + verified.stderr[-3000:]
-        launched = run_cli("launch", "--no-prewarm", *args)
-        assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
-        answered = tuple(f"WARM  {name}  " in verified.stdout
-                         for name in ("jit_init", "jit_train_step"))
-        assert answered == hits(tmp_path) == expected, verified.stdout
+    args = [*cli_args(tmp_path, "--batch", "8"), *layout]
+    verified = run_cli("verify", "--trainer", *args)
+    assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]
+    launched = run_cli("launch", "--no-prewarm", *args)
+    assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
+    answered = tuple(f"WARM  {name}  " in verified.stdout
+                     for name in ("jit_init", "jit_train_step"))
+    assert answered == hits(tmp_path) == (True, False), verified.stdout
 
 
 def test_it_stops_before_the_first_step(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from jaxwarm.core.rundir import (
 )
 from jaxwarm.store.store import LocalStore, open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
+from tests.conftest import DEMO, FAST_STEP, REPO, Cli, run_cli
 from tests.slurm_cluster import (
     ensure_cluster,
     job_field,
@@ -73,7 +73,7 @@ UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every
 
 
 @pytest.mark.slurm(lane=2)
-def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
+def test_two_nodes_prewarm_then_train_hits(tmp_path: Path, cli: Cli) -> None:
     result = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
                                          "topology.processes_per_node=1", "train.steps=2"))
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
@@ -85,7 +85,7 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert step_hit(report(run_dir, 0))
     assert report(run_dir, 0)["environment"] == report(run_dir, 0, "prewarm")["environment"]
     assert "jit_train_step: HIT on process 0" in result.stdout
-    status = run_cli("status", str(run_dir))
+    status = cli("status", str(run_dir))
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: warm; 2 hit(s)" in status.stdout
 
@@ -113,7 +113,8 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm(lane=2)
-def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path) -> None:
+def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path,
+                                                                  cli: Cli) -> None:
     first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     cache = tmp_path / "cache"
@@ -133,12 +134,12 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
 
         def shows_progress() -> bool:
             nonlocal seen
-            seen = run_cli("status", str(run_dir)).stdout
+            seen = cli("status", str(run_dir)).stdout
             return bool(pattern.search(seen))
 
         wait_for(shows_progress, 900, "jaxwarm status to show the prewarm's progress")
     assert wait_job(read_jobs(run_dir)[-1].job_id, timeout=900) == "COMPLETED"
-    assert "compiling" not in run_cli("status", str(run_dir)).stdout
+    assert "compiling" not in cli("status", str(run_dir)).stdout
 
 
 @pytest.mark.slurm(lane=2)
@@ -165,7 +166,7 @@ def logged_in_attempt(run_dir: Path, restart: int) -> bool:
 
 
 def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfinished(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     """SLURM's own time-limit warning checkpoints the training job and requeues it
     (max_requeues=1); the restart resumes from the checkpoint, its step a HIT, with the same
     environment. Warned again, it finds the requeues spent and ends at its checkpoint with
@@ -209,11 +210,11 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
     assert reached is not None and 0 < reached < 1000000
     assert launch.returncode == 1, err[-3000:]
     assert f"train: training is unfinished: it stopped at step {reached} of 1000000" in err
-    status = run_cli("status", str(run_dir))
+    status = cli("status", str(run_dir))
     assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status.stdout)
     assert f"train: training is unfinished: it stopped at step {reached} of 1000000" \
         in status.stdout
-    shown = run_cli("report", str(run_dir))
+    shown = cli("report", str(run_dir))
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
         in shown.stdout
@@ -256,7 +257,7 @@ def without(conf: Path, key: str) -> Path:
 
 @pytest.mark.slurm(lane=2)
 def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_restarts(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     run_dir = tmp_path / "runs" / "demo"
     sleeper = args_for(tmp_path, "--no-prewarm", "entrypoint.command=[sleep, '600']")
     first = run_cli("launch", *sleeper)
@@ -269,7 +270,7 @@ def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_r
     subprocess.run(["scancel", job_id], check=True)
     assert wait_job(job_id, timeout=300) == "CANCELLED"
     restarted = re.compile(rf"train +job {job_id} +CANCELLED +restarts 1 ")
-    assert restarted.search(run_cli("status", str(run_dir)).stdout)
+    assert restarted.search(cli("status", str(run_dir)).stdout)
 
     conf = tmp_path / "slurm.conf"
     conf.write_text(Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text())
@@ -322,13 +323,14 @@ def task_environment(log: Path) -> dict[str, str]:
 
 
 @pytest.mark.slurm(lane=2)
-def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path: Path) -> None:
+def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path: Path,
+                                                                       cli: Cli) -> None:
     args = args_for(tmp_path, "train.steps=2")
     run_dir = tmp_path / "runs" / "demo"
 
     def submit_rendered(job: str, *extra: str, overrides: tuple[str, ...] = ()) -> str:
-        rendered = run_cli("render", *[a for a in args if a != "--slurm"], *overrides,
-                           "--job", job)
+        rendered = cli("render", *[a for a in args if a != "--slurm"], *overrides,
+                       "--job", job)
         assert rendered.returncode == 0, rendered.stderr
         script = tmp_path / f"{job}.sbatch"
         script.write_text(rendered.stdout)

@@ -53,7 +53,8 @@ matrix: $(STAMP) legs
 
 # MaxText from PyPI, unchanged, wrapped by examples/maxtext: builds (or reuses) .venvs/maxtext
 # (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test alone, a HIT on 1
-# and 2 processes. `make test` builds the same venv (with the legs) and runs it in the suite.
+# process locally and on 2 on the SLURM dev cluster. `make test` builds the same venv (with
+# the legs) and runs it in the suite.
 maxtext: $(STAMP)
 	$(VENV)/bin/python -m testing.legs build maxtext
 	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

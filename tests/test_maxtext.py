@@ -1,12 +1,12 @@
 """MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` and its
-state init (`jit__lambda`) are HITs in the training job on 1 process (hardware=cpu) and on 2
-(hardware=gpu_multiprocess), locally and on the SLURM dev cluster (2 nodes x 1 process, with a
+state init (`jit__lambda`) are HITs in the training job on 1 process (hardware=cpu), locally,
+and on 2 (hardware=gpu_multiprocess) on the SLURM dev cluster (2 nodes x 1 process, with a
 requeue by signal that resumes from MaxText's own preemption checkpoint, warm).
 
 It runs in MaxText's own venv (`make test` and `make maxtext` build `.venvs/maxtext`,
 `testing/legs.py`; `make maxtext` runs this file alone), as a user runs it: `jaxwarm
-prewarm`, `jaxwarm verify` and `jaxwarm verify --trainer` (WARM), then `jaxwarm launch
---no-prewarm`, from a working directory of its own so that the example config's relative
+prewarm`, `jaxwarm verify` and `jaxwarm verify --trainer` (WARM), then `jaxwarm launch`,
+from a working directory of its own so that the example config's relative
 paths land there. MaxText's own `jax_cache_dir` is set (as
 its KEY=VALUE override, through the M_JAX_CACHE_DIR variable MaxText reads) to a dir that must
 stay empty: the guard keeps jaxwarm's dir in force. Skipped, with the reason, where no Python
@@ -34,10 +34,8 @@ from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
 pytestmark = pytest.mark.e2e
 
 CONFIG = REPO / "examples" / "maxtext" / "maxtext-cpu.yaml"
-# The README's 2-process launch: MaxText joins the processes itself.
-TWO_PROCESSES = ("topology.processes_per_node=2", "topology.devices_per_process=2",
-                 "env.M_HARDWARE=gpu_multiprocess", 'env.M_SKIP_JAX_DISTRIBUTED_SYSTEM="false"')
-# docs/maxtext.md's SLURM launch: the 2-process layout on 2 nodes, and a run long enough to be
+# docs/maxtext.md's SLURM launch: the README's 2-process layout (MaxText joins the processes
+# itself) on 2 nodes, and a run long enough to be
 # stopped by signal only: SLURM's warning (USR2) is forwarded as SIGTERM, which JAX's
 # preemption notifier hears; MaxText checkpoints at the step its processes agree on
 # (enable_autocheckpoint) and ends, and the requeued job restores that checkpoint. Orbax
@@ -84,27 +82,18 @@ def example_args(tmp: Path, *overrides: str) -> list[str]:
             f"env.M_JAX_CACHE_DIR={tmp / 'maxtext-own-cache'}", *overrides]
 
 
-def run(leg: Leg, tmp: Path, *overrides: str, verify: bool) -> dict[str, Any]:
-    """prewarm, (verify,) launch --no-prewarm: the outputs, the training job's reports."""
-    args = example_args(tmp, "--local", *overrides)
+def run(leg: Leg, tmp: Path) -> dict[str, Any]:
+    """prewarm, verify, verify --trainer, launch --no-prewarm on 1 process, locally: the
+    outputs, process 0's report of the training job."""
+    args = example_args(tmp, "--local")
     done: dict[str, Any] = {"prewarm": ok(jaxwarm(leg, tmp, "prewarm", *args))}
-    if verify:
-        done["verify"] = ok(jaxwarm(leg, tmp, "verify", *args))
-        done["verify --trainer"] = ok(jaxwarm(leg, tmp, "verify", "--trainer", *args))
+    done["verify"] = ok(jaxwarm(leg, tmp, "verify", *args))
+    done["verify --trainer"] = ok(jaxwarm(leg, tmp, "verify", "--trainer", *args))
     launch = jaxwarm(leg, tmp, "launch", "--no-prewarm", *args)
     done["launch"] = ok(launch)
     done["log"] = launch.stderr
-    run_dir = tmp / "runs" / "maxtext"
-    done["reports"] = [json.loads(path.read_text()) for name, path in report_paths(run_dir)
-                       if (name.job, name.restart) == (TRAIN, 0)]
-    done["p0"] = json.loads(report_path(run_dir, "train", 0, 0).read_text())
+    done["p0"] = json.loads(report_path(tmp / "runs" / "maxtext", "train", 0, 0).read_text())
     return done
-
-
-def assert_hit_in_jaxwarm_s_cache(done: dict[str, Any], tmp: Path) -> None:
-    assert "jit_train_step: HIT on process 0" in done["launch"], done["launch"]
-    assert_prewarmed_hits(done["p0"], tmp)
-    assert MODULE_FORM in done["log"], done["log"][-3000:]
 
 
 def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
@@ -126,14 +115,16 @@ def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
 
 
 def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
-    done = run(leg, tmp_path, verify=True)
+    done = run(leg, tmp_path)
     assert done["verify"].startswith("WARM  jit_train_step"), done["verify"]
     assert "WARM  jit__lambda" in done["verify"], done["verify"]
     # Asked of MaxText itself (python -m, its own set-up): the same key, WARM.
     key = done["verify"].split()[2]
     assert f"WARM  jit_train_step  {key}  (the trainer looked it up at" in \
         done["verify --trainer"], done["verify --trainer"]
-    assert_hit_in_jaxwarm_s_cache(done, tmp_path)
+    assert "jit_train_step: HIT on process 0" in done["launch"], done["launch"]
+    assert_prewarmed_hits(done["p0"], tmp_path)
+    assert MODULE_FORM in done["log"], done["log"][-3000:]
     # The warm start's headline names MaxText's own init by what the init ledger saw: its
     # import, whether or not it is the largest phase; the phase table gives it a column.
     headline = next(line for line in done["launch"].splitlines()
@@ -143,12 +134,6 @@ def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
                      re.MULTILINE), done["launch"]
     assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
         log_path(tmp_path / "runs" / "maxtext", PREWARM, 0).read_text()
-
-
-def test_maxtext_hits_on_two_processes(leg: Leg, tmp_path: Path) -> None:
-    done = run(leg, tmp_path, *TWO_PROCESSES, verify=False)
-    assert_hit_in_jaxwarm_s_cache(done, tmp_path)
-    assert len(done["reports"]) == 2, done["reports"]
 
 
 @pytest.mark.slow
@@ -182,6 +167,7 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     train = read_jobs(run_dir)[-1]
     try:
         assert "prewarm job skipped (auto): the fingerprint" in launch.stderr, launch.stderr
+        assert MODULE_FORM in launch.stderr, launch.stderr[-3000:]
         assert [job.name for job in read_jobs(run_dir)] == ["prewarm", "verify", "train"]
         for restart in (0, 1):
             wait_for_step_lookup(run_dir, restart, train, timeout=900)
@@ -194,6 +180,9 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
                       for r in (0, 1))
     assert_prewarmed_hits(first, tmp_path)
     assert_prewarmed_hits(restart, tmp_path)
+    attempts = [(name.restart, name.process) for name, _ in report_paths(run_dir)
+                if name.job == TRAIN]
+    assert sorted(attempts) == [(0, 0), (0, 1), (1, 0), (1, 1)], attempts
     assert restart["restart_count"] == 1 and restart["environment"] == first["environment"]
     log = train.log_path().read_text()
     assert "got SIGUSR2, forwarding SIGTERM" in log
@@ -205,3 +194,5 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     status = ok(jaxwarm(leg, tmp_path, "status", str(run_dir)))
     assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status), status
     assert "attempt r0: warm" in status and "attempt r1: warm" in status, status
+    shown = ok(jaxwarm(leg, tmp_path, "report", str(run_dir)))
+    assert "jit_train_step: HIT on process 0 (restart 1)" in shown, shown

@@ -1,5 +1,5 @@
-"""The reference trainer: SIGTERM -> checkpoint -> exit; relaunch resumes on the same loss
-curve as an uninterrupted run; a changed config is refused.
+"""The reference trainer: SIGTERM -> checkpoint -> exit; a relaunch under a changed config is
+refused, and one under the same config resumes on the same loss curve as an uninterrupted run.
 
 One process of 4 CPU devices and the tiny step: what is checked is the trainer's stop,
 checkpoint and resume, which one process does as several do, at a fifth of the CPU of the
@@ -54,8 +54,10 @@ def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
             "train.checkpoint_every=0", *extra]
 
 
-def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
+def test_sigterm_checkpoints_a_changed_config_is_refused_and_resume_continues_the_same_curve(
         tmp_path: Path, shared_cache: Path) -> None:
+    """One interrupted run: its checkpoint refuses a relaunch whose config changed (before
+    it resumes anything), then the unchanged relaunch resumes from it."""
     reference = run_cli(*launch_args(tmp_path / "ref", shared_cache))
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = losses(tmp_path / "ref" / "demo")
@@ -83,6 +85,11 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     stopped_at = json.loads(checkpoints[0].read_text())["step"]
     assert 3 <= stopped_at < STEPS
 
+    changed = run_cli(*launch_args(tmp_path / "run", shared_cache, "step.args.learning_rate=0.1"))
+    assert changed.returncode == 2  # the trainer refuses its input: one line, exit 2
+    assert "refusing to resume" in changed.stderr
+    assert "step.args.learning_rate: 0.003 -> 0.1" in changed.stderr
+
     resumed = run_cli(*launch_args(tmp_path / "run", shared_cache))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from checkpoint at step {stopped_at}" in resumed.stderr
@@ -90,13 +97,3 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_curve(
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert abs(got[step] - expected[step]) <= 1e-5 * abs(expected[step]), step
-
-
-def test_resume_under_a_changed_config_is_refused(tmp_path: Path, shared_cache: Path) -> None:
-    first = run_cli(*launch_args(tmp_path, shared_cache, "train.steps=2"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    changed = run_cli(*launch_args(tmp_path, shared_cache, "train.steps=4",
-                                   "step.args.learning_rate=0.1"))
-    assert changed.returncode == 2  # the trainer refuses its input: one line, exit 2
-    assert "refusing to resume" in changed.stderr
-    assert "step.args.learning_rate: 0.003 -> 0.1" in changed.stderr

@@ -18,7 +18,7 @@ import s3fs
 from jaxwarm.core.rundir import report_path
 from jaxwarm.store.store import open_store
 from testing.jaxproc import free_port
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, FAST_STEP, Cli, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,8 @@ def s3_env() -> Iterator[dict[str, str]]:
 
 
 def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
-        tmp_path: Path, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        cli: Cli) -> None:
     for name, value in s3_env.items():
         monkeypatch.setenv(name, value)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
@@ -58,7 +59,7 @@ def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
     args = [str(DEMO), "--local", f"run.out_dir={tmp_path / 'runs'}",
             f"cache.dir=s3://{BUCKET}/cache", "topology.processes_per_node=1",
             "topology.devices_per_process=2", "mesh.axes={data: 1, fsdp: 2}",
-            "step.args.n_layers=1", "cache.min_compile_time_secs=0", "train.steps=2"]
+            *FAST_STEP, "train.steps=2"]
     result = run_cli("launch", *args)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     train = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
@@ -85,7 +86,7 @@ def test_prewarm_into_s3_then_the_run_hits_and_verify_sees_it(
     assert not store.has_entry("jit_f-" + "0" * 64) and store.entry_size("jit_f-" + "0" * 64) \
         is None
     assert store.manifest() == {} and store.usage() == []
-    listed = run_cli("cache", "ls", str(DEMO), f"cache.dir=s3://{BUCKET}/cache")
+    listed = cli("cache", "ls", str(DEMO), f"cache.dir=s3://{BUCKET}/cache")
     assert listed.returncode == 2
     assert f"s3://{BUCKET}/cache: listing its entries needs a local or mounted cache dir" \
         in listed.stderr

@@ -25,7 +25,7 @@ from jaxwarm.core.rundir import (
 )
 from jaxwarm.store.store import LocalStore, open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, FAST_STEP, REPO, run_cli
+from tests.conftest import DEMO, FAST_STEP, REPO, Cli, run_cli
 from tests.slurm_cluster import (
     ensure_cluster,
     job_field,
@@ -72,7 +72,8 @@ def step_hit(report: dict) -> bool:
 UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")
 
 
-def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
+@pytest.mark.slurm(lane=2)
+def test_two_nodes_prewarm_then_train_hits(tmp_path: Path, cli: Cli) -> None:
     result = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
                                          "topology.processes_per_node=1", "train.steps=2"))
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
@@ -84,7 +85,7 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
     assert step_hit(report(run_dir, 0))
     assert report(run_dir, 0)["environment"] == report(run_dir, 0, "prewarm")["environment"]
     assert "jit_train_step: HIT on process 0" in result.stdout
-    status = run_cli("status", str(run_dir))
+    status = cli("status", str(run_dir))
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: warm; 2 hit(s)" in status.stdout
 
@@ -112,7 +113,8 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm(lane=2)
-def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path) -> None:
+def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path,
+                                                                  cli: Cli) -> None:
     first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     cache = tmp_path / "cache"
@@ -132,12 +134,12 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
 
         def shows_progress() -> bool:
             nonlocal seen
-            seen = run_cli("status", str(run_dir)).stdout
+            seen = cli("status", str(run_dir)).stdout
             return bool(pattern.search(seen))
 
         wait_for(shows_progress, 900, "jaxwarm status to show the prewarm's progress")
     assert wait_job(read_jobs(run_dir)[-1].job_id, timeout=900) == "COMPLETED"
-    assert "compiling" not in run_cli("status", str(run_dir)).stdout
+    assert "compiling" not in cli("status", str(run_dir)).stdout
 
 
 @pytest.mark.slurm(lane=2)
@@ -156,20 +158,42 @@ def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Pat
         subprocess.run(["scancel", train.job_id], check=True)
 
 
-def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: Path) -> None:
-    # SLURM rounds the limit up to whole minutes (3), so the warning is due 90 s after start;
-    # it checks limits every ~30 s, so the warning comes 90-120 s in. One requeue allowed:
-    # the restart resumes and, warned again, checkpoints and ends without a second requeue.
-    # Its warning is sent by hand (`scancel --signal`, to the job's tasks as SLURM's is) once
-    # it has looked up the step: the same path as the first, without 90 s more of waiting.
-    result = run_cli("launch", *args_for(tmp_path, "slurm.time=00:02:30", "slurm.signal_lead_s=90",
-                                         "slurm.max_requeues=1", *UNTIL_STOPPED))
-    assert result.returncode == 0, result.stderr[-3000:]
+def logged_in_attempt(run_dir: Path, restart: int) -> bool:
+    """Whether that attempt of the training job has logged a step in the run's metrics."""
+    metrics = metrics_path(run_dir)
+    return metrics.exists() and any(json.loads(line).get("restart") == restart
+                                    for line in metrics.read_text().splitlines())
+
+
+def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfinished(
+        tmp_path: Path, cli: Cli) -> None:
+    """SLURM's own time-limit warning checkpoints the training job and requeues it
+    (max_requeues=1); the restart resumes from the checkpoint, its step a HIT, with the same
+    environment. Warned again, it finds the requeues spent and ends at its checkpoint with
+    exit 0, which SLURM calls COMPLETED: the launch that waited for it, `status` and `report`
+    say that training is unfinished, and at which step.
+
+    SLURM rounds the limit up to whole minutes (3), so its warning is due 90 s after start;
+    it checks limits every ~30 s, so the warning comes 90-120 s in. The restart's warning is
+    sent by hand (`scancel --signal`, to the job's tasks as SLURM sends its own) once it has
+    logged a step: the same path as the first, without 90 s more of waiting."""
     run_dir = tmp_path / "runs" / "demo"
-    train = read_jobs(run_dir)[-1]
-    wait_for_step_lookup(run_dir, 1, train)
-    subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
-    assert wait_job(train.job_id, timeout=900) == "COMPLETED"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "jaxwarm", "launch",
+         *args_for(tmp_path, "--wait", "slurm.time=00:02:30", "slurm.signal_lead_s=90",
+                   "slurm.max_requeues=1", *UNTIL_STOPPED)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(job.name == "train" for job in read_jobs(run_dir))
+                 or launch.poll() is not None, 300, "the training job's submission")
+        train = read_jobs(run_dir)[-1]
+        wait_for(lambda: logged_in_attempt(run_dir, 1), 600,
+                 "the restart's first logged step", train)
+        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        _, err = launch.communicate(timeout=600)
+    finally:
+        launch.kill()
+    assert job_states([train.job_id])[train.job_id].state == "COMPLETED"
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert step_hit(first) and step_hit(restart)
     assert restart["restart_count"] == 1 and restart["environment"] == first["environment"]
@@ -182,7 +206,21 @@ def test_time_limit_warning_checkpoints_requeues_and_the_restart_hits(tmp_path: 
     checkpoints = sorted(checkpoints_dir(run_dir).glob("*/meta/metadata"))
     assert checkpoints
 
+    reached = step_reached(run_dir)
+    assert reached is not None and 0 < reached < 1000000
+    assert launch.returncode == 1, err[-3000:]
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" in err
+    status = cli("status", str(run_dir))
+    assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status.stdout)
+    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" \
+        in status.stdout
+    shown = cli("report", str(run_dir))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
+        in shown.stdout
 
+
+@pytest.mark.slurm(lane=2)
 def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
         tmp_path: Path) -> None:
     result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
@@ -204,53 +242,6 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
     assert "got SIGTERM: checkpointed at step" in log and "resumed from checkpoint at step" in log
 
 
-def logged_in_attempt(run_dir: Path, restart: int) -> bool:
-    """Whether that attempt of the training job has logged a step in the run's metrics."""
-    metrics = metrics_path(run_dir)
-    return metrics.exists() and any(json.loads(line).get("restart") == restart
-                                    for line in metrics.read_text().splitlines())
-
-
-def test_a_job_whose_requeues_ran_out_is_reported_unfinished_at_its_step(
-        tmp_path: Path) -> None:
-    """max_requeues=1 and two time-limit warnings (sent by hand to the job's tasks, as SLURM
-    sends its own, once each attempt has logged a step): the first requeues, the second
-    finds the requeues spent, and the trainer ends at its checkpoint with exit 0, which
-    SLURM calls COMPLETED. The launch that waited for it, `status` and `report` say that
-    training is unfinished, and at which step."""
-    run_dir = tmp_path / "runs" / "demo"
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "jaxwarm", "launch",
-         *args_for(tmp_path, "--wait", "--no-prewarm", "slurm.max_requeues=1",
-                   "slurm.signal_lead_s=30", *UNTIL_STOPPED)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: bool(read_jobs(run_dir)) or launch.poll() is not None, 300,
-                 "the training job's submission")
-        train = read_jobs(run_dir)[-1]
-        for restart in (0, 1):
-            wait_for(lambda restart=restart: logged_in_attempt(run_dir, restart), 600,
-                     f"attempt {restart}'s first logged step", train)
-            subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
-        _, err = launch.communicate(timeout=600)
-    finally:
-        launch.kill()
-    assert job_states([train.job_id])[train.job_id].state == "COMPLETED"
-    assert "not requeueing job" in train.log_path().read_text()
-    reached = step_reached(run_dir)
-    assert reached is not None and 0 < reached < 1000000
-    assert launch.returncode == 1, err[-3000:]
-    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" in err
-    status = run_cli("status", str(run_dir))
-    assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status.stdout)
-    assert f"train: training is unfinished: it stopped at step {reached} of 1000000" \
-        in status.stdout
-    shown = run_cli("report", str(run_dir))
-    assert shown.returncode == 0, shown.stderr[-3000:]
-    assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
-        in shown.stdout
-
-
 def without(conf: Path, key: str) -> Path:
     """A copy of the cluster's slurm.conf whose `key` port nothing listens on: that daemon
     down, as the submitting side sees it, while the cluster goes on for the other lane."""
@@ -266,7 +257,7 @@ def without(conf: Path, key: str) -> Path:
 
 @pytest.mark.slurm(lane=2)
 def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_restarts(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     run_dir = tmp_path / "runs" / "demo"
     sleeper = args_for(tmp_path, "--no-prewarm", "entrypoint.command=[sleep, '600']")
     first = run_cli("launch", *sleeper)
@@ -279,7 +270,7 @@ def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_r
     subprocess.run(["scancel", job_id], check=True)
     assert wait_job(job_id, timeout=300) == "CANCELLED"
     restarted = re.compile(rf"train +job {job_id} +CANCELLED +restarts 1 ")
-    assert restarted.search(run_cli("status", str(run_dir)).stdout)
+    assert restarted.search(cli("status", str(run_dir)).stdout)
 
     conf = tmp_path / "slurm.conf"
     conf.write_text(Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text())
@@ -332,13 +323,14 @@ def task_environment(log: Path) -> dict[str, str]:
 
 
 @pytest.mark.slurm(lane=2)
-def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path: Path) -> None:
+def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path: Path,
+                                                                       cli: Cli) -> None:
     args = args_for(tmp_path, "train.steps=2")
     run_dir = tmp_path / "runs" / "demo"
 
     def submit_rendered(job: str, *extra: str, overrides: tuple[str, ...] = ()) -> str:
-        rendered = run_cli("render", *[a for a in args if a != "--slurm"], *overrides,
-                           "--job", job)
+        rendered = cli("render", *[a for a in args if a != "--slurm"], *overrides,
+                       "--job", job)
         assert rendered.returncode == 0, rendered.stderr
         script = tmp_path / f"{job}.sbatch"
         script.write_text(rendered.stdout)

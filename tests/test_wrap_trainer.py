@@ -18,7 +18,7 @@ import pytest
 from jaxwarm.core.records import SETTING_CHANGED
 from jaxwarm.core.rundir import report_path
 from testing import jsp
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, Cli, run_cli
 from tests.slurm_cluster import ensure_cluster
 
 CONFIG = REPO / "configs" / "jsp-example.yaml"
@@ -69,9 +69,9 @@ def headline(shown: str) -> list[str]:
     return lines[1:] if lines[0].startswith("prewarm job: ") else lines
 
 
-def assert_trained_with_a_hit(tmp_path: Path, stdout: str) -> None:
+def assert_trained_with_a_hit(cli: Cli, tmp_path: Path, stdout: str) -> None:
     # The report's headline is the prewarmed step's HIT.
-    shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
+    shown = cli("report", str(tmp_path / "runs" / RUN)).stdout
     label, step = headline(shown)[:2]
     assert label == "train restart 0, process 0: warm", shown
     assert step.startswith("jit_step: HIT on process 0"), shown
@@ -126,10 +126,10 @@ def launched(tmp_path_factory: pytest.TempPathFactory,
 @pytest.mark.e2e
 @pytest.mark.parametrize("processes", [1, 2])
 def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int], Launched],
-                                        processes: int) -> None:
+                                        processes: int, cli: Cli) -> None:
     run = launched(processes)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr[-3000:]
-    assert_trained_with_a_hit(run.root, run.result.stdout)
+    assert_trained_with_a_hit(cli, run.root, run.result.stdout)
     assert headline(run.result.stdout)[1].startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in run.result.stderr
@@ -144,7 +144,7 @@ def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int]
     assert asked.returncode == 0, asked.stdout + asked.stderr[-2000:]
     assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in asked.stdout
 
-    table = run_cli("report", str(run.root / "runs" / RUN), "--all")
+    table = cli("report", str(run.root / "runs" / RUN), "--all")
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
 
 
@@ -178,7 +178,7 @@ def test_without_enforce_jaxwarm_follows_the_trainer_and_says_so(
 
 @pytest.mark.e2e
 def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
-        tmp_path: Path, installed: str, launched: Callable[[int], Launched]) -> None:
+        tmp_path: Path, installed: str, launched: Callable[[int], Launched], cli: Cli) -> None:
     """jsp-train never calls mark_first_step(). Cold (--no-prewarm, an empty cache, no
     prewarm of its step anywhere), the function with the largest inputs is taken for the
     step: its train step, not its init (which compiles longer) nor its eval step. Warm from
@@ -205,7 +205,7 @@ def test_first_step_is_timed_cold_and_warm_from_another_runs_prewarm(
         f"the first execution of jit_step, a step the prewarm of run {RUN!r} recorded"
     assert 0 < second["time_to_first_step_s"]
 
-    shown = run_cli("report", str(tmp_path / "runs" / RUN)).stdout
+    shown = cli("report", str(tmp_path / "runs" / RUN)).stdout
     line = next(line for line in shown.splitlines()
                 if line.startswith("time to first step on process 0"))
     assert f"cold {first['time_to_first_step_s']:.2f} s (0 of" in line, shown
@@ -259,11 +259,11 @@ def test_a_command_that_is_not_a_python_script_gets_no_report_and_is_told(
 
 @pytest.mark.e2e
 @pytest.mark.slurm(lane=2)
-def test_unchanged_trainer_hits_on_slurm(tmp_path: Path, installed: str) -> None:
+def test_unchanged_trainer_hits_on_slurm(tmp_path: Path, installed: str, cli: Cli) -> None:
     ensure_cluster()
     launched = run_cli("launch", *args_for(tmp_path, installed, "topology.nodes=2",
                                            "topology.devices_per_process=2",
                                            "mesh.axes={data: 4}"),
                        "--slurm", "--wait", timeout=600)
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
-    assert_trained_with_a_hit(tmp_path, launched.stdout)
+    assert_trained_with_a_hit(cli, tmp_path, launched.stdout)

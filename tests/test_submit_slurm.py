@@ -22,6 +22,7 @@ from jaxwarm.core.rundir import (
     pinned_config,
     report_path,
     step_reached,
+    traceback_path,
 )
 from jaxwarm.store.store import LocalStore, open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
@@ -305,14 +306,25 @@ def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_r
 
 
 def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:
-    # n_heads=5 does not divide d_model=64: the step factory fails inside the prewarm job.
-    result = run_cli("launch", *args_for(tmp_path, "--wait", "step.args.n_heads=5"))
+    """The step factory raises inside the prewarm job (a parser that reads sys.argv and
+    refuses a flag, `tests.dying_factory`): the training job is cancelled, and the launch
+    says why in one line, the traceback kept in the run's log dir, as a local launch does
+    (tests/test_factory_args.py)."""
+    raising = "tests.dying_factory:make_train_step_but_refuse_a_flag"
+    result = run_cli("launch", *args_for(tmp_path, "--wait", f"step.factory={raising}"))
     assert result.returncode == 1
-    jobs = read_jobs(tmp_path / "runs" / "demo")
+    run_dir = tmp_path / "runs" / "demo"
+    jobs = read_jobs(run_dir)
     assert f"prewarm job {jobs[0].job_id} ended FAILED" in result.stderr
     assert f"so train job {jobs[1].job_id} was cancelled" in result.stderr
     assert job_states([jobs[1].job_id])[jobs[1].job_id].state == "CANCELLED"
-    assert "step.args.n_heads" in jobs[0].log_path().read_text()
+    told = traceback_path(run_dir, "prewarm", 0)
+    line = (f"step.factory: {raising} raised UnrecognizedFlagError: Unknown command line "
+            f"flag 'd_model' (its traceback: {told})")
+    assert line in result.stderr, result.stderr[-3000:]
+    assert line in jobs[0].log_path().read_text()
+    assert "Traceback" not in result.stderr
+    assert told.read_text().startswith("Traceback")
 
 
 def task_environment(log: Path) -> dict[str, str]:

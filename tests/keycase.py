@@ -10,7 +10,7 @@ Each case has its own cache, `WORKDIR/<variation>/cache`, and writes what it pre
 did to `WORKDIR/<variation>/<role>.json`.
 
 `VARIATIONS` is the table of (prewarm side, run side). Settings JAX reads at import or from
-the process (device count, XLA_FLAGS, sys.argv, JAX_* variables) are part of a `Side` too:
+the process (device count, XLA_FLAGS, sys.argv) are part of a `Side` too:
 the test starts the process with `side_env(side, workdir)` and `side.argv` (`command`),
 and this script checks it got them. Cases whose side has the same such settings can share
 one process (`batches`): between cases it points JAX at the next cache dir and drops its
@@ -38,7 +38,6 @@ class Side:
     devices: int = 8                      # fake host devices (the mesh always uses the first 8)
     xla_flags: tuple[str, ...] = ()       # added to XLA_FLAGS
     argv: tuple[str, ...] = ()            # extra sys.argv entries (JAX hashes --xla_* ones)
-    env: tuple[tuple[str, str], ...] = ()  # extra JAX_* environment variables
     mesh: tuple[int, int] = (8, 1)        # ("data", "model") shape
     make_mesh: bool = False               # jax.make_mesh (Explicit axes) instead of Mesh (Auto)
     jit_shardings: str = ""               # jit(in_shardings=...): "all" (n replicated) or
@@ -51,10 +50,11 @@ class Side:
     name: str = "train_step"              # the Python function's name (-> module name)
     python_int_n: bool = False            # run only: n as a Python int (weak type), not np.int32
     symlink: bool = False                 # reach the cache dir through a symlink
+    xla_caches: str | None = None         # jax_persistent_cache_enable_xla_caches (as the
+                                          # in-job hook sets cache.xla_caches); None: the default
 
 
 BASE = Side()
-NO_XLA_CACHES = (("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none"),)
 
 
 def _case(prewarm: dict | None = None, run: dict | None = None,
@@ -86,7 +86,7 @@ VARIATIONS: dict[str, tuple[Side, Side]] = {
     "make_mesh_vs_mesh": _case(prewarm={"make_mesh": True}),
     "device_count": _case(run={"devices": 16}),
     "cache_dir_symlink": _case(run={"symlink": True}),
-    "symlink_no_xla_caches": _case(both={"env": NO_XLA_CACHES}, run={"symlink": True}),
+    "symlink_no_xla_caches": _case(both={"xla_caches": "none"}, run={"symlink": True}),
 }
 
 
@@ -102,7 +102,6 @@ def side_env(side: Side, workdir: Path, base: dict[str, str] | None = None) -> d
     env["XLA_FLAGS"] = " ".join(xla_flags(side, workdir))
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(dict(side.env))
     return env
 
 
@@ -113,7 +112,7 @@ def sides(variation: str) -> dict[str, Side]:
 
 def process_settings(side: Side) -> tuple:
     """What a process must be started with (JAX reads it at import or from the process)."""
-    return side.devices, side.xla_flags, side.argv, side.env
+    return side.devices, side.xla_flags, side.argv
 
 
 def batches(role: str, variations: list[str]) -> list[list[str]]:
@@ -153,8 +152,6 @@ def _check_process(side: Side, workdir: Path) -> None:
         problems.append(f"{len(jax.devices())} devices, expected {side.devices}")
     if tuple(sys.argv[4:]) != side.argv:
         problems.append(f"extra argv {sys.argv[4:]}, expected {list(side.argv)}")
-    problems += [f"{k}={os.environ.get(k)!r}, expected {v!r}"
-                 for k, v in side.env if os.environ.get(k) != v]
     if problems:
         raise SystemExit("keycase: process not set up as its side says: " + "; ".join(problems))
 
@@ -317,12 +314,16 @@ def _one_case(role: str, variation: str, workdir: Path, recorder) -> None:
             link.symlink_to(Path(cache_dir).resolve(), target_is_directory=True)
         cache_dir = str(link)
     _use_cache_dir(cache_dir)
+    xla_caches = jax.config.jax_persistent_cache_enable_xla_caches
     jax.config.update("jax_default_matmul_precision", side.precision)
+    if side.xla_caches is not None:
+        jax.config.update("jax_persistent_cache_enable_xla_caches", side.xla_caches)
     try:
         result = (_prewarm(side, cache_dir, recorder, variation) if role == "prewarm"
                   else _run(side, cache_dir, recorder))
     finally:
         jax.config.update("jax_default_matmul_precision", None)
+        jax.config.update("jax_persistent_cache_enable_xla_caches", xla_caches)
     out = case_dir(workdir, variation) / f"{role}.json"
     out.write_text(json.dumps({"role": role, "variation": variation, "cache_dir": cache_dir,
                                "jax_version": jax.__version__, **result}, indent=1) + "\n")

@@ -4,14 +4,18 @@ Each leg (`testing/legs.py`, venvs made by `make legs`) runs real processes of i
 Python and jax: the probe's guards and its leaving no trace, and its two keys with PGLE on
 (as in tests/test_jaxkey.py),
 the key-variation matrix (cases sharing process settings share a process:
-8 processes for the 19 cases), then the demo as a user runs it, on two processes at the
+6 processes for the 19 cases), then the demo as a user runs it, on two processes at the
 ends of the range and one between (verify on an empty cache is COLD, launch is a HIT on
 process 0, verify is WARM under the key of the file JAX wrote, and says the key
-prediction is exact), then `cache export` / `cache import` into a
-cache at another path, where verify must be WARM, and a training job staged to node-local
-storage (`cache.stage`) hits what an unstaged prewarm wrote. The last two start from the
-demo's prewarmed cache (one launch per leg, not one per test). A leg whose Python is not
-installed is skipped with the reason; one whose venv was not built fails (run `make legs`).
+prediction is exact), then `cache export` / `cache import` into a cache at another path,
+where verify must be WARM (from jax 0.11), and a training job staged to node-local storage
+(`cache.stage`) hits what an unstaged prewarm wrote (on 0.11.2, the first jax whose default
+key leaves the path out). Before 0.11 the path is in the default key, and the import and
+the staging are refused; what they do there with `cache.xla_caches: none` is jaxwarm's own,
+tested on the main venv's jax of that range (tests/test_bundle.py, tests/test_stage.py).
+The last two start from the demo's prewarmed cache (one launch per leg, not one per test).
+A leg whose Python is not installed is skipped with the reason; one whose venv was not
+built fails (run `make legs`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ pytestmark = pytest.mark.e2e
 DEFAULT_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 
 
-@pytest.fixture(scope="module", params=LEGS, ids=[f"jax-{leg.jax}" for leg in LEGS])
+LEG_IDS = [f"jax-{leg.jax}" for leg in LEGS]
+
+
+@pytest.fixture(scope="module", params=LEGS, ids=LEG_IDS)
 def leg(request: pytest.FixtureRequest) -> Leg:
     leg: Leg = request.param
     python, why = leg_python(leg)
@@ -118,20 +125,13 @@ def test_with_pgle_the_prediction_is_the_first_compile_s_key(leg: Leg, tmp_path:
 
 @pytest.fixture(scope="module")
 def demo(leg: Leg, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The demo's verify, launch, verify, once per leg for the tests that use its cache; and
-    the cache a copy at another path hits ("portable", with its overrides): the demo's own,
-    or, where its keys include the path, a prewarm with `cache.xla_caches: none`."""
+    """The demo's verify, launch, verify, once per leg for the tests that use its cache."""
     tmp = tmp_path_factory.mktemp(f"demo-{leg.jax}")
     cache = tmp / "cache"
     cold = cli(leg, "verify", *demo_args(leg, tmp, cache))
     launch = cli(leg, "launch", *demo_args(leg, tmp, cache))
     warm = cli(leg, "verify", *demo_args(leg, tmp, cache))
-    portable, overrides, prewarm = cache, (), launch
-    if path_in_key(leg):
-        portable, overrides = tmp / "portable-cache", ("cache.xla_caches=none",)
-        prewarm = cli(leg, "prewarm", *demo_args(leg, tmp, portable, *overrides))
-    return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm,
-            "portable": portable, "portable_overrides": overrides, "portable_prewarm": prewarm}
+    return {"tmp": tmp, "cache": cache, "cold": cold, "launch": launch, "warm": warm}
 
 
 def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
@@ -148,49 +148,51 @@ def test_demo_cold_then_hit_then_warm(leg: Leg, demo: dict[str, Any]) -> None:
 
 
 def test_bundle_round_trip(leg: Leg, demo: dict[str, Any]) -> None:
-    """A bundle hits in a cache at another path: from jax 0.11 whatever the XLA caches;
-    before, only when exported with `cache.xla_caches: none` (and import says so)."""
+    """From jax 0.11 the demo's bundle hits in a cache at another path, whatever the XLA
+    caches. Before, the default XLA caches put the cache path in every key, so import
+    refuses the bundle in one line; a round trip exported with `cache.xla_caches: none`
+    there is tests/test_bundle.py's, on the main venv's jax (0.10.2, the same range), and
+    that such keys leave the path out is the key matrix's `symlink_no_xla_caches`."""
     tmp, source = demo["tmp"], demo["cache"]
+    ok(demo["launch"])
     bundle = tmp / "demo.tar"
     ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={source}",
            f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
     moved = tmp / "moved-cache"
     imported = cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}",
                    f"run.out_dir={tmp / 'runs'}")
-    portable = demo["portable_overrides"]
     if path_in_key(leg):
         assert "include the cache path" in imported.stderr and "< 0.11" in imported.stderr
         ok(imported, 2)
-        ok(demo["portable_prewarm"])
-        ok(cli(leg, "cache", "export", str(DEMO), f"cache.dir={demo['portable']}", *portable,
-               f"run.out_dir={tmp / 'runs'}", "-o", str(bundle)))
-        moved = tmp / "moved-portable-cache"
-        ok(cli(leg, "cache", "import", str(bundle), str(DEMO), f"cache.dir={moved}", *portable,
-               f"run.out_dir={tmp / 'runs'}"))
-    else:
-        ok(imported)
-    warm = ok(cli(leg, "verify", *demo_args(leg, tmp, moved, *portable)))
+        return
+    ok(imported)
+    warm = ok(cli(leg, "verify", *demo_args(leg, tmp, moved)))
     assert LocalStore(moved).entry_path(warm_key(warm)).is_file()
 
 
+# The oldest leg (the path in the key) and the first leg without it (0.11): the newer legs
+# stage as 0.11 does, and their keys' leaving the path out is the key matrix's
+# `cache_dir_symlink`. A prefix of LEGS, so that each case gets its leg's demo (and xdist
+# group), which conftest names by the parameter's index.
+@pytest.mark.parametrize("leg", LEGS[:2], ids=LEG_IDS[:2], indirect=True)
 def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(leg: Leg, demo: dict[str, Any],
                                                           tmp_path: Path) -> None:
-    """Node-local staging (`cache.stage`) leaves the key as it is: a training job reading
-    its node's copy hits the entries a prewarm wrote into the shared dir (a copy of the
-    demo's portable cache). Before jax 0.11 the default XLA caches put the cache path in
-    the key, so there a staged launch is refused in one line, and runs with
-    `cache.xla_caches: none`."""
+    """Node-local staging (`cache.stage`) leaves the key as it is: from jax 0.11 a training
+    job reading its node's copy hits the entries a prewarm wrote into the shared dir (a copy
+    of the demo's cache). Before, the default XLA caches put the cache path in the key, so
+    there a staged launch is refused in one line; a staged run with `cache.xla_caches:
+    none` there is tests/test_stage.py's, on the main venv's jax (0.10.2, the same range)."""
     cache, stage = tmp_path / "cache", tmp_path / "stage"
-    overrides = demo["portable_overrides"]
     if path_in_key(leg):
         refused = cli(leg, "launch", *demo_args(leg, tmp_path, cache, f"cache.stage={stage}"))
         assert f"cache.stage: on jax {leg.jax} the cache dir's path string is part of " \
                f"every key" in ok(refused, 2) + refused.stderr
         assert not cache.exists() and not stage.exists()
-    ok(demo["portable_prewarm"])
-    shutil.copytree(demo["portable"], cache)
+        return
+    ok(demo["launch"])
+    shutil.copytree(demo["cache"], cache)
     out = ok(cli(leg, "launch", "--no-prewarm",
-                 *demo_args(leg, tmp_path, cache, *overrides, f"cache.stage={stage}")))
+                 *demo_args(leg, tmp_path, cache, f"cache.stage={stage}")))
     report = json.loads(report_path(tmp_path / "runs" / "demo", "train", 0, 0).read_text())
     assert report["cache_dir"] == str(stage) and len(report["stage"]["copied"]) == 2
     assert {fn["name"] for fn in report["functions"] if fn["hit"]} == \

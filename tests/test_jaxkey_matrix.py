@@ -8,7 +8,7 @@ key (and each component) is the key JAX used; WARM/COLD is JAX's hit/miss; judgi
 the cache nor compiled; a miss is explained by exactly the components measured below, which are
 named in the explanation. The cases whose side needs the same process settings share one process
 (`keycase.batches`, which starts each case from its own cache with JAX's in-memory caches dropped):
-8 processes for the table, not 38.
+6 processes for the table, not 38.
 
 Expectations are what jax/jaxlib 0.10.2 on CPU does; `expected` adjusts them for the
 other tested versions (tests/test_jax_versions.py runs the matrix there). Where that differs

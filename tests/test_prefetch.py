@@ -1,5 +1,5 @@
 """`cache.prefetch`: the demo's training job loads its prewarmed executables ahead of the
-trainer's lookups, on the oldest and the newest supported jax (the legs) and the main venv.
+trainer's lookups.
 
 One launch per jax prewarms a cache (its prewarm records what loading each entry takes);
 each test then launches training on a copy of it, as a user would, and reads the init
@@ -8,6 +8,13 @@ is always JAX's own, from the trainer's lowering; what is checked is that a pref
 executable is used only under its key with the options it was loaded with, and that
 everything else (nothing recorded, prefetch off, a cap, a key never asked for) leaves the
 trainer's start as it is.
+
+What depends on the jax version runs on the oldest and the newest supported jax (the legs)
+and the main venv's: how an entry is read, deserialized and handed to JAX's lookup under its
+key (a plain run, whose launch two tests share), and how a prefetched key that is not handed
+over goes down JAX's own lookup (the cap). The rest is jaxwarm's own logic, the same on any
+jax (what it compares, records, reports or refuses), and runs on the main venv only
+(`MAIN_ONLY`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +47,11 @@ from tests.planting_factory import PLANT
 
 pytestmark = pytest.mark.e2e
 
-# The oldest and newest supported jax (legs), and the main venv's.
-PYTHONS = {f"jax-{LEGS[0].jax}": LEGS[0], "main": None, f"jax-{LEGS[-1].jax}": LEGS[-1]}
+# The main venv's jax, and the oldest and newest supported (legs). The main venv's comes
+# first: a test on it alone (MAIN_ONLY) gets the same prewarmed cache and the same xdist
+# group as the others on it, which conftest names by the parameter's index.
+PYTHONS = {"main": None, f"jax-{LEGS[0].jax}": LEGS[0], f"jax-{LEGS[-1].jax}": LEGS[-1]}
+MAIN_ONLY = pytest.mark.parametrize("prewarmed", ["main"], indirect=True)
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,12 @@ class Prewarmed:
     python: Path
     root: Path
     cache: Path
+
+    @cached_property
+    def trained(self) -> dict[str, Any]:
+        """A plain run's report (`launch` on a copy of the cache, nothing changed), launched
+        once for the tests that read what it prefetched."""
+        return self.launch(self.root / "trained")
 
     def launch(self, tmp: Path, *overrides: str, cache: Path | None = None) -> dict[str, Any]:
         """Train the demo (one step) on `cache` (a copy of the prewarmed one by default);
@@ -110,11 +127,10 @@ def hits(report: dict[str, Any]) -> dict[str, bool]:
             if f["name"] in ("jit_train_step", "jit_init_state")}
 
 
-def test_prefetched_executables_are_used_under_their_keys(prewarmed: Prewarmed,
-                                                          tmp_path: Path) -> None:
+def test_prefetched_executables_are_used_under_their_keys(prewarmed: Prewarmed) -> None:
     entries = manifest(prewarmed.cache)["entries"]
     assert all(e["compile_options"] and e["device_ids"] for e in entries.values())
-    report = prewarmed.launch(tmp_path)
+    report = prewarmed.trained
     assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
     assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
     used = {p["key"] for p in report["prefetch"]["executables"]}
@@ -123,6 +139,7 @@ def test_prefetched_executables_are_used_under_their_keys(prewarmed: Prewarmed,
     assert "prefetch (process 0" in report["headline"]
 
 
+@MAIN_ONLY
 def test_a_planted_mismatch_takes_jaxs_path_and_is_reported(prewarmed: Prewarmed,
                                                             tmp_path: Path) -> None:
     """The manifest says the step was compiled for its devices in another order: the
@@ -143,6 +160,7 @@ def test_a_planted_mismatch_takes_jaxs_path_and_is_reported(prewarmed: Prewarmed
     assert "jit_train_step not used: " in report["headline"]
 
 
+@MAIN_ONLY
 def test_a_run_whose_prewarm_recorded_nothing_starts_normally(prewarmed: Prewarmed,
                                                               tmp_path: Path) -> None:
     report = prewarmed.launch(tmp_path, cache=tmp_path / "empty")
@@ -151,6 +169,7 @@ def test_a_run_whose_prewarm_recorded_nothing_starts_normally(prewarmed: Prewarm
     assert report["time_to_first_step_s"] is not None
 
 
+@MAIN_ONLY
 def test_prefetch_off_changes_nothing(prewarmed: Prewarmed, tmp_path: Path) -> None:
     report = prewarmed.launch(tmp_path, "cache.prefetch=off")
     assert report["prefetch"] is None
@@ -159,18 +178,19 @@ def test_prefetch_off_changes_nothing(prewarmed: Prewarmed, tmp_path: Path) -> N
 
 
 def test_the_memory_cap_is_respected(prewarmed: Prewarmed, tmp_path: Path) -> None:
-    """A cap under the two executables together: the step, first in load order, is
-    admitted, and the init function, which would pass the cap beside it, is not loaded (the
-    trainer's lookup loads it the usual way). Admission follows the sizes and the load order
-    alone, so this is the outcome however the loads and lookups interleave."""
-    first = prewarmed.launch(tmp_path / "a")
-    cap = max(p["size"] for p in first["prefetch"]["executables"]) + 1
-    report = prewarmed.launch(tmp_path / "b", f"cache.prefetch_max_size={cap}")
+    """A cap under the two executables together (their sizes from the plain run): the
+    step, first in load order, is admitted, and the init function, which would pass the cap
+    beside it, is not loaded (the trainer's lookup loads it JAX's usual way, a hit).
+    Admission follows the sizes and the load order alone, so this is the outcome however
+    the loads and lookups interleave."""
+    cap = max(p["size"] for p in prewarmed.trained["prefetch"]["executables"]) + 1
+    report = prewarmed.launch(tmp_path, f"cache.prefetch_max_size={cap}")
     assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": OVER_CAP}
     assert 0 < report["prefetch"]["peak_bytes"] <= cap
     assert hits(report) == {"jit_train_step": True, "jit_init_state": True}
 
 
+@MAIN_ONLY
 def test_a_function_never_asked_for_is_named_and_released(prewarmed: Prewarmed,
                                                           tmp_path: Path) -> None:
     """The trainer runs under an XLA flag its prewarm did not have: its keys are others,
@@ -181,6 +201,7 @@ def test_a_function_never_asked_for_is_named_and_released(prewarmed: Prewarmed,
     assert "not asked for by the first step, released" in report["headline"]
 
 
+@MAIN_ONLY
 def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_prewarm(
         prewarmed: Prewarmed, tmp_path: Path) -> None:
     """A manifest written before `cache.prefetch` (no compile options): nothing to prefetch
@@ -228,6 +249,7 @@ def test_the_prefetch_thread_runs_at_idle_priority_and_the_trainer_does_not(
     assert prefetch.report.executables[0].outcome.startswith("not loaded: ")
 
 
+@MAIN_ONLY
 @pytest.mark.parametrize("plant", ["link", "fifo"])
 def test_an_entry_swapped_after_the_checks_is_not_read_by_jax(
         prewarmed: Prewarmed, tmp_path: Path, plant: str) -> None:
@@ -236,8 +258,6 @@ def test_an_entry_swapped_after_the_checks_is_not_read_by_jax(
     OOM killer came) or a FIFO (JAX's open would block for ever): quarantined, the lookup a
     miss, the step compiled, the training done, in one line. The prefetch is off, so that
     JAX's own read is the one asked."""
-    if prewarmed.python != Path(sys.executable):
-        pytest.skip("the planting factory is this venv's test module")
     cache = tmp_path / "cache"
     shutil.copytree(prewarmed.cache, cache)
     outside = snapshot(REPO / "tests")

@@ -318,11 +318,15 @@ def test_failing_prewarm_cancels_training_and_says_why(tmp_path: Path) -> None:
     assert f"prewarm job {jobs[0].job_id} ended FAILED" in result.stderr
     assert f"so train job {jobs[1].job_id} was cancelled" in result.stderr
     assert job_states([jobs[1].job_id])[jobs[1].job_id].state == "CANCELLED"
-    told = traceback_path(run_dir, "prewarm", 0)
+    # Both tasks raise; the launch names the one SLURM saw fail first, with its own log.
+    failed = re.search(r"ended FAILED: task (\d+): ", result.stderr)
+    assert failed, result.stderr[-3000:]
+    task = int(failed[1])
+    told = traceback_path(run_dir, "prewarm", task)
     line = (f"step.factory: {raising} raised UnrecognizedFlagError: Unknown command line "
             f"flag 'd_model' (its traceback: {told})")
     assert line in result.stderr, result.stderr[-3000:]
-    assert line in jobs[0].log_path().read_text()
+    assert line in jobs[0].log_path(task).read_text()
     assert "Traceback" not in result.stderr
     assert told.read_text().startswith("Traceback")
 

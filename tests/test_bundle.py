@@ -220,6 +220,16 @@ def test_a_bundle_cannot_rewrite_the_record_of_an_entry_it_does_not_bring(
     assert recorded.run == "exporter" and store.manifest_file.is_file()
 
 
+def assert_refused_into_an_empty_cache(tmp_path: Path, import_into: Importer, bundle: Path,
+                                       *fragments: str) -> None:
+    """`cache import` of `bundle` into an empty cache dir is refused in one line naming the
+    bundle (and `fragments`), and nothing under `tmp_path` changes."""
+    (tmp_path / "cache").mkdir(mode=0o700)
+    before = snapshot(tmp_path)
+    assert_refused(import_into(tmp_path, bundle), str(bundle), *fragments)
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.e2e
 @pytest.mark.hostile
 def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
@@ -239,10 +249,7 @@ def test_a_sparse_member_claiming_2_gib_is_refused_before_anything_is_written(
                     f"entries/{member.name}"], cwd=holes, check=True)
     member.unlink()
     assert bundle.stat().st_size < 1 << 20
-    (tmp_path / "cache").mkdir(mode=0o700)
-    before = snapshot(tmp_path)
-    assert_refused(import_into(tmp_path, bundle), str(bundle), "sparse member")
-    assert snapshot(tmp_path) == before
+    assert_refused_into_an_empty_cache(tmp_path, import_into, bundle, "sparse member")
 
 
 @pytest.mark.e2e
@@ -254,11 +261,7 @@ def test_a_member_claiming_more_than_the_file_holds_is_refused(
         cut = tar.getmember(f"entries/{key(1)}-cache").offset_data + 4
     with bundle.open("r+b") as data:
         data.truncate(cut)  # the header claims bytes the file does not hold
-    (tmp_path / "cache").mkdir(mode=0o700)
-    before = snapshot(tmp_path)
-    result = import_into(tmp_path, bundle)
-    assert_refused(result, str(bundle))
-    assert snapshot(tmp_path) == before
+    assert_refused_into_an_empty_cache(tmp_path, import_into, bundle)
 
 
 @pytest.mark.e2e
@@ -268,10 +271,7 @@ def test_a_compressed_bundle_is_refused_unread(tmp_path: Path, import_into: Impo
     bundle = tmp_path / "bomb.tar.gz"
     with gzip.open(bundle, "wb") as out:
         out.write(bytes(64 << 20))
-    (tmp_path / "cache").mkdir(mode=0o700)
-    before = snapshot(tmp_path)
-    assert_refused(import_into(tmp_path, bundle), str(bundle), "gzip-compressed")
-    assert snapshot(tmp_path) == before
+    assert_refused_into_an_empty_cache(tmp_path, import_into, bundle, "gzip-compressed")
 
 
 @pytest.mark.e2e
@@ -299,10 +299,8 @@ def test_a_zlib_bomb_in_a_bundle_is_refused(tmp_path: Path, import_into: Importe
     bundle = write_bundle(tmp_path / "b.tar", meta({key(1): item(entry_bytes(1)),
                                                     bomb: item(zlib_bomb())}),
                           [good(1), (f"entries/{bomb}-cache", zlib_bomb())])
-    (tmp_path / "cache").mkdir(mode=0o700)
-    before = snapshot(tmp_path)
-    assert_refused(import_into(tmp_path, bundle), str(bundle), bomb, "decompression bomb")
-    assert snapshot(tmp_path) == before
+    assert_refused_into_an_empty_cache(tmp_path, import_into, bundle, bomb,
+                                       "decompression bomb")
 
 
 def bundle_meta(**changes: object) -> BundleMeta:

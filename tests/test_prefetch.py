@@ -35,9 +35,10 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.records import OVER_CAP, TRAIN, UNUSED, USED
+from jaxwarm.core.records import NOT_LOADED, OVER_CAP, TRAIN, UNUSED, USED
 from jaxwarm.core.rundir import report_path
-from jaxwarm.job.prefetch import Prefetch
+from jaxwarm.jaxkey.entryload import Asked, LoadSpec
+from jaxwarm.job.prefetch import NO_IDLE_CORE, SAMPLE_S, Prefetch
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
@@ -89,9 +90,12 @@ def cli(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def demo(runs: Path, cache: Path) -> list[str]:
     """The demo, one step, on `cache`; XLA's caches off, so that the cache dir's path is in
-    no key on any jax (each test trains on its own copy of the prewarmed cache)."""
+    no key on any jax (each test trains on its own copy of the prewarmed cache). The
+    prefetch loads whether a core is idle or not (`true`): `auto` waits for an idle core,
+    which a machine busy with other tests may never have."""
     return [str(DEMO), "--local", f"run.out_dir={runs}", f"cache.dir={cache}",
-            "cache.xla_caches=none", "train.steps=1", *TINY_CACHED, *ONE_PROCESS]
+            "cache.xla_caches=none", "train.steps=1", "cache.prefetch=true", *TINY_CACHED,
+            *ONE_PROCESS]
 
 
 @pytest.fixture(scope="module", params=list(PYTHONS))
@@ -225,28 +229,69 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_the_prefetch_thread_runs_at_idle_priority_and_the_trainer_does_not(
-        tmp_path: Path) -> None:
-    """The prefetch's reader thread lowers itself to SCHED_IDLE (per thread, as Linux sets
-    it), and the thread that started it (the trainer's) keeps its policy. The test holds the
-    prefetch's lock, so the reader, once lowered, waits there and its id stays its own."""
-    store = LocalStore(tmp_path / "cache")
+def a_prefetch(tmp_path: Path, wait_for_core: bool) -> Prefetch:
+    """A prefetch of one entry that has no file (its load, once begun, fails)."""
     entry = ManifestEntry("jit_train_step", "k1", "run", "config", 1.0, 0.1, True, "0", 1,
                           compile_options="", device_ids=[0])
-    prefetch = Prefetch([entry], store, 1 << 30, 0.0)
-    with prefetch._lock:
-        prefetch.start()
-        reader = next(t for t in threading.enumerate() if t.name == "jaxwarm-prefetch-read")
-        assert reader.native_id is not None
-        deadline = time.monotonic() + 60
-        while (os.sched_getscheduler(reader.native_id) != os.SCHED_IDLE
-               and time.monotonic() < deadline):
-            time.sleep(0.01)
-        assert os.sched_getscheduler(reader.native_id) == os.SCHED_IDLE
-        assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    return Prefetch([entry], LocalStore(tmp_path / "cache"), 1 << 30, 0.0,
+                    wait_for_core=wait_for_core)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_only_the_deserializing_thread_runs_at_idle_priority(tmp_path: Path) -> None:
+    """Right before XLA's deserialization (which releases the GIL) the loading thread
+    lowers itself to SCHED_IDLE (per thread, as Linux sets it); the reader, which holds the
+    GIL as it reads and decompresses, and the trainer's thread keep their policy (a thread
+    at idle priority preempted while it holds the GIL stops the trainer's Python). Once
+    the trainer waits for a load, a load that begins is not lowered."""
+    prefetch = a_prefetch(tmp_path, wait_for_core=False)
+    policies: list[int] = []
+
+    def load() -> None:
+        prefetch._lower()
+        policies.append(os.sched_getscheduler(0))
+
+    for waited in (False, True):
+        prefetch._waited = waited
+        thread = threading.Thread(target=load)
+        thread.start()
+        thread.join()
+    assert policies == [os.SCHED_IDLE, os.sched_getscheduler(0)]
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    prefetch.start()
     prefetch.join()  # the entry has no file: its load fails, JAX's path stays the trainer's
-    assert prefetch.report.executables[0].outcome.startswith("not loaded: ")
+    assert prefetch.report.executables[0].outcome.startswith(f"{NOT_LOADED}: ")
+    assert not [t for t in threading.enumerate() if t.name.startswith("jaxwarm-prefetch")]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_on_a_busy_core_auto_loads_nothing_and_the_lookup_takes_jaxs_path(
+        tmp_path: Path) -> None:
+    """`cache.prefetch: auto` on a node with no idle core: the prefetch (its reader started
+    by a thread that may run on one core only, which a busy process keeps busy) never
+    begins a load, and the trainer's lookup, when it comes, takes JAX's own path; the
+    report says why. The same prefetch with `true` begins the load at once."""
+    core = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {core})  # this thread only: the reader inherits it
+        prefetch = a_prefetch(tmp_path, wait_for_core=True)
+        prefetch.start()
+        os.sched_setaffinity(0, allowed)
+        # Several samples of the busy core go by before the lookup (however many, none
+        # finds it idle: the outcome does not depend on how long this is).
+        time.sleep(4 * SAMPLE_S)
+        asked = Asked("k1", LoadSpec("", (0,)), str(tmp_path / "cache"), False)
+        assert prefetch.take(asked) is None
+    finally:
+        os.sched_setaffinity(0, allowed)
+        busy.kill()
+        busy.wait()
+    prefetch.join()
+    assert prefetch.report.executables[0].outcome == NO_IDLE_CORE
+    assert prefetch.report.executables[0].load_s == 0.0
 
 
 @MAIN_ONLY

@@ -75,9 +75,11 @@ class CacheConfig:
     stage: str | None = None
     # How long a node's other processes wait for that copy before they read `dir` instead.
     stage_wait_s: PositiveSeconds = 600.0
-    # "auto" (or true): a training job loads the executables its run's prewarm recorded on
-    # background threads as soon as it has its backend (jaxwarm/job/prefetch.py); false
-    # (YAML's off): JAX loads each one at the trainer's own call, as without jaxwarm.
+    # "auto": a training job loads the executables its run's prewarm recorded on background
+    # threads from the time it has its backend, each once a core is idle, so that the
+    # trainer never waits for a core (jaxwarm/job/prefetch.py); true: each at once, whether
+    # a core is idle or not; false (YAML's off): JAX loads each one at the trainer's own
+    # call, as without jaxwarm.
     prefetch: bool | str = "auto"
     # At most this many bytes of serialized executables are held by the prefetch at once.
     prefetch_max_size: Bytes = 4 << 30

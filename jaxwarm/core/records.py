@@ -163,6 +163,7 @@ class Staging:
 USED = "used"  # the trainer's lookup got it
 UNUSED = "not asked for by the first step, released"  # init ended before its lookup
 OVER_CAP = "over cache.prefetch_max_size (not loaded)"
+NOT_LOADED = "not loaded"  # "not loaded: <why>": no load ran, or it failed
 
 
 @dataclass
@@ -171,8 +172,7 @@ class Prefetched:
 
     function: str
     key: str
-    # USED, UNUSED, OVER_CAP, "not used: <why>" (the lookup took JAX's normal path) or
-    # "not loaded: <why>".
+    # USED, UNUSED, OVER_CAP, "not used: <why>" (the lookup took JAX's path), NOT_LOADED...
     outcome: str
     # Its serialized bytes (what the prefetch held), and the background load's seconds.
     size: int = 0

@@ -22,8 +22,8 @@ as for any hit, since the wrapper sits inside `_cache_read`.
 
 Deserialization releases the GIL on every tested version (measured: docs/cache.md,
 "Prefetch"): the trainer's Python runs on while the loads do, competing with them only
-for the CPU, and the prefetch's threads run at idle priority (`jaxwarm.job.prefetch.yield_cpu`)
-so that the trainer wins that.
+for the CPU; the prefetch lowers the deserializing thread to idle priority for that call
+alone (`jaxwarm.job.prefetch`, "Below the trainer").
 
 The same seam is where JAX itself reads an entry, after every check jaxwarm made at the
 launch and at the job's start: `guard_reads` asks, right before that read, whether the file
@@ -78,9 +78,12 @@ class Loaded:
     size: int
 
 
-def deserialize(serialized: bytes, compile_time: int, spec: LoadSpec) -> Loaded:
-    """Deserialize on the default backend as JAX's lookup would with `spec`. Raises
-    LookupError when a recorded device is not in this process's backend."""
+def deserialize(serialized: bytes, compile_time: int, spec: LoadSpec,
+                before: Callable[[], None] | None = None) -> Loaded:
+    """Deserialize on the default backend as JAX's lookup would with `spec`; `before` is
+    called right before XLA's call, everything else prepared (the prefetch lowers its thread
+    there: the call releases the GIL, the preparation does not). Raises LookupError when a
+    recorded device is not in this process's backend."""
     import jax
     from jax._src.lib import xla_client
 
@@ -91,6 +94,8 @@ def deserialize(serialized: bytes, compile_time: int, spec: LoadSpec) -> Loaded:
         raise LookupError(f"device {missing[0]} is not among this process's devices")
     options = xla_client.CompileOptions.ParseFromString(base64.b64decode(spec.compile_options))
     devices = xla_client.DeviceList(tuple(by_id[i] for i in spec.device_ids))
+    if before is not None:
+        before()
     return Loaded(backend.deserialize_executable(serialized, devices, options), compile_time,
                   len(serialized))
 

@@ -24,14 +24,21 @@ interleave (one that is not admitted is not loaded, and the report says so).
 On CPU only process 0's keys are the prewarm's (every other process hashes its own
 devices), so only process 0 prefetches there.
 
-The loads yield the CPU to the trainer (`yield_cpu`): each prefetch thread runs under Linux's
-SCHED_IDLE (a per-thread policy), so on a machine with no core to spare the trainer's own
-init never waits for them (measured on 2 cores with another job beside it: the trainer's
-init took 45.0 s with loads at its own priority against 34.4 s without prefetch). Once the
-trainer waits for a load, that load is all it waits for: the loads go back to the normal
-policy where the process may (`unyield`), else they finish at idle priority. XLA's own
-threads, started with the backend, keep their priority: on XLA:CPU they do most of a
-deserialization (docs/cache.md, "Below the trainer").
+The loads never take a core the trainer wants (docs/cache.md, "Below the trainer"):
+- an executable's load starts only once a core this process may run on has been idle
+  (`idle_cores`, from /proc/stat, over `SAMPLE_S`); until then the reader waits, and a
+  lookup that comes first takes JAX's own path, as without prefetch (the report says so).
+  On a node whose cores other jobs keep busy, nothing is loaded ahead: measured on 2 cores
+  with another job beside it, loads at idle priority but started anyway slowed the trainer's
+  own init from 60 s to 118 s, since XLA:CPU deserializes on its own threads, at the
+  trainer's priority;
+- the thread that calls XLA's deserialization lowers itself to Linux's SCHED_IDLE (per
+  thread; else nice 19) right before the call, which releases the GIL, and not before: a
+  thread at idle priority that holds the GIL when a busy node preempts it stops the
+  trainer's Python until the node has a core to spare for it. Reading and decompressing
+  (short, GIL-bound) run at the trainer's priority. Once the trainer waits for a load,
+  that load is all it waits for: it goes back to the normal policy where the process may
+  (`unyield`), else it finishes at idle priority.
 """
 
 from __future__ import annotations
@@ -42,11 +49,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
-from jaxwarm.core.records import OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
+from jaxwarm.core.records import NOT_LOADED, OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
 from jaxwarm.jaxkey.entryformat import TIME_BYTES, PayloadTooBig, read_payload
 from jaxwarm.jaxkey.entryload import (
     Asked,
@@ -62,6 +68,12 @@ log = logging.getLogger(__name__)
 
 # Loads side by side: a run's train step, init and eval functions.
 WORKERS = 4
+# A load starts once this much of a core has been idle over SAMPLE_S seconds (a load keeps
+# about one core busy; one more sample when it has not).
+IDLE_CORE = 0.8
+SAMPLE_S = 0.25
+# The outcome of an executable whose lookup came before any core was idle for its load.
+NO_IDLE_CORE = f"{NOT_LOADED}: no core was idle before its lookup, JAX loaded it"
 # At exit, how long loads still running may take to end.
 JOIN_S = 120.0
 # What the prefetch threads were lowered to, once said in the job log.
@@ -84,6 +96,35 @@ def yield_cpu() -> None:
     if not _yielded:
         _yielded.append(how)
         log.debug("jaxwarm: prefetch threads run at %s", how)
+
+
+def idle_cores(interval_s: float) -> float | None:
+    """How many of the cores this process may run on (its affinity) were idle, on average,
+    over the next `interval_s` seconds, from /proc/stat's per-core counters; None where
+    they cannot be read (then nothing waits for a core)."""
+
+    def sample() -> dict[str, tuple[int, int]]:
+        counters = {}
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *fields = line.split()
+            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in allowed:
+                ticks = [int(x) for x in fields[:8]]
+                counters[name] = (ticks[3] + ticks[4], sum(ticks))  # idle + iowait, all
+        return counters
+
+    try:
+        allowed = os.sched_getaffinity(0)
+        before = sample()
+        time.sleep(interval_s)
+        after = sample()
+    except (AttributeError, OSError, ValueError, IndexError):
+        return None
+    idle = 0.0
+    for name, (idle_after, total_after) in after.items():
+        idle_before, total_before = before.get(name, (idle_after, total_after))
+        if total_after > total_before:
+            idle += (idle_after - idle_before) / (total_after - total_before)
+    return idle if after else None
 
 
 def unyield(native_ids: list[int]) -> None:
@@ -110,6 +151,8 @@ class _Item:
     asked: bool = False
     # Nobody will take it (init ended, or its lookup took JAX's path): the load drops it.
     dropped: bool = False
+    # Its load has begun (a core was idle before its lookup).
+    started: bool = False
 
 
 def mismatch(prefetched: LoadSpec, asked: Asked, cache_dir: str) -> str | None:
@@ -131,8 +174,10 @@ class Prefetch:
     """The loads of one process, and what became of each (`report`)."""
 
     def __init__(self, entries: list[ManifestEntry], store: CacheStore, max_size: int,
-                 started_s: float, capped: bool = False):
+                 started_s: float, capped: bool = False, wait_for_core: bool = True):
         self.store = store
+        # `cache.prefetch: auto`: each load waits for an idle core (true: it does not).
+        self.wait_for_core = wait_for_core
         # A size-capped cache (cache.max_size): a used entry's atime is renewed as JAX would.
         self.capped = capped
         self.report = PrefetchReport(started_s=round(started_s, 6), max_size=max_size)
@@ -144,6 +189,7 @@ class Prefetch:
         self._threads: list[threading.Thread] = []
         self._native_ids: list[int] = []  # the loading threads', for `unyield`
         self._waited = False  # the trainer has waited for a load: none yields any more
+        self._stopping = False  # the process exits: the reader waits for no core any more
         # Load order, which admission follows: the step first (the trainer needs it last,
         # but it takes longest), then the largest.
         for entry in sorted(entries, key=lambda e: (not e.is_step, -(e.size or 0))):
@@ -154,7 +200,7 @@ class Prefetch:
             self.report.executables.append(record)
 
     def start(self) -> None:
-        reader = threading.Thread(target=self._yielding, args=(self._read_all,), daemon=True,
+        reader = threading.Thread(target=self._read_all, daemon=True,
                                   name="jaxwarm-prefetch-read")
         self._threads.append(reader)
         reader.start()
@@ -162,6 +208,7 @@ class Prefetch:
     def join(self) -> None:
         """At exit: let loads still inside XLA end (a thread in native code when the
         interpreter finalizes can abort the process), for at most JOIN_S."""
+        self._stopping = True
         deadline = time.monotonic() + JOIN_S
         # The reader first: once it has ended, every load it started is in the list.
         for thread in self._threads:
@@ -198,25 +245,43 @@ class Prefetch:
         if not loading:
             self._release(item)
 
-    def _yielding(self, work: Callable[..., None], *args: Any) -> None:
-        """A prefetch thread's body: `work` below the trainer's priority. The thread's id is
-        in the list `unyield` acts on only while it runs (the kernel reuses ids)."""
-        if not self._waited:  # read unlocked: a race only lowers one thread once more
-            yield_cpu()
-        native_id = threading.get_native_id()
+    def _lower(self) -> None:
+        """Right before XLA's deserialization (which releases the GIL): this thread below
+        the trainer, unless the trainer already waits for a load. Its id is in the list
+        `unyield` acts on until the thread's load is over (the kernel reuses ids)."""
         with self._lock:
-            self._native_ids.append(native_id)
-        try:
-            work(*args)
-        finally:
+            if self._waited:
+                return
+            self._native_ids.append(threading.get_native_id())
+        yield_cpu()
+
+    def _core_free(self, item: _Item) -> bool:
+        """Wait until a core is idle for `item`'s load; False when its lookup, the end of
+        init or the process's exit came first (then it is not loaded)."""
+        while True:
             with self._lock:
-                self._native_ids.remove(native_id)
+                if item.asked or item.dropped or self._stopping:
+                    return False
+                # Not asked to wait, or the trainer waits for a load: it wants no core now.
+                if not self.wait_for_core or self._waited:
+                    item.started = True
+                    return True
+            idle = idle_cores(SAMPLE_S)
+            with self._lock:
+                if item.asked or item.dropped or self._stopping:
+                    return False
+                if idle is None or idle >= IDLE_CORE:
+                    item.started = True
+                    return True
 
     def _read_all(self) -> None:
-        """Each item in load order: read and decompress it within the cap, then deserialize
-        it on a thread of its own (at most WORKERS at once). One nobody will take any more
-        is not read."""
+        """Each item in load order, once a core is idle for it: read and decompress it
+        within the cap, then deserialize it on a thread of its own (at most WORKERS at
+        once). One nobody will take any more is not read."""
         for item in self._items.values():
+            if not self._core_free(item):
+                item.done.set()
+                continue
             start = time.perf_counter()
             try:
                 read = None if item.dropped else self._read(item)
@@ -227,8 +292,7 @@ class Prefetch:
                 self._done(item, None, start)
                 continue
             self._slots.acquire()
-            thread = threading.Thread(target=self._yielding,
-                                      args=(self._deserialize, item, *read, start),
+            thread = threading.Thread(target=self._deserialize, args=(item, *read, start),
                                       daemon=True, name=f"jaxwarm-prefetch-{item.record.key}")
             self._threads.append(thread)
             thread.start()
@@ -263,16 +327,20 @@ class Prefetch:
                      start: float) -> None:
         loaded = None
         try:
-            loaded = deserialize(serialized, compile_time, item.spec)
+            loaded = deserialize(serialized, compile_time, item.spec, before=self._lower)
             item.record.size = loaded.size
         except Exception as exc:  # as in _read_all
             self._failed(item, exc)
         finally:
+            with self._lock:
+                native_id = threading.get_native_id()
+                if native_id in self._native_ids:
+                    self._native_ids.remove(native_id)
             self._slots.release()
             self._done(item, loaded, start)
 
     def _failed(self, item: _Item, exc: Exception) -> None:
-        item.record.outcome = f"not loaded: {type(exc).__name__}: {exc}"
+        item.record.outcome = f"{NOT_LOADED}: {type(exc).__name__}: {exc}"
         log.warning("jaxwarm: prefetch of %s: %s; JAX loads it at the trainer's call",
                     item.record.function, item.record.outcome)
 
@@ -294,8 +362,12 @@ class Prefetch:
         item = self._items[asked.key]
         with self._lock:
             first, item.asked = not item.asked, True
+            started = item.started
         if not first:
             return None  # a second lookup of one key (JAX handed the first its executable)
+        if not started:  # no core was idle for it in time: JAX's own path, as without
+            self._drop(item, NO_IDLE_CORE)
+            return None
         why = mismatch(item.spec, asked, self.store.dir)
         if why is not None:
             self._drop(item, f"not used: {why}")
@@ -340,16 +412,16 @@ _started: list[Prefetch] = []
 
 
 def start_prefetch(entries: list[ManifestEntry], store: CacheStore, max_size: int,
-                   started_s: float, capped: bool) -> Prefetch | None:
+                   started_s: float, capped: bool, wait_for_core: bool) -> Prefetch | None:
     """Start loading `entries` (those recorded with what loading takes, whose file is in
-    `store`, the dir JAX reads) and serve JAX's lookups of them; once per process.
-    None when there is nothing to load."""
+    `store`, the dir JAX reads), each once a core is idle where `wait_for_core`, and serve
+    JAX's lookups of them; once per process. None when there is nothing to load."""
     if _started:
         return None
     loadable = [e for e in entries if e.compile_options is not None and store.has_entry(e.key)]
     if not loadable:
         return None
-    prefetch = Prefetch(loadable, store, max_size, started_s, capped)
+    prefetch = Prefetch(loadable, store, max_size, started_s, capped, wait_for_core)
     serve_lookups(prefetch.prefetched, prefetch.take)
     _started.append(prefetch)
     prefetch.start()

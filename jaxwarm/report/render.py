@@ -17,6 +17,7 @@ from jaxwarm.core.records import (
     COMPILE,
     FIRST_STEP,
     LOAD,
+    NOT_LOADED,
     NOT_LOOKED_UP,
     ORDER,
     OTHER,
@@ -326,8 +327,10 @@ def prefetch_lines(attempt: list[InitReport]) -> list[str]:
         return []
     done = report.prefetch
     each = "; ".join(
-        f"{p.function} {p.outcome} (loaded in {p.load_s:.2f} s"
-        + (f", the trainer waited {p.waited_s:.2f} s)" if p.outcome == USED else ")")
+        f"{p.function} {p.outcome}" + ("" if p.outcome.startswith(NOT_LOADED) else
+                                       f" (loaded in {p.load_s:.2f} s"
+                                       + (f", the trainer waited {p.waited_s:.2f} s)"
+                                          if p.outcome == USED else ")"))
         for p in done.executables)
     return [f"prefetch (process {report.process_index}, from {done.started_s:.2f} s): {each}; "
             f"at most {done.peak_bytes} bytes held (cache.prefetch_max_size "

@@ -234,7 +234,8 @@ class Books:
             self.prefetch = start_prefetch(entries, jax_store,
                                            config.cache.prefetch_max_size,
                                            time.time() - recorder.start_time,
-                                           capped=config.cache.max_size != -1)
+                                           capped=config.cache.max_size != -1,
+                                           wait_for_core=config.cache.prefetch == "auto")
         except UnsupportedJaxVersion as exc:  # JAX loads at the trainer's call, as without it
             log.warning("jaxwarm: no prefetch: %s", exc)
             return

@@ -1,5 +1,6 @@
 """`python -m bench.startup [--workload reference|jsp|maxtext] [--layers N] [--records N]
-[--arms ...] [--repeat N] [--loaded] [--drop-caches] [--png] [--json PATH]`: one startup
+[--arms ...] [--repeat N] [--loaded] [--prefetch auto|true] [--drop-caches] [--png]
+[--json PATH]`: one startup
 benchmark, the figures a user compares with a peer's: the time to first step and the init
 phases of a training job started cold, right after its prewarm, warm, and warm with the page
 cache dropped, each with and without `cache.prefetch`.
@@ -12,8 +13,9 @@ step) on 1 process x 8 CPU devices; `jsp`, the jsp example (`jsp-train`, a conso
 jaxwarm does not control); `maxtext`, MaxText in `.venvs/maxtext` (`make legs`).
 
 The arms, each a launch into a run dir of its own (`--no-prewarm`: the launch itself never
-compiles ahead), with `cache.prefetch: false` and `auto` one after the other, in an order
-that flips each repetition (`--repeat`), so that the machine's load falls on both alike:
+compiles ahead), with `cache.prefetch: false` and with prefetch (`--prefetch`: `auto`, the
+default, which begins a load once a core is idle, or `true`, at once) one after the other,
+in an order that flips each repetition (`--repeat`), so that the machine's load falls on both alike:
 
 - `cold`: an empty cache, no prewarm (the first step compiles);
 - `prewarmed`: a `jaxwarm prewarm` on an empty cache (its own wall time reported), then the
@@ -80,7 +82,8 @@ LAYOUT = ["topology.processes_per_node=1", "topology.devices_per_process=8",
           "mesh.axes={data: 2, fsdp: 4}", "cache.xla_caches=none"]
 COLD, PREWARMED, WARM, DROPPED = "cold", "prewarmed", "warm", "warm, page cache dropped"
 ARMS = {"cold": COLD, "prewarmed": PREWARMED, "warm": WARM, "dropped": DROPPED}
-PREFETCH = {False: "false", True: "auto"}
+# A launch's cache.prefetch, without and with prefetch (`--prefetch` picks the latter).
+PREFETCH_SETTINGS = ("auto", "true")
 PHASES = ("imports", "trace", "lower", "compile", "cache load", "first step", "other")
 FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) on each cache file"
 DROP_CACHES = "the whole page cache (/proc/sys/vm/drop_caches)"
@@ -238,6 +241,9 @@ class StartupResult:
     repeat: int
     loaded: bool
     eviction: str
+    # The cache.prefetch of the launches with prefetch. Results written before it was
+    # recorded read as "true": their `auto` began every load at once, as `true` does now.
+    prefetch_setting: str = "true"
     launches: list[Launch] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
 
@@ -304,8 +310,10 @@ def busy_neighbour(loaded: bool, env: dict[str, str]) -> Iterator[None]:
 class Bench:
     """One workload's launches in a work dir: prewarms, launches, evictions."""
 
-    def __init__(self, trainer: Trainer, work: Path, env: dict[str, str], drop_caches: bool):
+    def __init__(self, trainer: Trainer, work: Path, env: dict[str, str], drop_caches: bool,
+                 prefetch_setting: str):
         self.trainer, self.work, self.env, self.drop_caches = trainer, work, env, drop_caches
+        self.setting = {False: "false", True: prefetch_setting}
         self.python, self.cwd, self.overrides = trainer.setup(work)
         self.count = 0
 
@@ -328,7 +336,7 @@ class Bench:
         if arm == DROPPED:
             evict(cache, self.drop_caches)
         run_dir = self.jaxwarm("launch", cache, "--no-prewarm",
-                               f"cache.prefetch={PREFETCH[prefetch]}")
+                               f"cache.prefetch={self.setting[prefetch]}")
         return launch_figures(train_report(run_dir), arm, prefetch, repeat, self.trainer.step,
                               prewarm_wall_s)
 
@@ -337,14 +345,14 @@ class Bench:
         `repeat`. Each prefetch setting has its own prewarmed cache, whose first launch is
         the `prewarmed` arm."""
         order = [False, True] if repeat % 2 == 0 else [True, False]
-        caches = {p: self.work / f"cache-{repeat}-{PREFETCH[p]}" for p in order}
+        caches = {p: self.work / f"cache-{repeat}-{self.setting[p]}" for p in order}
         prewarms = ({p: self.prewarm(caches[p]) for p in order}
                     if set(arms) - {COLD} else {})
         launches = []
         for arm in arms:
             for prefetch in order:
                 if arm == COLD:
-                    cache = self.work / f"cold-{repeat}-{PREFETCH[prefetch]}"
+                    cache = self.work / f"cold-{repeat}-{self.setting[prefetch]}"
                     launches.append(self.launch(arm, prefetch, repeat, cache))
                 else:
                     launches.append(self.launch(arm, prefetch, repeat, caches[prefetch],
@@ -375,7 +383,7 @@ def rows(launches: list[Launch]) -> list[Row]:
     """The medians of each arm and prefetch setting, in the arms' order."""
     found = []
     for arm in ARMS.values():
-        for prefetch in PREFETCH:
+        for prefetch in (False, True):
             mine = [launch for launch in launches
                     if launch.arm == arm and launch.prefetch == prefetch]
             if mine:
@@ -416,7 +424,8 @@ def startup_table(result: StartupResult) -> str:
         if result.workload == "reference" else ""
     title = (f"bench.startup: {result.workload}{size}; medians of {result.repeat} "
              f"alternated repetitions{'; another JAX job beside it' if result.loaded else ''}"
-             f"; page cache dropped: {result.eviction}")
+             f"; page cache dropped: {result.eviction}; prefetch: "
+             f"cache.prefetch {result.prefetch_setting}")
     found = rows(result.launches)
     body = table(title, ["arm", "prefetch", "time to first step (s)", *PHASES,
                          "trainer waited for the load (s)", "prewarm (s)"],
@@ -484,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loaded", action="store_true",
                         help="run another CPU-bound JAX job beside the benchmark")
+    parser.add_argument("--prefetch", choices=PREFETCH_SETTINGS, default="auto",
+                        help="the launches' cache.prefetch with prefetch (default: auto, "
+                             "which waits for an idle core; true begins every load at once)")
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the whole page cache (root) instead of posix_fadvise")
     parser.add_argument("--png", action="store_true", help="draw the arms beside the JSON")
@@ -502,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="startup-") as tmp, \
                 busy_neighbour(args.loaded, env):
             bench = Bench(workload(args.workload, args.layers), Path(tmp), env,
-                          args.drop_caches)
+                          args.drop_caches, args.prefetch)
             launches = [launch for repeat in range(args.repeat)
                         for launch in bench.repetition(repeat, arms)]
     except BenchError as exc:
@@ -512,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     result = StartupResult(
         machine(), {"start": list(load_start), "end": list(os.getloadavg())}, args.workload,
         args.layers if reference_run else None, args.records if reference_run else None,
-        args.repeat, args.loaded, DROP_CACHES if args.drop_caches else FADVISE, launches,
-        goals(rows(launches)))
+        args.repeat, args.loaded, DROP_CACHES if args.drop_caches else FADVISE, args.prefetch,
+        launches, goals(rows(launches)))
     publish(asdict(result), startup_table(result), path)
     if args.png and draw(result, path.with_suffix(".png")):
         print(f"picture: {path.with_suffix('.png')}")

@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_check`: every GPU check of issues 21 and 32, into one JSON.
+"""`python -m bench.gpu_check`: every GPU check of issues 21, 32, 40 and 41, into one JSON.
 
 On a machine with a GPU (the project's device image: jax 0.11.2 with the CUDA 13 plugin),
 from the repository root:
@@ -7,8 +7,11 @@ from the repository root:
     python -m bench.gpu_check --only reference,mock  # some (each call writes one JSON)
 
 The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, else
-`bench/results/<gpu>.json`. Each check runs its jobs as fresh processes, as `jaxwarm launch
---local` starts them (argv and environment from `jaxwarm.submit.jobs`, the local runner):
+`bench/results/<gpu>.json`, written again after each check (a run stopped half-way keeps
+what finished; `--stop-after-s S` starts no check after S seconds). `bench/gpu_run.sh` is the
+device machine's one command (issue 41). Each check runs its jobs as fresh processes, as
+`jaxwarm launch --local` starts them (argv and environment from `jaxwarm.submit.jobs`, the
+local runner):
 
 - reference: the demo's step on 1 process x 1 GPU. verify on an empty cache (COLD, and the
   key it predicts), the prewarm job, the trainer (2 steps): the step must HIT, and the entry
@@ -34,25 +37,46 @@ The JSON goes to `--json PATH`, else `$OUT/gpu_check.json` when `$OUT` is set, e
 - pgle: JAX's automatic PGLE on (`pgle.enabled`, 3 profiled steps): the first run's two
   compiles of the step (the second with the profile, stored under JAX's PGLE-optimized
   key), then a relaunch on the same cache, which must load the PGLE-optimized executable.
+- parallel (issue 40): a prewarm's targets (the train step and the init of BIG's step at 32
+  unrolled layers) compiled serially, on threads and in processes (`bench.parallel_compile`'s
+  ways, fresh processes, no persistent cache), `--repeat` times alternated: compile wall and
+  CPU per way, medians, and each way's wall against serial's.
+- mock8 (issue 41): the mission's 64-GPU layout (8 nodes x 8 GPUs, mesh data 8 x fsdp 8)
+  prewarmed on the one GPU through the mock topology 8x8x1 (compile only), then verify for
+  that layout, run as the prewarm runs (one process under the same mock; the 64 real
+  processes cannot run here): its predicted key must be the entry written, and WARM.
+- shared_group (issue 41): two users of one group (made as root: groupadd, useradd) on one
+  cache with `cache.trusted_group`: the first prewarms, the second launches another size
+  (writing into XLA's sub-caches the first one's jobs created) and then the first size (a
+  HIT on the first one's entries): each dir under the cache with its mode and owner, the
+  dirs the group cannot write (`locked_out_dirs`), the files the second user wrote in each.
+  Where users cannot be made (not root, no useradd) it says "not possible" and why.
 
 Without a GPU it refuses in one line (exit 2) and writes nothing. `--dry-run` runs the same
 checks on CPU with the demo's step at its smallest, compiled the cheapest way
 (`bench.common.TINY_STEP`, `LEGACY_CPU_FUSION`: the script's logic depends on neither, and
 the test suite runs it; tests/test_gpu_check.py): the mock check then prewarms on the real
 layout (JAX mocks GPU topologies only), load_profile's sizes are 1 and 2 layers,
-warm_requeue runs 2 + 2 steps, and pgle's second compile is `bench.profiled_compile` (JAX's
-profiler collects no profile on CPU, so no CPU run compiles twice); the JSON says
+warm_requeue runs 2 + 2 steps, pgle's second compile is `bench.profiled_compile` (JAX's
+profiler collects no profile on CPU, so no CPU run compiles twice), parallel compiles the
+tiny step, mock8 runs its jobs unmocked on one process of 8 CPU devices (mesh data 2 x
+fsdp 4), and shared_group's users run the tiny step; the JSON says
 `"dry_run": true`, names no GPU and holds no GPU figure (`"gpu": null`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import grp
 import json
 import os
 import platform
+import pwd
 import re
 import shutil
+import stat
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,7 +87,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import agree_cost
+from bench import agree_cost, parallel_compile
 from bench.common import (
     LEGACY_CPU_FUSION,
     REPO,
@@ -75,11 +99,12 @@ from bench.common import (
     with_xla_flag,
     write_json,
 )
+from bench.step_cost import bare_environment
 from jaxwarm.core.config import Config, load_config
 from jaxwarm.core.environment import job_environment
 from jaxwarm.core.errors import say
-from jaxwarm.core.gputarget import gpus_here
-from jaxwarm.core.records import TRAIN, FunctionRecord, InitReport, Verdict
+from jaxwarm.core.gputarget import gpus_here, mock_environment, mock_topology
+from jaxwarm.core.records import PREWARM, TRAIN, FunctionRecord, InitReport, Verdict
 from jaxwarm.core.rundir import metrics_path, report_path, verify_result_path
 from jaxwarm.jaxkey.components import differing_components
 from jaxwarm.store.manifest import ManifestEntry
@@ -87,11 +112,12 @@ from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import JobSpec, prewarm_job, train_job, verify_job
 from jaxwarm.submit.local import run_job
 from jaxwarm.submit.prepare import pin_config
+from testing.users import reachable, run_as, two_users, why_no_users
 
 DEMO = REPO / "configs" / "demo.yaml"
 STEP = "jit_train_step"
 CHECKS = ("reference", "cold_vs_warm", "mock", "agreement", "load_profile", "warm_requeue",
-          "pgle")
+          "pgle", "parallel", "mock8", "shared_group")
 # The load profile's sizes: BIG's step at these many unrolled layers (a dry run: the tiny
 # step at 1 and 2: two sizes show the growth, each costs two trainers).
 LAYERS, DRY_LAYERS = (32, 64, 128), (1, 2)
@@ -114,6 +140,17 @@ ONE = ("topology.nodes=1", "topology.processes_per_node=1", "topology.devices_pe
 TWO = ("topology.nodes=1", "topology.processes_per_node=2", "topology.devices_per_process=1",
        "mesh.axes={data: 2, fsdp: 1}",
        'env={XLA_PYTHON_CLIENT_PREALLOCATE: "false", JAX_LOCAL_DEVICE_IDS: "0"}')
+# The mission's layout: 8 nodes x 8 processes x 1 GPU, the batch over all 64 GPUs (data 8 x
+# fsdp 8; a chunk of 128 / 2 rows splits over 64). A dry run keeps the mesh's logic on one
+# process of 8 CPU devices (JAX mocks only GPU topologies).
+EIGHT = ("topology.nodes=8", "topology.processes_per_node=8", "topology.devices_per_process=1",
+         "mesh.axes={data: 8, fsdp: 8}", "step.args.global_batch=128")
+EIGHT_DRY = ("topology.nodes=1", "topology.processes_per_node=1",
+             "topology.devices_per_process=8", "mesh.axes={data: 2, fsdp: 4}",
+             "step.args.global_batch=128")
+# parallel: BIG's step at this many layers, a serial pass of some 20-40 s on an H100/H200
+# (32 unrolled layers of d_model 2048 compiled in 20.3 s there; the dry run: the tiny step).
+PARALLEL_LAYERS = 32
 AUTOTUNE_DIR = "xla_gpu_per_fusion_autotune_cache_dir"
 # What the jobs import beyond jax: the wheels to carry to an image that lacks them.
 NEEDED = {"yaml": "pyyaml", "filelock": "filelock", "optax": "optax",
@@ -124,24 +161,29 @@ DEVICE_PROBE = ("import json, jax; d = jax.devices(); print(json.dumps({'platfor
 
 @dataclass(frozen=True)
 class Context:
-    """Where a check works and what it runs on."""
+    """Where a check works and what it runs on: `layers`, load_profile's sizes; `repeat`,
+    parallel's repetitions."""
 
     work: Path
     dry_run: bool
     size: tuple[str, ...]
+    layers: tuple[int, ...] = LAYERS
+    repeat: int = 2
 
     @property
     def platform(self) -> str:
         return "cpu" if self.dry_run else "gpu"
 
-    def pin(self, name: str, overrides: Sequence[str]) -> tuple[Config, Path]:
-        """The demo config as this check's run `name`, pinned as a launch pins it (a dry
-        run's step at its smallest, compiled the cheapest way)."""
+    def overrides(self, name: str, overrides: Sequence[str]) -> list[str]:
+        """What this check's run `name` changes of the demo config (a dry run's step at its
+        smallest, compiled the cheapest way)."""
         dry_run = (*TINY_STEP, with_xla_flag(LEGACY_CPU_FUSION)) if self.dry_run else ()
-        return pin_config(load_config(DEMO, [f"run.name={name}",
-                                             f"run.out_dir={self.work / 'runs'}",
-                                             f"topology.platform={self.platform}", *COMMON,
-                                             *dry_run, *overrides]))
+        return [f"run.name={name}", f"run.out_dir={self.work / 'runs'}",
+                f"topology.platform={self.platform}", *COMMON, *dry_run, *overrides]
+
+    def pin(self, name: str, overrides: Sequence[str]) -> tuple[Config, Path]:
+        """The demo config as this check's run `name`, pinned as a launch pins it."""
+        return pin_config(load_config(DEMO, self.overrides(name, overrides)))
 
 
 def run(job: JobSpec, config: Config) -> None:
@@ -256,7 +298,7 @@ def load_profile(ctx: Context) -> dict[str, Any]:
     compiled on an empty cache and loaded from it. Where a load's seconds go (host or
     device, XLA's phases) needs a profiler on the GPU (py-spy --native, perf): not here."""
     sizes = []
-    for layers in DRY_LAYERS if ctx.dry_run else LAYERS:
+    for layers in DRY_LAYERS if ctx.dry_run else ctx.layers:
         cache = ctx.work / f"load-{layers}-cache"
         size = [*(() if ctx.dry_run else (*BIG, *ctx.size)), f"step.args.n_layers={layers}",
                 f"cache.dir={cache}"]
@@ -374,9 +416,169 @@ def agreement(ctx: Context) -> dict[str, Any]:
             "under_50_ms": per_function_s < 0.05}
 
 
+def parallel(ctx: Context) -> dict[str, Any]:
+    """Issue 40: would a prewarm gain from compiling its targets side by side on a GPU node?
+    The reference step's targets (train step and init), lowered from BIG's step at
+    PARALLEL_LAYERS layers on one GPU, compiled serially, on threads and in processes
+    (`bench.parallel_compile`'s ways, in fresh processes, the persistent cache off, so each
+    compile autotunes as a prewarm's does): the compiles' wall and the processes' CPU, each
+    way `ctx.repeat` times, alternated."""
+    layers = 1 if ctx.dry_run else PARALLEL_LAYERS
+    size = () if ctx.dry_run else (*BIG, *ctx.size, f"step.args.n_layers={layers}")
+    config, pinned = ctx.pin("parallel", [*ONE, *size])
+    # Two processes share the one GPU: neither may take most of its memory at start.
+    env = {**bare_environment(config, pinned), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    work = ctx.work / "parallel"
+    work.mkdir()
+    targets = ["train_step", "init_state"]
+    ways = parallel_compile.WAYS
+    samples = [parallel_compile.run_ways(pinned, env, work, way, targets, repeat)
+               for repeat in range(ctx.repeat)
+               for way in ways[repeat % 3:] + ways[:repeat % 3]]
+    medians = {way: {"compile_wall_s": statistics.median(s.compile_wall_s for s in samples
+                                                         if s.way == way),
+                     "cpu_s": statistics.median(s.cpu_s for s in samples if s.way == way)}
+               for way in ways}
+    serial = medians["serial"]["compile_wall_s"]
+    for figures in medians.values():
+        figures["vs_serial"] = figures["compile_wall_s"] / serial
+    return {"layers": layers, "targets": targets, "repeat": ctx.repeat,
+            "cpus": os.cpu_count(), "samples": [dataclasses.asdict(s) for s in samples],
+            "medians": medians,
+            "fastest": min(medians, key=lambda way: medians[way]["compile_wall_s"])}
+
+
+def mock8(ctx: Context) -> dict[str, Any]:
+    """The mission's 64-GPU layout (8 nodes x 8 GPUs) prewarmed on the one GPU through JAX's
+    mock topology (`prewarm.layout: mock`, compile only), then verify for the same layout:
+    the 64 real processes cannot run here, so verify runs as the prewarm does, one process
+    under the same mock, and its predicted key must be the entry written (a real 8-node
+    run's hit is `mock`'s 1x2x1 story at scale). A dry run: the same jobs on one process
+    of 8 CPU devices, unmocked."""
+    cache = ctx.work / "mock8-cache"
+    layout = [*(EIGHT_DRY if ctx.dry_run else (*EIGHT, "prewarm.layout=mock")),
+              f"cache.dir={cache}"]
+    prewarm_config, prewarm_pinned = ctx.pin("mock8-prewarm", layout)
+    run(prewarm_job(prewarm_config, prewarm_pinned), prewarm_config)
+    entry = prewarmed(cache)
+    found: dict[str, Any] = {
+        "layout": mock_topology(prewarm_config.topology), "mocked": entry.mock_topology is not None,
+        "mock_topology": entry.mock_topology, "prewarm_key": entry.key,
+        "prewarm_compile_s": entry.compile_s, "prewarm_process_count": entry.process_count}
+    config, pinned = ctx.pin("mock8-verify", layout)
+    spec = verify_job(config, pinned)
+    # Run as the prewarm job runs (one process, the mock's variable): the job's name only
+    # gives the local runner its layout and the log's name.
+    try:
+        run(JobSpec(PREWARM, spec.argv, {**spec.env, **mock_environment(config, PREWARM)}),
+            config)
+        predicted = verdict(config, spec)
+    except BenchError as exc:  # the prewarm's figures stand without it
+        return {**found, "verify_error": " ".join(str(exc).split()), "passed": False}
+    equal = predicted.key == entry.key and LocalStore(cache).has_entry(predicted.key)
+    return {**found, "verify": "WARM" if predicted.warm else "COLD",
+            "verify_key": predicted.key, "verify_why": predicted.explanation,
+            "key_equals_file": equal, "passed": equal and predicted.warm}
+
+
+def shared_group(ctx: Context) -> dict[str, Any]:
+    """Issue 41 (5): two users of one group sharing one cache (`cache.trusted_group`, the
+    group's setgid dir, jobs under umask 007): the first prewarms BIG's step at 2 layers,
+    the second launches it at another sequence length (its prewarm autotunes shapes the
+    first did not, into XLA's sub-caches the first one's jobs created) and then the first
+    size (a HIT on the first user's entries). Every dir under the cache with its mode and
+    owner: a dir the group cannot write locks the second user out of it."""
+    why = why_no_users()
+    python = user_python()
+    if why or python is None:
+        return {"status": "not possible",
+                "why": why or f"no Python another user may run ({sys.executable} is not "
+                              f"readable by all, nor /usr/bin/python3.N)"}
+    size = () if ctx.dry_run else (*BIG, "step.args.n_layers=2")
+    with two_users() as (group, first, second, base):
+        shutil.copytree(REPO / "jaxwarm", base / "src" / "jaxwarm",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(DEMO, base / "demo.yaml")
+        team = base / "team"  # the group's dir: the first member's, setgid, group-writable
+        team.mkdir()
+        shutil.chown(team, first, group)
+        team.chmod(0o2770)
+        cache = team / "cache"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(base / "src"), *(path for path in site_dirs() if reachable(Path(path)))])}
+        steps = []
+        for user, verb, seq_len in ((first, "prewarm", None), (second, "launch", 1024),
+                                    (second, "launch", None)):
+            name, runs = f"shared-{verb}-{seq_len or 'first'}", base / f"home-{user}" / "runs"
+            overrides = ctx.overrides(name, [
+                *ONE, *size, *((f"step.args.seq_len={seq_len}",) if seq_len else ()),
+                f"cache.dir={cache}", f"cache.trusted_group={group}", f"run.out_dir={runs}"])
+            done = run_as(user, base, [python, "-m", "jaxwarm", verb, str(base / "demo.yaml"),
+                                       "--local", *overrides], env)
+            output = done.stdout + done.stderr
+            steps.append({"user": "first" if user == first else "second", "command": verb,
+                          "seq_len": seq_len or "the first's", "exit": done.returncode,
+                          "permission_denied": "Permission denied" in output,
+                          **({"train_hit": train_hit(runs / name)} if verb == "launch" and
+                             done.returncode == 0 else {}),
+                          **({} if done.returncode == 0 else {"output_tail": output[-3000:]})})
+            if done.returncode != 0:
+                break
+        dirs = [dir_mode(path, cache, second) for path in [cache, *sorted(cache.rglob("*"))]
+                if path.is_dir()] if cache.is_dir() else []
+    locked = [d["dir"] for d in dirs if not d["group_writable"]]
+    return {"group_mode_dirs": dirs, "locked_out_dirs": locked,
+            "xla_dirs": [d["dir"] for d in dirs if d["dir"].startswith("xla")],
+            "commands": steps,
+            "passed": len(steps) == 3 and not locked and all(
+                s["exit"] == 0 and not s["permission_denied"] and s.get("train_hit", True)
+                for s in steps)}
+
+
+def train_hit(run_dir: Path) -> bool:
+    """Whether a launch's training job found its step in the cache."""
+    report = read_report(report_path(run_dir, TRAIN, 0, 0))
+    return any(fn.hit for fn in report.functions if fn.name == STEP)
+
+
+def dir_mode(path: Path, cache: Path, second: str) -> dict[str, Any]:
+    """A dir under the shared cache: its mode, owner, and the files the second user wrote
+    there."""
+    info = path.stat()
+    files = [p for p in path.iterdir() if p.is_file()]
+    return {"dir": str(path.relative_to(cache)), "mode": f"{stat.S_IMODE(info.st_mode):04o}",
+            "owner": pwd.getpwuid(info.st_uid).pw_name, "group": grp.getgrgid(info.st_gid).gr_name,
+            "group_writable": info.st_mode & 0o070 == 0o070 and bool(info.st_mode & stat.S_ISGID),
+            "files": len(files),
+            "files_of_the_second_user": sum(1 for p in files
+                                            if pwd.getpwuid(p.stat().st_uid).pw_name == second)}
+
+
+def user_python() -> str | None:
+    """An interpreter another user may run: this one (a venv's too, which finds its own
+    packages), else the system's of its version (a venv may live under a private home);
+    this one's packages go on PYTHONPATH as well (`site_dirs`)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (Path(sys.executable), Path("/usr/bin") / version):
+        if candidate.exists() and reachable(candidate):
+            return str(candidate)
+    return None
+
+
+def site_dirs() -> list[str]:
+    """Where this interpreter's packages are: PYTHONPATH's (the carried wheels), then its
+    site-packages; not the repository (the users get a copy of jaxwarm)."""
+    import site
+
+    given = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if path and Path(path).resolve() != REPO]
+    return [*given, *site.getsitepackages()]
+
+
 RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "reference": reference, "cold_vs_warm": cold_vs_warm, "mock": mock, "agreement": agreement,
-    "load_profile": load_profile, "warm_requeue": warm_requeue, "pgle": pgle}
+    "load_profile": load_profile, "warm_requeue": warm_requeue, "pgle": pgle,
+    "parallel": parallel, "mock8": mock8, "shared_group": shared_group}
 
 
 def probe_device(dry_run: bool) -> dict[str, Any]:
@@ -463,6 +665,27 @@ def summary(name: str, section: dict[str, Any]) -> str:
         return (f"agreement: {section['agree_per_function_ms']:.2f} ms per function "
                 f"({section['functions']} functions, {section['platform']}); under 50 ms: "
                 f"{section['under_50_ms']}")
+    if name == "parallel":
+        return "parallel: " + "; ".join(
+            f"{way} {figures['compile_wall_s']:.2f} s ({figures['vs_serial']:.2f}x), CPU "
+            f"{figures['cpu_s']:.1f} s" for way, figures in section["medians"].items()) + \
+            f" ({section['layers']} layers, medians of {section['repeat']})"
+    if name == "mock8":
+        prewarm = f"mocked {section['mock_topology']}" if section["mocked"] else \
+            "on one process (dry run: no mock on CPU)"
+        if "verify_error" in section:
+            return (f"mock8: prewarm {prewarm} for {section['layout']}, compile "
+                    f"{section['prewarm_compile_s']:.2f} s; verify failed: "
+                    f"{section['verify_error'][:300]}")
+        return (f"mock8: prewarm {prewarm} "
+                f"for {section['layout']}, compile {section['prewarm_compile_s']:.2f} s; verify "
+                f"{section['verify']}, its key is the file written: {section['key_equals_file']}")
+    if name == "shared_group":
+        commands = ", ".join(f"{c['user']} {c['command']} exit {c['exit']}"
+                             for c in section["commands"])
+        return (f"shared_group: {commands}; dirs the group cannot write: "
+                f"{', '.join(section['locked_out_dirs']) or 'none'}; XLA's dirs: "
+                f"{', '.join(section['xla_dirs']) or 'none'}")
     ranks = ", ".join(f"p{rank['process']} {'HIT' if rank['hit'] else 'MISS'}"
                       for rank in section["ranks"])
     differing = ", ".join(section["differing_components"]) or "none"
@@ -481,6 +704,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma list of checks (default: all of {', '.join(CHECKS)})")
     parser.add_argument("--size", action="append", default=[], metavar="step.args.KEY=VALUE",
                         help="change the cold_vs_warm step's size (repeatable)")
+    parser.add_argument("--layers", default=",".join(map(str, LAYERS)),
+                        help="load_profile's sizes, comma list of unrolled layers (default: "
+                             "%(default)s)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="parallel's repetitions of each way (default: %(default)s)")
+    parser.add_argument("--stop-after-s", type=float,
+                        help="start no check once this many seconds have passed (each "
+                             "skipped check says so): to end inside a machine's time limit")
     parser.add_argument("--json", help="where the JSON goes (default: $OUT/gpu_check.json, "
                                        "else bench/results/<gpu>.json)")
     args = parser.parse_args(argv)
@@ -504,38 +735,46 @@ def main(argv: list[str] | None = None) -> int:
                    f"{sys.executable}: carry their wheels (pip download {' '.join(missing)})")
     started = time.time()
     sections: dict[str, dict[str, Any]] = {}
+    path = output_path(args.json, device, args.dry_run)
+
+    def write() -> None:  # after each check: a run stopped half-way keeps what finished
+        write_json(path, {
+            "tool": "bench.gpu_check", "dry_run": args.dry_run,
+            "gpu": None if args.dry_run else {"kind": device["kind"], "count": device["count"]},
+            "measured_on": ("cpu, dry run: the checks' logic, the demo's step at its smallest; "
+                            "no GPU figure"
+                            if args.dry_run else f"{device['count']} x {device['kind']}"),
+            "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
+                        "python": platform.python_version(), "platform": platform.platform(),
+                        **versions()},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "wall_s": time.time() - started,
+            "checks": sections,
+            # What still has to run on a GPU: every check of a dry run, and any that did not.
+            "remaining_on_gpu": [name for name in CHECKS if args.dry_run or name not in sections
+                                 or sections[name]["status"] != "ran"],
+        })
+
     with tempfile.TemporaryDirectory(prefix="jaxwarm-gpu-check-") as tmp:
-        ctx = Context(Path(tmp), args.dry_run, tuple(args.size))
+        ctx = Context(Path(tmp), args.dry_run, tuple(args.size),
+                      tuple(int(n) for n in args.layers.split(",")), args.repeat)
         for name in chosen:
             begin = time.perf_counter()
-            try:
-                section = {"status": "ran", **RUNNERS[name](ctx)}
-            except (BenchError, OSError, ValueError) as exc:
-                section = {"status": "error", "error": " ".join(str(exc).split())}
+            if args.stop_after_s is not None and time.time() - started > args.stop_after_s:
+                section: dict[str, Any] = {"status": "skipped",
+                                           "why": f"past --stop-after-s {args.stop_after_s:g}"}
+            else:
+                try:
+                    section = {"status": "ran", **RUNNERS[name](ctx)}
+                except (BenchError, OSError, ValueError, subprocess.SubprocessError) as exc:
+                    section = {"status": "error", "error": " ".join(str(exc).split())}
             section["wall_s"] = time.perf_counter() - begin
             sections[name] = section
             print(summary(name, section), flush=True)
-    data = {
-        "tool": "bench.gpu_check", "dry_run": args.dry_run,
-        "gpu": None if args.dry_run else {"kind": device["kind"], "count": device["count"]},
-        "measured_on": ("cpu, dry run: the checks' logic, the demo's step at its smallest; "
-                        "no GPU figure"
-                        if args.dry_run else f"{device['count']} x {device['kind']}"),
-        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
-                    "python": platform.python_version(), "platform": platform.platform(),
-                    **versions()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "wall_s": time.time() - started,
-        "checks": sections,
-        # What still has to run on a GPU: every check of a dry run, and any that did not.
-        "remaining_on_gpu": [name for name in CHECKS if args.dry_run or name not in sections
-                             or sections[name]["status"] != "ran"],
-    }
-    path = output_path(args.json, device, args.dry_run)
-    write_json(path, data)
+            write()
+    write()
     print(f"wrote {path}")
     return 0 if all(section["status"] != "error" for section in sections.values()) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

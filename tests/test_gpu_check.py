@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_check import CHECKS, output_path, slug
+from bench.parallel_compile import WAYS
 from jaxwarm.core.gputarget import gpus_here
+from testing.users import why_no_users
 from tests.conftest import REPO
 
 
@@ -40,21 +42,22 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path)
     assert done.stderr.count("\n") == 1 and not out.exists()
 
 
-# Issue 21's checks; issue 32's have a test of their own (the two share the machine's cores
-# better apart under xdist).
+# Issue 21's checks; issue 32's and issue 41's have a test each (they share the machine's
+# cores better apart under xdist).
 FIRST = ("reference", "cold_vs_warm", "mock", "agreement")
 ROUND_2 = ("load_profile", "warm_requeue", "pgle")
+ROUND_3 = ("parallel", "mock8", "shared_group")
 
 
 def test_every_check_is_tested() -> None:
-    assert (*FIRST, *ROUND_2) == CHECKS
+    assert (*FIRST, *ROUND_2, *ROUND_3) == CHECKS
 
 
-def dry_run(tmp_path: Path, checks: tuple[str, ...]) -> tuple[str, dict]:
-    """`--dry-run --only CHECKS`: its stdout and its JSON's checks, once the JSON is seen to
-    claim no GPU figure and to leave every check to a GPU run."""
+def dry_run(tmp_path: Path, checks: tuple[str, ...], *args: str) -> tuple[str, dict]:
+    """`--dry-run --only CHECKS [ARGS]`: its stdout and its JSON's checks, once the JSON is
+    seen to claim no GPU figure and to leave every check to a GPU run."""
     out = tmp_path / "dry.json"
-    done = gpu_check("--dry-run", "--only", ",".join(checks), "--json", str(out))
+    done = gpu_check("--dry-run", "--only", ",".join(checks), "--json", str(out), *args)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     data = strict_json(out)
     assert data["dry_run"] is True and data["gpu"] is None
@@ -118,6 +121,33 @@ def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(tmp_path: Path)
     assert pgle["restart_key"] != pgle["first_run"][0]["key"]
     assert "pgle: second compile none; relaunch HIT of the PGLE-optimized executable" \
         in stdout
+
+
+@pytest.mark.e2e
+def test_the_dry_run_of_the_parallel_mock8_and_shared_group_checks(tmp_path: Path) -> None:
+    _, checks = dry_run(tmp_path, ROUND_3, "--repeat", "1")
+    parallel = checks["parallel"]
+    assert parallel["status"] == "ran" and parallel["targets"] == ["train_step", "init_state"]
+    assert sorted(sample["way"] for sample in parallel["samples"]) == sorted(WAYS)
+    assert all(sample["compile_wall_s"] > 0 and sample["cpu_s"] > 0
+               for sample in parallel["samples"])
+    assert parallel["medians"]["serial"]["vs_serial"] == 1.0 and parallel["fastest"] in WAYS
+    mock8 = checks["mock8"]  # on CPU: the 8 x 8 mesh's logic on one process, unmocked
+    assert mock8["status"] == "ran" and not mock8["mocked"] and mock8["layout"] == "1x1x8"
+    assert mock8["verify"] == "WARM" and mock8["verify_key"] == mock8["prewarm_key"]
+    assert mock8["key_equals_file"] and mock8["passed"]
+    shared = checks["shared_group"]
+    if why_no_users() is not None:
+        assert shared["status"] == "not possible" and shared["why"] == why_no_users()
+        return
+    assert shared["status"] == "ran", shared
+    assert [(c["user"], c["command"], c["exit"]) for c in shared["commands"]] == [
+        ("first", "prewarm", 0), ("second", "launch", 0), ("second", "launch", 0)], shared
+    assert shared["passed"] and shared["locked_out_dirs"] == []
+    assert shared["xla_dirs"] == []  # XLA's autotune sub-cache is a GPU thing
+    top = shared["group_mode_dirs"][0]
+    assert top["dir"] == "." and top["group_writable"] and top["mode"].startswith("2")
+    assert sum(d["files_of_the_second_user"] for d in shared["group_mode_dirs"]) > 0
 
 
 def test_a_dry_run_never_lands_among_the_results(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,6 +100,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "warm-start": lambda: startup.warm_table(result("warm-start")),
     "startup-reference": lambda: startup_table("startup-reference"),
     "startup-reference-loaded": lambda: startup_table("startup-reference-loaded"),
+    "startup-reference-loaded-true": lambda: startup_table("startup-reference-loaded-true"),
     "startup-maxtext": lambda: startup_table("startup-maxtext"),
     "parallel-compile": lambda: parallel_compile.compile_table(parallel_compile.as_result(
         result("parallel-compile"))),

@@ -2,7 +2,8 @@
 demo step; process 1 builds the step `tests.late_factory.LATE_S` = 40 s late: one late rank
 is all the skew takes, and each more rank only compiles the step once more); and the same
 at the mission's 64 ranks, where the point is 64 processes meeting and folded in one
-report (skipped where the machine has not the memory for them).
+report (skipped where the machine has not the memory for them): there the last rank is
+late, by LATE_S after process 0 reached the meeting, while the others compile.
 
 Before the ranks met after each compile, a launch of 8 or 16 ranks on this machine died:
 process 0 loaded the step from the cache and reached its first collective while the others
@@ -68,9 +69,13 @@ MEMORY_FLOOR_GIB = 11.0
 # its 30 s KillWait: `make test` runs it after the others, by itself
 def test_64_ranks_meet_a_rank_late_beyond_gloos_wait_and_the_headline_fits(
         tmp_path: Path) -> None:
-    """The same skew at the mission's 64 ranks, without a prewarm (every rank compiles,
-    process 0 at once, the others 40 s late): process 0 waits at the meeting for 63 ranks,
-    the launch passes, and the report's headline names all 64 processes in a screen."""
+    """The same skew at the mission's 64 ranks, without a prewarm (every rank compiles:
+    process 0 at once and alone, the others once process 0 waits at the meeting, the last
+    one 40 s after that, `make_train_step_last_late`): process 0 waits at the meeting for 63
+    ranks, the launch passes, and the report's headline names all 64 processes in a screen.
+    The others compile during the last rank's lateness, not after it, and the trainer stops
+    at its first step (`train_one_step`: the reference trainer's stop agreement and
+    checkpoint took some 40 s at 64 ranks, and are no part of the meeting)."""
     available = available_gib()
     if available < MEMORY_FLOOR_GIB:
         pytest.skip(f"64 ranks need {MEMORY_FLOOR_GIB:.0f} GiB of available memory "
@@ -80,7 +85,8 @@ def test_64_ranks_meet_a_rank_late_beyond_gloos_wait_and_the_headline_fits(
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
                      *ranks_layout(ranks, NODES, PER_NODE), f"topology.nodes={NODES}",
                      f"topology.processes_per_node={PER_NODE}", "ranks.meet_timeout_s=1800",
-                     "step.factory=tests.late_factory:make_train_step_late",
+                     "step.factory=tests.late_factory:make_train_step_last_late",
+                     "entrypoint={function: 'tests.late_factory:train_one_step'}",
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"

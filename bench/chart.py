@@ -18,7 +18,8 @@ def describe(result: dict[str, Any]) -> str:
     """The machine and settings of a result: the chart's title, and the line above the tables."""
     box = result["machine"]
     return (f"{box['cpus']} CPUs ({box['cpu_model']}), jax {box['jax']}, {box['layout']}; "
-            f"median of {result['settings']['repeats']} fresh process(es)")
+            f"median of {result['settings']['repeats']} fresh process(es)"
+            f"{'; the step at its smallest width' if result['settings'].get('tiny') else ''}")
 
 
 def write_chart(rows: list[dict[str, float]], title: str, path: Path) -> bool:

@@ -1,11 +1,12 @@
-"""`python -m bench.run [--quick] [--sizes N ...] [--repeats N] [--json PATH] [--png PATH]`
+"""`python -m bench.run [--quick] [--sizes N ...] [--repeats N] [--tiny] [--json PATH]
+[--png PATH]`
 
 Runs every benchmark from the repository root and prints one table per measurement, each
 with its target and PASS/MISS, then writes the figures (medians, every sample, the machine
 and its load average) as JSON and, when matplotlib is installed, a PNG chart next to it.
 By default 2, 4, 8, 16 and 32 layers and 3 repetitions; `--quick` is 2 and 4 layers and one
-repetition. The test suite runs one size (`--sizes 2 --repeats 1`) so that the benchmark
-cannot rot.
+repetition. The test suite runs one size of the step at its smallest width (`--sizes 1
+--repeats 1 --tiny`) so that the benchmark cannot rot.
 
 Repetitions are the outer loop, so a burst of load on the machine spreads over every size
 instead of skewing one of them. See bench/step_cost.py and bench/launch_cost.py for what
@@ -24,7 +25,15 @@ from typing import Any
 
 from bench import launch_cost, step_cost
 from bench.chart import describe, write_chart
-from bench.common import BenchError, checks_json, checks_table, machine, medians, write_json
+from bench.common import (
+    TINY_STEP,
+    BenchError,
+    checks_json,
+    checks_table,
+    machine,
+    medians,
+    write_json,
+)
 
 log = logging.getLogger("bench")
 
@@ -42,6 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"layer counts (default {' '.join(map(str, SIZES))})")
     parser.add_argument("--repeats", type=int, help=f"fresh processes per figure "
                                                     f"(default {REPEATS})")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the step at its smallest width (bench.common.TINY_STEP) at each "
+                             "size: every figure taken in a fraction of the time, for a test "
+                             "that the benchmark runs, not a figure to compare")
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"),
                         help="where the figures go (default: %(default)s)")
     parser.add_argument("--png", type=Path,
@@ -53,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(sizes: list[int], repeats: int) -> dict[str, Any]:
+def run(sizes: list[int], repeats: int, tiny: bool = False) -> dict[str, Any]:
     """Every measurement; the figures, tables and target checks as one dict."""
     load_start = os.getloadavg()
     started = time.perf_counter()
@@ -63,7 +76,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
         for layers in sizes:
             log.info("bench: repetition %d/%d, %d layers", repeat + 1, repeats, layers)
             loads.append({"repeat": repeat, "layers": layers, "load": os.getloadavg()})
-            samples[layers].append(step_cost.measure(layers))
+            samples[layers].append(step_cost.measure(layers, TINY_STEP if tiny else ()))
     rows = [medians([step_cost.add_ratios(sample) for sample in samples[layers]])
             for layers in sizes]
     slopes = step_cost.growth(rows)
@@ -74,7 +87,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     return {
         "machine": machine(),
         "load_average": {"start": load_start, "end": os.getloadavg(), "during": loads},
-        "settings": {"sizes": sizes, "repeats": repeats},
+        "settings": {"sizes": sizes, "repeats": repeats, "tiny": tiny},
         "seconds": time.perf_counter() - started,
         "step": {"rows": rows, "per_layer": slopes,
                  "samples": {str(layers): samples[layers] for layers in sizes}},
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)  # progress; the launcher's own INFO lines stay quiet
     args = parse_args(argv)
     try:
-        result = run(args.sizes, args.repeats)
+        result = run(args.sizes, args.repeats, args.tiny)
     except BenchError as exc:
         log.error("bench: error: %s", exc)
         return 1

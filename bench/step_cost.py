@@ -111,17 +111,19 @@ def bare_environment(config: Config, pinned: Path) -> dict[str, str]:
                                                 for name in ("JAX_PLATFORMS", "XLA_FLAGS")})
 
 
-def measure(layers: int) -> dict[str, float]:
-    """One repetition at one size, in its own temporary dirs (empty caches)."""
+def measure(layers: int, step: tuple[str, ...] = ()) -> dict[str, float]:
+    """One repetition at one size, in its own temporary dirs (empty caches); `step`: more
+    overrides of the step's args (its width), under `layers` layers."""
     with tempfile.TemporaryDirectory(prefix="jaxwarm-bench-") as tmp:
         work = Path(tmp)
 
         specs: dict[str, JobSpec] = {}
+        size = [*step, f"step.args.n_layers={layers}"]
 
         def job(name: str, make: Callable[[Config, Path], JobSpec],
                 cache: str) -> tuple[Config, Finished]:
-            config, pinned = bench_config(work, name, [f"step.args.n_layers={layers}",
-                                                       f"cache.dir={work / cache}", *OVERRIDES])
+            config, pinned = bench_config(work, name, [*size, f"cache.dir={work / cache}",
+                                                       *OVERRIDES])
             specs[name] = make(config, pinned)
             return config, run_spec(specs[name])
 
@@ -134,7 +136,7 @@ def measure(layers: int) -> dict[str, float]:
         warm_config, warm = job("warm", train_job, "cache")
         warm_report, warm_step = init_report(warm_config, warm=True)
         _, prewarm = job("prewarm", prewarm_job, "prewarm-cache")
-        bare_config, bare_pinned = bench_config(work, "bare", [f"step.args.n_layers={layers}"])
+        bare_config, bare_pinned = bench_config(work, "bare", size)
         bare = run_process([sys.executable, "-m", "bench.bare", str(bare_pinned)],
                            bare_environment(bare_config, bare_pinned))
         return {

@@ -3,9 +3,10 @@ working. It checks what a reader of their output relies on: a table per measurem
 targets, every figure in the JSON as a number, the chart when matplotlib is there. Targets
 are not asserted: whether they are met depends on the machine.
 
-`bench.run` runs at one size (its 5 processes per size are a fixed cost, about 30 s of CPU
-each size here); what two sizes or more add, the per-layer row, is made by the benchmark's
-own functions from that size's row and a second one, so it is checked too.
+`bench.run` runs at one size, 1 layer of the step at its smallest width (`--tiny`: its 5
+processes per size are a fixed cost, which the step's width only adds to); what two sizes
+or more add, the per-layer row, is made by the benchmark's own functions from that size's
+row and a second one, so it is checked too.
 """
 
 from __future__ import annotations
@@ -40,25 +41,26 @@ def positive(value: object) -> bool:
 @pytest.mark.e2e
 def test_benchmark_prints_tables_and_writes_every_figure(tmp_path: Path) -> None:
     figures, chart = tmp_path / "bench.json", tmp_path / "chart.png"
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--sizes", "2", "--repeats", "1",
-                           "--json", str(figures), "--png", str(chart)],
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--sizes", "1", "--repeats", "1",
+                           "--tiny", "--json", str(figures), "--png", str(chart)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for title in TABLES:
         assert title in proc.stdout, proc.stdout
 
     data = json.loads(figures.read_text())
-    assert data["settings"] == {"sizes": [2], "repeats": 1}
+    assert data["settings"] == {"sizes": [1], "repeats": 1, "tiny": True}
+    assert "the step at its smallest width" in proc.stdout
     (row,) = data["step"]["rows"]
-    assert row["layers"] == 2 and all(positive(row[key]) for key in STEP_FIGURES), row
+    assert row["layers"] == 1 and all(positive(row[key]) for key in STEP_FIGURES), row
     assert data["step"]["per_layer"] == {} and "| per layer " not in proc.stdout  # one size
     # Two sizes: this row and one at twice the layers with every figure doubled, so that
-    # each figure's growth per layer is half of it here.
+    # each figure grows per layer by what it is here (at 1 layer).
     rows = [row, {key: 2 * value for key, value in row.items()}]
     slopes = step_cost.growth(rows)
     assert set(slopes) >= set(STEP_FIGURES)
     for key in STEP_FIGURES:
-        assert slopes[key] == pytest.approx(row[key] / 2), key
+        assert slopes[key] == pytest.approx(row[key]), key
     assert "\n| per layer " in step_cost.init_table(rows, slopes)
     launch = data["launcher"]["row"]
     assert all(positive(launch[f"{path}_s"]) for path in ("direct", "local", "slurm")), launch

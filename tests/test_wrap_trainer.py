@@ -151,8 +151,9 @@ def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int]
 @pytest.mark.e2e
 def test_verify_on_another_process_layout_says_so(tmp_path: Path, installed: str,
                                                    launched: Callable[[int], Launched]) -> None:
-    prewarmed = launched(1).cache
-    cold = run_cli("verify", *args_for(tmp_path, installed, *layout(2), cache=prewarmed),
+    """verify on one process against the step prewarmed on two (one JAX process, not two)."""
+    prewarmed = launched(2).cache
+    cold = run_cli("verify", *args_for(tmp_path, installed, *layout(1), cache=prewarmed),
                    "--local")
     assert cold.returncode == 1, cold.stdout + cold.stderr[-2000:]
     assert "the process layout differs" in cold.stdout

@@ -60,27 +60,83 @@ def launch(tmp_path: Path, name: str, *extra: str, python: str | None = None,
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
-@pytest.fixture(scope="module")
-def first_prewarm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The demo's run `first` prewarmed (`trains=False`) in a dir of its own, and a copy of
-    that dir as the launch left it: one prewarm for the module's tests that start from it."""
-    root = tmp_path_factory.mktemp("first-prewarm")
+def restored(saved: tuple[Path, Path]) -> Path:
+    """The dir a module fixture prewarmed in (WORK, PRISTINE: the dir and its copy as the
+    prewarm left it), for a test to launch in and change: restored from the copy before each
+    test, at the same path (the cache dir's path is part of the fingerprint)."""
+    work, pristine = saved
+    shutil.rmtree(work)
+    shutil.copytree(pristine, work, symlinks=True)
+    return work
+
+
+def prewarmed_once(root: Path, *extra: str, trains: bool = True,
+                   command: str = "launch") -> tuple[Path, Path]:
+    """Run `first` launched under ROOT/work (`launch_args`), and a copy of that dir as the
+    launch left it, ROOT/pristine: one prewarm for the module's tests that start from it."""
     work, pristine = root / "work", root / "pristine"
-    first = launch(work, "first", trains=False)
+    first = launch(work, "first", *extra, trains=trains, command=command)
     assert first.returncode == 0, first.stderr[-3000:]
     shutil.copytree(work, pristine, symlinks=True)
     return work, pristine
 
 
+@pytest.fixture(scope="module")
+def first_prewarm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demo's run `first` prewarmed (`trains=False`) in a dir of its own."""
+    return prewarmed_once(tmp_path_factory.mktemp("first-prewarm"), trains=False)
+
+
 @pytest.fixture
 def prewarmed(first_prewarm: tuple[Path, Path]) -> Path:
-    """The dir of the run `first` (its `runs/` and `cache/`) as its prewarm left it, for a
-    test to launch in and change: restored from the copy before each test, at the same path
-    (the cache dir's path is part of the fingerprint)."""
-    work, pristine = first_prewarm
-    shutil.rmtree(work)
-    shutil.copytree(pristine, work, symlinks=True)
-    return work
+    """The dir of the run `first` (its `runs/` and `cache/`) as its prewarm left it."""
+    return restored(first_prewarm)
+
+
+def write_mystep(source: Path) -> None:
+    """The demo's step copied under SOURCE as the package `mystep` (its modules import each
+    other as `mystep.*`), written the ways users' own steps are: the factory reads its
+    model's sizes from sizes.json beside it while it builds the step (the login node cannot
+    know that; the prewarm job records it), and the model takes its norm's epsilon from the
+    module `mystep.norm`, imported by a computed name (the fingerprint does not reach it)."""
+    package = source / "mystep"
+    shutil.copytree(REPO / "jaxwarm" / "workload", package)
+    for module in package.glob("*.py"):  # the copy imports its own model
+        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
+    factory = package / "chunkwise.py"
+    factory.write_text(factory.read_text().replace(
+        "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
+        "    import dataclasses, json, pathlib\n"
+        "    sizes = json.loads((pathlib.Path(__file__).parent / 'sizes.json').read_text())\n"
+        "    args = dataclasses.replace(ModelArgs.from_config(config, dict(mesh.shape)), "
+        "**sizes)\n"))
+    (package / "sizes.json").write_text('{"d_ff": 32}')
+    model = package / "model.py"
+    model.write_text(model.read_text().replace(
+        "_NORM_EPS = 1e-5",
+        "import importlib\n_NORM_EPS = importlib.import_module('mystep.' + 'norm').EPS"))
+    (package / "norm.py").write_text("EPS = 1e-5\n")
+
+
+def mystep_args(root: Path) -> tuple[str, str]:
+    """The overrides that make `mystep` under ROOT/src the step."""
+    return "step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={root / 'src'}"
+
+
+@pytest.fixture(scope="module")
+def mystep_prewarm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """`write_mystep` under a dir of its own, and its run `first` prewarmed there by
+    `jaxwarm prewarm` (which records its fingerprint as a launch's prewarm does)."""
+    root = tmp_path_factory.mktemp("mystep-prewarm")
+    write_mystep(root / "work" / "src")
+    return prewarmed_once(root, *mystep_args(root / "work"), command="prewarm")
+
+
+@pytest.fixture
+def mystep(mystep_prewarm: tuple[Path, Path]) -> Path:
+    """The dir of `mystep`'s run `first` (its `src/`, `runs/` and `cache/`) as its prewarm
+    left it."""
+    return restored(mystep_prewarm)
 
 
 def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(prewarmed: Path) -> None:
@@ -128,50 +184,32 @@ def test_a_relaunch_with_the_same_fingerprint_goes_without_its_prewarm(prewarmed
     assert step_hit(prewarmed / "runs" / "gone")
 
 
-def test_a_changed_step_source_chains_the_prewarm(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
-    for module in (source / "mystep").glob("*.py"):  # the copy imports its own model
-        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
-    factory = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *factory, trains=False).returncode == 0
-    model = source / "mystep" / "model.py"
+def test_a_changed_step_source_chains_the_prewarm(mystep: Path) -> None:
+    """A module the factory's module imports (the model) changed: the prewarm job runs."""
+    model = mystep / "src" / "mystep" / "model.py"
     model.write_text(model.read_text() + "\n# a comment changes the source\n")
-    second = launch(tmp_path, "second", *factory, trains=False)
+    second = launch(mystep, "second", *mystep_args(mystep), trains=False)
     assert second.returncode == 0, second.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "second")
+    chained = decision(mystep / "runs" / "second")
     assert chained.prewarm and f"source: {model.resolve()} changed" in chained.why
 
 
-def test_a_changed_file_the_step_factory_read_chains_the_prewarm(tmp_path: Path) -> None:
-    # The factory reads its model sizes from a JSON beside it, while it builds the step:
-    # the login node cannot know that; the prewarm job records it.
-    source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
-    for module in (source / "mystep").glob("*.py"):
-        module.write_text(module.read_text().replace("jaxwarm.workload.", "mystep."))
-    factory = source / "mystep" / "chunkwise.py"
-    factory.write_text(factory.read_text().replace(
-        "    args = ModelArgs.from_config(config, dict(mesh.shape))\n",
-        "    import dataclasses, json, pathlib\n"
-        "    sizes = json.loads((pathlib.Path(__file__).parent / 'sizes.json').read_text())\n"
-        "    args = dataclasses.replace(ModelArgs.from_config(config, dict(mesh.shape)), "
-        "**sizes)\n"))
-    sizes = source / "mystep" / "sizes.json"
-    sizes.write_text('{"d_ff": 32}')
-    args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *args, trains=False).returncode == 0
-    [record] = LocalStore(tmp_path / "cache").prewarms().values()
+def test_a_changed_file_the_step_factory_read_chains_the_prewarm(mystep: Path) -> None:
+    """sizes.json, which the factory reads while it builds the step, is recorded by the
+    prewarm job: the same file keeps the prewarm, a changed one runs it again."""
+    sizes = mystep / "src" / "mystep" / "sizes.json"
+    args = mystep_args(mystep)
+    [record] = LocalStore(mystep / "cache").prewarms().values()
     assert str(sizes.resolve()) in record.fingerprint.reads
-    same = launch(tmp_path, "same", *args, trains=False)
-    assert same.returncode == 0 and not decision(tmp_path / "runs" / "same").prewarm
+    same = launch(mystep, "same", *args, trains=False)
+    assert same.returncode == 0 and not decision(mystep / "runs" / "same").prewarm
     sizes.write_text('{"d_ff": 64}')
-    second = launch(tmp_path, "second", *args)
+    second = launch(mystep, "second", *args)
     assert second.returncode == 0, second.stderr[-3000:]
-    chained = decision(tmp_path / "runs" / "second")
+    chained = decision(mystep / "runs" / "second")
     assert chained.prewarm and f"its step factory read {sizes.resolve()}, changed since" in \
         chained.why
-    assert step_hit(tmp_path / "runs" / "second")
+    assert step_hit(mystep / "runs" / "second")
 
 
 def test_a_file_step_inputs_names_is_signed_at_each_launch(tmp_path: Path, cli: Cli) -> None:
@@ -211,40 +249,31 @@ def test_another_jax_version_chains_the_prewarm(prewarmed: Path) -> None:
     assert chained.prewarm and f"jax 0.10.2 -> {leg.jax}" in chained.why
 
 
-def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(tmp_path: Path,
+def test_a_miss_the_fingerprint_could_not_see_forgets_its_record(mystep: Path,
                                                                  cli: Cli) -> None:
-    # The factory imports its model by a computed name: the fingerprint does not reach it.
-    source = tmp_path / "src"
-    shutil.copytree(REPO / "jaxwarm" / "workload", source / "mystep")
-    factory = source / "mystep" / "chunkwise.py"
-    factory.write_text(factory.read_text().replace(
-        "from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, "
-        "param_specs",
-        "import importlib\n_model = importlib.import_module('mystep.' + 'model')\n"
-        "ModelArgs, Params, init_params, loss_fn, param_specs = (_model.ModelArgs, "
-        "_model.Params, _model.init_params, _model.loss_fn, _model.param_specs)"))
-    args = ["step.factory=mystep.chunkwise:make_train_step", f"env.PYTHONPATH={source}"]
-    assert launch(tmp_path, "first", *args, command="prewarm").returncode == 0
-    model = source / "mystep" / "model.py"
-    model.write_text(model.read_text().replace("_NORM_EPS = 1e-5", "_NORM_EPS = 1e-6"))
+    # The model imports its norm's epsilon by a computed name: the fingerprint does not
+    # reach it.
+    args = mystep_args(mystep)
+    norm = mystep / "src" / "mystep" / "norm.py"
+    norm.write_text("EPS = 1e-6\n")
     # Same fingerprint as the prewarm's: the training job runs alone, misses, and forgets
     # the record...
-    blind = launch(tmp_path, "blind", *args)
+    blind = launch(mystep, "blind", *args)
     assert blind.returncode == 0, blind.stderr[-3000:]
-    assert not decision(tmp_path / "runs" / "blind").prewarm
-    assert not step_hit(tmp_path / "runs" / "blind")
+    assert not decision(mystep / "runs" / "blind").prewarm
+    assert not step_hit(mystep / "runs" / "blind")
     assert "the next launch with its fingerprint runs its prewarm again" in blind.stderr
-    assert LocalStore(tmp_path / "cache").prewarms() == {}
+    assert LocalStore(mystep / "cache").prewarms() == {}
     # Said once in the launch's own output and in `jaxwarm status`, not only in a job log.
     forgot = ("prewarm record of run 'first' forgotten: jit_train_step missed its prewarmed "
               "key, which this fingerprint promised; the next launch with it prewarms again")
     assert blind.stdout.count(forgot) == 1, blind.stdout
-    status = cli("status", str(tmp_path / "runs" / "blind"))
+    status = cli("status", str(mystep / "runs" / "blind"))
     assert f"attempt r0: {forgot}" in status.stdout, status.stdout
     # ...so the next launch with it runs the prewarm job again.
-    again = launch(tmp_path, "again", *args, trains=False)
+    again = launch(mystep, "again", *args, trains=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert decision(tmp_path / "runs" / "again").prewarm
+    assert decision(mystep / "runs" / "again").prewarm
 
 
 def test_a_variable_the_jobs_inherit_enters_the_fingerprint(prewarmed: Path) -> None:

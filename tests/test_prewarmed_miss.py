@@ -191,16 +191,18 @@ def test_verify_of_the_trainer_and_of_the_factory_name_the_inputs_too(
         in factory.stdout, factory.stdout
 
 
-def test_a_miss_against_another_run_s_prewarm_is_named(tmp_path: Path) -> None:
-    """The README's relaunch under a new run name on a warm cache, with a wider model through
-    the trainer's own command line only and no prewarm: the attempt compares each lookup
-    with run A's prewarm, and the headline names jit_train_step's miss, the input that
-    differs and run A; verify and verify --trainer say the same before it."""
-    prewarmed = run_cli("prewarm", *cli_args(tmp_path), "run.name=A")
-    assert prewarmed.returncode == 0, prewarmed.stdout + prewarmed.stderr[-3000:]
-    wider = (*cli_args(tmp_path, "--d-model", "24", "--batch", "4"), "run.name=B")
-    why = "why: its inputs differ from the prewarmed ones (run 'A'): state['b'] f32[24] vs " \
-          "f32[16] (+2 more)"
+def test_a_miss_against_another_run_s_prewarm_is_named(tmp_path: Path,
+                                                      adapter_copy: Path) -> None:
+    """The README's relaunch under a new run name on a warm cache (the module's, prewarmed
+    by run cli-trainer), with a wider model through the trainer's own command line only
+    (read by the adapter `from_argv`) and no prewarm: the attempt compares each lookup with
+    run cli-trainer's prewarm, and the headline names jit_train_step's miss, the input that
+    differs and that run; verify and verify --trainer say the same before it. (A width no
+    other test of the module launches.)"""
+    wider = (*cli_args(tmp_path, "--d-model", "32", "--batch", "4"), f"cache.dir={adapter_copy}",
+             "run.name=B")
+    why = f"why: its inputs differ from the prewarmed ones (run '{CLI_RUN}'): state['b'] " \
+          f"f32[32] vs f32[16] (+2 more)"
     for how in ((), ("--trainer",)):
         verified = run_cli("verify", *how, *wider)
         assert verified.returncode == 1, verified.stdout + verified.stderr[-3000:]

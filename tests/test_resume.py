@@ -1,9 +1,10 @@
 """The reference trainer: SIGTERM -> checkpoint -> exit; a relaunch under a changed config is
 refused, and one under the same config resumes on the same loss curve as an uninterrupted run.
 
-One process of 4 CPU devices and the tiny step: what is checked is the trainer's stop,
-checkpoint and resume, which one process does as several do, at a fifth of the CPU of the
-demo's two (whose second process compiles every launch: only process 0 can hit on CPU).
+One process of 4 CPU devices and conftest's FAST_STEP (every compile cached, so the runs
+after the first load the step): what is checked is the trainer's stop, checkpoint and
+resume, which one process does as several do, at a fifth of the CPU of the demo's two
+(whose second process compiles every launch: only process 0 can hit on CPU).
 Several processes stopping at one step and resuming their shards are checked on SLURM
 (tests/test_submit_slurm.py), where a requeue is what resumes."""
 
@@ -19,9 +20,8 @@ from typing import IO
 
 import pytest
 
-from bench.common import TINY_STEP
 from jaxwarm.core.rundir import checkpoints_dir, metrics_path
-from tests.conftest import DEMO, ONE_PROCESS, REPO, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,7 @@ def read_until(stream: IO[str], lines: list[str], event: threading.Event, step: 
 
 def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
     return ["launch", str(DEMO), "--local", "--no-prewarm", f"run.out_dir={out}",
-            f"cache.dir={cache}", *ONE_PROCESS, *TINY_STEP, f"train.steps={STEPS}",
+            f"cache.dir={cache}", *ONE_PROCESS, *FAST_STEP, f"train.steps={STEPS}",
             "train.checkpoint_every=0", *extra]
 
 

@@ -36,7 +36,7 @@ from jaxwarm.job.start.place import Place
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.jobs import train_job
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, Cli, run_cli
 
 STEP = "jit_train_step-" + hashlib.sha256(b"step").hexdigest()
 INIT = "jit_init_state-" + hashlib.sha256(b"init").hexdigest()
@@ -379,7 +379,7 @@ def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(
 
 
 @pytest.mark.e2e
-def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) -> None:
+def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path, cli: Cli) -> None:
     """No prewarm, empty cache: process 0 compiles into its node's copy, and the entries
     reach the shared dir with their checksums in the usage log; an unstaged run then hits.
     One process: what it compiles is what the node publishes."""
@@ -394,7 +394,7 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path) ->
         assert hashlib.sha256(shared.entry_path(key).read_bytes()).hexdigest() \
             == sha256 == recorded[key].sha256
     assert any(getattr(record, "job", None) == "train" for record in shared.usage())
-    verify = run_cli("cache", "verify", str(tmp_path / "cache"))
+    verify = cli("cache", "verify", str(tmp_path / "cache"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     launch(tmp_path, "--no-prewarm", "run.name=unstaged", *ONE_PROCESS)
     assert PREWARMED <= hits(train_report(tmp_path, 0, "unstaged"))

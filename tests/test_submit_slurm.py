@@ -177,7 +177,8 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
     say that training is unfinished, and at which step.
 
     SLURM rounds the limit up to whole minutes (3), so its warning is due 90 s after start;
-    it checks limits every ~30 s, so the warning comes 90-120 s in. The restart's warning is
+    it looks at limits every 30 s and sends a warning at the first look less than 30 s before
+    it is due (slurmctld's send_job_warn_signal), so it comes 60-90 s in. The restart's warning is
     sent by hand (`scancel --signal`, to the job's tasks as SLURM sends its own) once it has
     logged a step: the same path as the first, without 90 s more of waiting."""
     run_dir = tmp_path / "runs" / "demo"

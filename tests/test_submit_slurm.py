@@ -26,7 +26,7 @@ from jaxwarm.core.rundir import (
 )
 from jaxwarm.store.store import LocalStore, open_store
 from jaxwarm.submit.slurm import job_states, read_jobs
-from tests.conftest import DEMO, FAST_STEP, REPO, Cli, run_cli
+from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, REPO, Cli, run_cli
 from tests.slurm_cluster import (
     ensure_cluster,
     job_field,
@@ -71,6 +71,8 @@ def step_hit(report: dict) -> bool:
 # keeps the job from holding both cores for the minutes it waits. Every 2 steps (under 10 s)
 # its processes agree whether to stop, well inside SLURM's KillWait of 30 s.
 UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every=2")
+# A training job that only holds its place in the queue: no JAX, no CPU, until scancel.
+SLEEPING = ("--no-prewarm", "entrypoint.command=[sleep, '600']")
 
 
 @pytest.mark.slurm(lane=2)
@@ -116,7 +118,7 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path, cli: Cli) -> None:
 @pytest.mark.slurm(lane=2)
 def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Path,
                                                                   cli: Cli) -> None:
-    first = run_cli("prewarm", *args_for(tmp_path, "--wait"))
+    first = run_cli("prewarm", *args_for(tmp_path, "--wait", *ONE_PROCESS))
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     cache = tmp_path / "cache"
     manifest = open_store(str(cache)).manifest()
@@ -126,7 +128,7 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
     # Holding the step's writer lock keeps the second prewarm at its compile (it waits for
     # the writer, as for another prewarm compiling the same key) for as long as we look.
     with locked(LocalStore(cache).writer_lock_path(step), "the test, holding the compile"):
-        second = run_cli("prewarm", *args_for(tmp_path))
+        second = run_cli("prewarm", *args_for(tmp_path, *ONE_PROCESS))
         assert second.returncode == 0, second.stdout + second.stderr[-3000:]
         run_dir = tmp_path / "runs" / "demo"
         pattern = re.compile(r"compiling jit_train_step \(1 of 2; last time [0-9.]+ s on this "
@@ -145,7 +147,7 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
 
 @pytest.mark.slurm(lane=2)
 def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:
-    first = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
+    first = run_cli("launch", *args_for(tmp_path, *SLEEPING))
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
@@ -175,7 +177,8 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
     say that training is unfinished, and at which step.
 
     SLURM rounds the limit up to whole minutes (3), so its warning is due 90 s after start;
-    it checks limits every ~30 s, so the warning comes 90-120 s in. The restart's warning is
+    it looks at limits every 30 s and sends a warning at the first look less than 30 s before
+    it is due (slurmctld's send_job_warn_signal), so it comes 60-90 s in. The restart's warning is
     sent by hand (`scancel --signal`, to the job's tasks as SLURM sends its own) once it has
     logged a step: the same path as the first, without 90 s more of waiting."""
     run_dir = tmp_path / "runs" / "demo"
@@ -224,14 +227,13 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
 @pytest.mark.slurm(lane=2)
 def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
         tmp_path: Path) -> None:
-    result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *UNTIL_STOPPED))
+    result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *ONE_PROCESS,
+                                         *UNTIL_STOPPED))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
     job_id = train.job_id
-    metrics = metrics_path(run_dir)
-    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 600,
-             "the first training steps", train)
+    wait_for(lambda: logged_in_attempt(run_dir, 0), 600, "the first training steps", train)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     wait_for_step_lookup(run_dir, 1, train)
     subprocess.run(["scancel", job_id], check=True)
@@ -245,12 +247,17 @@ def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
 
 def without(conf: Path, key: str) -> Path:
     """A copy of the cluster's slurm.conf whose `key` port nothing listens on: that daemon
-    down, as the submitting side sees it, while the cluster goes on for the other lane."""
+    down, as the submitting side sees it, while the cluster goes on for the other lane.
+    Without slurmctld, a client tries it again for MessageTimeout seconds before it gives
+    up (9 s of the cluster's 10): the copy's is 3, nothing there could answer."""
     with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     text = re.sub(rf"^{key}=.*$", f"{key}={port}", conf.read_text(), flags=re.MULTILINE)
     assert f"{key}={port}" in text
+    if key == "SlurmctldPort":
+        text = re.sub(r"^MessageTimeout=.*$", "MessageTimeout=3", text, flags=re.MULTILINE)
+        assert "MessageTimeout=3" in text
     copy = conf.with_name(f"{conf.stem}-no-{key}.conf")
     copy.write_text(text)
     return copy
@@ -260,7 +267,7 @@ def without(conf: Path, key: str) -> Path:
 def test_with_slurmctld_down_a_launch_says_so_in_one_line_and_status_keeps_its_restarts(
         tmp_path: Path, cli: Cli) -> None:
     run_dir = tmp_path / "runs" / "demo"
-    sleeper = args_for(tmp_path, "--no-prewarm", "entrypoint.command=[sleep, '600']")
+    sleeper = args_for(tmp_path, *SLEEPING)
     first = run_cli("launch", *sleeper)
     assert first.returncode == 0, first.stderr[-3000:]
     job_id = read_jobs(run_dir)[-1].job_id
@@ -379,11 +386,12 @@ def test_rendered_templates_run_the_same_job_with_the_same_environment(tmp_path:
 
 @pytest.mark.slurm(lane=2)
 def test_several_configs_prewarm_as_one_job_array(tmp_path: Path) -> None:
-    second = tmp_path / "second.yaml"
+    second = tmp_path / "second.yaml"  # another step: half the demo's batch
     second.write_text(DEMO.read_text().replace("name: demo", "name: second")
-                      .replace("n_layers: 2", "n_layers: 1"))
+                      .replace("global_batch: 16", "global_batch: 8"))
     result = run_cli("prewarm", str(DEMO), str(second), "--slurm", "--wait",
-                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}")
+                     f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}",
+                     *ONE_PROCESS, *FAST_STEP)
     assert result.returncode == 0, result.stderr[-3000:]
     first_job = read_jobs(tmp_path / "runs" / "demo")[0].job_id
     second_job = read_jobs(tmp_path / "runs" / "second")[0].job_id

@@ -71,6 +71,15 @@ class SubmittedJob:
     def log_path(self, task: int = 0) -> Path:
         return Path(self.log_dir) / f"{self.job_id}_{task}_log.out"
 
+    def tasks_ended(self) -> frozenset[tuple[str, int]]:
+        """submitit's result file of each task that has ended (written by the task as it
+        ends, again at each attempt), with its time: a change says a task just ended."""
+        ended = set()
+        for path in Path(self.log_dir).glob(f"{self.job_id}_*_result.pkl"):
+            with contextlib.suppress(OSError):  # replaced as we look
+                ended.add((path.name, path.stat().st_mtime_ns))
+        return frozenset(ended)
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -319,13 +328,20 @@ def still_queued(job_ids: list[str]) -> set[str]:
 
 
 def follow(jobs: list[SubmittedJob], timeout_s: float | None = None) -> dict[str, str]:
-    """Wait until every job is done, logging each state change; final states by job id."""
+    """Wait until every job is done, logging each state change; final states by job id.
+    When a task of a job ends (its result file appears or changes), sacct is asked again at
+    once and then at 2, 4, 8 s (the watcher's back-off starts over), so the wait ends
+    seconds after the job does, not up to `WATCH_MAX_DELAY_S` later."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     sacct = watcher()
     seen: dict[str, str] = {}
+    ended = {job.job_id: job.tasks_ended() for job in jobs}
     said: str | None = None
     while True:
         for job in jobs:
+            if (now := job.tasks_ended()) != ended[job.job_id]:
+                ended[job.job_id] = now
+                sacct.register_job(job.job_id)
             state = sacct.get_state(job.job_id).split()[0]
             if seen.get(job.job_id) != state:
                 log.info("%s job %s: %s", job.name, job.job_id, state)

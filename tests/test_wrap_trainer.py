@@ -133,23 +133,19 @@ def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int]
     assert headline(run.result.stdout)[1].startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in run.result.stderr
+
+    warm = run_cli("verify", *args_for(run.root, installed, *layout(processes)), "--local")
+    assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
+    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in warm.stdout
+    # Asked of jsp-train itself (its console script, its own cache settings put back by
+    # the guard): the first jit_step it looks up is the train step, WARM.
+    asked = run_cli("verify", "--trainer",
+                    *args_for(run.root, installed, *layout(processes)), "--local")
+    assert asked.returncode == 0, asked.stdout + asked.stderr[-2000:]
+    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in asked.stdout
+
     table = cli("report", str(run.root / "runs" / RUN), "--all")
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
-
-
-@pytest.mark.e2e
-def test_verify_answers_what_the_launch_hit(installed: str,
-                                           launched: Callable[[int], Launched]) -> None:
-    """verify, and verify --trainer asked of jsp-train itself (its console script, its own
-    cache settings put back by the guard), on the launch's run: the first jit_step is the
-    train step the launch hit, WARM under its key. On one process: both on two processes
-    are test_verify_writes_nothing's and test_verify_trainer's stories."""
-    run = launched(1)
-    key = step_records(report(run.root))[0]["key"]
-    for how in ((), ("--trainer",)):
-        warm = run_cli("verify", *how, *args_for(run.root, installed, *layout(1)), "--local")
-        assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
-        assert f"WARM  jit_step  {key}" in warm.stdout
 
 
 @pytest.mark.e2e

@@ -64,7 +64,7 @@ from bench.common import (
     table,
 )
 from jaxwarm.core.jsonio import to_json
-from jaxwarm.core.records import InitReport
+from jaxwarm.core.records import USED, InitReport
 from jaxwarm.report.read import load_reports
 from testing import jsp
 from testing.legs import MAXTEXT, ready
@@ -263,8 +263,10 @@ def launch_figures(report: InitReport, arm: str, prefetch: bool, repeat: int, st
     if report.time_to_first_step_s is None:
         raise BenchError(f"{arm}: the launch reached no first step")
     hit = any(f.hit for f in report.functions if f.name == step)
+    # The prefetch's load of the step, where it loaded it (with `auto` on a busy node it
+    # may load nothing: then JAX's own load is in the phases, as without prefetch).
     fetched = [p for p in (report.prefetch.executables if report.prefetch else [])
-               if p.function == step]
+               if p.function == step and p.outcome == USED]
     return Launch(arm, prefetch, repeat, report.time_to_first_step_s, phase_seconds(report),
                   hit, fetched[0].load_s if fetched else None,
                   fetched[0].waited_s if fetched else None, prewarm_wall_s)

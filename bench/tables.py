@@ -97,6 +97,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "stage-reads-8nodes": lambda: stage_reads.reads_table(result("stage-reads-8nodes")),
     "gpu-h100": lambda: gpu_table("nvidia-h100-80gb-hbm3"),
     "gpu-h100-sizes": lambda: gpu_sizes_table("nvidia-h100-80gb-hbm3-sizes"),
+    "gpu-h200": lambda: gpu_table("nvidia-h200"),
+    "gpu-h200-group-fix": lambda: gpu_table("nvidia-h200-group-fix"),
     "warm-start": lambda: startup.warm_table(result("warm-start")),
     "startup-reference": lambda: startup_table("startup-reference"),
     "startup-reference-loaded": lambda: startup_table("startup-reference-loaded"),

@@ -234,6 +234,39 @@ def test_a_job_refuses_a_dir_swapped_between_two_compiles(tmp_path: Path) -> Non
     assert "REFUSED" in proc.stdout and "is not the directory checked" in proc.stdout
 
 
+def test_share_with_group_opens_what_xla_made_and_only_in_a_group_dir(tmp_path: Path) -> None:
+    """XLA makes its sub-cache dirs with mkdir's 0755, which a group job's umask 007 leaves
+    0750 (setgid from the cache dir): measured on an H200, the next member of the group was
+    refused its autotune results there. The store makes each dir this user owns below a
+    group-shared cache dir group-writable, each file in it group read/write; a dir another
+    user owns, and every dir of a cache dir not shared with a group, stay as they are."""
+    old_umask = os.umask(0o007)
+    try:
+        for shared in (True, False):
+            cache = tmp_path / ("group" if shared else "private") / "cache"
+            cache.mkdir(parents=True)
+            cache.chmod(0o2770 if shared else 0o700)
+            xla = cache / "xla_gpu_per_fusion_autotune_cache_dir" / "ed0e56ab8b2a0ecb"
+            for made in (xla.parent, xla):  # as XLA does, each: 0750 under the umask
+                made.mkdir(mode=0o755)
+            (xla / "result.textproto").write_text("autotune")
+            theirs = cache / "theirs"
+            theirs.mkdir(mode=0o755)
+            os.chown(theirs, 65534, -1)  # another user's: not this user's to change
+            changed = LocalStore(cache).share_with_group()
+            modes = {path: stat.S_IMODE(path.stat().st_mode)
+                     for path in (xla.parent, xla, xla / "result.textproto", theirs)}
+            if shared:
+                assert changed == [xla.parent, xla]
+                assert modes[xla.parent] == modes[xla] == GROUP_DIR
+                assert modes[xla / "result.textproto"] & 0o060 == 0o060
+                assert modes[theirs] & 0o070 == 0o050
+            else:
+                assert changed == [] and modes[xla] & 0o070 == 0o050
+    finally:
+        os.umask(old_umask)
+
+
 @pytest.fixture
 def team() -> Iterator[tuple[str, str, str, Path]]:
     with two_users() as made:

@@ -128,6 +128,11 @@ class CacheStore(ABC):
         """What JAX's own read does in a size-capped cache: the entry was used now."""
 
     @abstractmethod
+    def share_with_group(self) -> list[Path]:
+        """In a dir shared with its group: what this user made below it that the group
+        cannot write (XLA's own sub-cache dirs) made group-writable; the dirs changed."""
+
+    @abstractmethod
     def ensure_atime_files(self) -> int:
         """Every entry with the atime file JAX's eviction needs; how many were added."""
 

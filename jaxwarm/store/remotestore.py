@@ -109,6 +109,9 @@ class RemoteStore(CacheStore):
     def ensure_atime_files(self) -> int:
         return 0  # as `mark_used`: JAX keeps its own, through epath
 
+    def share_with_group(self) -> list[Path]:
+        return []  # an object store has no file modes: its bucket's access rules decide
+
     def writer_lock(self, key: str | None) -> AbstractContextManager[None]:
         """No lock: a lock file needs a local file system (no prune here to hold off)."""
         return nullcontext()

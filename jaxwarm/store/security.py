@@ -10,12 +10,13 @@ trusted group, so new files inherit the group).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
 from jaxwarm.core.config import CacheConfig
 from jaxwarm.core.errors import ConfigError
-from jaxwarm.core.files import GROUP_DIR, PRIVATE_DIR
+from jaxwarm.core.files import GROUP_DIR, GROUP_FILE, PRIVATE_DIR, modes_in
 from jaxwarm.core.trust import Trust, check_parents, trusted_gid, write_problem
 
 PRIVATE_MODE = PRIVATE_DIR
@@ -88,3 +89,33 @@ def prepare_cache_dir(path: Path, cache: CacheConfig, source: str,
         os.chown(path, -1, gid)
         os.chmod(path, SHARED_MODE)  # mkdir's mode is filtered by the umask
     return check_cache_dir(path, cache, source, key=key)
+
+
+def share_owned_subdirs(path: Path) -> list[Path]:
+    """In a cache dir shared with its group (setgid, group-writable): each dir below it that
+    this user owns and the group cannot write gets the group's dir mode, each file in them
+    group read/write; the dirs changed. XLA makes its own sub-caches there (on GPU the
+    per-fusion autotune dir and one dir per device kind in it) with mkdir's 0755, which a
+    job's umask 007 leaves 0750: measured on an H200, the next member's autotune results
+    were refused. Only their owner may change them, so each job does it for what it made.
+    Entries are files at the top: only dirs are walked."""
+    if modes_in(path) != (GROUP_FILE, GROUP_DIR):
+        return []
+    changed = []
+    me = os.getuid()
+    for top in os.scandir(path):
+        if not top.is_dir(follow_symlinks=False):
+            continue
+        for root, dirs, files in os.walk(top.path):
+            for name in [root, *(os.path.join(root, f) for f in files)]:
+                info = os.lstat(name)
+                if info.st_uid != me or stat.S_ISLNK(info.st_mode):
+                    continue
+                is_dir = stat.S_ISDIR(info.st_mode)
+                wanted = GROUP_DIR if is_dir else stat.S_IMODE(info.st_mode) | 0o060
+                if stat.S_IMODE(info.st_mode) & wanted != wanted:
+                    os.chmod(name, stat.S_IMODE(info.st_mode) | wanted)
+                    if is_dir:
+                        changed.append(Path(name))
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    return changed

@@ -41,6 +41,7 @@ from jaxwarm.store.security import (
     check_cache_dir,
     prepare_cache_dir,
     recheck_cache_dir,
+    share_owned_subdirs,
 )
 from jaxwarm.store.staging import Staged
 from jaxwarm.store.usage import USAGE_LOG, KeyHistory
@@ -169,6 +170,9 @@ class LocalStore(CacheStore):
             if self.entry_path(key).exists():
                 atomic_write(self.atime_path(key), encode_atime(time.time_ns()),
                              modes_in(self.path)[0])
+
+    def share_with_group(self) -> list[Path]:
+        return share_owned_subdirs(self.path)
 
     def ensure_atime_files(self) -> int:
         return entries.ensure_atime_files(self)

@@ -290,6 +290,11 @@ class Books:
             note_missed_entries(self.config, self.store, self.jax_store, recorder.report,
                                 recorder.start_time)
 
+    def xla_dirs_shared(self, recorder: InitRecorder) -> None:
+        """Under a trusted group: what XLA made in the shared dir during init, shared
+        (`share_xla_dirs`)."""
+        share_xla_dirs(self.config)
+
     def usage_logged(self, recorder: InitRecorder) -> None:
         """Last: process 0's line in the cache's usage log, with what the steps above put
         on the report's records."""
@@ -318,8 +323,26 @@ INIT_OVER: tuple[Step, ...] = (
     Books.mlperf_stopped,
     Books.written_entries_noted,
     Books.missed_entries_noted,
+    Books.xla_dirs_shared,
     Books.usage_logged,
 )
+
+
+def share_xla_dirs(config: Config) -> None:
+    """Under `cache.trusted_group`: the sub-cache dirs XLA made in the shared cache dir for
+    this job (on GPU its autotune dirs, 0750 under the job's umask) made group-writable,
+    so that the next member's job may add to them (`CacheStore.share_with_group`); said
+    in the job log. Never stops the job."""
+    if config.cache.trusted_group is None:
+        return
+    try:
+        changed = open_store(config.cache.dir).share_with_group()
+    except OSError as exc:
+        log.warning("jaxwarm: XLA's dirs in the shared cache dir: %s", exc)
+        return
+    if changed:
+        log.info("jaxwarm: made group-writable (XLA made them without the group's write): %s",
+                 ", ".join(str(path) for path in changed))
 
 
 def _bookkeeping(step: Callable[[], None]) -> None:

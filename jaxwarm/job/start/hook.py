@@ -36,7 +36,7 @@ from jaxwarm.job.record.ledger import Ledger
 from jaxwarm.job.record.phases import call_after_join
 from jaxwarm.job.record.recorder import InitRecorder
 from jaxwarm.job.stage import node_cache_dir
-from jaxwarm.job.start.books import Books
+from jaxwarm.job.start.books import Books, share_xla_dirs
 from jaxwarm.job.start.cacheguard import CacheGuard, actor_of
 from jaxwarm.job.start.distributed import bound_trainer_joins
 from jaxwarm.job.start.gpu import mocked_topology
@@ -63,9 +63,12 @@ class Start:
 def group_shared(start: Start) -> None:
     """First, before JAX or jaxwarm creates a file in the shared cache: under a trusted
     group, what JAX creates there (entries, atime files, its .lockfile) must be readable and
-    writable by every member of the group, like jaxwarm's own files."""
+    writable by every member of the group, like jaxwarm's own files. XLA's own sub-cache
+    dirs ignore the umask's group write (made 0755, so 0750): this job makes those it
+    made group-writable at its first step (`Books.xla_dirs_shared`) and at its exit."""
     if start.config.cache.trusted_group is not None:
         os.umask(GROUP_UMASK)
+        atexit.register(share_xla_dirs, start.config)
 
 
 def node_staged(start: Start) -> None:

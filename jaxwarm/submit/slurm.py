@@ -154,10 +154,13 @@ def submit_jobs(config: Config, jobs: list[JobSpec]) -> list[SubmittedJob]:
         after = submitted[-1].job_id if submitted else None
         executor = make_executor(config, folder, setup_lines(job.env),
                                  executor_parameters(config, job.name, after))
-        requeues = config.slurm.max_requeues if job.name == TRAIN else 0
+        # Only a training job checkpoints on SLURM's warning and is requeued.
+        training = job.name == TRAIN
         with submitting(config, job.name, submitted):
-            handle = executor.submit(TaskCommand(job.argv, config.slurm.signal, requeues,
-                                                 config.stop_grace_s, job.init_budget_s))
+            handle = executor.submit(TaskCommand(
+                job.argv, config.slurm.signal if training else None,
+                config.slurm.max_requeues if training else 0, config.stop_grace_s,
+                job.init_budget_s))
         submitted.append(SubmittedJob(job.name, str(handle.job_id), str(folder), time.time()))
         record_jobs(config.run_dir, submitted[-1:])
         log.info("submitted %s job %s (logs: %s)", job.name, handle.job_id,

@@ -4,8 +4,11 @@ SLURM's warning signal (USR2, `signal_lead_s` ahead of the time limit, or on pre
 reaches every process of the step. The child ignores it (an ignored signal stays ignored
 across exec), so a trainer that only knows SIGTERM is not killed by it; this wrapper forwards
 the config's signal instead, on every rank, and once the trainer has checkpointed and exited,
-rank 0 requeues the job, at most `max_requeues` times. A SIGTERM (scancel, `scontrol
-requeue` from outside, the hard time limit) is forwarded the same way.
+rank 0 requeues the job, at most `max_requeues` times. A job with nothing to checkpoint (a
+prewarm: `forward_signal` None) is not told: the warning is logged and the job runs on, to
+its end or its time limit, which SLURM reports (forwarded, the prewarm died of the signal
+and the task returned as if it had finished: training then started cold). A SIGTERM
+(scancel, `scontrol requeue` from outside, the hard time limit) is forwarded the same way.
 
 Why not submitit's own requeue: submitit handles the warning by calling `checkpoint()` on the
 pickled Python callable, in rank 0 only, and requeues. jaxwarm's trainer is an argv child
@@ -67,7 +70,9 @@ def _ignore_warning() -> None:
 @dataclass
 class TaskCommand:
     argv: list[str]
-    forward_signal: str = "USR1"
+    # What SLURM's warning becomes for the command (a training job's `slurm.signal`); None:
+    # the command is not told (it has no checkpoint to write).
+    forward_signal: str | None = None
     max_requeues: int = 0
     grace_s: float = 30.0
     init_budget_s: float | None = None
@@ -109,6 +114,10 @@ class TaskCommand:
         return code
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum == WARNING and self.forward_signal is None:
+            log.warning("jaxwarm: got %s (SLURM's time-limit warning); %s has nothing to "
+                        "checkpoint and runs on", signal.Signals(signum).name, self.argv[0])
+            return
         forwarded = getattr(signal, f"SIG{self.forward_signal}") if signum == WARNING \
             else signal.SIGTERM
         log.warning("jaxwarm: got %s, forwarding %s to %s", signal.Signals(signum).name,

@@ -103,6 +103,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "startup-reference": lambda: startup_table("startup-reference"),
     "startup-reference-loaded": lambda: startup_table("startup-reference-loaded"),
     "startup-reference-loaded-true": lambda: startup_table("startup-reference-loaded-true"),
+    "startup-reference-quiet-auto": lambda: startup_table("startup-reference-quiet-auto"),
     "startup-maxtext": lambda: startup_table("startup-maxtext"),
     "parallel-compile": lambda: parallel_compile.compile_table(parallel_compile.as_result(
         result("parallel-compile"))),

@@ -289,7 +289,7 @@ def test_on_a_busy_core_auto_loads_nothing_and_the_lookup_takes_jaxs_path(
         os.sched_setaffinity(0, allowed)
         # Several samples of the busy core go by before the lookup (however many, none
         # finds it idle: the outcome does not depend on how long this is).
-        time.sleep(4 * SAMPLE_S)
+        time.sleep(2 * SAMPLE_S)
         asked = Asked("k1", LoadSpec("", (0,)), str(tmp_path / "cache"), False)
         assert prefetch.take(asked) is None
     finally:

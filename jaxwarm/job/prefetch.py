@@ -26,7 +26,7 @@ devices), so only process 0 prefetches there.
 
 The loads never take a core the trainer wants (docs/cache.md, "Below the trainer"):
 - an executable's load starts only once a core this process may run on has been idle
-  (`idle_cores`, from /proc/stat, over `SAMPLE_S`); until then the reader waits, and a
+  (`cpu_ticks`, from /proc/stat, once a second); until then the reader waits, and a
   lookup that comes first takes JAX's own path, as without prefetch (the report says so).
   On a node whose cores other jobs keep busy, nothing is loaded ahead: measured on 2 cores
   with another job beside it, loads at idle priority but started anyway slowed the trainer's
@@ -50,7 +50,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from jaxwarm.core.records import NOT_LOADED, OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
 from jaxwarm.jaxkey.entryformat import TIME_BYTES, PayloadTooBig, read_payload
@@ -71,7 +70,7 @@ WORKERS = 4
 # A load starts once this much of a core has been idle over SAMPLE_S seconds (a load keeps
 # about one core busy; one more sample when it has not).
 IDLE_CORE = 0.8
-SAMPLE_S = 0.25
+SAMPLE_S = 1.0
 # The outcome of an executable whose lookup came before any core was idle for its load.
 NO_IDLE_CORE = f"{NOT_LOADED}: no core was idle before its lookup, JAX loaded it"
 # At exit, how long loads still running may take to end.
@@ -98,33 +97,34 @@ def yield_cpu() -> None:
         log.debug("jaxwarm: prefetch threads run at %s", how)
 
 
-def idle_cores(interval_s: float) -> float | None:
-    """How many of the cores this process may run on (its affinity) were idle, on average,
-    over the next `interval_s` seconds, from /proc/stat's per-core counters; None where
-    they cannot be read (then nothing waits for a core)."""
-
-    def sample() -> dict[str, tuple[int, int]]:
-        counters = {}
-        for line in Path("/proc/stat").read_text().splitlines():
-            name, *fields = line.split()
-            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in allowed:
-                ticks = [int(x) for x in fields[:8]]
-                counters[name] = (ticks[3] + ticks[4], sum(ticks))  # idle + iowait, all
-        return counters
-
+def cpu_ticks() -> dict[bytes, tuple[int, int]] | None:
+    """(idle + iowait, all) ticks of each core this process may run on (its affinity), from
+    /proc/stat's per-core lines, read in one call and nothing past them (its `intr` line
+    can hold thousands of numbers); None where they cannot be read."""
     try:
-        allowed = os.sched_getaffinity(0)
-        before = sample()
-        time.sleep(interval_s)
-        after = sample()
-    except (AttributeError, OSError, ValueError, IndexError):
+        allowed = {b"cpu%d" % core for core in os.sched_getaffinity(0)}
+        with open("/proc/stat", "rb") as stat_file:
+            head = stat_file.read(1 << 16)
+    except (AttributeError, OSError):
         return None
+    ticks = {}
+    for line in head.split(b"\n"):
+        name, _, rest = line.partition(b" ")
+        if name in allowed:
+            fields = [int(x) for x in rest.split()[:8]]
+            ticks[name] = (fields[3] + fields[4], sum(fields))
+    return ticks or None
+
+
+def idle_cores(before: dict[bytes, tuple[int, int]],
+               after: dict[bytes, tuple[int, int]]) -> float:
+    """How many cores were idle, on average, between two `cpu_ticks` samples."""
     idle = 0.0
     for name, (idle_after, total_after) in after.items():
         idle_before, total_before = before.get(name, (idle_after, total_after))
         if total_after > total_before:
             idle += (idle_after - idle_before) / (total_after - total_before)
-    return idle if after else None
+    return idle
 
 
 def unyield(native_ids: list[int]) -> None:
@@ -258,21 +258,26 @@ class Prefetch:
     def _core_free(self, item: _Item) -> bool:
         """Wait until a core is idle for `item`'s load; False when its lookup, the end of
         init or the process's exit came first (then it is not loaded)."""
+        before = cpu_ticks() if self.wait_for_core else None
         while True:
             with self._lock:
                 if item.asked or item.dropped or self._stopping:
                     return False
                 # Not asked to wait, or the trainer waits for a load: it wants no core now.
-                if not self.wait_for_core or self._waited:
+                if before is None or self._waited:
                     item.started = True
                     return True
-            idle = idle_cores(SAMPLE_S)
+            # One sample a second: each wakes this thread, which then takes the GIL from
+            # the trainer's (on a loaded node, a wait for a core on each handover).
+            time.sleep(SAMPLE_S)
+            after = cpu_ticks()
             with self._lock:
                 if item.asked or item.dropped or self._stopping:
                     return False
-                if idle is None or idle >= IDLE_CORE:
+                if after is None or idle_cores(before, after) >= IDLE_CORE:
                     item.started = True
                     return True
+            before = after
 
     def _read_all(self) -> None:
         """Each item in load order, once a core is idle for it: read and decompress it

@@ -111,8 +111,11 @@ def cpu_ticks() -> dict[bytes, tuple[int, int]] | None:
     for line in head.split(b"\n"):
         name, _, rest = line.partition(b" ")
         if name in allowed:
-            fields = [int(x) for x in rest.split()[:8]]
-            ticks[name] = (fields[3] + fields[4], sum(fields))
+            try:
+                fields = [int(x) for x in rest.split()[:8]]
+                ticks[name] = (fields[3] + fields[4], sum(fields))
+            except (ValueError, IndexError):  # not the format Linux has had since 2.6.33
+                return None
     return ticks or None
 
 

@@ -106,7 +106,7 @@ def share_owned_subdirs(path: Path) -> list[Path]:
     for top in os.scandir(path):
         if not top.is_dir(follow_symlinks=False):
             continue
-        for root, dirs, files in os.walk(top.path):
+        for root, _, files in os.walk(top.path):  # links are not followed
             for name in [root, *(os.path.join(root, f) for f in files)]:
                 info = os.lstat(name)
                 if info.st_uid != me or stat.S_ISLNK(info.st_mode):
@@ -117,5 +117,4 @@ def share_owned_subdirs(path: Path) -> list[Path]:
                     os.chmod(name, stat.S_IMODE(info.st_mode) | wanted)
                     if is_dir:
                         changed.append(Path(name))
-            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
     return changed

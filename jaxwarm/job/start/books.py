@@ -293,7 +293,7 @@ class Books:
     def xla_dirs_shared(self, recorder: InitRecorder) -> None:
         """Under a trusted group: what XLA made in the shared dir during init, shared
         (`share_xla_dirs`)."""
-        share_xla_dirs(self.config)
+        share_xla_dirs(self.config, self.store)
 
     def usage_logged(self, recorder: InitRecorder) -> None:
         """Last: process 0's line in the cache's usage log, with what the steps above put
@@ -328,15 +328,15 @@ INIT_OVER: tuple[Step, ...] = (
 )
 
 
-def share_xla_dirs(config: Config) -> None:
-    """Under `cache.trusted_group`: the sub-cache dirs XLA made in the shared cache dir for
-    this job (on GPU its autotune dirs, 0750 under the job's umask) made group-writable,
-    so that the next member's job may add to them (`CacheStore.share_with_group`); said
-    in the job log. Never stops the job."""
+def share_xla_dirs(config: Config, store: CacheStore) -> None:
+    """Under `cache.trusted_group`: the sub-cache dirs XLA made in the shared cache dir
+    (`store`) for this job (on GPU its autotune dirs, 0750 under the job's umask) made
+    group-writable, so that the next member's job may add to them
+    (`CacheStore.share_with_group`); said in the job log. Never stops the job."""
     if config.cache.trusted_group is None:
         return
     try:
-        changed = open_store(config.cache.dir).share_with_group()
+        changed = store.share_with_group()
     except OSError as exc:
         log.warning("jaxwarm: XLA's dirs in the shared cache dir: %s", exc)
         return

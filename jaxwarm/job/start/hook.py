@@ -68,7 +68,7 @@ def group_shared(start: Start) -> None:
     made group-writable at its first step (`Books.xla_dirs_shared`) and at its exit."""
     if start.config.cache.trusted_group is not None:
         os.umask(GROUP_UMASK)
-        atexit.register(share_xla_dirs, start.config)
+        atexit.register(share_xla_dirs, start.config, open_store(start.config.cache.dir))
 
 
 def node_staged(start: Start) -> None:

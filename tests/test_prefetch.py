@@ -40,7 +40,7 @@ from bench.common import LEGACY_CPU_FUSION
 from jaxwarm.core.records import NOT_LOADED, OVER_CAP, TRAIN, UNUSED, USED
 from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryload import Asked, LoadSpec
-from jaxwarm.job.prefetch import NO_IDLE_CORE, SAMPLE_S, Prefetch
+from jaxwarm.job.prefetch import NO_IDLE_CORE, SAMPLE_MAX_S, SAMPLE_S, Prefetch, sample_intervals
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
@@ -299,6 +299,14 @@ def test_on_a_busy_core_auto_loads_nothing_and_the_lookup_takes_jaxs_path(
     prefetch.join()
     assert prefetch.report.executables[0].outcome == NO_IDLE_CORE
     assert prefetch.report.executables[0].load_s == 0.0
+
+
+def test_sample_intervals_double_while_no_core_is_idle_up_to_their_cap() -> None:
+    """A busy node wakes the prefetch's reader ever less often (each wake takes the GIL from
+    the trainer), and a core gone idle waits at most SAMPLE_MAX_S for its load."""
+    intervals = sample_intervals()
+    assert [next(intervals) for _ in range(6)] == [SAMPLE_S, 2 * SAMPLE_S, 4 * SAMPLE_S,
+                                                   SAMPLE_MAX_S, SAMPLE_MAX_S, SAMPLE_MAX_S]
 
 
 @MAIN_ONLY

@@ -26,8 +26,9 @@ devices), so only process 0 prefetches there.
 
 The loads never take a core the trainer wants (docs/cache.md, "Below the trainer"):
 - an executable's load starts only once a core this process may run on has been idle
-  (`cpu_ticks`, from /proc/stat, once a second); until then the reader waits, and a
-  lookup that comes first takes JAX's own path, as without prefetch (the report says so).
+  (`cpu_ticks`, from /proc/stat, after 1 s, then at doubling intervals up to 8 s while no
+  core is idle); until then the reader waits, and a lookup that comes first takes JAX's
+  own path, as without prefetch (the report says so).
   On a node whose cores other jobs keep busy, nothing is loaded ahead: measured on 2 cores
   with another job beside it, loads at idle priority but started anyway slowed the trainer's
   own init from 60 s to 118 s, since XLA:CPU deserializes on its own threads, at the
@@ -49,6 +50,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jaxwarm.core.records import NOT_LOADED, OVER_CAP, UNUSED, USED, Prefetched, PrefetchReport
@@ -67,10 +69,15 @@ log = logging.getLogger(__name__)
 
 # Loads side by side: a run's train step, init and eval functions.
 WORKERS = 4
-# A load starts once this much of a core has been idle over SAMPLE_S seconds (a load keeps
-# about one core busy; one more sample when it has not).
+# A load starts once this much of a core has been idle over a sample (a load keeps about
+# one core busy). The first sample lasts SAMPLE_S; each that finds no core idle doubles the
+# next, up to SAMPLE_MAX_S: every sample wakes the reader, which then takes the GIL from the
+# trainer's thread, on a busy node after waiting for a core (measured loaded, one sample a
+# second: an 87 s start 1% slower with prefetch, which loaded nothing, than without). A
+# load begins at most SAMPLE_MAX_S after a core goes idle.
 IDLE_CORE = 0.8
 SAMPLE_S = 1.0
+SAMPLE_MAX_S = 8.0
 # The outcome of an executable whose lookup came before any core was idle for its load.
 NO_IDLE_CORE = f"{NOT_LOADED}: no core was idle before its lookup, JAX loaded it"
 # At exit, how long loads still running may take to end.
@@ -117,6 +124,15 @@ def cpu_ticks() -> dict[bytes, tuple[int, int]] | None:
             except (ValueError, IndexError):  # not the format Linux has had since 2.6.33
                 return None
     return ticks or None
+
+
+def sample_intervals() -> Iterator[float]:
+    """The lengths of the idle-core samples before a load: SAMPLE_S, doubling after each
+    that found no core idle, up to SAMPLE_MAX_S (a sample that finds one ends the wait)."""
+    interval = SAMPLE_S
+    while True:
+        yield interval
+        interval = min(2 * interval, SAMPLE_MAX_S)
 
 
 def idle_cores(before: dict[bytes, tuple[int, int]],
@@ -192,7 +208,9 @@ class Prefetch:
         self._threads: list[threading.Thread] = []
         self._native_ids: list[int] = []  # the loading threads', for `unyield`
         self._waited = False  # the trainer has waited for a load: none yields any more
-        self._stopping = False  # the process exits: the reader waits for no core any more
+        self._stopping = threading.Event()  # the process exits: no core is waited for
+        # The idle-core samples' lengths, doubling over the items while no core is idle.
+        self._intervals = sample_intervals()
         # Load order, which admission follows: the step first (the trainer needs it last,
         # but it takes longest), then the largest.
         for entry in sorted(entries, key=lambda e: (not e.is_step, -(e.size or 0))):
@@ -211,7 +229,7 @@ class Prefetch:
     def join(self) -> None:
         """At exit: let loads still inside XLA end (a thread in native code when the
         interpreter finalizes can abort the process), for at most JOIN_S."""
-        self._stopping = True
+        self._stopping.set()
         deadline = time.monotonic() + JOIN_S
         # The reader first: once it has ended, every load it started is in the list.
         for thread in self._threads:
@@ -264,21 +282,21 @@ class Prefetch:
         before = cpu_ticks() if self.wait_for_core else None
         while True:
             with self._lock:
-                if item.asked or item.dropped or self._stopping:
+                if item.asked or item.dropped or self._stopping.is_set():
                     return False
                 # Not asked to wait, or the trainer waits for a load: it wants no core now.
                 if before is None or self._waited:
                     item.started = True
                     return True
-            # One sample a second: each wakes this thread, which then takes the GIL from
-            # the trainer's (on a loaded node, a wait for a core on each handover).
-            time.sleep(SAMPLE_S)
+            if self._stopping.wait(next(self._intervals)):  # an exit ends the wait at once
+                return False
             after = cpu_ticks()
             with self._lock:
-                if item.asked or item.dropped or self._stopping:
+                if item.asked or item.dropped:
                     return False
                 if after is None or idle_cores(before, after) >= IDLE_CORE:
                     item.started = True
+                    self._intervals = sample_intervals()  # the next load: 1 s again
                     return True
             before = after
 

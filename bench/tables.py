@@ -105,6 +105,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "startup-reference-loaded-true": lambda: startup_table("startup-reference-loaded-true"),
     "startup-reference-quiet-auto": lambda: startup_table("startup-reference-quiet-auto"),
     "startup-maxtext": lambda: startup_table("startup-maxtext"),
+    "startup-maxtext-warm": lambda: startup_table("startup-maxtext-warm"),
     "parallel-compile": lambda: parallel_compile.compile_table(parallel_compile.as_result(
         result("parallel-compile"))),
     "init-ledger": lambda: init_ledger.ledger_table(result("init-ledger")),

@@ -181,14 +181,16 @@ def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
 
 @pytest.mark.e2e
 def test_parallel_compile_times_serial_threads_and_processes(tmp_path: Path) -> None:
-    """`bench.parallel_compile` at 1 layer, once: each way compiled both targets and has a
-    wall and a CPU time, and the table compares them with serial."""
+    """`bench.parallel_compile` at 1 layer of the step at its smallest width (`--tiny`: the
+    ways' processes are what is tested, not their figures), once: each way compiled both
+    targets and has a wall and a CPU time, and the table compares them with serial."""
     figures = tmp_path / "parallel.json"
     proc = subprocess.run([sys.executable, "-m", "bench.parallel_compile", "--layers", "1",
-                           "--repeat", "1", "--json", str(figures)],
+                           "--repeat", "1", "--tiny", "--json", str(figures)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = parallel_compile.read_result(figures)
+    assert result.tiny and "1 unrolled layers, the step at its smallest width" in proc.stdout
     assert [sample.way for sample in result.samples] == list(parallel_compile.WAYS)
     assert all(positive(s.compile_wall_s) and positive(s.cpu_s) for s in result.samples)
     assert "serially, on threads and in processes" in proc.stdout and "1.00x" in proc.stdout

@@ -67,6 +67,7 @@ fsdp 4), and shared_group's users run the tiny step; the JSON says
 from __future__ import annotations
 
 import argparse
+import compileall
 import dataclasses
 import grp
 import json
@@ -498,6 +499,9 @@ def shared_group(ctx: Context) -> dict[str, Any]:
     with two_users() as (group, first, second, base):
         shutil.copytree(REPO / "jaxwarm", base / "src" / "jaxwarm",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # Compiled once here: the users may not write its __pycache__, and each of their
+        # processes would compile every module it imports again.
+        compileall.compile_dir(base / "src", quiet=1)
         shutil.copy(DEMO, base / "demo.yaml")
         team = base / "team"  # the group's dir: the first member's, setgid, group-writable
         team.mkdir()

@@ -1,5 +1,5 @@
-"""`python -m bench.parallel_compile [--layers N] [--repeat N] [--json PATH]`: would a prewarm
-gain from compiling its targets side by side? Measured before anything is built.
+"""`python -m bench.parallel_compile [--layers N] [--repeat N] [--tiny] [--json PATH]`: would a
+prewarm gain from compiling its targets side by side? Measured before anything is built.
 
 A prewarm compiles each target of the run's step bundle (the reference step: its train step
 and its init) one after another. This benchmark compiles those same targets, lowered from
@@ -17,7 +17,8 @@ one's end, lowering excluded) and the CPU time of the process(es) from start to 
 ways are alternated across `--repeat` repetitions and the medians printed. A gain here is
 `threads` or `processes` below `serial`; one XLA:CPU compile already uses more than one
 core, so on a machine with few cores the ways compete for the same ones. One JSON under
-bench/results/ (`ParallelCompile`).
+bench/results/ (`ParallelCompile`). `--tiny` compiles the step at its smallest width, as
+`bench.run --tiny` does: for a test that the benchmark runs, not a figure to compare.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 from bench.common import (
     REPO,
+    TINY_STEP,
     BenchError,
     bench_config,
     machine,
@@ -96,6 +98,8 @@ class ParallelCompile:
     targets: list[str]
     repeat: int
     samples: list[Sample] = field(default_factory=list)
+    # The step at its smallest width (`--tiny`); results written before it read as False.
+    tiny: bool = False
 
 
 def read_result(path: Path) -> ParallelCompile:
@@ -140,8 +144,9 @@ def compile_table(result: ParallelCompile) -> str:
                      statistics.median(s.cpu_s for s in result.samples if s.way == way))
                for way in WAYS}
     serial = medians["serial"][0]
+    width = ", the step at its smallest width" if result.tiny else ""
     return table(f"A prewarm's compiles ({', '.join(result.targets)}, {result.layers} "
-                 f"unrolled layers) serially, on threads and in processes; medians of "
+                 f"unrolled layers{width}) serially, on threads and in processes; medians of "
                  f"{result.repeat}", ["way", "compile wall (s)", "vs serial", "CPU (s)"],
                  [[way, f"{wall:.2f}", f"{wall / serial:.2f}x", f"{cpu:.1f}"]
                   for way, (wall, cpu) in medians.items()])
@@ -154,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true",
+                        help="the step at its smallest width (bench.common.TINY_STEP): for a "
+                             "test that the benchmark runs, not a figure to compare")
     parser.add_argument("--json", type=Path, default=RESULTS / "parallel-compile.json")
     args = parser.parse_args(argv)
     if args.worker:
@@ -164,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parallel-compile-") as tmp:
         work = Path(tmp)
         config, pinned = bench_config(work, "parallel", [
-            f"step.args.n_layers={args.layers}", "step.args.scan_layers=false"])
+            *(TINY_STEP if args.tiny else ()), f"step.args.n_layers={args.layers}",
+            "step.args.scan_layers=false"])
         env = bare_environment(config, pinned)
         targets = ["train_step", "init_state"]
         try:
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     result = ParallelCompile(machine(), {"start": list(load_start),
                                          "end": list(os.getloadavg())},
-                             args.layers, targets, args.repeat, samples)
+                             args.layers, targets, args.repeat, samples, args.tiny)
     publish(asdict(result), compile_table(result), args.json)
     return 0
 

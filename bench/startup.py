@@ -1,6 +1,6 @@
-"""`python -m bench.startup [--workload reference|jsp|maxtext] [--layers N] [--records N]
-[--arms ...] [--repeat N] [--loaded] [--prefetch auto|true] [--drop-caches] [--png]
-[--json PATH]`: one startup
+"""`python -m bench.startup [--workload reference|jsp|maxtext] [--layers N] [--tiny]
+[--records N] [--arms ...] [--repeat N] [--loaded] [--prefetch auto|true] [--drop-caches]
+[--png] [--json PATH]`: one startup
 benchmark, the figures a user compares with a peer's: the time to first step and the init
 phases of a training job started cold, right after its prewarm, warm, and warm with the page
 cache dropped, each with and without `cache.prefetch`.
@@ -9,8 +9,10 @@ The workload: `reference`, the reference step (`step.args.scan_layers: false`, `
 layers unrolled, so that loading its executable takes as long as users' do) in a trainer
 with an init of its own (`trainer`: the reference start, the train state's init, a data
 pipeline's start in pure Python over `--records` synthetic records, a batch feeder, one
-step) on 1 process x 8 CPU devices; `jsp`, the jsp example (`jsp-train`, a console script
-jaxwarm does not control); `maxtext`, MaxText in `.venvs/maxtext` (`make legs`).
+step) on 1 process x 8 CPU devices (`--tiny`: the step at its smallest width, as `bench.run
+--tiny`, for a test that the benchmark runs, not a figure to compare); `jsp`, the jsp
+example (`jsp-train`, a console script jaxwarm does not control); `maxtext`, MaxText in
+`.venvs/maxtext` (`make legs`).
 
 The arms, each a launch into a run dir of its own (`--no-prewarm`: the launch itself never
 compiles ahead), with `cache.prefetch: false` and with prefetch (`--prefetch`: `auto`, the
@@ -54,6 +56,7 @@ from typing import Any
 
 from bench.common import (
     REPO,
+    TINY_STEP,
     BenchError,
     Check,
     checks_table,
@@ -145,10 +148,12 @@ class Trainer:
     setup: Callable[[Path], tuple[Path, Path, list[str]]]
 
 
-def reference(layers: int, work: Path) -> tuple[Path, Path, list[str]]:
-    """The reference step at `layers` unrolled layers in `trainer`."""
+def reference(layers: int, tiny: bool, work: Path) -> tuple[Path, Path, list[str]]:
+    """The reference step at `layers` unrolled layers (with `tiny`, at its smallest width)
+    in `trainer`."""
     return Path(sys.executable), REPO, [
-        *LAYOUT, "run.name=startup", f"step.args.n_layers={layers}",
+        *LAYOUT, "run.name=startup", *(TINY_STEP if tiny else ()),
+        f"step.args.n_layers={layers}",
         "step.args.scan_layers=false", "entrypoint.command=null",
         "entrypoint.function=bench.startup:trainer", "train.steps=1",
         "train.checkpoint_every=0", "cache.min_compile_time_secs=0"]
@@ -167,10 +172,10 @@ def maxtext(work: Path) -> tuple[Path, Path, list[str]]:
                                   f"env.M_JAX_CACHE_DIR={work / 'maxtext-own-cache'}"]
 
 
-def workload(name: str, layers: int) -> Trainer:
+def workload(name: str, layers: int, tiny: bool = False) -> Trainer:
     if name == "reference":
         return Trainer(REPO / "configs" / "demo.yaml", "startup", "jit_train_step",
-                       functools.partial(reference, layers))
+                       functools.partial(reference, layers, tiny))
     if name == "jsp":
         return Trainer(REPO / "configs" / "jsp-example.yaml", "jsp-example", "jit_step",
                        jsp_example)
@@ -246,6 +251,8 @@ class StartupResult:
     prefetch_setting: str = "true"
     launches: list[Launch] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    # The reference step at its smallest width (`--tiny`); results before it read as False.
+    tiny: bool = False
 
 
 def read_result(path: Path) -> StartupResult:
@@ -422,7 +429,8 @@ def goals(found: list[Row]) -> list[Check]:
 
 def startup_table(result: StartupResult) -> str:
     """The arms' medians and the targets (`bench.tables` renders it too)."""
-    size = f", {result.layers} unrolled layers, {result.records} records" \
+    width = " of the step at its smallest width" if result.tiny else ""
+    size = f", {result.layers} unrolled layers{width}, {result.records} records" \
         if result.workload == "reference" else ""
     title = (f"bench.startup: {result.workload}{size}; medians of {result.repeat} "
              f"alternated repetitions{'; another JAX job beside it' if result.loaded else ''}"
@@ -489,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
                         default="reference")
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                         help="the reference step's unrolled layers")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the reference step at its smallest width (bench.common."
+                             "TINY_STEP): for a test that the benchmark runs, not a figure "
+                             "to compare")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS,
                         help="synthetic records the reference trainer's pipeline indexes")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
@@ -515,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="startup-") as tmp, \
                 busy_neighbour(args.loaded, env):
-            bench = Bench(workload(args.workload, args.layers), Path(tmp), env,
+            bench = Bench(workload(args.workload, args.layers, args.tiny), Path(tmp), env,
                           args.drop_caches, args.prefetch)
             launches = [launch for repeat in range(args.repeat)
                         for launch in bench.repetition(repeat, arms)]
@@ -527,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         machine(), {"start": list(load_start), "end": list(os.getloadavg())}, args.workload,
         args.layers if reference_run else None, args.records if reference_run else None,
         args.repeat, args.loaded, DROP_CACHES if args.drop_caches else FADVISE, args.prefetch,
-        launches, goals(rows(launches)))
+        launches, goals(rows(launches)), reference_run and args.tiny)
     publish(asdict(result), startup_table(result), path)
     if args.png and draw(result, path.with_suffix(".png")):
         print(f"picture: {path.with_suffix('.png')}")

@@ -152,15 +152,16 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
 @pytest.mark.e2e
 def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
         tmp_path: Path) -> None:
-    """`bench.startup` at 1 layer, a short data pipeline, one repetition of the warm arms:
-    every launch reached its first step from the cache, the prefetched ones (`true`: a
-    machine busy with other tests may have no idle core for `auto`) were handed the step,
-    the page cache was dropped by posix_fadvise and said so; the table is printed, the JSON
-    reads back as the benchmark's result, and the picture is drawn where matplotlib is."""
+    """`bench.startup` at 1 layer of the step at its smallest width (`--tiny`), a short data
+    pipeline, one repetition of the warm arms: every launch reached its first step from the
+    cache, the prefetched ones (`true`: a machine busy with other tests may have no idle
+    core for `auto`) were handed the step, the page cache was dropped by posix_fadvise and
+    said so; the table is printed, the JSON reads back as the benchmark's result, and the
+    picture is drawn where matplotlib is."""
     figures = tmp_path / "startup.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.startup", "--layers", "1", "--records",
-                           "1000", "--arms", "warm", "dropped", "--repeat", "1", "--prefetch",
-                           "true", "--png", "--json", str(figures)],
+    proc = subprocess.run([sys.executable, "-m", "bench.startup", "--layers", "1", "--tiny",
+                           "--records", "1000", "--arms", "warm", "dropped", "--repeat", "1",
+                           "--prefetch", "true", "--png", "--json", str(figures)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = startup.read_result(figures)
@@ -173,7 +174,8 @@ def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
                for launch in result.launches)
     assert result.eviction == startup.FADVISE and "posix_fadvise" in proc.stdout
     assert result.prefetch_setting == "true" and "cache.prefetch true" in proc.stdout
-    assert "bench.startup: reference, 1 unrolled layers" in proc.stdout
+    assert result.tiny and "bench.startup: reference, 1 unrolled layers of the step at its " \
+        "smallest width" in proc.stdout
     assert "Targets" in proc.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -181,14 +183,16 @@ def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
 
 @pytest.mark.e2e
 def test_parallel_compile_times_serial_threads_and_processes(tmp_path: Path) -> None:
-    """`bench.parallel_compile` at 1 layer, once: each way compiled both targets and has a
-    wall and a CPU time, and the table compares them with serial."""
+    """`bench.parallel_compile` at 1 layer of the step at its smallest width (`--tiny`: the
+    ways' processes are what is tested, not their figures), once: each way compiled both
+    targets and has a wall and a CPU time, and the table compares them with serial."""
     figures = tmp_path / "parallel.json"
     proc = subprocess.run([sys.executable, "-m", "bench.parallel_compile", "--layers", "1",
-                           "--repeat", "1", "--json", str(figures)],
+                           "--repeat", "1", "--tiny", "--json", str(figures)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = parallel_compile.read_result(figures)
+    assert result.tiny and "1 unrolled layers, the step at its smallest width" in proc.stdout
     assert [sample.way for sample in result.samples] == list(parallel_compile.WAYS)
     assert all(positive(s.compile_wall_s) and positive(s.cpu_s) for s in result.samples)
     assert "serially, on threads and in processes" in proc.stdout and "1.00x" in proc.stdout

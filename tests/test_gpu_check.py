@@ -42,8 +42,7 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path)
     assert done.stderr.count("\n") == 1 and not out.exists()
 
 
-# Issue 21's checks; issue 32's and issue 41's have a test each (they share the machine's
-# cores better apart under xdist).
+# Issue 21's checks, issue 32's and issue 41's: one dry run of every check serves their tests.
 FIRST = ("reference", "cold_vs_warm", "mock", "agreement")
 ROUND_2 = ("load_profile", "warm_requeue", "pgle")
 ROUND_3 = ("parallel", "mock8", "shared_group")
@@ -53,26 +52,29 @@ def test_every_check_is_tested() -> None:
     assert (*FIRST, *ROUND_2, *ROUND_3) == CHECKS
 
 
-def dry_run(tmp_path: Path, checks: tuple[str, ...], *args: str) -> tuple[str, dict]:
-    """`--dry-run --only CHECKS [ARGS]`: its stdout and its JSON's checks, once the JSON is
-    seen to claim no GPU figure and to leave every check to a GPU run."""
-    out = tmp_path / "dry.json"
-    done = gpu_check("--dry-run", "--only", ",".join(checks), "--json", str(out), *args)
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """`--dry-run` of every check (parallel's ways once: `--repeat 1`), run once for the
+    tests below: its stdout and its JSON's checks, once the JSON is seen to claim no GPU
+    figure and to leave every check to a GPU run."""
+    out = tmp_path_factory.mktemp("gpu-check") / "dry.json"
+    done = gpu_check("--dry-run", "--repeat", "1", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     data = strict_json(out)
     assert data["dry_run"] is True and data["gpu"] is None
     assert data["measured_on"].startswith("cpu, dry run") and "no GPU figure" in data["measured_on"]
     assert data["remaining_on_gpu"] == list(CHECKS)
-    assert list(data["checks"]) == list(checks)
-    for name in checks:
+    assert list(data["checks"]) == list(CHECKS)
+    for name in CHECKS:
         assert done.stdout.count(f"{name}: ") >= 1, done.stdout
     assert f"wrote {out}" in done.stdout
     return done.stdout, data["checks"]
 
 
 @pytest.mark.e2e
-def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(tmp_path: Path) -> None:
-    _, checks = dry_run(tmp_path, FIRST)
+def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(
+        dry_run: tuple[str, dict]) -> None:
+    _, checks = dry_run
     reference = checks["reference"]
     assert reference["status"] == "ran" and reference["passed"] is True
     assert reference["predicted_key"] == reference["written_key"] == reference["train_key"]
@@ -100,8 +102,9 @@ def test_the_dry_run_writes_every_check_and_claims_no_gpu_figure(tmp_path: Path)
 
 
 @pytest.mark.e2e
-def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(tmp_path: Path) -> None:
-    stdout, checks = dry_run(tmp_path, ROUND_2)
+def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(
+        dry_run: tuple[str, dict]) -> None:
+    stdout, checks = dry_run
     assert all(checks[name]["status"] == "ran" for name in ROUND_2), checks
     sizes = checks["load_profile"]["sizes"]
     assert [size["layers"] for size in sizes] == [1, 2]
@@ -124,8 +127,9 @@ def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(tmp_path: Path)
 
 
 @pytest.mark.e2e
-def test_the_dry_run_of_the_parallel_mock8_and_shared_group_checks(tmp_path: Path) -> None:
-    _, checks = dry_run(tmp_path, ROUND_3, "--repeat", "1")
+def test_the_dry_run_of_the_parallel_mock8_and_shared_group_checks(
+        dry_run: tuple[str, dict]) -> None:
+    _, checks = dry_run
     parallel = checks["parallel"]
     assert parallel["status"] == "ran" and parallel["targets"] == ["train_step", "init_state"]
     assert sorted(sample["way"] for sample in parallel["samples"]) == sorted(WAYS)

@@ -183,15 +183,18 @@ def wait_job(job_id: str | int, timeout: float = 60.0, poll: float = 0.5) -> str
     Accounting (``sacct``) is the primary source; ``scontrol``/``squeue`` are the fallback.  When
     slurmctld already reports a terminal state, sacct gets a short grace period to catch up so that
     callers can check sacct right after.  Raises TimeoutError with the job's details on timeout.
+    Accounting is asked only once slurmctld no longer holds the job as unfinished: each sacct
+    call queries slurmdbd and its database, where scontrol asks slurmctld alone.
     """
     deadline = time.monotonic() + timeout
     live_terminal_since: float | None = None
-    live = None
+    state = None
     while True:
-        state = sacct_state(job_id)
-        if state in TERMINAL_STATES:
-            return state
         live = _live_state(job_id)
+        if live is None or live in TERMINAL_STATES:
+            state = sacct_state(job_id)
+            if state in TERMINAL_STATES:
+                return state
         now = time.monotonic()
         if live in TERMINAL_STATES:
             if live_terminal_since is None:

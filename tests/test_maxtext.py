@@ -29,6 +29,7 @@ from jaxwarm.core.rundir import log_path, report_path, report_paths
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
+from tests.conftest import Cli
 from tests.slurm_cluster import ensure_cluster, wait_for_step_lookup, wait_job
 
 pytestmark = pytest.mark.e2e
@@ -139,7 +140,7 @@ def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeue(
-        leg: Leg, tmp_path: Path) -> None:
+        leg: Leg, tmp_path: Path, cli: Cli) -> None:
     """docs/maxtext.md's SLURM commands: the prewarm job, verify (both processes' view),
     then the training job, warm (--prewarm auto: the job alone), stopped by SLURM's warning
     signal once in each attempt: the first requeues, the restart resumes from MaxText's
@@ -191,8 +192,9 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     resumed = re.search(r"restoring from this run's directory step (\d+)", log)
     assert resumed, log[-3000:]
     assert (tmp_path / "maxtext-out" / "maxtext" / "checkpoints" / resumed[1]).is_dir()
-    status = ok(jaxwarm(leg, tmp_path, "status", str(run_dir)))
+    # status and report start no job: in this process (conftest's `cli`).
+    status = ok(cli("status", str(run_dir)))
     assert re.search(rf"train +job {train.job_id} +COMPLETED +restarts 1 ", status), status
     assert "attempt r0: warm" in status and "attempt r1: warm" in status, status
-    shown = ok(jaxwarm(leg, tmp_path, "report", str(run_dir)))
+    shown = ok(cli("report", str(run_dir)))
     assert "jit_train_step: HIT on process 0 (restart 1)" in shown, shown

@@ -51,11 +51,12 @@ def cluster() -> None:
     ensure_cluster()
 
 
-def args_for(tmp_path: Path, *extra: str) -> list[str]:
+def args_for(tmp_path: Path, *extra: str, cache: Path | None = None) -> list[str]:
     """The demo's processes on SLURM, on conftest's FAST_STEP: what is tested is the jobs'
-    life on SLURM (chains, signals, requeues, environments), not the step they compile."""
+    life on SLURM (chains, signals, requeues, environments), not the step they compile.
+    The runs under TMP_PATH, the cache too unless CACHE is given."""
     return [str(DEMO), "--slurm", f"run.out_dir={tmp_path / 'runs'}",
-            f"cache.dir={tmp_path / 'cache'}", *FAST_STEP, *extra]
+            f"cache.dir={cache or tmp_path / 'cache'}", *FAST_STEP, *extra]
 
 
 def report(run_dir: Path, restart: int, job: str = "train") -> dict:
@@ -75,11 +76,31 @@ UNTIL_STOPPED = ("train.steps=1000000", "train.step_pause_s=3", "train.log_every
 SLEEPING = ("--no-prewarm", "entrypoint.command=[sleep, '600']")
 
 
-@pytest.mark.slurm(lane=2)
-def test_two_nodes_prewarm_then_train_hits(tmp_path: Path, cli: Cli) -> None:
-    result = run_cli("launch", *args_for(tmp_path, "--wait", "topology.nodes=2",
-                                         "topology.processes_per_node=1", "train.steps=2"))
+# The demo's 2 processes on 2 nodes, one each.
+TWO_NODES = ("topology.nodes=2", "topology.processes_per_node=1")
+
+
+# The launch of the two_nodes fixture: the dir args_for was given (the run and the cache are
+# under it), and what the launch said.
+Launched = tuple[Path, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """The demo launched on 2 nodes (prewarm, then train; --wait), once per module: the
+    launch the two-node test checks, and a cache prewarmed under the fingerprint of that
+    layout, from which the time-limit test's launch starts with its training job alone."""
+    root = tmp_path_factory.mktemp("two-nodes")
+    result = run_cli("launch", *args_for(root, "--wait", *TWO_NODES, "train.steps=2"))
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    return root, result
+
+
+@pytest.mark.slurm(lane=2)
+def test_two_nodes_prewarm_then_train_hits(two_nodes: Launched, cli: Cli) -> None:
+    """Prewarm then train on 2 nodes: the step a HIT, the environments the same. (A relaunch
+    on the warm cache, --prewarm auto, is the time-limit test's launch.)"""
+    tmp_path, result = two_nodes
     run_dir = tmp_path / "runs" / "demo"
     jobs = read_jobs(run_dir)
     assert [j.name for j in jobs] == ["prewarm", "train"]
@@ -92,21 +113,12 @@ def test_two_nodes_prewarm_then_train_hits(tmp_path: Path, cli: Cli) -> None:
     assert status.returncode == 0 and "COMPLETED" in status.stdout
     assert "attempt r0: warm; 2 hit(s)" in status.stdout
 
-    # A relaunch on the warm cache, same fingerprint (--prewarm auto): one job, the training
-    # job alone, which loads the step.
-    layout = ("--wait", "topology.nodes=2", "topology.processes_per_node=1", "train.steps=2")
-    again = run_cli("launch", *args_for(tmp_path, *layout, "run.name=warm"))
-    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
-    warm_dir = tmp_path / "runs" / "warm"
-    assert [j.name for j in read_jobs(warm_dir)] == ["train"]
-    assert step_hit(report(warm_dir, 0))
-    assert "prewarm job: skipped (--prewarm auto): the fingerprint" in again.stdout
-
     # --prewarm always keeps the chain; the prewarm job verifies, finds every function WARM,
     # and ends without compiling them. (A changed fingerprint chains the prewarm again like
-    # the first launch: tests/test_prewarm_auto.py, the same flow on the local runner.)
-    always = run_cli("launch", *args_for(tmp_path, *layout, "run.name=always",
-                                         "--prewarm", "always"))
+    # the first launch: tests/test_prewarm_auto.py, the same flow on the local runner.) Its
+    # training job starts no JAX (`true`): the step's HIT is the first launch's.
+    always = run_cli("launch", *args_for(tmp_path, "--wait", *TWO_NODES, "run.name=always",
+                                         "entrypoint.command=['true']", "--prewarm", "always"))
     assert always.returncode == 0, always.stdout + always.stderr[-3000:]
     always_dir = tmp_path / "runs" / "always"
     prewarm_job, _ = read_jobs(always_dir)
@@ -168,24 +180,30 @@ def logged_in_attempt(run_dir: Path, restart: int) -> bool:
                                     for line in metrics.read_text().splitlines())
 
 
+@pytest.mark.slurm(lane=2)
 def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfinished(
-        tmp_path: Path, cli: Cli) -> None:
-    """SLURM's own time-limit warning checkpoints the training job and requeues it
+        two_nodes: Launched, tmp_path: Path, cli: Cli) -> None:
+    """The demo on 2 nodes again, on the first launch's warm cache (the two_nodes fixture's)
+    under the same fingerprint (--prewarm auto): one job, the training job alone, which
+    loads the step. SLURM's own time-limit warning checkpoints it and requeues it
     (max_requeues=1); the restart resumes from the checkpoint, its step a HIT, with the same
     environment. Warned again, it finds the requeues spent and ends at its checkpoint with
-    exit 0, which SLURM calls COMPLETED: the launch that waited for it, `status` and `report`
-    say that training is unfinished, and at which step.
+    exit 0, which SLURM calls COMPLETED: the launch that waited for it, `status` and
+    `report` say that training is unfinished, and at which step.
 
-    SLURM rounds the limit up to whole minutes (3), so its warning is due 90 s after start;
-    it looks at limits every 30 s and sends a warning at the first look less than 30 s before
-    it is due (slurmctld's send_job_warn_signal), so it comes 60-90 s in. The restart's warning is
-    sent by hand (`scancel --signal`, to the job's tasks as SLURM sends its own) once it has
-    logged a step: the same path as the first, without 90 s more of waiting."""
+    A limit of 2 minutes (SLURM's limits are whole minutes) with a lead of 60 s: the warning
+    is due 60 s after start; SLURM looks at limits every 30 s and sends a warning at the first
+    look less than 30 s before it is due (slurmctld's send_job_warn_signal), so it comes 30-60 s
+    in, when the trainer has long started. The restart's warning is sent by hand (`scancel
+    --signal`, to the job's tasks as SLURM sends its own) once it has logged a step: the same
+    path as the first, without waiting for SLURM's, which a slow restart may get first (then
+    the hand one finds the job ending, and is only refused)."""
     run_dir = tmp_path / "runs" / "demo"
     launch = subprocess.Popen(
         [sys.executable, "-m", "jaxwarm", "launch",
-         *args_for(tmp_path, "--wait", "slurm.time=00:02:30", "slurm.signal_lead_s=90",
-                   "slurm.max_requeues=1", *UNTIL_STOPPED)],
+         *args_for(tmp_path, "--wait", *TWO_NODES, "slurm.time=00:02:00",
+                   "slurm.signal_lead_s=60", "slurm.max_requeues=1", *UNTIL_STOPPED,
+                   cache=two_nodes[0] / "cache")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: any(job.name == "train" for job in read_jobs(run_dir))
@@ -193,10 +211,11 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
         train = read_jobs(run_dir)[-1]
         wait_for(lambda: logged_in_attempt(run_dir, 1), 600,
                  "the restart's first logged step", train)
-        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
+        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=False)
         _, err = launch.communicate(timeout=600)
     finally:
         launch.kill()
+    assert [job.name for job in read_jobs(run_dir)] == ["train"]
     assert job_states([train.job_id])[train.job_id].state == "COMPLETED"
     first, restart = report(run_dir, 0), report(run_dir, 1)
     assert step_hit(first) and step_hit(restart)
@@ -220,11 +239,11 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
         in status.stdout
     shown = cli("report", str(run_dir))
     assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "prewarm job: skipped (--prewarm auto): the fingerprint" in shown.stdout
     assert f"train: training is unfinished: its last logged step is {reached} of 1000000" \
         in shown.stdout
 
 
-@pytest.mark.slurm(lane=2)
 def test_scontrol_requeue_from_outside_restarts_with_the_same_environment(
         tmp_path: Path) -> None:
     result = run_cli("launch", *args_for(tmp_path, "--no-prewarm", *ONE_PROCESS,

@@ -46,7 +46,7 @@ from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
 from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
 from tests.hostile import snapshot
-from tests.planting_factory import PLANT
+from tests.planting_factory import PLANT, PLANTED
 
 pytestmark = pytest.mark.e2e
 
@@ -132,6 +132,12 @@ def manifest(cache: Path) -> dict[str, Any]:
     return data
 
 
+def recorded(cache: Path) -> dict[str, tuple[str | None, list[int]]]:
+    """What the manifest records for prefetch, by key: compile options and device ids."""
+    return {key: (e.get("compile_options"), e.get("device_ids"))
+            for key, e in manifest(cache)["entries"].items()}
+
+
 def outcomes(report: dict[str, Any]) -> dict[str, str]:
     assert report["prefetch"] is not None, "nothing was prefetched"
     return {p["function"]: p["outcome"] for p in report["prefetch"]["executables"]}
@@ -214,7 +220,8 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     """A manifest written before `cache.prefetch` (no compile options): nothing to prefetch
     with, as for a run whose prewarm recorded nothing (an empty cache is every cold
     launch's): the run starts as without prefetch, JAX's lookups hit; the next prewarm
-    finds the entries WARM, compiles nothing, and records them."""
+    finds the entries WARM, compiles nothing, and records them: what a prewarm that
+    compiled them recorded, with which the plain run (`Prewarmed.trained`) uses both."""
     cache = tmp_path / "cache"
     shutil.copytree(prewarmed.cache, cache)
     data = manifest(cache)
@@ -231,9 +238,9 @@ def test_an_entry_recorded_before_prefetch_gets_what_loading_takes_at_the_next_p
     row = next(line for line in again.stdout.splitlines() if line.split()[:2] == ["prewarm",
                                                                                    "0"])
     assert row.endswith("0 compiled, 2 already WARM"), again.stdout
-    assert all(e["compile_options"] for e in manifest(cache)["entries"].values())
-    report = prewarmed.launch(tmp_path / "after", cache=cache)
-    assert outcomes(report) == {"jit_train_step": USED, "jit_init_state": USED}
+    # The same cache as the plain run's, whose launch would be this one's next launch.
+    assert recorded(cache) == recorded(prewarmed.cache)
+    assert all(options for options, _ in recorded(cache).values())
 
 
 def a_prefetch(tmp_path: Path, wait_for_core: bool) -> Prefetch:
@@ -310,34 +317,37 @@ def test_sample_intervals_double_while_no_core_is_idle_up_to_their_cap() -> None
 
 
 @MAIN_ONLY
-@pytest.mark.parametrize("plant", ["link", "fifo"])
-def test_an_entry_swapped_after_the_checks_is_not_read_by_jax(
-        prewarmed: Prewarmed, tmp_path: Path, plant: str) -> None:
-    """Right before JAX's own lookup of the step (its factory plants it, after the launch's
+def test_entries_swapped_after_the_checks_are_not_read_by_jax(prewarmed: Prewarmed,
+                                                             tmp_path: Path) -> None:
+    """Right before JAX's own lookups (the step's factory plants them, after the launch's
     pre-run check), the step's entry becomes a link to /dev/zero (JAX would read it until the
-    OOM killer came) or a FIFO (JAX's open would block for ever): quarantined, the lookup a
-    miss, the step compiled, the training done, in one line. The prefetch is off, so that
-    JAX's own read is the one asked."""
+    OOM killer came) and the state initializer's a FIFO (JAX's open would block for ever):
+    each quarantined, its lookup a miss, the function compiled, the training done, one line
+    each. The prefetch is off, so that JAX's own reads are the ones asked."""
     cache = tmp_path / "cache"
     shutil.copytree(prewarmed.cache, cache)
     outside = snapshot(REPO / "tests")
     report = prewarmed.launch(tmp_path, "cache.prefetch=off",
                               "step.factory=tests.planting_factory:make_train_step_and_plant",
-                              f"env={{{PLANT}: {plant}}}", cache=cache)
-    assert hits(report) == {"jit_train_step": False, "jit_init_state": True}
+                              f"env={{{PLANT}: 1}}", cache=cache)
+    assert hits(report) == {"jit_train_step": False, "jit_init_state": False}
     assert report["time_to_first_step_s"] is not None  # and the launch ended well: trained
-    kind = "a symlink" if plant == "link" else "a FIFO"
-    said = [line for line in report["log"].splitlines() if "jit_train_step-" in line
-            and "JAX's lookup of it is a miss" in line]
-    assert len(said) == 1, report["log"][-3000:]
-    assert f"not a regular file ({kind}), put there since the job's checks; quarantined " \
-           f"(moved to {LocalStore(cache).quarantine_dir}" in said[0]
-    [moved] = [path for path in LocalStore(cache).quarantine_dir.iterdir()
-               if not path.name.endswith(".json")]
-    assert moved.is_symlink() if plant == "link" else stat.S_ISFIFO(moved.lstat().st_mode)
-    # The report says why the step missed: its entry was quarantined, not pruned or deleted.
-    assert f"its entry was quarantined (not a regular file ({kind})) before this job could " \
-           f"load it" in report["headline"], report["headline"]
+    quarantine = LocalStore(cache).quarantine_dir
+    moved = {path.name.split("-")[0]: path for path in quarantine.iterdir()
+             if not path.name.endswith(".json")}
+    assert set(moved) == set(PLANTED), moved
+    for function, plant in PLANTED.items():
+        kind = "a symlink" if plant == "link" else "a FIFO"
+        said = [line for line in report["log"].splitlines() if f"{function}-" in line
+                and "JAX's lookup of it is a miss" in line]
+        assert len(said) == 1, report["log"][-3000:]
+        assert f"not a regular file ({kind}), put there since the job's checks; quarantined " \
+               f"(moved to {quarantine}" in said[0]
+        found = moved[function]
+        assert found.is_symlink() if plant == "link" else stat.S_ISFIFO(found.lstat().st_mode)
+        # The report says why it missed: its entry was quarantined, not pruned or deleted.
+        assert f"its entry was quarantined (not a regular file ({kind})) before this job " \
+               f"could load it" in report["headline"], report["headline"]
     assert snapshot(REPO / "tests") == outside
 
 

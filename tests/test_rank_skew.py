@@ -40,8 +40,11 @@ def test_ranks_a_collective_would_not_wait_for_meet_before_it(tmp_path: Path) ->
     # skew that matters is the training job's, and a late prewarm only waited 40 s more.
     prewarmed = run_cli("prewarm", *common)
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
+    # The trainer stops at its first step (`train_one_step`): the reference trainer's stop
+    # agreement and checkpoint after it are no part of how the ranks reach it.
     result = run_cli("launch", *common, "--prewarm=never",
-                     "step.factory=tests.late_factory:make_train_step_late")
+                     "step.factory=tests.late_factory:make_train_step_late",
+                     "entrypoint={function: 'tests.late_factory:train_one_step'}")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     reports = [json.loads(report_path(run_dir, "train", 0, rank).read_text())

@@ -83,10 +83,11 @@ def corrupt(path: Path, how: str) -> None:
 
 def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cli: Cli) -> None:
     cache = tmp_path / "cache"
-    # Two prewarm the same step, two each a different one (d_ff differs), all at once. Each
-    # race needs no more: the same-step pair takes turns on one compile, and three writers
-    # of new entries record them in the manifest at once; more writers add JAX processes.
-    variants = ["step.args.d_ff=128"] * 2 + [f"step.args.d_ff={64 + 16 * i}" for i in range(2)]
+    # Two prewarm the same step, a third another one (d_ff differs), all at once. Each race
+    # needs no more: the same-step pair takes turns on one compile, and two writers of new
+    # entries (the pair's compiling one, the third) record them in the manifest at once;
+    # more writers add JAX processes.
+    variants = ["step.args.d_ff=128"] * 2 + ["step.args.d_ff=64"]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
     store = LocalStore(cache)
 
@@ -120,7 +121,7 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cl
 
     reports = [init_report(tmp_path, f"w{i}", "prewarm") for i in range(len(variants))]
     keys = {step_record(r)["key"] for r in reports}
-    assert len(keys) == 3  # one shared step, two different ones
+    assert len(keys) == 2  # one shared step, a different one
     # The same-step writers took turns: one compiled and wrote, the other loaded its entry.
     shared = [step_record(r) for r in reports[:2]]
     assert sorted(f["hit"] for f in shared) == [False, True]

@@ -47,6 +47,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import Distribution, distributions, version
 from pathlib import Path
@@ -95,8 +96,9 @@ def fingerprint(config: Config, pinned: str | Path, backend: str) -> Fingerprint
            if k not in RUN_VARIABLES}
     with job_import_path(config):
         installed = list(distributions())
-        packages = sorted({(dist.metadata["Name"] or "?").lower(): dist.version
-                           for dist in installed}.items())
+        # Each distribution's METADATA parsed once (`dist.version` parses it again).
+        packages = sorted({(meta["Name"] or "?").lower(): meta["Version"]
+                           for meta in (dist.metadata for dist in installed)}.items())
         sources = step_sources(config.step.factory.partition(":")[0], installed)
         versions = {name: version(name) for name in ("jax", "jaxlib")}
     parts = {
@@ -161,11 +163,23 @@ def names_trainer_argv(tree: ast.Module) -> bool:
                for node in ast.walk(tree))
 
 
+def statements(body: list[Any]) -> Iterator[Any]:
+    """Every statement of a block and of the blocks inside it, at any depth (a function's,
+    a branch's, a handler's, a match case's): where an import can be. Expressions, most of
+    a tree's nodes, are not visited."""
+    for node in body:
+        yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, block, None)
+            if isinstance(inner, list):
+                yield from statements(inner)
+
+
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     """The modules a source file imports (and their parent packages, which run too):
     `import a.b`, `from a.b import c` (a.b, and a.b.c if it is a module), relative ones."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in statements(tree.body):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

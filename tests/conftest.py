@@ -35,8 +35,10 @@ import submitit  # noqa: F401  (imported before any test: see the comment below)
 from filelock import FileLock
 
 from bench.common import FAST_STEP as FAST_STEP  # re-exported for the tests
+from bench.common import LEGACY_CPU_FUSION
 from bench.common import TINY_CACHED as TINY_CACHED
 from bench.common import with_xla_flag as with_xla_flag  # re-exported for the tests
+from jaxwarm.jaxkey.versions import release
 
 # submitit configures its logger with logging.config.dictConfig at its first import, which
 # closes every logging handler that exists at that moment. Imported during a test (the
@@ -55,6 +57,13 @@ ONE_PROCESS = ("topology.processes_per_node=1", "mesh.axes={data: 1, fsdp: 4}")
 # step compiled and in the cache; FAST_STEP: the cheapest step there is, compiled the
 # cheapest way, for a test of what happens around the compile (ranks, SLURM, signals).
 # Both from bench.common, which the benchmarks of many ranks share.
+
+
+def legacy_fusion(jax: str) -> tuple[str, ...]:
+    """FAST_STEP's XLA flag of the older CPU fusion emitter where it still is (jax < 0.11):
+    a small step compiles in a fraction of the time. None on a newer jax, which has no
+    such flag."""
+    return (LEGACY_CPU_FUSION,) if release(jax) < (0, 11) else ()
 
 
 def ranks_layout(processes: int, data: int, fsdp: int) -> tuple[str, ...]:

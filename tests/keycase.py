@@ -10,12 +10,13 @@ Each case has its own cache, `WORKDIR/<variation>/cache`, and writes what it pre
 did to `WORKDIR/<variation>/<role>.json`.
 
 `VARIATIONS` is the table of (prewarm side, run side). Settings JAX reads at import or from
-the process (device count, XLA_FLAGS, sys.argv) are part of a `Side` too:
-the test starts the process with `side_env(side, workdir)` and `side.argv` (`command`),
-and this script checks it got them. Cases whose side has the same such settings can share
-one process (`batches`): between cases it points JAX at the next cache dir and drops its
-in-memory caches, so each case still starts from JAX's persistent cache alone. Importing
-this module does not import jax.
+the process (device count, XLA_FLAGS, sys.argv) are part of a `Side` too: the test starts
+the process with `side_env(side, workdir, jax)` and `side.argv` (`command`), and this
+script checks it got them. Every process compiles the cheapest way (`cheapest_compile`: the
+same flags on both sides, so no case differs by them). Cases whose side has the same such
+settings can share one process (`batches`): between cases it points JAX at the next cache
+dir and drops its in-memory caches, so each case still starts from JAX's persistent cache
+alone. Importing this module does not import jax.
 """
 
 from __future__ import annotations
@@ -95,11 +96,22 @@ def xla_flags(side: Side, workdir: Path) -> list[str]:
             *(flag.format(workdir=workdir) for flag in side.xla_flags)]
 
 
-def side_env(side: Side, workdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a process of this side must start with (JAX reads it at import)."""
-    env = dict(os.environ if base is None else base)
+def cheapest_compile(jax: str) -> tuple[str, ...]:
+    """The XLA flags every process of every case starts with on this jax: LLVM at -O0 and
+    (conftest's `legacy_fusion`) the older CPU fusion emitter where it still is. On both
+    sides alike, so no case differs by them; each case still compiles and compares a real
+    entry, at a fraction of the CPU."""
+    from tests.conftest import legacy_fusion
+
+    return ("--xla_backend_optimization_level=0", *legacy_fusion(jax))
+
+
+def side_env(side: Side, workdir: Path, jax: str) -> dict[str, str]:
+    """The environment a process of this side must start with on this jax (JAX reads it
+    at import): the side's XLA flags after `cheapest_compile`'s."""
+    env = dict(os.environ)
     env.pop("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", None)
-    env["XLA_FLAGS"] = " ".join(xla_flags(side, workdir))
+    env["XLA_FLAGS"] = " ".join([*cheapest_compile(jax), *xla_flags(side, workdir)])
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env

@@ -7,7 +7,8 @@ a process: 6 processes for the 19 cases), then the demo's launch and verify, on 
 processes at the ends of the range and one between (launch is a HIT on process 0, verify is
 WARM under the key of the file JAX wrote, and says the key prediction is exact), at the
 demo's tiny size (conftest's TINY_CACHED: what depends on the jax version is the keys, not
-the step's size; the demo at its own size is tests/test_demo.py's, on the main venv), then
+the step's size; the demo at its own size is tests/test_demo.py's, on the main venv) and,
+before jax 0.11, with the older CPU fusion emitter (conftest's `legacy_fusion`), then
 `cache export` / `cache import` into a cache at another path, where verify must be WARM
 (from jax 0.11), and a training job staged to node-local storage (`cache.stage`) hits what
 an unstaged prewarm wrote (on 0.11.2, the first jax whose default key leaves the path out).
@@ -37,7 +38,7 @@ from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.versions import cache_path_in_key
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, REPO, Leg, leg_python, ready
-from tests.conftest import DEMO, ONE_PROCESS, TINY_CACHED
+from tests.conftest import DEMO, ONE_PROCESS, TINY_CACHED, legacy_fusion, with_xla_flag
 from tests.keycase import VARIATIONS, case_dir
 from tests.test_jaxkey import (
     GUARDS,
@@ -91,8 +92,8 @@ def two_processes(leg: Leg) -> bool:
 
 def demo_args(leg: Leg, tmp: Path, cache: Path, *overrides: str) -> list[str]:
     return [str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}", f"cache.dir={cache}",
-            "train.steps=1", *TINY_CACHED, *(() if two_processes(leg) else ONE_PROCESS),
-            *overrides]
+            "train.steps=1", *TINY_CACHED, with_xla_flag(*legacy_fusion(leg.jax)),
+            *(() if two_processes(leg) else ONE_PROCESS), *overrides]
 
 
 def path_in_key(leg: Leg) -> bool:
@@ -107,7 +108,7 @@ def warm_key(stdout: str) -> str:
 
 
 def test_key_matrix(leg: Leg, tmp_path: Path) -> None:
-    results = run_matrix(list(VARIATIONS), tmp_path, str(leg.python))
+    results = run_matrix(list(VARIATIONS), tmp_path, str(leg.python), leg.jax)
     failures = []
     for variation, (pre, run) in results.items():
         assert run["jax_version"] == leg.jax

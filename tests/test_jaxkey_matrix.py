@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -95,11 +96,12 @@ def expected(variation: str, jax_version: str) -> Expect:
     return EXPECTED[variation]
 
 
-def run_sides(role: str, variations: list[str], workdir: Path,
-              python: str = sys.executable) -> dict[str, dict[str, Any]]:
-    """Run one side of these cases in one fresh process; each case's JSON result."""
+def run_sides(role: str, variations: list[str], workdir: Path, python: str,
+              jax: str) -> dict[str, dict[str, Any]]:
+    """Run one side of these cases in one fresh process of PYTHON (whose jax is JAX); each
+    case's JSON result."""
     proc = subprocess.run(command(role, variations, workdir, python),
-                          env=side_env(sides(variations[0])[role], workdir), cwd=REPO,
+                          env=side_env(sides(variations[0])[role], workdir, jax), cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise AssertionError(f"keycase {role} {variations} exited {proc.returncode}:\n"
@@ -108,14 +110,15 @@ def run_sides(role: str, variations: list[str], workdir: Path,
             for v in variations}
 
 
-def run_matrix(variations: list[str], workdir: Path,
-               python: str = sys.executable) -> dict[str, tuple[dict, dict]]:
-    """Every case's (prewarm, run) results, each role's cases in as few processes as their
-    process settings allow; every prewarm side runs before any run side."""
+def run_matrix(variations: list[str], workdir: Path, python: str,
+               jax: str) -> dict[str, tuple[dict, dict]]:
+    """Every case's (prewarm, run) results, each role's cases in as few processes of PYTHON
+    (whose jax is JAX) as their process settings allow; every prewarm side runs before any
+    run side."""
     results: dict[str, dict[str, dict]] = {"prewarm": {}, "run": {}}
     for role in ("prewarm", "run"):
         for group in batches(role, variations):
-            results[role].update(run_sides(role, group, workdir, python))
+            results[role].update(run_sides(role, group, workdir, python, jax))
     return {v: (results["prewarm"][v], results["run"][v]) for v in variations}
 
 
@@ -129,7 +132,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tu
     """Every case, batched as the legs run it (`run_matrix`): a few processes for the whole
     table instead of two per case, each case still on its own cache."""
     workdir = tmp_path_factory.mktemp("matrix")
-    return workdir, run_matrix(list(VARIATIONS), workdir)
+    return workdir, run_matrix(list(VARIATIONS), workdir, sys.executable, version("jax"))
 
 
 @pytest.mark.e2e

@@ -36,7 +36,6 @@ from typing import Any
 
 import pytest
 
-from bench.common import LEGACY_CPU_FUSION
 from jaxwarm.core.records import NOT_LOADED, OVER_CAP, TRAIN, UNUSED, USED
 from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryload import Asked, LoadSpec
@@ -44,7 +43,7 @@ from jaxwarm.job.prefetch import NO_IDLE_CORE, SAMPLE_MAX_S, SAMPLE_S, Prefetch,
 from jaxwarm.store.manifest import ManifestEntry
 from jaxwarm.store.store import LocalStore
 from testing.legs import LEGS, leg_python, ready
-from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, with_xla_flag
+from tests.conftest import DEMO, ONE_PROCESS, REPO, TINY_CACHED, legacy_fusion, with_xla_flag
 from tests.hostile import snapshot
 from tests.planting_factory import PLANT, PLANTED
 
@@ -103,12 +102,6 @@ def demo(runs: Path, cache: Path, flags: tuple[str, ...]) -> list[str]:
             with_xla_flag(*flags), *ONE_PROCESS]
 
 
-def cheapest_flags(jax: str) -> tuple[str, ...]:
-    """XLA's older CPU fusion emitter where it still is (jax < 0.11): the tiny step's
-    misses compile in a fraction of the time (bench.common.FAST_STEP)."""
-    return (LEGACY_CPU_FUSION,) if tuple(map(int, jax.split(".")[:2])) < (0, 11) else ()
-
-
 @pytest.fixture(scope="module", params=list(PYTHONS))
 def prewarmed(request: pytest.FixtureRequest,
               tmp_path_factory: pytest.TempPathFactory) -> Prewarmed:
@@ -121,7 +114,7 @@ def prewarmed(request: pytest.FixtureRequest,
         assert ready(leg), f"{leg.venv} is missing or stale: run `make legs`"
         python, jax = leg.python, leg.jax
     root = tmp_path_factory.mktemp(f"prefetch-{request.param}")
-    done = Prewarmed(python, root, root / "cache", cheapest_flags(jax))
+    done = Prewarmed(python, root, root / "cache", legacy_fusion(jax))
     result = cli(python, "prewarm", *demo(root / "runs", done.cache, done.flags))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return done

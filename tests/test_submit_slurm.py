@@ -191,18 +191,18 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
     exit 0, which SLURM calls COMPLETED: the launch that waited for it, `status` and
     `report` say that training is unfinished, and at which step.
 
-    A limit of 2 minutes (SLURM's limits are whole minutes) with a lead of 60 s: the warning
-    is due 60 s after start; SLURM looks at limits every 30 s and sends a warning at the first
-    look less than 30 s before it is due (slurmctld's send_job_warn_signal), so it comes 30-60 s
-    in, when the trainer has long started. The restart's warning is sent by hand (`scancel
-    --signal`, to the job's tasks as SLURM sends its own) once it has logged a step: the same
-    path as the first, without waiting for SLURM's, which a slow restart may get first (then
-    the hand one finds the job ending, and is only refused)."""
+    SLURM rounds the limit up to whole minutes (3), so its warning is due 90 s after start;
+    it looks at limits every 30 s and sends a warning at the first look less than 30 s before
+    it is due (slurmctld's send_job_warn_signal), so it comes 60-90 s in: a shorter limit
+    would warn 30-60 s in, which a trainer started on a loaded 2-core machine may not have
+    reached its first step by. The restart's warning is sent by hand (`scancel --signal`, to
+    the job's tasks as SLURM sends its own) once it has logged a step: the same path as the
+    first, without 90 s more of waiting."""
     run_dir = tmp_path / "runs" / "demo"
     launch = subprocess.Popen(
         [sys.executable, "-m", "jaxwarm", "launch",
-         *args_for(tmp_path, "--wait", *TWO_NODES, "slurm.time=00:02:00",
-                   "slurm.signal_lead_s=60", "slurm.max_requeues=1", *UNTIL_STOPPED,
+         *args_for(tmp_path, "--wait", *TWO_NODES, "slurm.time=00:02:30",
+                   "slurm.signal_lead_s=90", "slurm.max_requeues=1", *UNTIL_STOPPED,
                    cache=two_nodes[0] / "cache")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -211,7 +211,7 @@ def test_time_limit_warning_requeues_the_restart_hits_and_then_training_is_unfin
         train = read_jobs(run_dir)[-1]
         wait_for(lambda: logged_in_attempt(run_dir, 1), 600,
                  "the restart's first logged step", train)
-        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=False)
+        subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
         _, err = launch.communicate(timeout=600)
     finally:
         launch.kill()

@@ -177,6 +177,7 @@ def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
     assert result.tiny and "bench.startup: reference, 1 unrolled layers of the step at its " \
         "smallest width" in proc.stdout
     assert "Targets" in proc.stdout
+    assert "warm: the same, per alternated pair (median of 1)" in proc.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert figures.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

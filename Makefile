@@ -53,7 +53,7 @@ test:
 # writes the bytecode it compiles, so each of the suite's hundreds of processes compiled every
 # jaxwarm, test and bench module it imported from source: 0.75 CPU-s of a one-process demo
 # launch's 12. Only what changed since the last run is compiled again.
-bytecode:
+bytecode: $(STAMP)
 	for python in $(VENV)/bin/python $(wildcard .venvs/*/bin/python); do \
 		$$python -m compileall -q jaxwarm bench tests examples testing || exit 1; done
 

@@ -6,9 +6,17 @@ STAMP := $(VENV)/.installed
 # its cache, where pip took a minute. It comes from PyPI into .venv, by pip, the one thing
 # pip installs here.
 UV := $(VENV)/bin/uv
-UV_INSTALL := $(UV) pip install --quiet --system-certs --compile-bytecode
+UV_INSTALL := $(UV) pip install --quiet --system-certs
 
-.PHONY: demo check test legs matrix maxtext bytecode
+# Every Python that make runs writes the bytecode of the modules it imports (__pycache__),
+# once. Where PYTHONDONTWRITEBYTECODE is set (this development machine sets it) no process
+# writes what it compiles: each of the suite's hundreds of processes compiled jaxwarm's, the
+# tests' and bench's modules from source (0.75 CPU-s of a one-process launch's 12), and
+# installing with --compile-bytecode instead compiled all ~34,000 files of .venv and the legs
+# (~170 CPU-s of a fresh clone's set-up), of which the suite imports about a fifth.
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: demo check test legs matrix maxtext
 
 $(UV):
 	$(PYTHON) -m venv $(VENV)
@@ -44,18 +52,8 @@ check: $(STAMP)
 TEST_WORKERS ?= 4
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) legs
-	$(MAKE) --no-print-directory bytecode
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15
 	$(VENV)/bin/python -m pytest -q -m alone
-
-# The repository's own modules compiled for every Python that imports them (.venv's and each
-# leg's). Where PYTHONDONTWRITEBYTECODE is set (this development machine sets it) no process
-# writes the bytecode it compiles, so each of the suite's hundreds of processes compiled every
-# jaxwarm, test and bench module it imported from source: 0.75 CPU-s of a one-process demo
-# launch's 12. Only what changed since the last run is compiled again.
-bytecode: $(STAMP)
-	for python in $(VENV)/bin/python $(wildcard .venvs/*/bin/python); do \
-		$$python -m compileall -q jaxwarm bench tests examples testing || exit 1; done
 
 # The key matrix, the demo and a bundle round trip on every tested jax beyond 0.10.2.
 matrix: $(STAMP) legs

@@ -143,7 +143,7 @@ def build(leg: Leg) -> str:
     shutil.rmtree(leg.venv, ignore_errors=True)
     subprocess.run([str(UV), "venv", "--quiet", "--python", str(python), str(leg.venv)],
                    check=True)
-    subprocess.run([str(UV), "pip", "install", "--quiet", "--system-certs", "--compile-bytecode",
+    subprocess.run([str(UV), "pip", "install", "--quiet", "--system-certs",
                     "--python", str(leg.python), "-e", str(REPO), *leg.pins], check=True)
     leg.stamp.write_text(stamp_text(leg, python))
     return (f"built {leg.venv.relative_to(REPO)} with {python} in "
@@ -166,8 +166,9 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[2:]:
         return 0 if build_or_say(EXTRA[argv[2]]) else 1
-    # Side by side: an install is part unpacking, part byte-compiling, part waiting on disk,
-    # so the legs together take less than one after the other, even on 2 cores.
+    # Side by side: an install is mostly linking from uv's cache, waiting on disk, so the
+    # legs together take less than one after the other. No bytecode is compiled here: the
+    # Makefile's processes write that of what they import (`unexport PYTHONDONTWRITEBYTECODE`).
     every = [*LEGS, MAXTEXT]
     with ThreadPoolExecutor(max_workers=len(every)) as pool:
         built = list(pool.map(build_or_say, every))

@@ -1,9 +1,11 @@
-"""Ranks that reach their first collective far apart (2 processes x 1 CPU device, the tiny
-demo step; process 1 builds the step `tests.late_factory.LATE_S` = 40 s late: one late rank
-is all the skew takes, and each more rank only compiles the step once more); and the same
-at the mission's 64 ranks, where the point is 64 processes meeting and folded in one
-report (skipped where the machine has not the memory for them): there the last rank is
-late, by LATE_S after process 0 reached the meeting, while the others compile.
+"""Ranks that reach their first collective far apart (2 processes x 1 CPU device; process 1
+builds the step `tests.late_factory.LATE_S` = 40 s late: one late rank is all the skew
+takes, and each more rank only compiles the step once more); and the same at the mission's
+64 ranks, where the point is 64 processes meeting and folded in one report (skipped where
+the machine has not the memory for them): there the last rank is late, by LATE_S after
+process 0 reached the meeting, while the others compile. Both run
+`tests.late_factory.make_small_step`, a step of the reference trainer's shape whose one
+step is a collective of every rank: the ranks' meeting is the point here, not the model.
 
 Before the ranks met after each compile, a launch of 8 or 16 ranks on this machine died:
 process 0 loaded the step from the cache and reached its first collective while the others
@@ -38,12 +40,12 @@ def test_ranks_a_collective_would_not_wait_for_meet_before_it(tmp_path: Path) ->
               f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}"]
     # The prewarm on time (the late factory builds the same step, so the same keys): the
     # skew that matters is the training job's, and a late prewarm only waited 40 s more.
-    prewarmed = run_cli("prewarm", *common)
+    prewarmed = run_cli("prewarm", *common, "step.factory=tests.late_factory:make_small_step")
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
-    # The trainer stops at its first step (`train_one_step`): the reference trainer's stop
-    # agreement and checkpoint after it are no part of how the ranks reach it.
+    # The trainer stops at its first step (`train_one_step`): a trainer's stop agreement and
+    # checkpoint after it are no part of how the ranks reach it.
     result = run_cli("launch", *common, "--prewarm=never",
-                     "step.factory=tests.late_factory:make_train_step_late",
+                     "step.factory=tests.late_factory:make_small_step_late",
                      "entrypoint={function: 'tests.late_factory:train_one_step'}")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
@@ -60,11 +62,12 @@ def test_ranks_a_collective_would_not_wait_for_meet_before_it(tmp_path: Path) ->
     assert "jit_train_step: HIT on process 0" in result.stdout
 
 
-# The mission's layout: 8 nodes x 8 processes, 1 CPU device each, the cheapest step.
+# The mission's layout: 8 nodes x 8 processes, 1 CPU device each, the small step.
 NODES, PER_NODE = 8, 8
-# What 64 ranks of the cheapest step take from the machine at their peak, supervisors and
-# launcher included (the sum of their PSS, bench/results/scale-64-local.json: 8.1 GiB),
-# and a margin: below that much available memory the test is skipped, not OOM-killed.
+# What 64 ranks of the reference trainer's cheapest step take from the machine at their peak,
+# supervisors and launcher included (the sum of their PSS, bench/results/scale-64-local.json:
+# 8.1 GiB; the small step takes less), and a margin: below that much available memory the
+# test is skipped, not OOM-killed.
 MEMORY_FLOOR_GIB = 11.0
 
 
@@ -74,7 +77,7 @@ def test_64_ranks_meet_a_rank_late_beyond_gloos_wait_and_the_headline_fits(
         tmp_path: Path) -> None:
     """The same skew at the mission's 64 ranks, without a prewarm (every rank compiles:
     process 0 at once and alone, the others once process 0 waits at the meeting, the last
-    one 40 s after that, `make_train_step_last_late`): process 0 waits at the meeting for 63
+    one 40 s after that, `make_small_step_last_late`): process 0 waits at the meeting for 63
     ranks, the launch passes, and the report's headline names all 64 processes in a screen.
     The others compile during the last rank's lateness, not after it, and the trainer stops
     at its first step (`train_one_step`: the reference trainer's stop agreement and
@@ -88,7 +91,7 @@ def test_64_ranks_meet_a_rank_late_beyond_gloos_wait_and_the_headline_fits(
     result = run_cli("launch", str(DEMO), "--local", "--no-prewarm",
                      *ranks_layout(ranks, NODES, PER_NODE), f"topology.nodes={NODES}",
                      f"topology.processes_per_node={PER_NODE}", "ranks.meet_timeout_s=1800",
-                     "step.factory=tests.late_factory:make_train_step_last_late",
+                     "step.factory=tests.late_factory:make_small_step_last_late",
                      "entrypoint={function: 'tests.late_factory:train_one_step'}",
                      f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={cache}", timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]

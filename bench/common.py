@@ -170,11 +170,15 @@ def with_xla_flag(*flags: str) -> str:
 # The tiny step, every compile cached however fast: for a run that needs the step compiled
 # and in the cache, whatever its compile time.
 TINY_CACHED = (*TINY_STEP, "cache.min_compile_time_secs=0")
-# The cheapest step there is, compiled the cheapest way and every compile cached: for runs
-# about what happens around the compile (ranks, SLURM, signals), where neither the step's
-# size nor its compile time is the point. XLA's older CPU fusion emitter, a flag of
-# jax < 0.11 (the main venv's), compiles it in a quarter of the time and memory.
-FAST_STEP = (*TINY_CACHED, with_xla_flag(LEGACY_CPU_FUSION))
+# The tiny chunkwise step compiled the cheapest way, every compile cached: for runs about
+# what happens around the compile (many ranks), where neither the step's size nor its
+# compile time is the point. XLA's older CPU fusion emitter, a flag of jax < 0.11 (the main
+# venv's), compiles it in a quarter of the time and memory.
+FAST_CHUNKWISE = (*TINY_CACHED, with_xla_flag(LEGACY_CPU_FUSION))
+# The reference trainer's smallest step (`jaxwarm.workload.small`: the reference batch, one
+# collective, a scalar learned): a one-process launch costs 2.7 CPU-s where FAST_CHUNKWISE
+# costs 6.8 (the test suite's FAST_STEP).
+SMALL_STEP = "step.factory=jaxwarm.workload.small:make_train_step"
 
 
 def bench_config(work: Path, name: str, overrides: Iterable[str] = ()) -> tuple[Config, Path]:

@@ -1,7 +1,7 @@
 """`python -m bench.growth [--ranks 1 8 32 64] [--repeats N] [--json PATH] [--png PATH]`: how
 jaxwarm's own costs grow with the number of ranks (run it under the heavy lock).
 
-At each rank count R the cheapest step (`bench.common.FAST_STEP`) runs as R processes x 1
+At each rank count R the cheapest step (`bench.common.FAST_CHUNKWISE`) runs as R processes x 1
 fake CPU device on this machine (mesh data=R x fsdp=1, global batch R), with one trainer,
 `bench.plain_train`
 (a trainer that knows nothing of jaxwarm), started two ways on the same warm cache:
@@ -50,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.chart import save_figure
-from bench.common import DEMO, FAST_STEP, BenchError, machine, publish, read_json, run_launch, table
+from bench.common import (
+    DEMO,
+    FAST_CHUNKWISE,
+    BenchError,
+    machine,
+    publish,
+    read_json,
+    run_launch,
+    table,
+)
 from jaxwarm.core.config import load_config
 from jaxwarm.core.environment import job_environment, merge_environment
 from jaxwarm.core.jsonio import read_record
@@ -69,7 +78,7 @@ def overrides(work: Path, ranks: int, runs: str) -> list[str]:
     return [f"run.out_dir={work / runs}", f"cache.dir={work / 'cache'}",
             f"topology.processes_per_node={ranks}", "topology.devices_per_process=1",
             f"mesh.axes={{data: {ranks}, fsdp: 1}}", f"step.args.global_batch={ranks}",
-            *FAST_STEP, "train.steps=1", "stop_grace_s=60",
+            *FAST_CHUNKWISE, "train.steps=1", "stop_grace_s=60",
             f"entrypoint={{function: '{TRAINER}:main', args: ['{{config}}', "
             f"'{work / runs / 'first-step'}']}}"]
 

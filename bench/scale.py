@@ -1,6 +1,6 @@
 """Many ranks end to end: `python -m bench.scale --ranks 64 --nodes 8 [--slurm]`.
 
-The cheapest step (`bench.common.FAST_STEP`: the demo step at its smallest, XLA's older
+The cheapest step (`bench.common.FAST_CHUNKWISE`: the demo step at its smallest, XLA's older
 CPU fusion emitter) on `--nodes` x `ranks / nodes`
 processes of one CPU device each (a 64-device mesh, data 8 x fsdp 8), through the real
 `jaxwarm launch`, phase after phase on one run and one cache, the way a user meets them:
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO, FAST_STEP, REPO, machine, run_launch, table, write_json
+from bench.common import DEMO, FAST_CHUNKWISE, REPO, machine, run_launch, table, write_json
 from jaxwarm.core.jsonio import read_record
 from jaxwarm.core.records import TRAIN, InitReport
 from jaxwarm.core.rundir import log_path, metrics_path, report_paths
@@ -123,7 +123,7 @@ class Scale:
         self.overrides = [
             f"topology.nodes={args.nodes}", f"topology.processes_per_node={per_node}",
             "topology.devices_per_process=1", f"mesh.axes={{data: {args.ranks // side}, "
-            f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *FAST_STEP,
+            f"fsdp: {side}}}", f"step.args.global_batch={args.ranks}", *FAST_CHUNKWISE,
             "run.name=scale", f"run.out_dir={self.work / 'runs'}",
             f"ranks.meet_timeout_s={MEET_TIMEOUT_S}", "train.checkpoint_every=0",
             "slurm.time=04:00:00", "slurm.signal_lead_s=60", "slurm.max_requeues=1",

@@ -4,7 +4,7 @@ names the prewarmed function that missed, marked prewarmed, with the inputs that
 when every prewarmed function hit, in the table, the headline, the first-step history and
 `report --json` alike.
 
-Two ways: the reference step prewarmed on FAST_STEP, then launched with one of its
+Two ways: the tiny chunkwise step prewarmed (FAST_CHUNKWISE), then launched with one of its
 `step.args` changed and `--prewarm never` (the trainer runs a step the prewarm did not
 build), in a run dir of its own under the same run name (the prewarm on record is the
 run's); and tests/cli_trainer wrapped by the adapter that keeps its own copy of the
@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from jaxwarm.core.rundir import report_path
-from tests.conftest import DEMO, FAST_STEP, ONE_PROCESS, Cli, run_cli
+from tests.conftest import DEMO, FAST_CHUNKWISE, ONE_PROCESS, Cli, run_cli
 from tests.test_cli_trainer import FLAGS, cli_args
 from tests.test_cli_trainer import RUN as CLI_RUN
 
 pytestmark = pytest.mark.e2e
 
-ONE_STEP = (*ONE_PROCESS, *FAST_STEP, "train.steps=1")
+ONE_STEP = (*ONE_PROCESS, *FAST_CHUNKWISE, "train.steps=1")
 
 
 @dataclass(frozen=True)

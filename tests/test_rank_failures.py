@@ -73,7 +73,7 @@ def test_a_killed_rank_or_ranks_late_to_meet_stop_every_rank_with_one_line(
     assert "Traceback" not in err.split("prewarm failed")[1]
     assert run_processes(run_dir) == {}
 
-    err, _ = kill_rank_when(launch(tmp_path), run_dir, "train", 1, "chunkwise step:")
+    err, _ = kill_rank_when(launch(tmp_path), run_dir, "train", 1, "small step:")
     assert "jaxwarm: train failed: process 1 was killed by SIGKILL (exit 137)" in err, \
         err[-3000:]
     assert run_processes(run_dir) == {}
@@ -153,7 +153,7 @@ def test_on_slurm_a_killed_rank_ends_the_job_and_the_launch_names_its_task(
                           if submitted_jobs_path(run_dir).exists() else False, timeout=600)
         [train] = [job for job in read_jobs(run_dir) if job.name == "train"]
         log = train.log_path(3)
-        assert wait_until(lambda: log.exists() and "chunkwise step:" in log.read_text(),
+        assert wait_until(lambda: log.exists() and "small step:" in log.read_text(),
                           timeout=600)
         [pid] = [pid for pid, (rank, line) in run_processes(run_dir).items()
                  if rank == 3 and "jaxwarm.job.start.call" in line and "submitit" not in line]

@@ -23,17 +23,18 @@ from jaxwarm.core.rundir import report_path
 from jaxwarm.jaxkey.entryformat import ATIME_SUFFIX, CACHE_SUFFIX, ZSTD_MAGIC, encode_atime
 from jaxwarm.store.store import LocalStore
 from testing.jaxproc import jax_env
-from tests.conftest import DEMO, FAST_STEP, Cli, run_cli
+from tests.conftest import DEMO, FAST_CHUNKWISE, FAST_STEP, Cli, run_cli
 from tests.hostile import key, snapshot, write_entry
 from tests.test_jsonio import guarded
 
 pytestmark = pytest.mark.e2e
 
-# One process x 2 devices and conftest's FAST_STEP (the tiny step, every compile cached, XLA's
-# older CPU fusion emitter): what is checked is what the store does with the entries, not
-# the step they hold; each job takes seconds, so the tests can run many of them.
-TINY = ("topology.processes_per_node=1", "topology.devices_per_process=2",
-        "mesh.axes={data: 1, fsdp: 2}", *FAST_STEP, "train.steps=2", "train.checkpoint_every=0")
+# One process x 2 devices and conftest's FAST_STEP (the small step, every compile cached):
+# what is checked is what the store does with the entries, not the step they hold; each job
+# takes seconds, so the tests can run many of them.
+LAYOUT = ("topology.processes_per_node=1", "topology.devices_per_process=2",
+          "mesh.axes={data: 1, fsdp: 2}", "train.steps=2", "train.checkpoint_every=0")
+TINY = (*LAYOUT, *FAST_STEP)
 # How often the concurrent writers' reader reads the manifest and lists the cache.
 READ_EVERY_S = 0.05
 
@@ -86,7 +87,9 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cl
     # Two prewarm the same step, a third another one (d_ff differs), all at once. Each race
     # needs no more: the same-step pair takes turns on one compile, and two writers of new
     # entries (the pair's compiling one, the third) record them in the manifest at once;
-    # more writers add JAX processes.
+    # more writers add JAX processes. The tiny chunkwise step: the small step compiles in
+    # less time than a prewarm takes to start, and the second of the pair found its entry
+    # written before it looked up, compiling nothing.
     variants = ["step.args.d_ff=128"] * 2 + ["step.args.d_ff=64"]
     stop, seen, errors = threading.Event(), {"manifest_reads": 0, "ls": 0}, []
     store = LocalStore(cache)
@@ -110,7 +113,7 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cl
     reading.start()
     writers = [subprocess.Popen(
         [sys.executable, "-m", "jaxwarm", "prewarm",
-         *job_args(tmp_path, cache, *TINY, variant, run=f"w{i}")],
+         *job_args(tmp_path, cache, *LAYOUT, *FAST_CHUNKWISE, variant, run=f"w{i}")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i, variant in enumerate(variants)]
     outputs = [w.communicate(timeout=600)[0] for w in writers]
@@ -137,8 +140,8 @@ def test_concurrent_prewarm_writers_with_readers_lose_nothing(tmp_path: Path, cl
     assert all(store.entry_problem(e.key, manifest[e.key].sha256) is None
                for e in store.scan(histories={}))
     # The contended entry loads in a real run.
-    run = run_cli("launch", *job_args(tmp_path, cache, *TINY, variants[0], "--no-prewarm",
-                                      run="w0"))
+    run = run_cli("launch", *job_args(tmp_path, cache, *LAYOUT, *FAST_CHUNKWISE, variants[0],
+                                      "--no-prewarm", run="w0"))
     assert_ok(run)
     assert step_record(init_report(tmp_path, "w0"))["hit"]
 

@@ -34,9 +34,7 @@ State = dict[str, Any]
 
 def make_train_step(config: Config, mesh: Mesh | None) -> StepBundle:
     """The jitted train step and init, with abstract sharded state and batch."""
-    if mesh is None:
-        raise ConfigError(f"{config.source}: mesh.axes: expected the mesh axes the reference "
-                          f"step is sharded over (it builds no mesh of its own)")
+    mesh = mesh_required(config, mesh)
     args = ModelArgs.from_config(config, dict(mesh.shape))
     optimizer = make_optimizer(args)
 
@@ -100,6 +98,14 @@ def make_optimizer(args: ModelArgs) -> optax.GradientTransformation:
 def _decayed(params: Params) -> Any:
     return jax.tree_util.tree_map_with_path(
         lambda path, _: not str(path[-1].key).endswith("norm"), params)
+
+
+def mesh_required(config: Config, mesh: Mesh | None) -> Mesh:
+    """The mesh of the config's `mesh.axes`, which the reference steps are sharded over."""
+    if mesh is None:
+        raise ConfigError(f"{config.source}: mesh.axes: expected the mesh axes the reference "
+                          f"step is sharded over (it builds no mesh of its own)")
+    return mesh
 
 
 def batch_spec(config: Config, mesh: Mesh) -> jax.ShapeDtypeStruct:

@@ -60,9 +60,9 @@ matrix: $(STAMP) legs
 	$(VENV)/bin/python -m pytest -q tests/test_jax_versions.py
 
 # MaxText from PyPI, unchanged, wrapped by examples/maxtext: builds (or reuses) .venvs/maxtext
-# (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test alone, a HIT on 1
-# process locally and on 2 on the SLURM dev cluster. `make test` builds the same venv (with
-# the legs) and runs it in the suite.
+# (Python 3.12/3.13, examples/maxtext/requirements.txt) and runs its test alone: HITs on 2
+# processes on the SLURM dev cluster, and again after a requeue. `make test` builds the same
+# venv (with the legs) and runs it in the suite.
 maxtext: $(STAMP)
 	$(VENV)/bin/python -m testing.legs build maxtext
 	$(VENV)/bin/python -m pytest -q tests/test_maxtext.py

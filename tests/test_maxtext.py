@@ -1,7 +1,8 @@
 """MaxText, unchanged from PyPI, wrapped by examples/maxtext: its `jit_train_step` and its
-state init (`jit__lambda`) are HITs in the training job on 1 process (hardware=cpu), locally,
-and on 2 (hardware=gpu_multiprocess) on the SLURM dev cluster (2 nodes x 1 process, with a
-requeue by signal that resumes from MaxText's own preemption checkpoint, warm).
+state init (`jit__lambda`) are HITs in the training job on 2 processes
+(hardware=gpu_multiprocess) on the SLURM dev cluster (2 nodes x 1 process), in the first
+attempt and after a requeue by signal that resumes from MaxText's own preemption checkpoint,
+warm.
 
 It runs in MaxText's own venv (`make test` and `make maxtext` build `.venvs/maxtext`,
 `testing/legs.py`; `make maxtext` runs this file alone), as a user runs it: `jaxwarm
@@ -9,8 +10,10 @@ prewarm`, `jaxwarm verify` and `jaxwarm verify --trainer` (WARM), then `jaxwarm 
 from a working directory of its own so that the example config's relative
 paths land there. MaxText's own `jax_cache_dir` is set (as
 its KEY=VALUE override, through the M_JAX_CACHE_DIR variable MaxText reads) to a dir that must
-stay empty: the guard keeps jaxwarm's dir in force. Skipped, with the reason, where no Python
-3.12/3.13 is installed or the venv is not built (`make legs` builds it).
+stay empty: the guard keeps jaxwarm's dir in force. One flow tells the whole story: a local
+run of the same commands on 1 process told it a second time (the local launcher runs the
+demo: tests/test_demo.py). Skipped, with the reason, where no Python 3.12/3.13 is
+installed or the venv is not built (`make legs` builds it).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from jaxwarm.core.records import PREWARM, SETTING_CHANGED, TRAIN
-from jaxwarm.core.rundir import log_path, report_path, report_paths
+from jaxwarm.core.records import SETTING_CHANGED, TRAIN
+from jaxwarm.core.rundir import report_path, report_paths
 from jaxwarm.store.store import LocalStore
 from jaxwarm.submit.slurm import read_jobs
 from testing.legs import MAXTEXT, REPO, Leg, leg_python, ready
@@ -83,20 +86,6 @@ def example_args(tmp: Path, *overrides: str) -> list[str]:
             f"env.M_JAX_CACHE_DIR={tmp / 'maxtext-own-cache'}", *overrides]
 
 
-def run(leg: Leg, tmp: Path) -> dict[str, Any]:
-    """prewarm, verify, verify --trainer, launch --no-prewarm on 1 process, locally: the
-    outputs, process 0's report of the training job."""
-    args = example_args(tmp, "--local")
-    done: dict[str, Any] = {"prewarm": ok(jaxwarm(leg, tmp, "prewarm", *args))}
-    done["verify"] = ok(jaxwarm(leg, tmp, "verify", *args))
-    done["verify --trainer"] = ok(jaxwarm(leg, tmp, "verify", "--trainer", *args))
-    launch = jaxwarm(leg, tmp, "launch", "--no-prewarm", *args)
-    done["launch"] = ok(launch)
-    done["log"] = launch.stderr
-    done["p0"] = json.loads(report_path(tmp / "runs" / "maxtext", "train", 0, 0).read_text())
-    return done
-
-
 def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
     """Process 0's report of a training attempt: the step and the state init (which MaxText
     compiles, inline, before the step) HITs in jaxwarm's cache, though MaxText set its own
@@ -115,36 +104,15 @@ def assert_prewarmed_hits(p0: dict[str, Any], tmp: Path) -> None:
     assert not own.exists() or not any(own.iterdir()), list(own.iterdir())
 
 
-def test_maxtext_hits_on_one_process(leg: Leg, tmp_path: Path) -> None:
-    done = run(leg, tmp_path)
-    assert done["verify"].startswith("WARM  jit_train_step"), done["verify"]
-    assert "WARM  jit__lambda" in done["verify"], done["verify"]
-    # Asked of MaxText itself (python -m, its own set-up): the same key, WARM.
-    key = done["verify"].split()[2]
-    assert f"WARM  jit_train_step  {key}  (the trainer looked it up at" in \
-        done["verify --trainer"], done["verify --trainer"]
-    assert "jit_train_step: HIT on process 0" in done["launch"], done["launch"]
-    assert_prewarmed_hits(done["p0"], tmp_path)
-    assert MODULE_FORM in done["log"], done["log"][-3000:]
-    # The warm start's headline names MaxText's own init by what the init ledger saw: its
-    # import, whether or not it is the largest phase; the phase table gives it a column.
-    headline = next(line for line in done["launch"].splitlines()
-                    if line.startswith("warm start (train r0 p0)"))
-    assert "the trainer's own init" in headline and "import maxtext" in headline, headline
-    assert re.search(r"^processes .*the trainer's own init +other +total$", done["launch"],
-                     re.MULTILINE), done["launch"]
-    assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
-        log_path(tmp_path / "runs" / "maxtext", PREWARM, 0).read_text()
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeue(
         leg: Leg, tmp_path: Path, cli: Cli) -> None:
-    """docs/maxtext.md's SLURM commands: the prewarm job, verify (both processes' view),
-    then the training job, warm (--prewarm auto: the job alone), stopped by SLURM's warning
-    signal once in each attempt: the first requeues, the restart resumes from MaxText's
-    checkpoint, warm, and the second ends the job (max_requeues=1)."""
+    """docs/maxtext.md's SLURM commands: the prewarm job (MaxText's mesh in its log), verify
+    (both processes' view) and verify --trainer (MaxText itself, `python -m`, asked: the same
+    key, WARM), then the training job, warm (--prewarm auto: the job alone), stopped by
+    SLURM's warning signal once in each attempt: the first requeues, the restart resumes from
+    MaxText's checkpoint, warm, and the second ends the job (max_requeues=1)."""
     ensure_cluster()
     args = example_args(tmp_path, *TWO_NODES, *UNTIL_PREEMPTED,
                         f"env.M_BASE_OUTPUT_DIRECTORY={tmp_path / 'maxtext-out'}")
@@ -153,15 +121,21 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     run_dir = tmp_path / "runs" / "maxtext"
     prewarmed = json.loads(report_path(run_dir, "prewarm", 0, 0).read_text())["functions"]
     assert {fn["name"] for fn in prewarmed} >= {"jit_train_step", "jit__lambda"}, prewarmed
+    assert "mesh {'diloco': 1, 'data': 1, 'stage': 1, 'fsdp': 4" in \
+        read_jobs(run_dir)[0].log_path(0).read_text()
 
     verify = ok(jaxwarm(leg, tmp_path, "verify", *args))
-    assert "WARM  jit_train_step" in verify and "WARM  jit__lambda" in verify, verify
+    warm = re.search(r"^WARM  jit_train_step  (\S+)", verify, re.MULTILINE)
+    assert warm and "WARM  jit__lambda" in verify, verify
     # Process 0 decides for the run; each process says so in its own task's log, with its
     # own key (on CPU each process's devices enter its key).
     verify_job = read_jobs(run_dir)[-1]
     for task in (0, 1):
         log = verify_job.log_path(task).read_text()
         assert "WARM  train_step" in log and "WARM  init_state" in log, log[-3000:]
+    # Asked of MaxText itself (python -m, its own set-up): the same key, WARM.
+    trainer = ok(jaxwarm(leg, tmp_path, "verify", "--trainer", *args))
+    assert f"WARM  jit_train_step  {warm[1]}  (the trainer looked it up at" in trainer, trainer
 
     launch = jaxwarm(leg, tmp_path, "launch", *args)
     ok(launch)
@@ -169,7 +143,8 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     try:
         assert "prewarm job skipped (auto): the fingerprint" in launch.stderr, launch.stderr
         assert MODULE_FORM in launch.stderr, launch.stderr[-3000:]
-        assert [job.name for job in read_jobs(run_dir)] == ["prewarm", "verify", "train"]
+        assert [job.name for job in read_jobs(run_dir)] == \
+            ["prewarm", "verify", "verify", "train"]
         for restart in (0, 1):
             wait_for_step_lookup(run_dir, restart, train, timeout=900)
             subprocess.run(["scancel", "--signal=USR2", train.job_id], check=True)
@@ -198,3 +173,10 @@ def test_maxtext_on_slurm_prewarms_verifies_hits_and_resumes_warm_after_a_requeu
     assert "attempt r0: warm" in status and "attempt r1: warm" in status, status
     shown = ok(cli("report", str(run_dir)))
     assert "jit_train_step: HIT on process 0 (restart 1)" in shown, shown
+    # The warm start's headline names MaxText's own init by what the init ledger saw: its
+    # import, whether or not it is the largest phase; the phase table gives it a column.
+    headline = next(line for line in shown.splitlines()
+                    if line.startswith("warm start (train r1 p0)"))
+    assert "the trainer's own init" in headline and "import maxtext" in headline, headline
+    assert re.search(r"^processes .*the trainer's own init +other +total$", shown,
+                     re.MULTILINE), shown

@@ -158,13 +158,14 @@ def test_status_shows_what_a_running_prewarm_compiles_with_its_eta(tmp_path: Pat
 
 
 @pytest.mark.slurm(lane=2)
-def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path) -> None:
+def test_a_second_launch_while_the_runs_jobs_are_queued_is_refused(tmp_path: Path,
+                                                                 cli: Cli) -> None:
     first = run_cli("launch", *args_for(tmp_path, *SLEEPING))
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "demo"
     train = read_jobs(run_dir)[-1]
-    try:
-        second = run_cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=3"))
+    try:  # refused before any job or JAX would start: in this process (conftest's `cli`)
+        second = cli("launch", *args_for(tmp_path, "--no-prewarm", "train.steps=3"))
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert f"still has SLURM jobs queued or running: train job {train.job_id}" \
             in second.stderr

@@ -139,17 +139,15 @@ def adapter_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "cache"
 
 
-@pytest.mark.parametrize(("flag", "prewarm", "label", "why"), [
-    (("--d-model", "24"), "auto", "cold", "state['b'] f32[24] vs f32[16] (+2 more)"),
-    (("--batch", "8"), "never",
-     "partly warm (1 of 2 prewarmed functions hit: jit_train_step compiled",
+@pytest.mark.parametrize(("flag", "label", "why"), [
+    (("--d-model", "24"), "cold", "state['b'] f32[24] vs f32[16] (+2 more)"),
+    (("--batch", "8"), "partly warm (1 of 2 prewarmed functions hit: jit_train_step compiled",
      "batch f32[8,16] vs f32[4,16]"),
-    (("--dtype", "bfloat16"), "never", "cold", "state['b'] bf16[16] vs f32[16] (+2 more)"),
-    (("--no-donate",), "never", "partly warm (1 of 2",
-     "state['b'] not donated vs donated (+1 more)"),
+    (("--dtype", "bfloat16"), "cold", "state['b'] bf16[16] vs f32[16] (+2 more)"),
+    (("--no-donate",), "partly warm (1 of 2", "state['b'] not donated vs donated (+1 more)"),
 ], ids=["width", "batch", "dtype", "donation"])
 def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
-        tmp_path: Path, adapter_copy: Path, flag: tuple[str, ...], prewarm: str, label: str,
+        tmp_path: Path, adapter_copy: Path, flag: tuple[str, ...], label: str,
         why: str) -> None:
     """Only the trainer's command line changes; the adapter builds the step from its own
     copy, so the launch's prewarm (rerun: the fingerprint has the command line) finds the
@@ -158,11 +156,8 @@ def test_a_trainer_flag_the_adapter_s_copy_misses_is_named(
     inputs are equal (the init makes a wider or other-typed state from the same seed), it
     says the program differs, and what changed since the prewarm that compiled it: the
     trainer's command line (the training job forgot the launch's own prewarm record, whose
-    promise it missed). The width's launch is the one with the prewarm (`auto`, as a user
-    launches); the other flags' go without it (`never`): that prewarm would find the same
-    old step WARM, and what the headline says of each flag is the training job's."""
-    launched = run_cli("launch", "--prewarm", prewarm,
-                       *cli_args(tmp_path, *FLAGS, *flag, factory="from_args"),
+    promise it missed)."""
+    launched = run_cli("launch", *cli_args(tmp_path, *FLAGS, *flag, factory="from_args"),
                        f"cache.dir={adapter_copy}")
     assert launched.returncode == 0, launched.stdout + launched.stderr[-3000:]
     lines = headline(launched.stdout)

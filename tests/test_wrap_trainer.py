@@ -132,27 +132,36 @@ def launched(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("processes", [1, 2])
-def test_unchanged_trainer_hits_locally(installed: str, launched: Callable[[int], Launched],
-                                        processes: int, cli: Cli) -> None:
+def test_unchanged_trainer_hits_locally(launched: Callable[[int], Launched], processes: int,
+                                        cli: Cli) -> None:
     run = launched(processes)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr[-3000:]
     assert_trained_with_a_hit(cli, run.root, run.result.stdout)
     assert headline(run.result.stdout)[1].startswith("jit_step: HIT on process 0")
     # The uncommitted key argument is declared so: no warning about its missing sharding.
     assert "without a sharding" not in run.result.stderr
-
-    warm = run_cli("verify", *args_for(run.root, installed, *layout(processes)), "--local")
-    assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
-    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in warm.stdout
-    # Asked of jsp-train itself (its console script, its own cache settings put back by
-    # the guard): the first jit_step it looks up is the train step, WARM.
-    asked = run_cli("verify", "--trainer",
-                    *args_for(run.root, installed, *layout(processes)), "--local")
-    assert asked.returncode == 0, asked.stdout + asked.stderr[-2000:]
-    assert f"WARM  jit_step  {step_records(report(run.root))[0]['key']}" in asked.stdout
-
     table = cli("report", str(run.root / "runs" / RUN), "--all")
     assert table.returncode == 0 and "jit__threefry_fold_in" in table.stdout
+
+
+@pytest.mark.e2e
+def test_verify_and_verify_trainer_say_warm_under_the_launchs_key(
+        installed: str, launched: Callable[[int], Launched]) -> None:
+    """verify, and verify --trainer asked of jsp-train itself (its console script, its own
+    cache settings put back by the guard), on the one-process launch's run: the first
+    jit_step each looks up is the train step, WARM under the key the launch hit. One
+    process: what is jsp-train's here is its wrapping, not its layout (verify --trainer on
+    two processes is tests/test_verify_trainer.py's)."""
+    run = launched(1)
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr[-3000:]
+    key = step_records(report(run.root))[0]["key"]
+    warm = run_cli("verify", *args_for(run.root, installed, *layout(1)), "--local")
+    assert warm.returncode == 0, warm.stdout + warm.stderr[-2000:]
+    assert f"WARM  jit_step  {key}" in warm.stdout
+    asked = run_cli("verify", "--trainer", *args_for(run.root, installed, *layout(1)),
+                    "--local")
+    assert asked.returncode == 0, asked.stdout + asked.stderr[-2000:]
+    assert f"WARM  jit_step  {key}" in asked.stdout
 
 
 @pytest.mark.e2e

@@ -345,8 +345,8 @@ def test_entries_swapped_after_the_checks_are_not_read_by_jax(prewarmed: Prewarm
 
 
 def test_the_cap_bounds_the_inflation_itself(tmp_path: Path) -> None:
-    """An entry of 1 GiB inflated against a 100 MB cap: the prefetch stops inflating at the
-    cap (what it allocates stays near the cap, not the 1 GiB), loads nothing and holds
+    """An entry of 256 MiB inflated against a 16 MiB cap: the prefetch stops inflating at
+    the cap (what it allocates stays near the cap, not the 256 MiB), loads nothing and holds
     nothing; the trainer's lookup takes JAX's path."""
     import tracemalloc
 
@@ -354,10 +354,10 @@ def test_the_cap_bounds_the_inflation_itself(tmp_path: Path) -> None:
     squeeze = zlib.compressobj(1)
     block = bytes(1 << 20)
     with LocalStore(tmp_path).entry_path(key).open("wb") as entry:
-        for _ in range(1024):
+        for _ in range(256):
             entry.write(squeeze.compress(block))
         entry.write(squeeze.flush())
-    cap = 100 << 20
+    cap = 16 << 20
     record = ManifestEntry(function="jit_train_step", key=key, run="r", config="c",
                            compile_s=1.0, lower_s=0.1, written=True, jax_version="0",
                            process_count=1, compile_options="", device_ids=[0])

@@ -5,9 +5,9 @@ The pure tests use real files and no JAX: what a node copies, reuses and replace
 torn or wrong copy never lands, publishing, the wait for a node's stager and every fallback
 to the shared dir (one line each). The e2e tests run the demo: a staged training job hits
 the entry an unstaged prewarm wrote (the key does not change), a bad local copy is replaced
-or the node reads the shared dir (these two check the jobs of one module fixture), and an
-entry a staged job compiles reaches the shared dir recorded. tests/test_jax_versions.py runs
-the staged hit on every tested jax.
+(these two check the jobs of one module fixture), and an entry a staged job compiles
+reaches the shared dir recorded, where a node that cannot stage reads and hits it.
+tests/test_jax_versions.py runs the staged hit on every tested jax.
 """
 
 from __future__ import annotations
@@ -310,11 +310,12 @@ def hits(report: dict) -> set[str]:
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One unstaged prewarm of the demo (2 processes), then three training jobs staged from
+    """One unstaged prewarm of the demo (2 processes), then two training jobs staged from
     it, each in a fresh run dir (no checkpoint to resume): into an empty stage dir (run dir
-    `runs`, the prewarm's), into that dir again after its copy of `cut` was cut short
-    (`again`), and into a stage dir that cannot be made (`blocked`). Each job's output by
-    run dir, and the node's copies as the first job left them."""
+    `runs`, the prewarm's), and into that dir again after its copy of `cut` was cut short
+    (`again`). Each job's output by run dir, and the node's copies as the first job left
+    them. A stage dir that cannot be made: the second run of
+    test_what_a_staged_job_compiles_is_published_and_recorded."""
     tmp = tmp_path_factory.mktemp("staged")
     prewarm = run_cli("prewarm", str(DEMO), "--local", f"run.out_dir={tmp / 'runs'}",
                       f"cache.dir={tmp / 'cache'}", "cache.xla_caches=none", *FAST_STEP,
@@ -328,9 +329,6 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cut = next(key for key in copied if key.startswith("jit_train_step-"))
     node.entry_path(cut).write_bytes(node.entry_path(cut).read_bytes()[:1000])
     runs["again"] = launch(tmp, "--no-prewarm", f"cache.stage={stage}", runs="again")
-    blocked = tmp / "not-a-dir"
-    blocked.write_text("")
-    runs["blocked"] = launch(tmp, "--no-prewarm", f"cache.stage={blocked}", runs="blocked")
     return {"tmp": tmp, "out": runs, "copies": copies, "cut": cut}
 
 
@@ -358,11 +356,9 @@ def test_a_staged_run_hits_what_an_unstaged_prewarm_wrote(staged: dict[str, Any]
 
 
 @pytest.mark.e2e
-def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(
-        staged: dict[str, Any]) -> None:
-    """A truncated local copy is replaced by a verified one (HIT from the stage dir); a
-    stage dir that cannot be made sends the node to the shared dir with one line (HIT from
-    the shared dir): never a wrong or torn entry, never a miss."""
+def test_a_bad_local_copy_is_replaced(staged: dict[str, Any]) -> None:
+    """A truncated local copy is replaced by a verified one (HIT from the stage dir): never
+    a wrong or torn entry, never a miss."""
     tmp = staged["tmp"]
     report = train_report(tmp, 0, runs="again")
     assert report["stage"]["replaced"] == [staged["cut"]]
@@ -370,19 +366,14 @@ def test_a_bad_local_copy_is_replaced_or_the_node_reads_the_shared_dir(
     assert staged["out"]["again"].count(
         "was partial or corrupt; replaced it with a verified copy") == 1
 
-    blocked, out = tmp / "not-a-dir", staged["out"]["blocked"]
-    report = train_report(tmp, 0, runs="blocked")
-    assert report["cache_dir"] == str(tmp / "cache") and PREWARMED <= hits(report)
-    fallback = [line for line in out.splitlines() if "reading the shared cache dir" in line]
-    assert len(fallback) == 1 and f"staging into {blocked} failed" in fallback[0], out[-3000:]
-    assert "staging: node 0 read the shared cache dir: staging into" in out
-
 
 @pytest.mark.e2e
 def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path, cli: Cli) -> None:
     """No prewarm, empty cache: process 0 compiles into its node's copy, and the entries
-    reach the shared dir with their checksums in the usage log; an unstaged run then hits.
-    One process: what it compiles is what the node publishes."""
+    reach the shared dir with their checksums in the usage log. Then a run whose stage dir
+    cannot be made: the node reads the shared dir, said in one line, and hits them there
+    (never a wrong or torn entry, never a miss). One process: what it compiles is what the
+    node publishes."""
     stage = tmp_path / "stage"
     launch(tmp_path, "--no-prewarm", f"cache.stage={stage}", *ONE_PROCESS)
     written = {fn["key"]: fn["sha256"] for fn in train_report(tmp_path, 0)["functions"]
@@ -396,8 +387,15 @@ def test_what_a_staged_job_compiles_is_published_and_recorded(tmp_path: Path, cl
     assert any(getattr(record, "job", None) == "train" for record in shared.usage())
     verify = cli("cache", "verify", str(tmp_path / "cache"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    launch(tmp_path, "--no-prewarm", "run.name=unstaged", *ONE_PROCESS)
-    assert PREWARMED <= hits(train_report(tmp_path, 0, "unstaged"))
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    out = launch(tmp_path, "--no-prewarm", "run.name=blocked", f"cache.stage={blocked}",
+                 *ONE_PROCESS)
+    report = train_report(tmp_path, 0, "blocked")
+    assert report["cache_dir"] == str(tmp_path / "cache") and PREWARMED <= hits(report)
+    fallback = [line for line in out.splitlines() if "reading the shared cache dir" in line]
+    assert len(fallback) == 1 and f"staging into {blocked} failed" in fallback[0], out[-3000:]
+    assert "staging: node 0 read the shared cache dir: staging into" in out
 
 
 @pytest.mark.slurm(lane=2)

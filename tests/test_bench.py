@@ -152,12 +152,12 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
 @pytest.mark.e2e
 def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
         tmp_path: Path) -> None:
-    """`bench.startup` at 1 layer of the step at its smallest width (`--tiny`), a short data
-    pipeline, one repetition of the warm arms: every launch reached its first step from the
-    cache, the prefetched ones (`true`: a machine busy with other tests may have no idle
-    core for `auto`) were handed the step, the page cache was dropped by posix_fadvise and
-    said so; the table is printed, the JSON reads back as the benchmark's result, and the
-    picture is drawn where matplotlib is."""
+    """`bench.startup` at 1 layer of the step at its smallest width, compiled the cheapest way
+    (`--tiny`), a short data pipeline, one repetition of the warm arms: every launch reached
+    its first step from the cache, the prefetched ones (`true`: a machine busy with other
+    tests may have no idle core for `auto`) were handed the step, the page cache was dropped
+    by posix_fadvise and said so; the table is printed, the JSON reads back as the
+    benchmark's result, and the picture is drawn where matplotlib is."""
     figures = tmp_path / "startup.json"
     proc = subprocess.run([sys.executable, "-m", "bench.startup", "--layers", "1", "--tiny",
                            "--records", "1000", "--arms", "warm", "dropped", "--repeat", "1",

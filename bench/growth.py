@@ -185,15 +185,17 @@ def lock_waits(run_dir: Path, job: str, ranks: int) -> float:
     return total
 
 
-def with_jaxwarm(work: Path, ranks: int, runs: str) -> dict[str, Any]:
+def with_jaxwarm(work: Path, ranks: int, runs: str, report: bool = True) -> dict[str, Any]:
+    """`jaxwarm launch`; with `report`, then `jaxwarm report` of its run, timed 3 times
+    (`bench.wakeups` counts the launch's threads only)."""
     wall, peaks = run(cli("launch", str(DEMO), "--local", "--no-prewarm",
                           *overrides(work, ranks, runs)))
     run_dir = work / runs / "demo"
-    report_times = [run(cli("report", str(run_dir)))[0] for _ in range(3)]
+    report_times = [run(cli("report", str(run_dir)))[0] for _ in range(3 if report else 0)]
     return {"wall_s": wall, **first_steps(work / runs / "first-step", ranks),
             "supervisor_rss_mb": peaks.get("supervisor", []),
             "launcher_rss_mb": peaks.get("launcher", []),
-            "report_s": statistics.median(report_times),
+            **({"report_s": statistics.median(report_times)} if report_times else {}),
             "train_lock_wait_s": lock_waits(run_dir, TRAIN, ranks)}
 
 

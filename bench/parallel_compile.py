@@ -17,8 +17,9 @@ one's end, lowering excluded) and the CPU time of the process(es) from start to 
 ways are alternated across `--repeat` repetitions and the medians printed. A gain here is
 `threads` or `processes` below `serial`; one XLA:CPU compile already uses more than one
 core, so on a machine with few cores the ways compete for the same ones. One JSON under
-bench/results/ (`ParallelCompile`). `--tiny` compiles the step at its smallest width, as
-`bench.run --tiny` does: for a test that the benchmark runs, not a figure to compare.
+bench/results/ (`ParallelCompile`). `--tiny` compiles the step at its smallest width the
+cheapest way, as `bench.run --tiny` does: for a test that the benchmark runs, not a figure
+to compare.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    FAST_STEP,
     REPO,
-    TINY_STEP,
     BenchError,
     bench_config,
     machine,
@@ -160,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tiny", action="store_true",
-                        help="the step at its smallest width (bench.common.TINY_STEP): for a "
-                             "test that the benchmark runs, not a figure to compare")
+                        help="the step at its smallest width, compiled the cheapest way "
+                             "(bench.common.FAST_STEP): for a test that the benchmark runs, "
+                             "not a figure to compare")
     parser.add_argument("--json", type=Path, default=RESULTS / "parallel-compile.json")
     args = parser.parse_args(argv)
     if args.worker:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parallel-compile-") as tmp:
         work = Path(tmp)
         config, pinned = bench_config(work, "parallel", [
-            *(TINY_STEP if args.tiny else ()), f"step.args.n_layers={args.layers}",
+            *(FAST_STEP if args.tiny else ()), f"step.args.n_layers={args.layers}",
             "step.args.scan_layers=false"])
         env = bare_environment(config, pinned)
         targets = ["train_step", "init_state"]

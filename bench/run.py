@@ -5,8 +5,8 @@ Runs every benchmark from the repository root and prints one table per measureme
 with its target and PASS/MISS, then writes the figures (medians, every sample, the machine
 and its load average) as JSON and, when matplotlib is installed, a PNG chart next to it.
 By default 2, 4, 8, 16 and 32 layers and 3 repetitions; `--quick` is 2 and 4 layers and one
-repetition. The test suite runs one size of the step at its smallest width (`--sizes 1
---repeats 1 --tiny`) so that the benchmark cannot rot.
+repetition. The test suite runs one size of the step at its smallest width, compiled the
+cheapest way (`--sizes 1 --repeats 1 --tiny`) so that the benchmark cannot rot.
 
 Repetitions are the outer loop, so a burst of load on the machine spreads over every size
 instead of skewing one of them. See bench/step_cost.py and bench/launch_cost.py for what
@@ -26,7 +26,7 @@ from typing import Any
 from bench import launch_cost, step_cost
 from bench.chart import describe, write_chart
 from bench.common import (
-    TINY_STEP,
+    FAST_STEP,
     BenchError,
     checks_json,
     checks_table,
@@ -52,9 +52,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help=f"fresh processes per figure "
                                                     f"(default {REPEATS})")
     parser.add_argument("--tiny", action="store_true",
-                        help="the step at its smallest width (bench.common.TINY_STEP) at each "
-                             "size: every figure taken in a fraction of the time, for a test "
-                             "that the benchmark runs, not a figure to compare")
+                        help="the step at its smallest width, compiled the cheapest way "
+                             "(bench.common.FAST_STEP) at each size: every figure taken in a "
+                             "fraction of the time, for a test that the benchmark runs, not a "
+                             "figure to compare")
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"),
                         help="where the figures go (default: %(default)s)")
     parser.add_argument("--png", type=Path,
@@ -76,7 +77,7 @@ def run(sizes: list[int], repeats: int, tiny: bool = False) -> dict[str, Any]:
         for layers in sizes:
             log.info("bench: repetition %d/%d, %d layers", repeat + 1, repeats, layers)
             loads.append({"repeat": repeat, "layers": layers, "load": os.getloadavg()})
-            samples[layers].append(step_cost.measure(layers, TINY_STEP if tiny else ()))
+            samples[layers].append(step_cost.measure(layers, FAST_STEP if tiny else ()))
     rows = [medians([step_cost.add_ratios(sample) for sample in samples[layers]])
             for layers in sizes]
     slopes = step_cost.growth(rows)

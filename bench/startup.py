@@ -9,8 +9,9 @@ The workload: `reference`, the reference step (`step.args.scan_layers: false`, `
 layers unrolled, so that loading its executable takes as long as users' do) in a trainer
 with an init of its own (`trainer`: the reference start, the train state's init, a data
 pipeline's start in pure Python over `--records` synthetic records, a batch feeder, one
-step) on 1 process x 8 CPU devices (`--tiny`: the step at its smallest width, as `bench.run
---tiny`, for a test that the benchmark runs, not a figure to compare); `jsp`, the jsp
+step) on 1 process x 8 CPU devices (`--tiny`: the step at its smallest width, compiled the
+cheapest way, as `bench.run --tiny`, for a test that the benchmark runs, not a figure to
+compare); `jsp`, the jsp
 example (`jsp-train`, a console script jaxwarm does not control); `maxtext`, MaxText in
 `.venvs/maxtext` (`make legs`).
 
@@ -55,8 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    FAST_STEP,
     REPO,
-    TINY_STEP,
     BenchError,
     Check,
     checks_table,
@@ -149,10 +150,10 @@ class Trainer:
 
 
 def reference(layers: int, tiny: bool, work: Path) -> tuple[Path, Path, list[str]]:
-    """The reference step at `layers` unrolled layers (with `tiny`, at its smallest width)
-    in `trainer`."""
+    """The reference step at `layers` unrolled layers (with `tiny`, at its smallest width,
+    compiled the cheapest way) in `trainer`."""
     return Path(sys.executable), REPO, [
-        *LAYOUT, "run.name=startup", *(TINY_STEP if tiny else ()),
+        *LAYOUT, "run.name=startup", *(FAST_STEP if tiny else ()),
         f"step.args.n_layers={layers}",
         "step.args.scan_layers=false", "entrypoint.command=null",
         "entrypoint.function=bench.startup:trainer", "train.steps=1",
@@ -516,9 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                         help="the reference step's unrolled layers")
     parser.add_argument("--tiny", action="store_true",
-                        help="the reference step at its smallest width (bench.common."
-                             "TINY_STEP): for a test that the benchmark runs, not a figure "
-                             "to compare")
+                        help="the reference step at its smallest width, compiled the "
+                             "cheapest way (bench.common.FAST_STEP): for a test that the "
+                             "benchmark runs, not a figure to compare")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS,
                         help="synthetic records the reference trainer's pipeline indexes")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))

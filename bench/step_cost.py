@@ -113,7 +113,7 @@ def bare_environment(config: Config, pinned: Path) -> dict[str, str]:
 
 def measure(layers: int, step: tuple[str, ...] = ()) -> dict[str, float]:
     """One repetition at one size, in its own temporary dirs (empty caches); `step`: more
-    overrides of the step's args (its width), under `layers` layers."""
+    overrides of the step (its width, its compile flags), under `layers` layers."""
     with tempfile.TemporaryDirectory(prefix="jaxwarm-bench-") as tmp:
         work = Path(tmp)
 

@@ -17,6 +17,7 @@ waking up rather than working. From the init reports: what the ledger's sampling
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -107,7 +108,10 @@ def measure(ranks: int, repeats: int) -> list[dict[str, Any]]:
         run(cli("prewarm", str(DEMO), "--local", *overrides(work, ranks, "prewarm")))
         for repeat in range(repeats):
             pair: dict[str, Any] = {}
-            for way, start in (("by hand", by_hand), ("jaxwarm", with_jaxwarm)):
+            # The launch without `jaxwarm report` after it: its processes would count as the
+            # launcher's.
+            for way, start in (("by hand", by_hand),
+                               ("jaxwarm", functools.partial(with_jaxwarm, report=False))):
                 threads = Threads()
                 runs = f"{way.replace(' ', '-')}-{repeat}"
                 out = start(work, ranks, runs)

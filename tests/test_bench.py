@@ -3,10 +3,10 @@ working. It checks what a reader of their output relies on: a table per measurem
 targets, every figure in the JSON as a number, the chart when matplotlib is there. Targets
 are not asserted: whether they are met depends on the machine.
 
-`bench.run` runs at one size, 1 layer of the step at its smallest width (`--tiny`: its 5
-processes per size are a fixed cost, which the step's width only adds to); what two sizes
-or more add, the per-layer row, is made by the benchmark's own functions from that size's
-row and a second one, so it is checked too.
+`bench.run` runs at one size, 1 layer of the step at its smallest width, compiled the
+cheapest way (`--tiny`: its 5 processes per size are a fixed cost, which the step's width
+and its compile only add to); what two sizes or more add, the per-layer row, is made by the
+benchmark's own functions from that size's row and a second one, so it is checked too.
 """
 
 from __future__ import annotations
@@ -152,12 +152,12 @@ def test_big_compile_at_one_layer_sets_the_warm_load_beside_its_limit(tmp_path: 
 @pytest.mark.e2e
 def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
         tmp_path: Path) -> None:
-    """`bench.startup` at 1 layer of the step at its smallest width (`--tiny`), a short data
-    pipeline, one repetition of the warm arms: every launch reached its first step from the
-    cache, the prefetched ones (`true`: a machine busy with other tests may have no idle
-    core for `auto`) were handed the step, the page cache was dropped by posix_fadvise and
-    said so; the table is printed, the JSON reads back as the benchmark's result, and the
-    picture is drawn where matplotlib is."""
+    """`bench.startup` at 1 layer of the step at its smallest width, compiled the cheapest way
+    (`--tiny`), a short data pipeline, one repetition of the warm arms: every launch reached
+    its first step from the cache, the prefetched ones (`true`: a machine busy with other
+    tests may have no idle core for `auto`) were handed the step, the page cache was dropped
+    by posix_fadvise and said so; the table is printed, the JSON reads back as the
+    benchmark's result, and the picture is drawn where matplotlib is."""
     figures = tmp_path / "startup.json"
     proc = subprocess.run([sys.executable, "-m", "bench.startup", "--layers", "1", "--tiny",
                            "--records", "1000", "--arms", "warm", "dropped", "--repeat", "1",
@@ -184,8 +184,9 @@ def test_startup_at_one_layer_times_warm_and_dropped_with_and_without_prefetch(
 
 @pytest.mark.e2e
 def test_parallel_compile_times_serial_threads_and_processes(tmp_path: Path) -> None:
-    """`bench.parallel_compile` at 1 layer of the step at its smallest width (`--tiny`: the
-    ways' processes are what is tested, not their figures), once: each way compiled both
+    """`bench.parallel_compile` at 1 layer of the step at its smallest width, compiled the
+    cheapest way (`--tiny`: the ways' processes are what is tested, not their figures),
+    once: each way compiled both
     targets and has a wall and a CPU time, and the table compares them with serial."""
     figures = tmp_path / "parallel.json"
     proc = subprocess.run([sys.executable, "-m", "bench.parallel_compile", "--layers", "1",

@@ -107,7 +107,7 @@ def test_the_dry_run_of_the_load_profile_requeue_and_pgle_checks(
     stdout, checks = dry_run
     assert all(checks[name]["status"] == "ran" for name in ROUND_2), checks
     sizes = checks["load_profile"]["sizes"]
-    assert [size["layers"] for size in sizes] == [1, 2]
+    assert [size["layers"] for size in sizes] == [1]
     for size in sizes:
         assert size["compile_s"] > 0 and size["retrieval_s"] > 0 and size["entry_bytes"] > 0
     assert checks["load_profile"]["breakdown"] is None  # a profiler on the GPU gives it

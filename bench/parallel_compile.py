@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    FAST_STEP,
+    FAST_CHUNKWISE,
     REPO,
     BenchError,
     bench_config,
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tiny", action="store_true",
                         help="the step at its smallest width, compiled the cheapest way "
-                             "(bench.common.FAST_STEP): for a test that the benchmark runs, "
+                             "(bench.common.FAST_CHUNKWISE): for a test that the benchmark runs, "
                              "not a figure to compare")
     parser.add_argument("--json", type=Path, default=RESULTS / "parallel-compile.json")
     args = parser.parse_args(argv)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parallel-compile-") as tmp:
         work = Path(tmp)
         config, pinned = bench_config(work, "parallel", [
-            *(FAST_STEP if args.tiny else ()), f"step.args.n_layers={args.layers}",
+            *(FAST_CHUNKWISE if args.tiny else ()), f"step.args.n_layers={args.layers}",
             "step.args.scan_layers=false"])
         env = bare_environment(config, pinned)
         targets = ["train_step", "init_state"]

@@ -26,7 +26,7 @@ from typing import Any
 from bench import launch_cost, step_cost
 from bench.chart import describe, write_chart
 from bench.common import (
-    FAST_STEP,
+    FAST_CHUNKWISE,
     BenchError,
     checks_json,
     checks_table,
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                     f"(default {REPEATS})")
     parser.add_argument("--tiny", action="store_true",
                         help="the step at its smallest width, compiled the cheapest way "
-                             "(bench.common.FAST_STEP) at each size: every figure taken in a "
+                             "(bench.common.FAST_CHUNKWISE) at each size: every figure taken in a "
                              "fraction of the time, for a test that the benchmark runs, not a "
                              "figure to compare")
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"),
@@ -77,7 +77,7 @@ def run(sizes: list[int], repeats: int, tiny: bool = False) -> dict[str, Any]:
         for layers in sizes:
             log.info("bench: repetition %d/%d, %d layers", repeat + 1, repeats, layers)
             loads.append({"repeat": repeat, "layers": layers, "load": os.getloadavg()})
-            samples[layers].append(step_cost.measure(layers, FAST_STEP if tiny else ()))
+            samples[layers].append(step_cost.measure(layers, FAST_CHUNKWISE if tiny else ()))
     rows = [medians([step_cost.add_ratios(sample) for sample in samples[layers]])
             for layers in sizes]
     slopes = step_cost.growth(rows)

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    FAST_STEP,
+    FAST_CHUNKWISE,
     REPO,
     BenchError,
     Check,
@@ -153,7 +153,7 @@ def reference(layers: int, tiny: bool, work: Path) -> tuple[Path, Path, list[str
     """The reference step at `layers` unrolled layers (with `tiny`, at its smallest width,
     compiled the cheapest way) in `trainer`."""
     return Path(sys.executable), REPO, [
-        *LAYOUT, "run.name=startup", *(FAST_STEP if tiny else ()),
+        *LAYOUT, "run.name=startup", *(FAST_CHUNKWISE if tiny else ()),
         f"step.args.n_layers={layers}",
         "step.args.scan_layers=false", "entrypoint.command=null",
         "entrypoint.function=bench.startup:trainer", "train.steps=1",
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the reference step's unrolled layers")
     parser.add_argument("--tiny", action="store_true",
                         help="the reference step at its smallest width, compiled the "
-                             "cheapest way (bench.common.FAST_STEP): for a test that the "
+                             "cheapest way (bench.common.FAST_CHUNKWISE): for a test that the "
                              "benchmark runs, not a figure to compare")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS,
                         help="synthetic records the reference trainer's pipeline indexes")

@@ -1,6 +1,7 @@
 """Step factories that die: one whose prewarm is killed (kill -9 style, no cleanup) the
 moment JAX starts writing its second cache entry (a prewarm killed between two compiles,
-without timing), and one that raises before anything compiles."""
+without timing; the small step of conftest's FAST_STEP), and one that raises before
+anything compiles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import jax
 
-from jaxwarm.workload.chunkwise import make_train_step
+from jaxwarm.workload.small import make_train_step
 
 WRITE_EVENT = "/jax/compilation_cache/cache_misses"  # fired just before JAX writes an entry
 

@@ -20,9 +20,9 @@ import pytest
 
 from jaxwarm.core.config import load_config
 from jaxwarm.store.store import LocalStore
-from tests.conftest import DEMO, REPO, Cli, run_cli
+from tests.conftest import DEMO, FAST_CHUNKWISE, REPO, Cli, run_cli
 from tests.hostile import key, write_entry
-from tests.test_store_commands import TINY, job_args, output
+from tests.test_store_commands import LAYOUT, TINY, job_args, output
 
 DYING = "step.factory=tests.dying_factory:make_train_step_then_die"
 
@@ -64,7 +64,8 @@ def test_a_killed_prewarm_leaves_its_written_entry_recorded_and_pinned(tmp_path:
 
 def limit_file_size() -> None:
     """A full disk, as the writer sees it: writes past 60 KiB fail (EFBIG; Python ignores
-    SIGXFSZ). JAX's entries are bigger, jaxwarm's own files smaller."""
+    SIGXFSZ). JAX's entries of the tiny chunkwise step are bigger (the small step's are
+    not), jaxwarm's own files smaller."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (60 * 1024, 60 * 1024))
 
 
@@ -73,7 +74,8 @@ def limit_file_size() -> None:
 def test_a_failed_write_is_a_failure_and_leaves_nothing_torn(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     result = subprocess.run([sys.executable, "-m", "jaxwarm", "prewarm",
-                             *job_args(tmp_path, cache, *TINY)], cwd=REPO, text=True,
+                             *job_args(tmp_path, cache, *LAYOUT, *FAST_CHUNKWISE)],
+                            cwd=REPO, text=True,
                             capture_output=True, timeout=300, preexec_fn=limit_file_size)
     assert result.returncode != 0, output(result)[-3000:]
     assert "FAILED jit_train_step" in output(result)

@@ -16,7 +16,7 @@ UV_INSTALL := $(UV) pip install --quiet --system-certs
 # (~170 CPU-s of a fresh clone's set-up), of which the suite imports about a fifth.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo check test legs matrix maxtext
+.PHONY: demo check lint types pure test legs matrix maxtext
 
 $(UV):
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +39,17 @@ legs: | $(UV)
 
 # The fast tier (under a minute): lint and import order (ruff), the types of every module
 # of the package (mypy), and the pure tests: none starts a JAX process, the CLI or SLURM.
+# mypy and the tests each keep one core busy: side by side, each one's output in one piece.
 check: $(STAMP)
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint types pure
+
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+types: $(STAMP)
 	$(VENV)/bin/mypy
+
+pure: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slurm"
 
 # The whole suite, every tested jax and MaxText included, on TEST_WORKERS parallel pytest-xdist workers

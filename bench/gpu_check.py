@@ -55,12 +55,14 @@ local runner):
 Without a GPU it refuses in one line (exit 2) and writes nothing. `--dry-run` runs the same
 checks on CPU with the demo's step at its smallest, compiled the cheapest way
 (`bench.common.TINY_STEP`, `LEGACY_CPU_FUSION`: the script's logic depends on neither, and
-the test suite runs it; tests/test_gpu_check.py): the mock check then prewarms on the real
+the test suite runs it; tests/test_gpu_check.py), and the reference trainer's small step in
+the checks about what happens around the compile (`SMALL_STEP_RUNS`): the mock check then
+prewarms on the real
 layout (JAX mocks GPU topologies only), load_profile's one size is 1 layer,
 warm_requeue runs 2 + 2 steps, pgle's second compile is `bench.profiled_compile` (JAX's
 profiler collects no profile on CPU, so no CPU run compiles twice), parallel compiles the
 tiny step, mock8 runs its jobs unmocked on one process of 8 CPU devices (mesh data 2 x
-fsdp 4), and shared_group's users run the tiny step (the second size at sequence length
+fsdp 4), and shared_group's users run the small step (the second size at sequence length
 16: at 1024 its training steps cost a dry run 20 CPU-s); the JSON says
 `"dry_run": true`, names no GPU and holds no GPU figure (`"gpu": null`).
 """
@@ -93,6 +95,7 @@ from bench import agree_cost, parallel_compile
 from bench.common import (
     LEGACY_CPU_FUSION,
     REPO,
+    SMALL_STEP,
     TINY_STEP,
     BenchError,
     cpu_model,
@@ -164,6 +167,14 @@ DEVICE_PROBE = ("import json, jax; d = jax.devices(); print(json.dumps({'platfor
                 "d[0].platform, 'kind': d[0].device_kind, 'count': len(d)}))")
 
 
+# The runs (by their name's first word) of the checks whose dry run is about what happens
+# around the compile, where the model is not the point: the reference flow, the requeue,
+# the mock topologies' keys, the shared group's modes. They run the reference trainer's
+# small step (`bench.common.SMALL_STEP`), a third of a JAX process's CPU; the others keep
+# the chunkwise step, whose size (layers, sequence length, PGLE's profile) they vary.
+SMALL_STEP_RUNS = frozenset({"reference", "requeue", "mock", "mock8", "shared"})
+
+
 @dataclass(frozen=True)
 class Context:
     """Where a check works and what it runs on: `layers`, load_profile's sizes; `repeat`,
@@ -181,8 +192,11 @@ class Context:
 
     def overrides(self, name: str, overrides: Sequence[str]) -> list[str]:
         """What this check's run `name` changes of the demo config (a dry run's step at its
-        smallest, compiled the cheapest way)."""
+        smallest, compiled the cheapest way; in a check about what happens around the
+        compile, `SMALL_STEP_RUNS`, the reference trainer's small step)."""
         dry_run = (*TINY_STEP, with_xla_flag(LEGACY_CPU_FUSION)) if self.dry_run else ()
+        if self.dry_run and name.split("-")[0] in SMALL_STEP_RUNS:
+            dry_run = (*dry_run, SMALL_STEP)
         return [f"run.name={name}", f"run.out_dir={self.work / 'runs'}",
                 f"topology.platform={self.platform}", *COMMON, *dry_run, *overrides]
 

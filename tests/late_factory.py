@@ -3,11 +3,11 @@ launch (process 0 loads the step from the cache while the others compile it, for
 2 cores with 16 ranks), made certain instead of depending on the machine's load. LATE_S is
 beyond Gloo's fixed 30 s wait for a collective's peers on CPU.
 
-`make_small_step`: a step of the reference trainer's shape (a state, a batch sharded over
-every process, an initializer) whose one step is a collective of all the ranks, and nothing
-more: where the ranks' meeting is the point, not the model, a rank traces, lowers and
-compiles it for about a tenth of the reference step's CPU (8 ranks: 20 CPU-s against 44).
-`make_small_step_late`: built LATE_S late on every process but 0.
+The late steps are the reference trainer's small one (`jaxwarm.workload.small`: its one step
+is a collective of every rank, and nothing more): where the ranks' meeting is the point, not
+the model, a rank traces, lowers and compiles it for a fraction of the chunkwise step's CPU
+(8 ranks: 20 CPU-s against 44). `make_small_step_late`: built LATE_S late on every process
+but 0.
 `make_small_step_last_late`, for many ranks: the other ranks start once process 0 waits at
 its first meeting, and only the last one LATE_S after that, so that the others' compiles run
 during its lateness instead of after it. `train_one_step`: a trainer that stops at its first
@@ -16,13 +16,10 @@ step. `make_train_step_a_little_late`: the reference step, A_LITTLE_LATE_S late.
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxwarm.core.records import TRAIN
 from jaxwarm.jaxkey.kvstore import KVStore
@@ -30,6 +27,7 @@ from jaxwarm.job.ranks import PREFIX
 from jaxwarm.job.start.jobstart import job_main, start_job
 from jaxwarm.job.start.pinned import config_from_env
 from jaxwarm.step import StepBundle
+from jaxwarm.workload.small import make_train_step as make_small_step
 
 LATE_S = 40.0
 # Late enough that a meeting bound of milliseconds surely runs out before the others come:
@@ -41,25 +39,6 @@ A_LITTLE_LATE_S = 5.0
 # the first program the trainer compiles, its state's initializer.
 FIRST_MEETING_OF_0 = f"{PREFIX}/meet/all/jit_init_state/0/0"
 WAIT_FOR_0_S = 1800.0
-
-
-def make_small_step(config: Any, mesh: Any) -> StepBundle:
-    """A scalar state plus the mean of a batch of one value per device (module docstring)."""
-    del config
-    batch = jax.ShapeDtypeStruct((mesh.size,), np.float32,
-                                 sharding=NamedSharding(mesh, P(mesh.axis_names)))
-    replicated = NamedSharding(mesh, P())
-
-    @jax.jit
-    def train_step(state: jax.Array, batch: jax.Array) -> tuple[jax.Array, dict]:
-        return state + batch.mean(), {}
-
-    @partial(jax.jit, out_shardings=replicated)
-    def init_state(seed: jax.Array) -> jax.Array:
-        return seed.astype(np.float32)
-
-    return StepBundle(train_step, jax.ShapeDtypeStruct((), np.float32, sharding=replicated),
-                      batch, init_state)
 
 
 def make_small_step_late(config: Any, mesh: Any) -> StepBundle:

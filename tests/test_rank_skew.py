@@ -4,7 +4,7 @@ takes, and each more rank only compiles the step once more); and the same at the
 64 ranks, where the point is 64 processes meeting and folded in one report (skipped where
 the machine has not the memory for them): there the last rank is late, by LATE_S after
 process 0 reached the meeting, while the others compile. Both run
-`tests.late_factory.make_small_step`, a step of the reference trainer's shape whose one
+the reference trainer's small step (`jaxwarm.workload.small`, conftest's FAST_STEP) whose one
 step is a collective of every rank: the ranks' meeting is the point here, not the model.
 
 Before the ranks met after each compile, a launch of 8 or 16 ranks on this machine died:
@@ -40,7 +40,7 @@ def test_ranks_a_collective_would_not_wait_for_meet_before_it(tmp_path: Path) ->
               f"run.out_dir={tmp_path / 'runs'}", f"cache.dir={tmp_path / 'cache'}"]
     # The prewarm on time (the late factory builds the same step, so the same keys): the
     # skew that matters is the training job's, and a late prewarm only waited 40 s more.
-    prewarmed = run_cli("prewarm", *common, "step.factory=tests.late_factory:make_small_step")
+    prewarmed = run_cli("prewarm", *common)
     assert prewarmed.returncode == 0, prewarmed.stderr[-3000:]
     # The trainer stops at its first step (`train_one_step`): a trainer's stop agreement and
     # checkpoint after it are no part of how the ranks reach it.

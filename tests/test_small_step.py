@@ -16,7 +16,7 @@ import json, sys
 import jax, numpy as np
 from jaxwarm.core.config import load_config
 from jaxwarm.step import build_step
-from jaxwarm.workload.chunkwise import batch_spec
+from jaxwarm.workload.data import batch_spec
 from jaxwarm.workload.data import make_global_batch
 
 config = load_config(sys.argv[1], ["topology.processes_per_node=1", "mesh.axes={data: 2, fsdp: 2}",

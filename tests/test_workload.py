@@ -252,7 +252,7 @@ address, processes, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 jax.distributed.initialize(address, num_processes=processes, process_id=process)
 from jaxwarm.core.config import load_config
 from jaxwarm.step import build_mesh
-from jaxwarm.workload.chunkwise import batch_spec
+from jaxwarm.workload.data import batch_spec
 from jaxwarm.workload.data import global_batch_numpy
 from jaxwarm.workload.data import make_global_batch
 from jaxwarm.workload.model import ModelArgs

@@ -22,14 +22,18 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxwarm.core.config import Config
-from jaxwarm.core.errors import ConfigError
-from jaxwarm.specs import sharded_specs
 from jaxwarm.step import StepBundle, seed_spec
-from jaxwarm.workload.model import ModelArgs, Params, init_params, loss_fn, param_specs
+from jaxwarm.workload.data import batch_spec, mesh_required
+from jaxwarm.workload.model import (
+    ModelArgs,
+    Params,
+    State,
+    init_params,
+    loss_fn,
+    param_specs,
+)
 
 log = logging.getLogger(__name__)
-
-State = dict[str, Any]
 
 
 def make_train_step(config: Config, mesh: Mesh | None) -> StepBundle:
@@ -98,21 +102,6 @@ def make_optimizer(args: ModelArgs) -> optax.GradientTransformation:
 def _decayed(params: Params) -> Any:
     return jax.tree_util.tree_map_with_path(
         lambda path, _: not str(path[-1].key).endswith("norm"), params)
-
-
-def mesh_required(config: Config, mesh: Mesh | None) -> Mesh:
-    """The mesh of the config's `mesh.axes`, which the reference steps are sharded over."""
-    if mesh is None:
-        raise ConfigError(f"{config.source}: mesh.axes: expected the mesh axes the reference "
-                          f"step is sharded over (it builds no mesh of its own)")
-    return mesh
-
-
-def batch_spec(config: Config, mesh: Mesh) -> jax.ShapeDtypeStruct:
-    """The abstract global batch: int32 (global_batch, seq_len + 1), rows over data_axes."""
-    args = ModelArgs.from_config(config, dict(mesh.shape))
-    return sharded_specs(jax.ShapeDtypeStruct((args.global_batch, args.seq_len + 1), jnp.int32),
-                         mesh, P(args.data_axes, None))
 
 
 def state_shardings(shapes: State, args: ModelArgs, mesh: Mesh) -> State:

@@ -9,11 +9,14 @@ learn and the loss visibly falls from log(vocab_size) towards log(branching).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
+from jax.sharding import PartitionSpec as P
 
 from jaxwarm.core.config import Config
-from jaxwarm.workload.chunkwise import batch_spec
+from jaxwarm.core.errors import ConfigError
+from jaxwarm.specs import sharded_specs
 from jaxwarm.workload.model import ModelArgs
 
 BRANCHING = 4
@@ -43,6 +46,21 @@ def process_rows(global_data: np.ndarray, sharding: Sharding) -> np.ndarray:
     indices = sharding.addressable_devices_indices_map(global_data.shape).values()
     blocks = sorted({index[0].indices(rows)[:2] for index in indices})
     return np.concatenate([global_data[start:stop] for start, stop in blocks])
+
+
+def mesh_required(config: Config, mesh: Mesh | None) -> Mesh:
+    """The mesh of the config's `mesh.axes`, which the reference steps are sharded over."""
+    if mesh is None:
+        raise ConfigError(f"{config.source}: mesh.axes: expected the mesh axes the reference "
+                          f"step is sharded over (it builds no mesh of its own)")
+    return mesh
+
+
+def batch_spec(config: Config, mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """The abstract global batch: int32 (global_batch, seq_len + 1), rows over data_axes."""
+    args = ModelArgs.from_config(config, dict(mesh.shape))
+    return sharded_specs(jax.ShapeDtypeStruct((args.global_batch, args.seq_len + 1), jnp.int32),
+                         mesh, P(args.data_axes, None))
 
 
 def make_global_batch(config: Config, mesh: Mesh, step: int) -> jax.Array:

@@ -31,6 +31,8 @@ from jaxwarm.core.errors import ConfigError
 from jaxwarm.step import step_args
 
 Params = dict[str, Any]
+# The train state: params, optimizer state and step, as the reference steps build it.
+State = dict[str, Any]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _NORM_EPS = 1e-5

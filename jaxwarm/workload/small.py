@@ -21,7 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxwarm.core.config import Config
 from jaxwarm.step import StepBundle
-from jaxwarm.workload.chunkwise import State, batch_spec, mesh_required
+from jaxwarm.workload.data import batch_spec, mesh_required
+from jaxwarm.workload.model import State
 
 log = logging.getLogger(__name__)
 
